@@ -1,0 +1,113 @@
+"""Typed settings of a scoring replica, built from serve_config.yaml's args/user_config.
+
+Jax-free. Every error names the setting that is wrong, so a bad config fails at start-up
+with a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from replicas.contract import (
+    DEFAULT_MAX_ITEMS_PER_REQUEST,
+    DEFAULT_MAX_MULTI_ITEM_SEQ_LEN,
+    ScoringLimits,
+)
+from replicas.sources import DEFAULT_MODEL
+
+LAYOUTS = ("shared_prefix", "packed_reference")
+DTYPES = ("float32", "bfloat16")
+
+
+class SettingsError(ValueError):
+    """A replica setting is wrong; the message starts with the setting's name."""
+
+
+def _check_buckets(name: str, buckets: tuple[int, ...]) -> None:
+    if not buckets or any(b < 1 for b in buckets) or list(buckets) != sorted(set(buckets)):
+        raise SettingsError(f"{name}: must be strictly increasing positive ints, got {buckets}")
+
+
+@dataclass(frozen=True)
+class ReplicaSettings:
+    """Everything a replica needs to load a model and serve scoring steps."""
+
+    model: str = DEFAULT_MODEL
+    dtype: str = "float32"
+    mesh_shape: tuple[int, int] = (1, 1)  # (data, model)
+    multi_item_scoring_delimiter: int | None = None
+    layout: str = "shared_prefix"
+    token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+    item_buckets: tuple[int, ...] = (1, 8, 16, 32, 64, 128)
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
+    max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
+    max_batch_size: int = 16
+    batch_wait_timeout_s: float = 0.005
+    compilation_cache_dir: str | None = None
+    warmup_token_buckets: tuple[int, ...] = ()
+    warmup_item_buckets: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise SettingsError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
+        if self.layout not in LAYOUTS:
+            raise SettingsError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
+        if len(self.mesh_shape) != 2 or any(int(n) < 1 for n in self.mesh_shape):
+            raise SettingsError(f"mesh_shape: must be [data, model] >= 1, got {self.mesh_shape}")
+        delimiter = self.multi_item_scoring_delimiter
+        if delimiter is not None and (isinstance(delimiter, bool) or delimiter < 0):
+            raise SettingsError(
+                f"multi_item_scoring_delimiter: must be a token id >= 0, got {delimiter!r}"
+            )
+        for name in ("token_buckets", "item_buckets", "batch_buckets"):
+            _check_buckets(name, getattr(self, name))
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        if self.max_items_per_request > self.item_buckets[-1]:
+            raise SettingsError(
+                f"max_items_per_request: {self.max_items_per_request} exceeds the largest "
+                f"item bucket {self.item_buckets[-1]}"
+            )
+        if self.max_multi_item_seq_len > self.token_buckets[-1]:
+            raise SettingsError(
+                f"max_multi_item_seq_len: {self.max_multi_item_seq_len} exceeds the largest "
+                f"token bucket {self.token_buckets[-1]}"
+            )
+        if self.max_batch_size < 1:
+            raise SettingsError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+        if self.batch_wait_timeout_s < 0:
+            raise SettingsError(
+                f"batch_wait_timeout_s: must be >= 0, got {self.batch_wait_timeout_s}"
+            )
+        try:
+            ScoringLimits(self.max_items_per_request, self.max_multi_item_seq_len)
+        except ValueError as error:
+            raise SettingsError(str(error)) from error
+
+    @property
+    def multi_item(self) -> bool:
+        return self.multi_item_scoring_delimiter is not None
+
+    @property
+    def limits(self) -> ScoringLimits:
+        return ScoringLimits(self.max_items_per_request, self.max_multi_item_seq_len)
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ReplicaSettings:
+        """Build from YAML-ish values; unknown keys are an error naming the key."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SettingsError(f"{unknown[0]}: unknown replica setting (known: {sorted(known)})")
+        converted = {
+            key: tuple(value) if isinstance(value, list) else value for key, value in values.items()
+        }
+        return cls(**converted)
+
+    def replace(self, **changes: Any) -> ReplicaSettings:
+        return dataclasses.replace(self, **changes)
