@@ -1,0 +1,138 @@
+"""Typed model configuration for the Llama, Qwen2 and Qwen3 families.
+
+Built from a transformers ``PretrainedConfig`` (config.json or GGUF metadata) so that one
+parser covers every source. Errors name the field that is unsupported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint's architecture or a config field is not supported."""
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3 frequency-dependent RoPE scaling (``rope_type: llama3``)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    family: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    tie_word_embeddings: bool
+    qkv_bias: bool = False  # Qwen2: biases on q, k and v projections
+    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
+    rope_scaling: RopeScaling | None = None
+    max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise UnsupportedModelError(f"family: {self.family!r} not in {FAMILIES}")
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(
+                f"num_key_value_heads: {self.num_kv_heads} does not divide "
+                f"num_attention_heads {self.num_heads}"
+            )
+        if self.head_dim % 2:
+            raise UnsupportedModelError(f"head_dim: must be even for RoPE, got {self.head_dim}")
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per key/value head (GQA)."""
+        return self.num_heads // self.num_kv_heads
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+
+_ARCH_TO_FAMILY = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_MODEL_TYPE_TO_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def _family(hf: Any) -> str:
+    for arch in getattr(hf, "architectures", None) or ():
+        if arch in _ARCH_TO_FAMILY:
+            return _ARCH_TO_FAMILY[arch]
+    model_type = getattr(hf, "model_type", None)
+    if model_type in _MODEL_TYPE_TO_FAMILY:
+        return _MODEL_TYPE_TO_FAMILY[model_type]
+    raise UnsupportedModelError(
+        f"architecture: {getattr(hf, 'architectures', None) or model_type!r} is not supported "
+        f"(supported: {sorted(_ARCH_TO_FAMILY)})"
+    )
+
+
+def _rope(hf: Any) -> tuple[float, RopeScaling | None]:
+    """(theta, scaling) from transformers v5 ``rope_parameters`` or v4 ``rope_theta``."""
+    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
+    theta = float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        return theta, None
+    if rope_type == "llama3":
+        return theta, RopeScaling(
+            factor=float(params["factor"]),
+            low_freq_factor=float(params["low_freq_factor"]),
+            high_freq_factor=float(params["high_freq_factor"]),
+            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+        )
+    raise UnsupportedModelError(f"rope_type: {rope_type!r} is not supported (default, llama3)")
+
+
+def _check_unsupported(hf: Any, family: str) -> None:
+    if family == "llama" and getattr(hf, "mlp_bias", False):
+        raise UnsupportedModelError("mlp_bias: MLP biases are not supported")
+    if family in ("llama", "qwen3") and getattr(hf, "attention_bias", False):
+        raise UnsupportedModelError("attention_bias: output-projection biases are not supported")
+    if family != "llama" and getattr(hf, "use_sliding_window", False):
+        raise UnsupportedModelError("use_sliding_window: sliding-window attention is not supported")
+
+
+def config_from_hf(hf: Any) -> ModelConfig:
+    """Translate a transformers config of a supported family into ModelConfig."""
+    family = _family(hf)
+    _check_unsupported(hf, family)
+    theta, scaling = _rope(hf)
+    heads = int(hf.num_attention_heads)
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+    return ModelConfig(
+        family=family,
+        vocab_size=int(hf.vocab_size),
+        hidden_size=int(hf.hidden_size),
+        intermediate_size=int(hf.intermediate_size),
+        num_layers=int(hf.num_hidden_layers),
+        num_heads=heads,
+        num_kv_heads=int(getattr(hf, "num_key_value_heads", None) or heads),
+        head_dim=int(head_dim),
+        rms_norm_eps=float(hf.rms_norm_eps),
+        rope_theta=theta,
+        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+        qkv_bias=family == "qwen2",
+        qk_norm=family == "qwen3",
+        rope_scaling=scaling,
+        max_position_embeddings=int(getattr(hf, "max_position_embeddings", 8192)),
+    )

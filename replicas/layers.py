@@ -1,0 +1,178 @@
+"""Flax building blocks of the decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP.
+
+Shapes use B batch, T/S query/key tokens, N items, L item tokens, D hidden, H query heads,
+K key/value heads, G = H // K, Dh head dim, F MLP width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replicas.config import ModelConfig
+
+Array = jax.Array
+NEG_INF = float(np.finfo(np.float32).min)
+_INIT = nn.initializers.normal(0.02)
+
+
+class RMSNorm(nn.Module):
+    eps: float
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:  # [..., D] -> [..., D]
+        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return scale * normed.astype(self.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+    """[Dh/2] float32 inverse frequencies, with Llama 3 scaling when configured."""
+    exponents = np.arange(0, config.head_dim, 2, dtype=np.int64).astype(np.float32)
+    inv_freq = (1.0 / (config.rope_theta ** (exponents / config.head_dim))).astype(np.float32)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * np.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def apply_rope(x: Array, positions: Array, inv_freq: np.ndarray) -> Array:
+    """Rotate-half RoPE. x: [..., T, heads, Dh], positions: [..., T] -> x's shape."""
+    angles = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)  # [..., T, Dh/2]
+    cos = jnp.cos(angles)[..., None, :].astype(x.dtype)  # [..., T, 1, Dh/2]
+    sin = jnp.sin(angles)[..., None, :].astype(x.dtype)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+
+
+def _group(q: Array, num_kv_heads: int) -> Array:
+    """[..., T, H, Dh] -> [..., T, K, G, Dh]."""
+    *lead, heads, head_dim = q.shape
+    return q.reshape(*lead, num_kv_heads, heads // num_kv_heads, head_dim)
+
+
+def _ungroup(x: Array) -> Array:
+    """[..., T, K, G, Dh] -> [..., T, H, Dh]."""
+    *lead, kv, groups, head_dim = x.shape
+    return x.reshape(*lead, kv * groups, head_dim)
+
+
+def _masked_softmax(logits: Array, mask: Array, dtype: Any) -> Array:
+    logits = jnp.where(mask, logits.astype(jnp.float32), NEG_INF)
+    return jax.nn.softmax(logits, axis=-1).astype(dtype)
+
+
+def attend_dense(q: Array, k: Array, v: Array, mask: Array) -> Array:
+    """Attention within one stream.
+
+    q: [B, T, H, Dh]; k, v: [B, S, K, Dh]; mask: [B, T, S] bool -> [B, T, H, Dh].
+    """
+    qg = _group(q, k.shape[-2])  # [B, T, K, G, Dh]
+    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k) * q.shape[-1] ** -0.5
+    probs = _masked_softmax(logits, mask[:, None, None], q.dtype)  # [B, K, G, T, S]
+    return _ungroup(jnp.einsum("bkgts,bskd->btkgd", probs, v))
+
+
+def attend_items(
+    q: Array,
+    prefix_k: Array,
+    prefix_v: Array,
+    prefix_visible: Array,
+    self_k: Array,
+    self_v: Array,
+    self_mask: Array,
+) -> Array:
+    """Item tokens read the shared prefix's keys plus their own item's keys, nothing else.
+
+    q: [B, N, L, H, Dh]; prefix_k/v: [B, T, K, Dh]; prefix_visible: [B, T] bool;
+    self_k/v: [B, N, L, K, Dh]; self_mask: [B, N, L, L] bool -> [B, N, L, H, Dh].
+    One softmax over the concatenated keys, so the result is exactly single-item attention.
+    """
+    qg = _group(q, prefix_k.shape[-2])  # [B, N, L, K, G, Dh]
+    scale = q.shape[-1] ** -0.5
+    prefix_logits = jnp.einsum("bnlkgd,btkd->bnkglt", qg, prefix_k) * scale
+    self_logits = jnp.einsum("bnlkgd,bnmkd->bnkglm", qg, self_k) * scale
+    n, length = self_mask.shape[1], self_mask.shape[2]
+    prefix_mask = jnp.broadcast_to(
+        prefix_visible[:, None, None, :], (prefix_visible.shape[0], n, length, prefix_k.shape[1])
+    )
+    mask = jnp.concatenate([prefix_mask, self_mask], axis=-1)[:, :, None, None]
+    probs = _masked_softmax(
+        jnp.concatenate([prefix_logits, self_logits], axis=-1), mask, q.dtype
+    )  # [B, N, K, G, L, T + L]
+    prefix_probs, self_probs = jnp.split(probs, [prefix_k.shape[1]], axis=-1)
+    out = jnp.einsum("bnkglt,btkd->bnlkgd", prefix_probs, prefix_v)
+    out = out + jnp.einsum("bnkglm,bnmkd->bnlkgd", self_probs, self_v)
+    return _ungroup(out)
+
+
+class Attention(nn.Module):
+    """Projections of grouped-query attention; the attention pattern is the caller's."""
+
+    config: ModelConfig
+    dtype: Any = jnp.float32
+
+    def setup(self) -> None:
+        c = self.config
+        d, h, k, dh = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        self.q = self.param("q", _INIT, (d, h, dh), self.dtype)
+        self.k = self.param("k", _INIT, (d, k, dh), self.dtype)
+        self.v = self.param("v", _INIT, (d, k, dh), self.dtype)
+        self.o = self.param("o", _INIT, (h, dh, d), self.dtype)
+        if c.qkv_bias:
+            self.q_bias = self.param("q_bias", nn.initializers.zeros, (h, dh), self.dtype)
+            self.k_bias = self.param("k_bias", nn.initializers.zeros, (k, dh), self.dtype)
+            self.v_bias = self.param("v_bias", nn.initializers.zeros, (k, dh), self.dtype)
+        if c.qk_norm:
+            self.q_norm = RMSNorm(c.rms_norm_eps, self.dtype)
+            self.k_norm = RMSNorm(c.rms_norm_eps, self.dtype)
+        self.inv_freq = rope_inv_freq(c)
+
+    def qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
+        """x: [..., T, D], positions: [..., T] -> q [..., T, H, Dh], k and v [..., T, K, Dh]."""
+        q = jnp.einsum("...td,dhk->...thk", x, self.q)
+        k = jnp.einsum("...td,dhk->...thk", x, self.k)
+        v = jnp.einsum("...td,dhk->...thk", x, self.v)
+        if self.config.qkv_bias:
+            q, k, v = q + self.q_bias, k + self.k_bias, v + self.v_bias
+        if self.config.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return apply_rope(q, positions, self.inv_freq), apply_rope(k, positions, self.inv_freq), v
+
+    def out(self, attended: Array) -> Array:
+        """[..., T, H, Dh] -> [..., T, D]."""
+        return jnp.einsum("...thk,hkd->...td", attended, self.o)
+
+    def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
+        q, k, v = self.qkv(x, positions)
+        return self.out(attend_dense(q, k, v, mask))
+
+
+class MLP(nn.Module):
+    config: ModelConfig
+    dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:  # [..., D] -> [..., D]
+        d, f = self.config.hidden_size, self.config.intermediate_size
+        gate = self.param("gate", _INIT, (d, f), self.dtype)
+        up = self.param("up", _INIT, (d, f), self.dtype)
+        down = self.param("down", _INIT, (f, d), self.dtype)
+        hidden = jax.nn.silu(x @ gate) * (x @ up)  # [..., F]
+        return hidden @ down

@@ -1,0 +1,82 @@
+"""The parameter tree of ``CausalLM``: each leaf's shape and logical axis names.
+
+Loaders check every tensor against ``param_shapes``; ``param_shardings`` places it on the
+mesh through the single rule table in ``cluster.sharding``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jax.sharding import Mesh
+
+from cluster.sharding import tree_shardings
+from replicas.config import ModelConfig
+
+Axes = tuple[str | None, ...]
+
+
+def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
+    """Logical axes of every parameter; layer leaves lead with ``layers``."""
+    attn: dict[str, Any] = {
+        "q": ("layers", "embed", "heads", "head_dim"),
+        "k": ("layers", "embed", "kv_heads", "head_dim"),
+        "v": ("layers", "embed", "kv_heads", "head_dim"),
+        "o": ("layers", "heads", "head_dim", "embed"),
+    }
+    if config.qkv_bias:
+        attn["q_bias"] = ("layers", "heads", "head_dim")
+        attn["k_bias"] = ("layers", "kv_heads", "head_dim")
+        attn["v_bias"] = ("layers", "kv_heads", "head_dim")
+    if config.qk_norm:
+        attn["q_norm"] = {"scale": ("layers", "head_dim")}
+        attn["k_norm"] = {"scale": ("layers", "head_dim")}
+    tree: dict[str, Any] = {
+        "embed": ("vocab", "embed"),
+        "layers": {
+            "attn_norm": {"scale": ("layers", "norm")},
+            "attn": attn,
+            "mlp_norm": {"scale": ("layers", "norm")},
+            "mlp": {
+                "gate": ("layers", "embed", "mlp"),
+                "up": ("layers", "embed", "mlp"),
+                "down": ("layers", "mlp", "embed"),
+            },
+        },
+        "final_norm": {"scale": ("norm",)},
+    }
+    if not config.tie_word_embeddings:
+        tree["lm_head"] = ("embed", "vocab")
+    return tree
+
+
+_SIZES = {
+    "layers": lambda c: c.num_layers,
+    "vocab": lambda c: c.vocab_size,
+    "embed": lambda c: c.hidden_size,
+    "norm": lambda c: c.hidden_size,
+    "heads": lambda c: c.num_heads,
+    "kv_heads": lambda c: c.num_kv_heads,
+    "head_dim": lambda c: c.head_dim,
+    "mlp": lambda c: c.intermediate_size,
+}
+
+
+def _is_axes(node: Any) -> bool:
+    return isinstance(node, tuple)
+
+
+def param_shapes(config: ModelConfig) -> dict[str, Any]:
+    """The expected shape of every parameter, derived from its logical axes."""
+    import jax
+
+    return jax.tree_util.tree_map(
+        lambda axes: tuple(_SIZES[name](config) for name in axes),
+        param_logical_axes(config),
+        is_leaf=_is_axes,
+    )
+
+
+def param_shardings(config: ModelConfig, mesh: Mesh) -> dict[str, Any]:
+    """NamedSharding of every parameter on ``mesh``."""
+    return tree_shardings(param_logical_axes(config), param_shapes(config), mesh)
