@@ -31,6 +31,11 @@ def _check_buckets(name: str, buckets: tuple[int, ...]) -> None:
         raise SettingsError(f"{name}: must be strictly increasing positive ints, got {buckets}")
 
 
+def _as_tuples(value: Any) -> Any:
+    """YAML lists (also nested) -> tuples, so settings stay hashable and frozen."""
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, list) else value
+
+
 @dataclass(frozen=True)
 class ReplicaSettings:
     """Everything a replica needs to load a model and serve scoring steps."""
@@ -40,16 +45,59 @@ class ReplicaSettings:
     mesh_shape: tuple[int, int] = (1, 1)  # (data, model)
     multi_item_scoring_delimiter: int | None = None
     layout: str = "shared_prefix"
-    token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-    item_buckets: tuple[int, ...] = (1, 8, 16, 32, 64, 128)
-    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    # Lengths of single-item rows, shared prefixes and packed rows.
+    token_buckets: tuple[int, ...] = (
+        16,
+        32,
+        64,
+        128,
+        192,
+        256,
+        320,
+        384,
+        512,
+        768,
+        1024,
+        1536,
+        2048,
+        3072,
+        4096,
+        6144,
+        8192,
+    )
+    # Item lengths L of the shared-prefix layout ([N, L] behind each query).
+    item_length_buckets: tuple[int, ...] = (
+        1,
+        2,
+        4,
+        8,
+        12,
+        16,
+        24,
+        32,
+        48,
+        64,
+        96,
+        128,
+        192,
+        256,
+        384,
+        512,
+        1024,
+        2048,
+        4096,
+        8192,
+    )
+    item_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # items N per request
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # requests per multi-item step
+    row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # single-item rows
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.005
     compilation_cache_dir: str | None = None
-    warmup_token_buckets: tuple[int, ...] = ()
-    warmup_item_buckets: tuple[int, ...] = ()
+    # Request shapes scored once at start-up: (query_tokens, items, item_tokens, labels).
+    warmup_shapes: tuple[tuple[int, int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -63,7 +111,13 @@ class ReplicaSettings:
             raise SettingsError(
                 f"multi_item_scoring_delimiter: must be a token id >= 0, got {delimiter!r}"
             )
-        for name in ("token_buckets", "item_buckets", "batch_buckets"):
+        for name in (
+            "token_buckets",
+            "item_length_buckets",
+            "item_buckets",
+            "batch_buckets",
+            "row_buckets",
+        ):
             _check_buckets(name, getattr(self, name))
         self._check_limits()
 
@@ -78,6 +132,12 @@ class ReplicaSettings:
                 f"max_multi_item_seq_len: {self.max_multi_item_seq_len} exceeds the largest "
                 f"token bucket {self.token_buckets[-1]}"
             )
+        for shape in self.warmup_shapes:
+            if len(shape) != 4 or any(int(n) < 0 for n in shape) or shape[0] < 1 or shape[3] < 1:
+                raise SettingsError(
+                    "warmup_shapes: each entry is [query_tokens>=1, items, item_tokens, "
+                    f"labels>=1], got {list(shape)}"
+                )
         if self.max_batch_size < 1:
             raise SettingsError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
         if self.batch_wait_timeout_s < 0:
@@ -104,10 +164,7 @@ class ReplicaSettings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise SettingsError(f"{unknown[0]}: unknown replica setting (known: {sorted(known)})")
-        converted = {
-            key: tuple(value) if isinstance(value, list) else value for key, value in values.items()
-        }
-        return cls(**converted)
+        return cls(**{key: _as_tuples(value) for key, value in values.items()})
 
     def replace(self, **changes: Any) -> ReplicaSettings:
         return dataclasses.replace(self, **changes)
