@@ -1,0 +1,210 @@
+"""The scoring engine on a tiny random-weight model: parity between layouts, isolation,
+determinism, batch independence, static shapes and limits."""
+
+import jax
+import numpy as np
+import pytest
+
+from cluster.mesh import build_mesh
+from replicas.config import ModelConfig
+from replicas.contract import ScoreWork, ScoringLimitError
+from replicas.engine import ScoringEngine, ScoringInputError
+from replicas.model import CausalLM
+from replicas.settings import ReplicaSettings, SettingsError
+
+VOCAB = 300
+DELIMITER = 0
+SMALL = {
+    "token_buckets": (16, 32, 64, 128, 256, 512),
+    "item_buckets": (1, 4, 8, 128),
+    "item_length_buckets": (4, 8, 16),
+    "row_buckets": (4, 16, 128),
+    "max_multi_item_seq_len": 512,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    config = ModelConfig(
+        family="llama",
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
+    model = CausalLM(config)
+    return model, model.init_params(jax.random.PRNGKey(0)), build_mesh((1, 1))
+
+
+def make_engine(tiny, **overrides):
+    model, params, mesh = tiny
+    return ScoringEngine(model, params, mesh, ReplicaSettings(**{**SMALL, **overrides}), "tiny")
+
+
+@pytest.fixture(scope="module")
+def engines(tiny):
+    return {
+        "single": make_engine(tiny),
+        "shared_prefix": make_engine(tiny, multi_item_scoring_delimiter=DELIMITER),
+        "packed_reference": make_engine(
+            tiny, multi_item_scoring_delimiter=DELIMITER, layout="packed_reference"
+        ),
+    }
+
+
+def ids(rng, n):
+    return tuple(int(t) for t in rng.integers(1, VOCAB, n))
+
+
+def work(seed=0, query=13, item_lens=(3, 0, 7, 1), labels=(5, 7, 9), item_first=False):
+    rng = np.random.default_rng(seed)
+    items = tuple(ids(rng, n) for n in item_lens)
+    return ScoreWork(ids(rng, query), items, labels, item_first)
+
+
+def max_diff(a, b):
+    return max(float(np.abs(x - y).max(initial=0.0)) for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference"])
+def test_multi_item_equals_single_item(engines, layout):
+    works = [work(0), work(1, query=40, item_lens=(5,) * 9, labels=(3,)), work(2, query=1)]
+    single = engines["single"].score_batch(works)
+    multi = engines[layout].score_batch(works)
+    assert max_diff(single, multi) <= 1e-5
+    assert [m.shape for m in multi] == [(4, 3), (9, 1), (4, 3)]
+
+
+def test_layouts_agree_with_each_other_at_128_items_and_many_labels(engines):
+    rng = np.random.default_rng(3)
+    big = ScoreWork(
+        ids(rng, 20), tuple(ids(rng, int(n)) for n in rng.integers(0, 4, 128)), tuple(range(1, 40))
+    )
+    prefix = engines["shared_prefix"].score_batch([big])
+    reference = engines["packed_reference"].score_batch([big])
+    assert prefix[0].shape == (128, 39)
+    assert max_diff(prefix, reference) <= 1e-5
+    assert max_diff(prefix, engines["single"].score_batch([big])) <= 1e-5
+
+
+@pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference"])
+def test_changing_one_item_leaves_the_others_bit_identical(engines, layout):
+    engine = engines[layout]
+    base = work(4, item_lens=(3, 5, 2, 6))
+    same_len = ScoreWork(base.query_ids, ((7, 8, 9), *base.item_ids[1:]), base.label_ids)
+    other_len = ScoreWork(base.query_ids, ((7,), *base.item_ids[1:]), base.label_ids)
+    (a,), (b,), (c,) = (engine.score_batch([w]) for w in (base, same_len, other_len))
+    assert not np.array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1:], b[1:])
+    if layout == "shared_prefix":
+        np.testing.assert_array_equal(a[1:], c[1:])
+    else:  # other items move inside the packed row: same math, other summation order
+        np.testing.assert_allclose(a[1:], c[1:], atol=1e-6, rtol=0)
+
+
+def test_empty_items_score_the_next_token_after_the_query(engines):
+    query_only = work(5, item_lens=(0,))
+    for engine in engines.values():
+        (scores,) = engine.score_batch([query_only])
+        (reference,) = engines["single"].score_batch([query_only])
+        np.testing.assert_allclose(scores, reference, atol=1e-5)
+
+
+def test_no_items_give_an_empty_result_without_running(engines):
+    engine = engines["shared_prefix"]
+    before = engine.compile_count
+    (scores,) = engine.score_batch([ScoreWork((1, 2), (), (3,))])
+    assert scores.shape == (0, 1)
+    assert engine.compile_count == before
+
+
+def test_item_first_is_served_per_item_in_multi_item_mode(engines):
+    flipped = work(6, item_first=True)
+    np.testing.assert_array_equal(
+        engines["shared_prefix"].score_batch([flipped])[0],
+        engines["single"].score_batch([flipped])[0],
+    )
+    assert not np.allclose(
+        engines["single"].score_batch([flipped])[0],
+        engines["single"].score_batch([work(6)])[0],
+    )
+
+
+def test_identical_runs_are_bit_identical(engines):
+    for engine in engines.values():
+        first, second = engine.score_batch([work(7)]), engine.score_batch([work(7)])
+        np.testing.assert_array_equal(first[0], second[0])
+
+
+def test_scores_do_not_depend_on_the_other_requests_in_the_step(engines):
+    target = work(8, query=20)
+    others = [work(9, query=25, item_lens=(4, 4)), work(10, query=18, labels=(1, 2))]
+    for engine in engines.values():
+        alone = engine.score_batch([target])[0]
+        shared = engine.score_batch([others[0], target, others[1]])[1]
+        np.testing.assert_allclose(alone, shared, atol=1e-6, rtol=0)
+
+
+def test_same_bucket_never_compiles_twice(tiny):
+    engine = make_engine(tiny, multi_item_scoring_delimiter=DELIMITER)
+    engine.score_batch([work(11, query=20, item_lens=(3, 5, 2))])
+    compiled = engine.compile_count
+    # other item count (3 -> 4) and lengths inside the same (T=32, N=4, L=8) bucket
+    engine.score_batch([work(12, query=30, item_lens=(8, 1, 6, 7))])
+    assert engine.compile_count == compiled
+    engine.score_batch([work(13, query=40, item_lens=(3,))])  # T bucket 32 -> 64
+    assert engine.compile_count == compiled + 1
+
+
+def test_warmup_compiles_the_configured_shapes_so_traffic_does_not(tiny):
+    engine = make_engine(
+        tiny, multi_item_scoring_delimiter=DELIMITER, warmup_shapes=((20, 3, 6, 3),)
+    )
+    assert engine.warmup() == 1
+    engine.score_batch([work(14, query=17, item_lens=(2, 5, 8))])
+    assert engine.compile_count == 1
+
+
+def test_limits_raise_clear_errors(tiny):
+    engine = make_engine(
+        tiny,
+        multi_item_scoring_delimiter=DELIMITER,
+        max_items_per_request=4,
+        max_multi_item_seq_len=40,
+    )
+    with pytest.raises(ScoringLimitError, match="max_items_per_request") as too_many:
+        engine.score_batch([work(15, item_lens=(1,) * 5)])
+    assert too_many.value.reason == "too_many_items"
+    with pytest.raises(ScoringLimitError, match="max_multi_item_seq_len"):
+        engine.score_batch([work(16, query=30, item_lens=(4, 4))])  # 30 + 1 + 2 * 5 = 41
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason"),
+    [
+        (ScoreWork((), ((1,),), (1,)), "empty_query"),
+        (ScoreWork((1,), ((1,),), ()), "empty_label_token_ids"),
+        (ScoreWork((1,), ((1,),), (VOCAB,)), "token_id_exceeds_vocab"),
+        (ScoreWork((1, VOCAB + 5), ((1,),), (1,)), "token_id_exceeds_vocab"),
+        (ScoreWork((1, DELIMITER), ((1,),), (1,)), "delimiter_in_content"),
+        (ScoreWork((1,), ((2, DELIMITER),), (1,)), "delimiter_in_content"),
+    ],
+)
+def test_bad_work_is_refused_before_anything_runs(engines, bad, reason):
+    engine = engines["shared_prefix"]
+    before = engine.compile_count
+    with pytest.raises(ScoringInputError) as error:
+        engine.score_batch([work(17), bad])
+    assert error.value.reason == reason
+    assert engine.compile_count == before
+
+
+def test_delimiter_outside_the_vocabulary_fails_naming_the_setting(tiny):
+    with pytest.raises(SettingsError, match="multi_item_scoring_delimiter"):
+        make_engine(tiny, multi_item_scoring_delimiter=VOCAB)
