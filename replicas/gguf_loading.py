@@ -1,0 +1,128 @@
+"""GGUF files: dequantized tensors in the Hugging Face layout, and config fix-ups.
+
+Tensors are dequantized with ``gguf.quants.dequantize`` (F32, F16, BF16, Q4_0, Q4_1, Q5_0,
+Q5_1, Q8_0, the K-quants, ...). ggml lists dimensions innermost first; the reader already
+returns numpy order, which is the Hugging Face ``[out, in]`` order.
+
+llama.cpp's converter permutes the rows of the q and k projections of ``llama``-architecture
+models (its RoPE rotates interleaved pairs, Hugging Face rotates halves). ``unpermute_qk``
+undoes it exactly as transformers' ``LlamaTensorProcessor`` does; Qwen2/Qwen3 files are not
+permuted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replicas.config import ModelConfig, UnsupportedModelError
+from replicas.name_map import CheckpointError
+
+PERMUTED_ARCHITECTURES = ("llama",)
+
+
+def permute_qk(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """Hugging Face -> llama.cpp row order of q/k (what convert_hf_to_gguf.py writes).
+
+    weights: [heads*Dh, ...] -> same shape, each head's rows reordered (halves -> pairs).
+    """
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    rows = weights.shape[0]
+    return (
+        weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+def unpermute_qk(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
+    """llama.cpp -> Hugging Face row order of q/k; the inverse of ``permute_qk``."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    rows = weights.shape[0]
+    return (
+        weights.reshape(n_head, rows // n_head // 2, 2, *weights.shape[1:])
+        .swapaxes(2, 1)
+        .reshape(weights.shape)
+    )
+
+
+def open_gguf(path: Path) -> Any:
+    """A ``gguf.GGUFReader`` (memory-mapped; tensors are read on demand)."""
+    from gguf import GGUFReader
+
+    if not path.is_file():
+        raise CheckpointError(f"{path}: GGUF file not found")
+    try:
+        return GGUFReader(path)
+    except Exception as error:
+        raise CheckpointError(f"{path}: not a readable GGUF file: {error}") from error
+
+
+def _field(reader: Any, key: str) -> Any:
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def gguf_architecture(reader: Any) -> str:
+    return str(_field(reader, "general.architecture"))
+
+
+def gguf_config_overrides(reader: Any, config: ModelConfig) -> dict[str, Any]:
+    """ModelConfig fields that transformers' GGUF config parsing misses, from the metadata.
+
+    transformers does not read ``attention.key_length`` for qwen2/qwen3 (Qwen3 head_dim is
+    not hidden/heads) and ignores llama.cpp's RoPE scaling, which we refuse rather than
+    silently computing different frequencies.
+    """
+    arch = gguf_architecture(reader)
+    overrides: dict[str, Any] = {}
+    key_length = _field(reader, f"{arch}.attention.key_length")
+    if key_length is not None and int(key_length) != config.head_dim:
+        overrides["head_dim"] = int(key_length)
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    if scaling not in (None, "none"):
+        raise UnsupportedModelError(f"{arch}.rope.scaling.type: {scaling!r} is not supported")
+    if any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise UnsupportedModelError(
+            "rope_freqs.weight: GGUF RoPE frequency factors (Llama 3 rope scaling) are not "
+            "supported; load the Hugging Face checkpoint instead"
+        )
+    return overrides
+
+
+class GGUFTensors:
+    """The tensors of one GGUF file by GGUF name, dequantized to float32 on read."""
+
+    name_kind = 1
+
+    def __init__(self, reader: Any, config: ModelConfig) -> None:
+        self._tensors = {t.name: t for t in reader.tensors}
+        self._permuted = gguf_architecture(reader) in PERMUTED_ARCHITECTURES
+        self._heads = (config.num_heads, config.num_kv_heads)
+
+    def names(self) -> set[str]:
+        return set(self._tensors)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(int(n) for n in reversed(self._tensors[name].shape))  # numpy order
+
+    def read(self, name: str) -> np.ndarray:
+        from gguf.quants import dequantize
+
+        tensor = self._tensors[name]
+        try:
+            weights = dequantize(tensor.data, tensor.tensor_type)
+        except NotImplementedError as error:
+            raise CheckpointError(
+                f"{name}: cannot dequantize {tensor.tensor_type.name}: {error}"
+            ) from error
+        weights = np.asarray(weights, dtype=np.float32).reshape(self.shape(name))
+        if self._permuted and ".attn_q." in name:
+            weights = unpermute_qk(weights, self._heads[0], self._heads[0])
+        elif self._permuted and ".attn_k." in name:
+            weights = unpermute_qk(weights, self._heads[0], self._heads[1])
+        return weights

@@ -1,0 +1,249 @@
+"""Load a checkpoint (Hugging Face safetensors directory or GGUF file) onto a device mesh.
+
+``load_model`` resolves the source, builds the ``ModelConfig`` from the same transformers
+config the tokenizer side sees, checks every tensor against ``replicas.params.param_shapes``
+before reading any data, then builds one parameter leaf at a time on the host (all layers
+stacked, already in the target dtype) and places it straight into its ``NamedSharding``:
+each device receives only its own shard, nothing is first replicated on device.
+
+Pickle checkpoints (``*.bin``, ``*.pt``) are never opened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+
+from replicas.config import ModelConfig, config_from_hf
+from replicas.gguf_loading import GGUFTensors, gguf_config_overrides, open_gguf
+from replicas.model import CausalLM, Params
+from replicas.name_map import (
+    CheckpointError,
+    get_path,
+    hf_shape,
+    set_path,
+    tensor_mappings,
+    to_our_layout,
+)
+from replicas.params import param_shapes, param_shardings
+from replicas.sources import ModelSource, load_hf_config, resolve_model_source
+
+logger = logging.getLogger(__name__)
+
+DTYPES: dict[str, Any] = {
+    "float32": np.dtype(np.float32),
+    "bfloat16": np.dtype(jnp.bfloat16),
+    "float16": np.dtype(np.float16),
+}
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# safetensors dtypes that numpy cannot name; read from the raw bytes instead.
+_RAW_DTYPES = {"BF16": np.dtype(jnp.bfloat16)}
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: CausalLM
+    params: Params
+    config: ModelConfig
+    source: ModelSource
+
+
+class TensorFile(Protocol):
+    """Tensors of one checkpoint, by the names the file uses, in the Hugging Face layout."""
+
+    name_kind: int  # 0: names are Hugging Face names, 1: GGUF names
+
+    def names(self) -> set[str]: ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def read(self, name: str) -> np.ndarray: ...
+
+
+def _check_dtype(dtype: str) -> np.dtype:
+    if dtype not in DTYPES:
+        raise CheckpointError(f"dtype: {dtype!r} not in {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+# ----------------------------------------------------------------------------- safetensors
+
+
+def _safetensors_files(directory: Path) -> list[Path]:
+    index = directory / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted({directory / name for name in weight_map.values()})
+        for file in files:
+            if not file.is_file():
+                raise CheckpointError(f"{file.name}: listed in {SAFETENSORS_INDEX} but missing")
+        return files
+    files = sorted(directory.glob("*.safetensors"))
+    if files:
+        return files
+    pickles = sorted(p.name for p in directory.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"{directory}: only pickle checkpoints ({', '.join(pickles)}); they are never loaded "
+            "(arbitrary code). Convert them to safetensors, e.g. save_pretrained("
+            "safe_serialization=True)"
+        )
+    raise CheckpointError(f"{directory}: no *.safetensors weights")
+
+
+def _read_raw(path: Path, name: str, dtype: np.dtype) -> np.ndarray:
+    """A tensor read straight from the safetensors layout (for dtypes numpy cannot name)."""
+    with path.open("rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        entry = json.loads(f.read(header_len))[name]
+    begin, end = entry["data_offsets"]
+    start = 8 + header_len + begin
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=start, shape=end - begin)
+    return data.view(dtype).reshape(entry["shape"])
+
+
+class SafetensorsFiles:
+    """All ``*.safetensors`` files of a Hugging Face directory (sharded or not)."""
+
+    name_kind = 0
+
+    def __init__(self, directory: Path, stack: contextlib.ExitStack) -> None:
+        from safetensors import safe_open
+
+        self._handles: dict[str, Any] = {}
+        self._paths: dict[str, Path] = {}
+        for path in _safetensors_files(directory):
+            try:
+                handle = stack.enter_context(safe_open(str(path), framework="numpy"))
+            except Exception as error:
+                message = f"{path.name}: not a readable safetensors file: {error}"
+                raise CheckpointError(message) from error
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                self._handles[name] = handle
+                self._paths[name] = path
+
+    def names(self) -> set[str]:
+        return set(self._handles)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._handles[name].get_slice(name).get_shape())
+
+    def read(self, name: str) -> np.ndarray:
+        handle = self._handles[name]
+        kind = handle.get_slice(name).get_dtype()
+        if kind in _RAW_DTYPES:
+            return _read_raw(self._paths[name], name, _RAW_DTYPES[kind])
+        try:
+            return handle.get_tensor(name)
+        except (TypeError, KeyError) as error:
+            message = f"{name}: unsupported safetensors dtype {kind}: {error}"
+            raise CheckpointError(message) from error
+
+
+# ----------------------------------------------------------------------------- assembly
+
+
+def _place(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """Each device (also on other hosts) gets only its own shard of the host array."""
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def check_tensors(tensors: TensorFile, config: ModelConfig) -> None:
+    """Every expected tensor present with the expected shape, else one error naming them."""
+    shapes = param_shapes(config)
+    available = tensors.names()
+    problems: list[str] = []
+    for mapping in tensor_mappings(config):
+        full = get_path(shapes, mapping.path)
+        expected = hf_shape(mapping.layout, full[1:] if mapping.per_layer else full)
+        for names in mapping.names(config.num_layers):
+            name = names[tensors.name_kind]
+            if name not in available:
+                problems.append(f"missing tensor {name}")
+            elif (got := tensors.shape(name)) != expected:
+                problems.append(f"{name}: expected shape {expected}, got {got}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise CheckpointError("; ".join(problems[:5]) + more)
+
+
+def assemble_params(
+    tensors: TensorFile, config: ModelConfig, mesh: Mesh, dtype: np.dtype
+) -> tuple[Params, set[str]]:
+    """The parameter tree on ``mesh`` and the names of the file tensors it used."""
+    check_tensors(tensors, config)
+    shapes = param_shapes(config)
+    shardings = param_shardings(config, mesh)
+    params: Params = {}
+    used: set[str] = set()
+    for mapping in tensor_mappings(config):
+        full = get_path(shapes, mapping.path)
+        per_layer = full[1:] if mapping.per_layer else full
+        host = np.empty(full, dtype)  # [layers, ...] or the unstacked shape
+        for i, names in enumerate(mapping.names(config.num_layers)):
+            name = names[tensors.name_kind]
+            value = to_our_layout(mapping.layout, tensors.read(name), per_layer).astype(dtype)
+            if mapping.per_layer:
+                host[i] = value
+            else:
+                host[...] = value
+            used.add(name)
+        set_path(params, mapping.path, _place(host, get_path(shardings, mapping.path)))
+        del host
+    return params, used
+
+
+def _warn_unused(tensors: TensorFile, used: set[str], ignorable: tuple[str, ...]) -> None:
+    unused = sorted(n for n in tensors.names() - used if not n.endswith(ignorable))
+    if unused:
+        logger.warning("checkpoint tensors not used by the model: %s", ", ".join(unused[:10]))
+
+
+def _as_source(source: ModelSource | str | os.PathLike[str]) -> ModelSource:
+    if not isinstance(source, ModelSource):
+        return resolve_model_source(source)
+    if source.is_gguf and not source.gguf_path.is_file():
+        raise CheckpointError(f"{source.gguf_path}: GGUF file not found")
+    if not source.is_gguf and not (source.directory / "config.json").is_file():
+        raise CheckpointError(f"{source.directory}: no config.json")
+    return source
+
+
+def load_model(
+    source: ModelSource | str | os.PathLike[str], mesh: Mesh, dtype: str = "float32"
+) -> LoadedModel:
+    """Load a model's weights from local files into their shardings on ``mesh``.
+
+    ``source``: a known name (``SmolLM2-135M-Instruct``), a ``.gguf`` path, a Hugging Face
+    directory (config.json + safetensors), or a resolved ``ModelSource``. ``dtype``:
+    float32, bfloat16 or float16 (parameters and activations).
+    """
+    np_dtype = _check_dtype(dtype)
+    source = _as_source(source)
+    with contextlib.ExitStack() as stack:
+        if source.is_gguf:
+            reader = open_gguf(source.gguf_path)
+            config = config_from_hf(load_hf_config(source))
+            config = config.replace(**gguf_config_overrides(reader, config))
+            tensors: TensorFile = GGUFTensors(reader, config)
+            ignorable: tuple[str, ...] = ()
+        else:
+            config = config_from_hf(load_hf_config(source))
+            tensors = SafetensorsFiles(source.directory, stack)
+            ignorable = ("rotary_emb.inv_freq", "lm_head.weight")
+        params, used = assemble_params(tensors, config, mesh, np_dtype)
+        _warn_unused(tensors, used, ignorable)
+    model = CausalLM(config, dtype=jnp.dtype(np_dtype))
+    return LoadedModel(model=model, params=params, config=config, source=source)

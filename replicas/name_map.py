@@ -1,0 +1,151 @@
+"""Explicit checkpoint name maps: which file tensor fills which leaf of the parameter tree.
+
+Every leaf of ``replicas.params.param_logical_axes`` has exactly one ``TensorMapping``: its
+Hugging Face name, its GGUF name and the layout change from the Hugging Face layout
+(``nn.Linear`` weights are ``[out, in]``) to ours. GGUF tensors are first brought to the
+Hugging Face layout (ggml order reversed, llama q/k rows un-permuted, see
+``replicas.gguf_loading``), so one layout table serves both formats.
+
+The three families share the Llama names; Qwen2 adds q/k/v biases and Qwen3 per-head q/k
+RMSNorm. Shapes below: D hidden, H query heads, K key/value heads, Dh head dim, F MLP width,
+V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from replicas.config import ModelConfig
+
+LAYER = "{layer}"
+
+
+class CheckpointError(ValueError):
+    """The checkpoint files are missing, unreadable or do not match the config."""
+
+
+# Layout kinds: Hugging Face layout -> our layout of one (per-layer) tensor.
+SAME = "same"  # identical: embeddings [V, D], norm scales [D] or [Dh]
+TRANSPOSE = "transpose"  # [out, in] -> [in, out]: MLP [F, D] -> [D, F], lm_head [V, D] -> [D, V]
+HEADS_IN = "heads_in"  # q/k/v_proj.weight [H*Dh, D] -> [D, H, Dh]
+HEADS_OUT = "heads_out"  # o_proj.weight [D, H*Dh] -> [H, Dh, D]
+HEADS_BIAS = "heads_bias"  # q/k/v_proj.bias [H*Dh] -> [H, Dh]
+LAYOUTS = (SAME, TRANSPOSE, HEADS_IN, HEADS_OUT, HEADS_BIAS)
+
+
+@dataclass(frozen=True)
+class TensorMapping:
+    """One parameter leaf and where it comes from.
+
+    ``hf_name`` and ``gguf_name`` contain ``{layer}`` for leaves stacked on the layers axis.
+    """
+
+    path: tuple[str, ...]
+    hf_name: str
+    gguf_name: str
+    layout: str
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout {self.layout!r} not in {LAYOUTS}")
+        if (LAYER in self.hf_name) != (LAYER in self.gguf_name):
+            raise ValueError(f"{self.hf_name} and {self.gguf_name} disagree on {LAYER}")
+
+    @property
+    def per_layer(self) -> bool:
+        return LAYER in self.hf_name
+
+    def names(self, num_layers: int) -> list[tuple[str, str]]:
+        """(hf_name, gguf_name) of every stacked slice, layer 0 first."""
+        if not self.per_layer:
+            return [(self.hf_name, self.gguf_name)]
+        return [
+            (self.hf_name.format(layer=i), self.gguf_name.format(layer=i))
+            for i in range(num_layers)
+        ]
+
+
+def _layer(path: tuple[str, ...], hf: str, gguf: str, layout: str) -> TensorMapping:
+    return TensorMapping(
+        ("layers", *path), f"model.layers.{LAYER}.{hf}", f"blk.{LAYER}.{gguf}", layout
+    )
+
+
+_COMMON = (
+    TensorMapping(("embed",), "model.embed_tokens.weight", "token_embd.weight", SAME),
+    TensorMapping(("final_norm", "scale"), "model.norm.weight", "output_norm.weight", SAME),
+    _layer(("attn_norm", "scale"), "input_layernorm.weight", "attn_norm.weight", SAME),
+    _layer(("attn", "q"), "self_attn.q_proj.weight", "attn_q.weight", HEADS_IN),
+    _layer(("attn", "k"), "self_attn.k_proj.weight", "attn_k.weight", HEADS_IN),
+    _layer(("attn", "v"), "self_attn.v_proj.weight", "attn_v.weight", HEADS_IN),
+    _layer(("attn", "o"), "self_attn.o_proj.weight", "attn_output.weight", HEADS_OUT),
+    _layer(("mlp_norm", "scale"), "post_attention_layernorm.weight", "ffn_norm.weight", SAME),
+    _layer(("mlp", "gate"), "mlp.gate_proj.weight", "ffn_gate.weight", TRANSPOSE),
+    _layer(("mlp", "up"), "mlp.up_proj.weight", "ffn_up.weight", TRANSPOSE),
+    _layer(("mlp", "down"), "mlp.down_proj.weight", "ffn_down.weight", TRANSPOSE),
+)
+_QKV_BIAS = (  # Qwen2
+    _layer(("attn", "q_bias"), "self_attn.q_proj.bias", "attn_q.bias", HEADS_BIAS),
+    _layer(("attn", "k_bias"), "self_attn.k_proj.bias", "attn_k.bias", HEADS_BIAS),
+    _layer(("attn", "v_bias"), "self_attn.v_proj.bias", "attn_v.bias", HEADS_BIAS),
+)
+_QK_NORM = (  # Qwen3
+    _layer(("attn", "q_norm", "scale"), "self_attn.q_norm.weight", "attn_q_norm.weight", SAME),
+    _layer(("attn", "k_norm", "scale"), "self_attn.k_norm.weight", "attn_k_norm.weight", SAME),
+)
+_LM_HEAD = TensorMapping(("lm_head",), "lm_head.weight", "output.weight", TRANSPOSE)
+
+
+def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
+    """Every leaf of ``param_logical_axes(config)`` with its source names and layout."""
+    mappings = list(_COMMON)
+    if config.qkv_bias:
+        mappings += _QKV_BIAS
+    if config.qk_norm:
+        mappings += _QK_NORM
+    if not config.tie_word_embeddings:
+        mappings.append(_LM_HEAD)
+    return tuple(mappings)
+
+
+def hf_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The Hugging Face shape of a tensor whose shape in our layout is ``shape``."""
+    if layout == SAME:
+        return shape
+    if layout == TRANSPOSE:
+        return shape[::-1]
+    if layout == HEADS_IN:  # ours [D, H, Dh]
+        return (shape[1] * shape[2], shape[0])
+    if layout == HEADS_OUT:  # ours [H, Dh, D]
+        return (shape[2], shape[0] * shape[1])
+    if layout == HEADS_BIAS:  # ours [H, Dh]
+        return (shape[0] * shape[1],)
+    raise ValueError(f"layout {layout!r} not in {LAYOUTS}")
+
+
+def to_our_layout(layout: str, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Hugging Face layout -> our layout; ``shape`` is the target (per-layer) shape."""
+    if layout == SAME:
+        return array.reshape(shape)
+    if layout == TRANSPOSE:
+        return array.T
+    if layout in (HEADS_IN, HEADS_OUT):
+        return array.T.reshape(shape)  # [H*Dh, D] -> [D, H*Dh]; [D, H*Dh] -> [H*Dh, D]
+    if layout == HEADS_BIAS:
+        return array.reshape(shape)
+    raise ValueError(f"layout {layout!r} not in {LAYOUTS}")
+
+
+def get_path(tree: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def set_path(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
