@@ -42,3 +42,32 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(str(smollm2_package_dir()), gguf_file=SMOLLM2_GGUF)
     tokenizer.save_pretrained(directory)
     return directory
+
+
+# --- checkpoint loading (tests/test_loading*.py, tests/test_model_*.py) ---
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """Function variant -> directory of a tiny random HF checkpoint (tests/model_helpers.py),
+    built once per session."""
+    from tests.model_helpers import save_tiny
+
+    built: dict[str, Path] = {}
+
+    def get(variant: str) -> Path:
+        if variant not in built:
+            built[variant] = save_tiny(variant, tmp_path_factory.mktemp(f"tiny-{variant}"))
+        return built[variant]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def smollm2_loaded():
+    """The real SmolLM2-135M-Instruct (packaged GGUF) loaded on a 1x1 mesh, once per session."""
+    smollm2_package_dir()
+    from cluster.mesh import build_mesh
+    from replicas.loading import load_model
+
+    return load_model("SmolLM2-135M-Instruct", build_mesh((1, 1)))

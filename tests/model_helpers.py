@@ -1,0 +1,209 @@
+"""Tiny random-weight checkpoints of each family, a GGUF writer, and both forward passes.
+
+Weights are drawn large enough (not transformers' 0.02 init) that the logits are far from
+uniform, norm scales and biases are random too, so a wrong layout or permutation cannot hide.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TINY = {
+    "vocab_size": 256,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+    "rope_theta": 500000.0,
+}
+# name -> (transformers config class, overrides of TINY)
+TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "llama": ("LlamaConfig", {"tie_word_embeddings": True}),
+    "llama3-untied": ("LlamaConfig", {"tie_word_embeddings": False, "rope_scaling": LLAMA3_ROPE}),
+    "qwen2": ("Qwen2Config", {"tie_word_embeddings": False, "rope_theta": 1e6}),
+    "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32}),
+    # 6 query heads over 3 kv heads: kv_heads cannot be split over a model axis of 2
+    "llama-kv3": (
+        "LlamaConfig",
+        {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3},
+    ),
+}
+
+
+def tiny_hf_config(variant: str) -> Any:
+    import transformers
+
+    class_name, overrides = TINY_VARIANTS[variant]
+    return getattr(transformers, class_name)(**{**TINY, **overrides})
+
+
+def randomize_(model: Any, seed: int) -> None:
+    """Replace every parameter with N(0, 1/sqrt(fan_in)); norms 1 + N(0, 0.2); biases N(0, 0.2)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            if "norm" in name:
+                param.copy_(1.0 + 0.2 * noise)
+            elif name.endswith(".bias"):
+                param.copy_(0.2 * noise)
+            elif "embed_tokens" in name:
+                param.copy_(noise)
+            else:
+                param.copy_(noise / param.shape[-1] ** 0.5)
+
+
+def save_tiny(variant: str, directory: Path, seed: int = 0, **save_kwargs: Any) -> Path:
+    """A tiny model of ``variant`` saved with save_pretrained(safe_serialization=True)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_hf_config(variant), dtype=torch.float32)
+    randomize_(model, seed)
+    model.save_pretrained(directory, safe_serialization=True, **save_kwargs)
+    return directory
+
+
+def batch(vocab: int, lengths: list[int], width: int, seed: int = 0) -> np.ndarray:
+    """[B, width] int32 right-padded token ids (pad id 0), one row per length."""
+    rng = np.random.default_rng(seed)
+    tokens = np.zeros((len(lengths), width), np.int32)
+    for row, length in enumerate(lengths):
+        tokens[row, :length] = rng.integers(1, vocab, length)
+    return tokens
+
+
+def hf_logprobs(model_dir: Path, tokens: np.ndarray, lengths: list[int], **kw: Any) -> np.ndarray:
+    """transformers fp32 log-softmax [B, T, V] of a right-padded batch."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32, **kw).eval()
+    attention_mask = (np.arange(tokens.shape[1])[None] < np.array(lengths)[:, None]).astype(int)
+    with torch.no_grad():
+        logits = model(
+            input_ids=torch.from_numpy(tokens.astype(np.int64)),
+            attention_mask=torch.from_numpy(attention_mask),
+        ).logits
+    return torch.log_softmax(logits.float(), dim=-1).numpy()
+
+
+def our_logprobs(loaded: Any, tokens: np.ndarray, lengths: list[int]) -> np.ndarray:
+    """Our log-softmax [B, T, V]: causal + right-padding mask built with jnp."""
+    import jax
+    import jax.numpy as jnp
+
+    from replicas.model import AttentionSpec
+
+    model, width = loaded.model, tokens.shape[1]
+
+    @jax.jit
+    def forward(params: Any, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+        idx = jnp.arange(width)
+        valid = idx[None, :] < lengths[:, None]  # [B, T]
+        mask = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # [B, T, T]
+        positions = jnp.broadcast_to(idx, tokens.shape)
+        hidden, _ = model.hidden_states(params, tokens, positions, AttentionSpec(mask=mask))
+        return jax.nn.log_softmax(model.logits(params, hidden), axis=-1)
+
+    out = forward(loaded.params, jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32))
+    return np.asarray(out)
+
+
+def max_valid_diff(a: np.ndarray, b: np.ndarray, lengths: list[int]) -> float:
+    """Max abs difference over the non-padding positions of [B, T, V] arrays."""
+    return max(float(np.abs(a[i, :n] - b[i, :n]).max()) for i, n in enumerate(lengths))
+
+
+def write_gguf(model_dir: Path, path: Path, qtype_name: str = "F32") -> Path:
+    """Write a Hugging Face checkpoint as GGUF the way llama.cpp's converter does.
+
+    Names come from gguf's own tensor map (not ours), llama q/k rows are permuted for
+    llama.cpp's RoPE, 2-D weights are stored as ``qtype_name`` and 1-D tensors as F32.
+    """
+    import gguf
+    from safetensors.numpy import load_file
+    from transformers import AutoConfig
+
+    from replicas.gguf_loading import permute_qk
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    arch_name = config.model_type
+    arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name)
+    name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    writer = gguf.GGUFWriter(str(path), arch_name)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(config.vocab_size)
+    qtype = gguf.GGMLQuantizationType[qtype_name]
+    for name, tensor in sorted(load_file(str(model_dir / "model.safetensors")).items()):
+        gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert gguf_name is not None, name
+        tensor = tensor.astype(np.float32)
+        if arch_name == "llama" and "q_proj" in name:
+            tensor = permute_qk(tensor, heads, heads)
+        elif arch_name == "llama" and "k_proj" in name:
+            tensor = permute_qk(tensor, heads, kv_heads)
+        if tensor.ndim == 2 and qtype != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, gguf.quants.quantize(tensor, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, tensor)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def copy_gguf(
+    source: Path, target: Path, drop: tuple[str, ...] = (), add: dict[str, np.ndarray] | None = None
+) -> Path:
+    """Rewrite a GGUF written by ``write_gguf`` without the ``drop`` tensors, plus ``add``."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    arch = str(reader.fields["general.architecture"].contents())
+    writer = gguf.GGUFWriter(str(target), arch)
+    for field in reader.fields.values():
+        if field.name.startswith(f"{arch}."):
+            value = field.contents()
+            if isinstance(value, int):
+                writer.add_uint32(field.name, value)
+            else:
+                writer.add_float32(field.name, float(value))
+    for tensor in reader.tensors:
+        if tensor.name not in drop:
+            writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    for name, array in (add or {}).items():
+        writer.add_tensor(name, array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return target
