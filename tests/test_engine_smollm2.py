@@ -1,0 +1,61 @@
+"""The engine on the real SmolLM2-135M-Instruct: multi-item equals single-item scoring."""
+
+import numpy as np
+import pytest
+
+from cluster.mesh import build_mesh
+from replicas.contract import ScoreWork
+from replicas.engine import ScoringEngine
+from replicas.loading import load_model
+from replicas.settings import ReplicaSettings
+from replicas.sources import load_tokenizer, resolve_model_source
+
+MODEL = "SmolLM2-135M-Instruct"
+PARIS, LONDON, BERLIN = 7042, 4528, 11452
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    mesh = build_mesh((1, 1))
+    loaded = load_model(MODEL, mesh)
+    tokenizer = load_tokenizer(resolve_model_source(MODEL))
+
+    def engine(**settings):
+        return ScoringEngine(loaded.model, loaded.params, mesh, ReplicaSettings(**settings), MODEL)
+
+    return tokenizer, {
+        "single": engine(),
+        "shared_prefix": engine(multi_item_scoring_delimiter=0),
+        "packed_reference": engine(multi_item_scoring_delimiter=0, layout="packed_reference"),
+    }
+
+
+def text_work(tokenizer, query, items, labels):
+    return ScoreWork(
+        tuple(tokenizer.encode(query)),
+        tuple(tuple(tokenizer.encode(item, add_special_tokens=False)) for item in items),
+        labels,
+    )
+
+
+def test_paris_is_the_top_label_after_the_capital_of_france(smollm2):
+    tokenizer, engines = smollm2
+    work = text_work(tokenizer, "The capital of France is", [""], (PARIS, LONDON, BERLIN))
+    for engine in engines.values():
+        (scores,) = engine.score_batch([work])
+        assert scores.argmax() == 0
+        np.testing.assert_allclose(scores[0, 0], -0.258, atol=2e-3)  # transformers: -0.2581
+
+
+@pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference"])
+def test_multi_item_equals_single_item_on_unicode_text(smollm2, layout):
+    tokenizer, engines = smollm2
+    items = [" 日本語", " emoji 🎉", "", " Ünïcödé façade", " the flag of the republic"]
+    work = text_work(tokenizer, "I pledge allegiance — «Grüße» to", items, (PARIS, 311, 315, 0))
+    (single,) = engines["single"].score_batch([work])
+    (multi,) = engines[layout].score_batch([work])
+    assert single.shape == (5, 4)
+    # 1e-5 absolute plus ~8 float32 ULPs of the value: on this 30-layer model the single-item
+    # path itself moves by 1.4e-5 at log-probs near -12 when only its padding changes.
+    np.testing.assert_allclose(multi, single, atol=1e-5, rtol=1e-6)
+    assert float(np.abs(multi - single)[single > -5].max(initial=0.0)) <= 1e-5
