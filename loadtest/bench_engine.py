@@ -176,7 +176,8 @@ def write_report(rows: list[dict], args: argparse.Namespace, path: Path) -> None
         f"- request: {args.query_tokens}-token query, {args.item_tokens}-token items, "
         f"{len(LABELS)} labels; median of {args.repeats} runs after a warm-up "
         "(1 run for the slow single-item cases at >= 100 items)",
-        f"- measured float32 matmul peak (XLA, best of 512..2048 square): {rows[0]['peak'] / 1e9:.0f} GFLOP/s",
+        "- measured float32 matmul peak (XLA, best of 512..2048 square): "
+        f"{rows[0]['peak'] / 1e9:.0f} GFLOP/s",
         "- model FLOP/s: analytic FLOPs of the useful (unpadded) multi-item work divided by the",
         "  shared-prefix time; transformers: fp32, batched rows, `logits_to_keep=1`",
         "",
