@@ -1,0 +1,82 @@
+"""The OpenAI/SGLang error envelope and the machine-readable reasons the ingress answers with.
+
+Every rejected request gets the same body shape, over HTTP and through a DeploymentHandle:
+``{"object": "error", "message", "type", "param", "code", "reason"}``.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class Reason(StrEnum):
+    """Why a request was rejected; the ``reason`` field of the error envelope."""
+
+    INVALID_JSON = "invalid_json"
+    INVALID_REQUEST = "invalid_request"
+    EMPTY_LABEL_TOKEN_IDS = "empty_label_token_ids"
+    NEGATIVE_TOKEN_ID = "negative_token_id"
+    TOKEN_ID_EXCEEDS_VOCAB = "token_id_exceeds_vocab"
+    MIXED_INPUT_TYPES = "mixed_input_types"
+    EMPTY_QUERY = "empty_query"
+    TOO_MANY_ITEMS = "too_many_items"
+    SEQUENCE_TOO_LONG = "sequence_too_long"
+    DELIMITER_IN_CONTENT = "delimiter_in_content"
+    UNKNOWN_MODEL = "unknown_model"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    OVERLOADED = "overloaded"
+    UNAVAILABLE = "unavailable"
+    INTERNAL = "internal_error"
+
+
+_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+class ScoreRequestError(ValueError):
+    """A request the ingress answers with an error envelope instead of scores.
+
+    Picklable (``__reduce__``), so a DeploymentHandle caller can catch it by type and read
+    ``body``, the exact JSON the HTTP route sends.
+    """
+
+    def __init__(
+        self,
+        reason: Reason | str,
+        message: str,
+        param: str | None = None,
+        status_code: int = 400,
+    ) -> None:
+        super().__init__(message)
+        self.reason = Reason(reason)
+        self.message = message
+        self.param = param
+        self.status_code = status_code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason.value, self.message, self.param, self.status_code))
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return error_body(self.reason, self.message, self.param, self.status_code)
+
+
+def error_body(
+    reason: Reason | str, message: str, param: str | None = None, status_code: int = 400
+) -> dict[str, Any]:
+    """The envelope SGLang/OpenAI clients parse, plus our ``reason``."""
+    return {
+        "object": "error",
+        "message": message,
+        "type": _TYPES.get(status_code, "BadRequestError"),
+        "param": param,
+        "code": status_code,
+        "reason": str(Reason(reason)),
+    }

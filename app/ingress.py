@@ -1,0 +1,125 @@
+"""ScoreIngress: the CPU Serve deployment in front of the scoring replicas.
+
+HTTP: ``POST /v1/score``, ``GET /v1/models``, ``GET /health``, ``GET /openapi.json``.
+Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` returns the
+same body as the HTTP route (and raises ScoreRequestError, whose ``body`` is the HTTP error).
+Never imports jax; only token ids go to the replicas.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from ray import serve
+from ray.exceptions import RayActorError, RayTaskError
+from ray.serve.exceptions import BackPressureError, RayServeException
+from ray.serve.handle import DeploymentHandle
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from app.errors import Reason, ScoreRequestError
+from app.http import handle, read_limited, relative_path
+from app.service import ScoringService
+from replicas.contract import ModelInfo, ScoreWork
+from replicas.deployment import ReplicaRejected, coerce_settings
+from replicas.settings import ReplicaSettings
+
+logger = logging.getLogger(__name__)
+
+
+def _unwrap(error: BaseException) -> BaseException:
+    """The user exception inside a RayTaskError (Ray makes it a subclass of both)."""
+    if isinstance(error, RayTaskError):
+        cause = error.as_instanceof_cause()
+        return cause if not isinstance(cause, RayTaskError) else error
+    return error
+
+
+def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
+    """What the replica serves that the ingress would validate differently, if anything."""
+    for name in ("vocab_size", "multi_item_scoring_delimiter", "limits"):
+        mine, theirs = getattr(ingress, name), getattr(replica, name)
+        if mine != theirs:
+            return f"{name}: ingress has {mine!r}, replica has {theirs!r}"
+    return None
+
+
+@serve.deployment(name="ScoreIngress", max_ongoing_requests=256)
+class ScoreIngress:
+    def __init__(
+        self, replica: DeploymentHandle, settings: ReplicaSettings | Mapping[str, Any]
+    ) -> None:
+        self._service = ScoringService.from_settings(coerce_settings(settings))
+        self._replica = replica
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._service.info
+
+    async def __call__(self, request: Request) -> Response:
+        path = relative_path(request.url.path, request.scope.get("root_path", ""))
+
+        async def body() -> bytes:
+            return await read_limited(request.stream())
+
+        reply = await handle(
+            self._service, request.method, path, body, self._call_replica, self._check_replica
+        )
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+    async def score(
+        self,
+        query: str | list[int],
+        items: list[str] | list[list[int]],
+        label_token_ids: list[int],
+        apply_softmax: bool = False,
+        item_first: bool = False,
+        model: str | None = None,
+    ) -> dict[str, Any]:
+        """The /v1/score body for these fields; raises ScoreRequestError like a 400/503."""
+        payload = {
+            "query": query,
+            "items": items,
+            "label_token_ids": label_token_ids,
+            "apply_softmax": apply_softmax,
+            "item_first": item_first,
+            "model": model,
+        }
+        return await self._service.score(payload, self._call_replica)
+
+    async def describe(self) -> ModelInfo:
+        return self._service.info
+
+    async def _call_replica(self, work: ScoreWork) -> np.ndarray:
+        try:
+            return await self._replica.score.remote(work)
+        except Exception as raw:
+            error = _unwrap(raw)
+            if isinstance(error, ReplicaRejected):
+                raise ScoreRequestError(error.reason, error.message) from None
+            if isinstance(error, BackPressureError):
+                raise ScoreRequestError(
+                    Reason.OVERLOADED, "scoring replicas are overloaded; retry later", None, 503
+                ) from None
+            if isinstance(error, RayActorError | RayServeException):
+                raise ScoreRequestError(
+                    Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
+                ) from None
+            logger.exception("scoring replica failed")
+            raise ScoreRequestError(Reason.INTERNAL, "scoring failed", None, 500) from None
+
+    async def _check_replica(self) -> None:
+        try:
+            replica_info = await self._replica.describe.remote()
+        except Exception as error:
+            raise ScoreRequestError(
+                Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
+            ) from None
+        mismatch = compare_info(self._service.info, replica_info)
+        if mismatch:
+            raise ScoreRequestError(
+                Reason.UNAVAILABLE, f"ingress and replica disagree on {mismatch}", None, 503
+            )

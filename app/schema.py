@@ -1,0 +1,100 @@
+"""Pydantic models of the HTTP edge: the /v1/score request, its response and the error body.
+
+Strict on purpose: ``"1"`` is not an int, ``true`` is not an int, ``1`` is not a bool, and
+unknown fields are rejected. Inside the service everything is frozen dataclasses; these
+models exist only to parse input and to describe the API (OpenAPI).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ScoreRequest(BaseModel):
+    """POST /v1/score. Query and items are all text or all token ids (never mixed)."""
+
+    model_config = _STRICT
+
+    query: StrictStr | list[StrictInt] = Field(
+        description="Text (encoded with the tokenizer's special tokens) or token ids."
+    )
+    items: list[StrictStr | list[StrictInt]] = Field(
+        description=(
+            "Candidate items: all text (each encoded without special tokens) or all token-id "
+            "lists, the same kind as the query. An empty list answers scores: []."
+        )
+    )
+    label_token_ids: list[StrictInt] = Field(
+        description="Token ids whose next-token probability is scored for every item."
+    )
+    apply_softmax: StrictBool = Field(
+        default=False,
+        description=(
+            "true: softmax over the requested labels (rows sum to 1); "
+            "false: exp(logprob), full-vocabulary probabilities."
+        ),
+    )
+    item_first: StrictBool = Field(
+        default=False, description="Score item + query instead of query + item."
+    )
+    model: StrictStr | None = Field(
+        default=None, description="Served model name (see GET /v1/models); optional."
+    )
+
+
+class Usage(BaseModel):
+    model_config = _STRICT
+
+    prompt_tokens: int = Field(
+        description="Tokens the model reads, counted as single-item rows: "
+        "sum over items of len(query) + len(item)."
+    )
+    completion_tokens: Literal[0] = 0
+    total_tokens: int
+
+
+class ScoreResponse(BaseModel):
+    model_config = _STRICT
+
+    object: Literal["scoring"] = "scoring"
+    model: str
+    scores: list[list[float]] = Field(
+        description="scores[i][j]: score of label_token_ids[j] after query + items[i]."
+    )
+    usage: Usage
+    created: int = Field(description="Unix time in seconds.")
+
+
+class ErrorResponse(BaseModel):
+    model_config = _STRICT
+
+    object: Literal["error"] = "error"
+    message: str
+    type: str = Field(description="BadRequestError for every 400.")
+    param: str | None = Field(description="The request field at fault, if one is.")
+    code: int
+    reason: str = Field(description="Machine-readable cause, e.g. token_id_exceeds_vocab.")
+
+
+class ModelCard(BaseModel):
+    model_config = _STRICT
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "scorejax"
+    vocab_size: int
+    multi_item_scoring_delimiter: int | None
+    max_items_per_request: int
+    max_multi_item_seq_len: int
+
+
+class ModelList(BaseModel):
+    model_config = _STRICT
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

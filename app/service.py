@@ -1,0 +1,140 @@
+"""The ingress's scoring logic without Ray: validate -> tokenize -> call a backend -> scores.
+
+``ScoringService.score`` takes a decoded request body and an async backend that turns one
+ScoreWork into ``[n_items, n_labels]`` log-probabilities (a DeploymentHandle in production, a
+fake in unit tests) and returns the response body, or raises ScoreRequestError.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.errors import Reason, ScoreRequestError
+from app.schema import ScoreRequest
+from app.scores import to_scores
+from app.tokenization import TextTokenizer, Tokenized, encode_text, pass_tokens
+from app.validation import (
+    check_item_count,
+    check_labels,
+    check_model_name,
+    check_text_encodable,
+    check_token_inputs,
+    check_work,
+    is_text_request,
+    validate_request,
+)
+from replicas.contract import ModelInfo, ScoreWork
+from replicas.deployment import check_delimiter_in_vocab, model_vocab_size
+from replicas.settings import ReplicaSettings
+from replicas.sources import load_hf_config, load_tokenizer, resolve_model_source
+
+Backend = Callable[[ScoreWork], Awaitable[np.ndarray]]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request that passed every rule, ready for a replica."""
+
+    request: ScoreRequest
+    work: ScoreWork
+    tokenized: Tokenized
+
+
+@dataclass(frozen=True)
+class ScoringService:
+    info: ModelInfo
+    tokenizer: TextTokenizer
+    clock: Callable[[], float] = field(default=time.time)
+
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> ScoringService:
+        """Load the model's tokenizer and vocabulary size from local files (jax-free)."""
+        source = resolve_model_source(settings.model)
+        vocab_size = model_vocab_size(load_hf_config(source))
+        check_delimiter_in_vocab(settings, vocab_size, source.name)
+        info = ModelInfo(
+            name=source.name,
+            vocab_size=vocab_size,
+            multi_item_scoring_delimiter=settings.multi_item_scoring_delimiter,
+            limits=settings.limits,
+        )
+        return cls(info=info, tokenizer=load_tokenizer(source))
+
+    def prepare(self, payload: Any) -> Prepared:
+        """Every validation rule, in a fixed order; raises ScoreRequestError on the first."""
+        request = validate_request(payload)
+        check_model_name(request.model, self.info)
+        check_labels(request.label_token_ids, self.info.vocab_size)
+        text = is_text_request(request)
+        check_item_count(len(request.items), self.info)
+        if text:
+            check_text_encodable(request)
+            tokenized = encode_text(self.tokenizer, request.query, request.items)  # type: ignore[arg-type]
+        else:
+            check_token_inputs(request, self.info.vocab_size)
+            tokenized = pass_tokens(request.query, request.items)  # type: ignore[arg-type]
+        work = ScoreWork(
+            query_ids=tokenized.query_ids,
+            item_ids=tokenized.item_ids,
+            label_ids=tuple(request.label_token_ids),
+            item_first=request.item_first,
+        )
+        check_work(work, self.info)
+        return Prepared(request, work, tokenized)
+
+    async def score(self, payload: Any, backend: Backend) -> dict[str, Any]:
+        """The /v1/score response body for ``payload``; ``items=[]`` never calls the backend."""
+        prepared = self.prepare(payload)
+        work = prepared.work
+        scores: list[list[float]] = []
+        if work.num_items:
+            logprobs = np.asarray(await backend(work))
+            expected = (work.num_items, len(work.label_ids))
+            if logprobs.shape != expected:
+                raise ScoreRequestError(
+                    Reason.INTERNAL,
+                    f"replica returned shape {logprobs.shape}, expected {expected}",
+                    status_code=500,
+                )
+            if not np.isfinite(logprobs).all():
+                raise ScoreRequestError(
+                    Reason.INTERNAL,
+                    "replica returned non-finite log-probabilities",
+                    status_code=500,
+                )
+            scores = to_scores(logprobs, prepared.request.apply_softmax)
+        prompt_tokens = prepared.tokenized.prompt_tokens
+        return {
+            "object": "scoring",
+            "model": self.info.name,
+            "scores": scores,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": 0,
+                "total_tokens": prompt_tokens,
+            },
+            "created": int(self.clock()),
+        }
+
+    def models_body(self) -> dict[str, Any]:
+        info = self.info
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": info.name,
+                    "object": "model",
+                    "created": int(self.clock()),
+                    "owned_by": "scorejax",
+                    "vocab_size": info.vocab_size,
+                    "multi_item_scoring_delimiter": info.multi_item_scoring_delimiter,
+                    "max_items_per_request": info.limits.max_items_per_request,
+                    "max_multi_item_seq_len": info.limits.max_multi_item_seq_len,
+                }
+            ],
+        }

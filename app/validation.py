@@ -1,0 +1,178 @@
+"""Every rejection rule of DESIGN.md "Semantics" 7, as functions that raise ScoreRequestError.
+
+The limit rules (too_many_items, sequence_too_long) come from replicas.contract.check_limits,
+the same function the engine runs, so the ingress and the replicas share one definition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from app.errors import Reason, ScoreRequestError
+from app.schema import ScoreRequest
+from replicas.contract import ModelInfo, ScoreWork, ScoringLimitError, check_limits
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Decode a request body; anything that is not strict JSON is ``invalid_json``."""
+    try:
+        text = raw.decode("utf-8")
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as error:  # JSONDecodeError/UnicodeDecodeError: ValueError
+        raise ScoreRequestError(
+            Reason.INVALID_JSON, f"request body is not valid JSON: {_short(error)}"
+        ) from None
+
+
+def validate_request(payload: Any) -> ScoreRequest:
+    """Check a decoded body against the strict schema; errors become 400s, never 422s."""
+    if not isinstance(payload, Mapping):
+        raise ScoreRequestError(
+            Reason.INVALID_REQUEST,
+            f"request body must be a JSON object, got {type(payload).__name__}",
+        )
+    try:
+        return ScoreRequest.model_validate(dict(payload), strict=True)
+    except ValidationError as error:
+        raise _schema_error(error, payload) from None
+    except RecursionError:
+        raise ScoreRequestError(Reason.INVALID_REQUEST, "request is nested too deeply") from None
+
+
+def _schema_error(error: ValidationError, payload: Mapping[str, Any]) -> ScoreRequestError:
+    details = error.errors(include_url=False, include_input=False)
+    if "label_token_ids" not in payload or payload.get("label_token_ids") is None:
+        return ScoreRequestError(
+            Reason.EMPTY_LABEL_TOKEN_IDS,
+            "label_token_ids is required and must list at least one token id",
+            param="label_token_ids",
+        )
+    first = details[0]
+    location = [str(part) for part in first.get("loc", ())]
+    param = location[0] if location else None
+    where = ".".join(location) or "request"
+    return ScoreRequestError(
+        Reason.INVALID_REQUEST, f"{where}: {first.get('msg', 'invalid value')}", param=param
+    )
+
+
+def check_model_name(requested: str | None, info: ModelInfo) -> None:
+    if requested is not None and requested != info.name:
+        raise ScoreRequestError(
+            Reason.UNKNOWN_MODEL,
+            f"model {requested!r} is not served here; this server serves {info.name!r}",
+            param="model",
+        )
+
+
+def check_token_ids(ids: Iterable[int], vocab_size: int, param: str) -> None:
+    """Negative ids and ids >= the model's vocabulary size are rejected."""
+    for token_id in ids:
+        if token_id < 0:
+            raise ScoreRequestError(
+                Reason.NEGATIVE_TOKEN_ID, f"{param}: token id {token_id} is negative", param
+            )
+        if token_id >= vocab_size:
+            raise ScoreRequestError(
+                Reason.TOKEN_ID_EXCEEDS_VOCAB,
+                f"{param}: token id {_short(token_id)} is >= the vocabulary size {vocab_size}",
+                param,
+            )
+
+
+def check_labels(labels: Sequence[int], vocab_size: int) -> None:
+    if not labels:
+        raise ScoreRequestError(
+            Reason.EMPTY_LABEL_TOKEN_IDS,
+            "label_token_ids must list at least one token id",
+            param="label_token_ids",
+        )
+    check_token_ids(labels, vocab_size, "label_token_ids")
+
+
+def is_text_request(request: ScoreRequest) -> bool:
+    """True for text input, False for token input; a mix is ``mixed_input_types``."""
+    text = isinstance(request.query, str)
+    for item in request.items:
+        if isinstance(item, str) != text:
+            kind = "text" if text else "token ids"
+            raise ScoreRequestError(
+                Reason.MIXED_INPUT_TYPES,
+                f"query is {kind} but an item is not; query and items must all be text "
+                "or all be token ids",
+                param="items",
+            )
+    return text
+
+
+def check_text_encodable(request: ScoreRequest) -> None:
+    """Lone surrogates (legal in JSON escapes) cannot be tokenized: reject, don't crash."""
+    texts = [("query", request.query), *(("items", item) for item in request.items)]
+    for param, text in texts:
+        try:
+            str(text).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ScoreRequestError(
+                Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
+            ) from None
+
+
+def check_token_inputs(request: ScoreRequest, vocab_size: int) -> None:
+    check_token_ids(request.query, vocab_size, "query")  # type: ignore[arg-type]
+    for item in request.items:
+        check_token_ids(item, vocab_size, "items")  # type: ignore[arg-type]
+
+
+def check_item_count(num_items: int, info: ModelInfo) -> None:
+    """Early form of the too_many_items rule, before any tokenization work."""
+    limit = info.limits.max_items_per_request
+    if num_items > limit:
+        raise ScoreRequestError(
+            Reason.TOO_MANY_ITEMS,
+            f"{num_items} items exceed max_items_per_request={limit}",
+            param="items",
+        )
+
+
+def check_work(work: ScoreWork, info: ModelInfo) -> None:
+    """Rules that need token ids: empty query, delimiter in content, the shared limits."""
+    if not work.query_ids:
+        raise ScoreRequestError(
+            Reason.EMPTY_QUERY, "query is empty after tokenization", param="query"
+        )
+    delimiter = info.multi_item_scoring_delimiter
+    if delimiter is not None:
+        if delimiter in work.query_ids:
+            raise _delimiter_error("query", delimiter)
+        if any(delimiter in item for item in work.item_ids):
+            raise _delimiter_error("items", delimiter)
+    try:
+        check_limits(work, info.limits, multi_item=delimiter is not None)
+    except ScoringLimitError as error:
+        param = "items" if error.reason == Reason.TOO_MANY_ITEMS else None
+        raise ScoreRequestError(error.reason, str(error), param=param) from None
+
+
+def _delimiter_error(param: str, delimiter: int) -> ScoreRequestError:
+    return ScoreRequestError(
+        Reason.DELIMITER_IN_CONTENT,
+        f"{param} contains token id {delimiter}, the multi-item scoring delimiter; "
+        "it may not appear in the query or an item",
+        param=param,
+    )
+
+
+def _short(value: object, limit: int = 120) -> str:
+    try:
+        text = str(value)
+    except ValueError:  # ints beyond sys.get_int_max_str_digits()
+        return "<a number too large to print>"
+    return text if len(text) <= limit else text[:limit] + "..."

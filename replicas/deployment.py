@@ -1,0 +1,219 @@
+"""The ScoringReplica Serve deployment: one ScoringEngine, fed by @serve.batch.
+
+Concurrent ScoreWork from any number of ingress replicas is gathered into one
+``engine.score_batch`` call (max batch size and wait from ReplicaSettings; both can change
+at run time through ``user_config``). The engine is imported lazily, so this module stays
+jax-free at import time and the CPU ingress can import it (for the handle's types).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from ray import serve
+
+from replicas.contract import ModelInfo, ScoreWork, ScoringLimitError, check_limits
+from replicas.settings import ReplicaSettings, SettingsError
+from replicas.sources import ModelSourceError, load_hf_config, resolve_model_source
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_ENGINE = "replicas.engine:ScoringEngine"
+# Settings that change how requests are batched, not what is loaded or compiled.
+RECONFIGURABLE = frozenset({"max_batch_size", "batch_wait_timeout_s"})
+UNHEALTHY_AFTER_FAILED_BATCHES = 3
+
+
+class Engine(Protocol):
+    """What the replica needs of replicas.engine.ScoringEngine."""
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def compile_count(self) -> int: ...
+
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]: ...
+
+
+class ReplicaRejected(ValueError):
+    """A replica refused one ScoreWork (a limit); picklable so it crosses the handle."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.reason, self.message))
+
+
+def coerce_settings(settings: ReplicaSettings | Mapping[str, Any]) -> ReplicaSettings:
+    if isinstance(settings, ReplicaSettings):
+        return settings
+    return ReplicaSettings.from_mapping(settings)
+
+
+def model_vocab_size(config: Any) -> int:
+    """The MODEL's vocabulary size (embedding rows), not the tokenizer's length."""
+    vocab_size = getattr(config, "vocab_size", None)
+    if vocab_size is None and hasattr(config, "get_text_config"):
+        vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+    if not isinstance(vocab_size, int) or vocab_size < 1:
+        raise SettingsError(f"model: its config has no usable vocab_size ({vocab_size!r})")
+    return vocab_size
+
+
+def check_delimiter_in_vocab(settings: ReplicaSettings, vocab_size: int, model_name: str) -> None:
+    """Start-up rule shared by ingress and replica: the delimiter must be a real token id."""
+    delimiter = settings.multi_item_scoring_delimiter
+    if delimiter is not None and delimiter >= vocab_size:
+        raise SettingsError(
+            f"multi_item_scoring_delimiter: token id {delimiter} is outside the vocabulary of "
+            f"model {model_name!r} (vocab_size={vocab_size})"
+        )
+
+
+def check_model_settings(settings: ReplicaSettings) -> int:
+    """Fail fast, before any weights load, on a bad model or delimiter; returns vocab size."""
+    try:
+        source = resolve_model_source(settings.model)
+        config = load_hf_config(source)
+    except (ModelSourceError, OSError, ValueError) as error:
+        raise SettingsError(f"model: cannot load {settings.model!r}: {error}") from error
+    vocab_size = model_vocab_size(config)
+    check_delimiter_in_vocab(settings, vocab_size, source.name)
+    return vocab_size
+
+
+def apply_user_config(current: ReplicaSettings, user_config: Mapping[str, Any]) -> ReplicaSettings:
+    """New settings from ``user_config``; settings that need a model reload may not change."""
+    fields = {f.name for f in dataclasses.fields(ReplicaSettings)}
+    changes: dict[str, Any] = {}
+    for key, raw in user_config.items():
+        if key not in fields:
+            raise SettingsError(f"{key}: unknown replica setting in user_config")
+        value = tuple(raw) if isinstance(raw, list) else raw
+        if value == getattr(current, key):
+            continue
+        if key not in RECONFIGURABLE:
+            raise SettingsError(
+                f"{key}: changing it needs a model reload; redeploy with new args "
+                f"(user_config may change only {sorted(RECONFIGURABLE)})"
+            )
+        changes[key] = value
+    return current.replace(**changes) if changes else current
+
+
+def load_engine_factory(path: str) -> Callable[[ReplicaSettings], Engine]:
+    """``"module:Class"`` -> ``Class.from_settings`` (or the callable itself)."""
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise SettingsError(f"engine_factory: expected 'module:attribute', got {path!r}")
+    target = getattr(importlib.import_module(module_name), attribute)
+    return getattr(target, "from_settings", target)
+
+
+@serve.deployment(name="ScoringReplica", max_ongoing_requests=64, health_check_period_s=10)
+class ScoringReplica:
+    """Owns one ScoringEngine; answers ``score(work) -> [items, labels]`` log-probabilities."""
+
+    def __init__(
+        self,
+        settings: ReplicaSettings | Mapping[str, Any],
+        engine_factory: str = DEFAULT_ENGINE,
+    ) -> None:
+        self._settings = coerce_settings(settings)
+        self._ready = False
+        self._requests = 0
+        self._works = 0
+        self._batches = 0
+        self._largest_batch = 0
+        self._failed_batches_in_a_row = 0
+        self._last_error = ""
+        vocab_size = check_model_settings(self._settings)
+        self._engine = load_engine_factory(engine_factory)(self._settings)
+        info = self._engine.info
+        if info.vocab_size != vocab_size:
+            logger.warning("engine vocab %d != config vocab %d", info.vocab_size, vocab_size)
+        check_delimiter_in_vocab(self._settings, info.vocab_size, info.name)
+        self._apply_batch_settings()
+        self._ready = True  # from_settings returns after weights load and warm-up
+
+    def _apply_batch_settings(self) -> None:
+        self._score_batched.set_max_batch_size(self._settings.max_batch_size)
+        self._score_batched.set_batch_wait_timeout_s(self._settings.batch_wait_timeout_s)
+
+    def reconfigure(self, user_config: Mapping[str, Any]) -> None:
+        """Serve calls this with ``user_config`` at start and on every config change."""
+        self._settings = apply_user_config(self._settings, user_config or {})
+        self._apply_batch_settings()
+
+    def check_health(self) -> None:
+        if not self._ready:
+            raise RuntimeError("scoring engine is not loaded and warmed up yet")
+        if self._failed_batches_in_a_row >= UNHEALTHY_AFTER_FAILED_BATCHES:
+            raise RuntimeError(
+                f"{self._failed_batches_in_a_row} scoring batches failed in a row; "
+                f"last error: {self._last_error}"
+            )
+
+    def describe(self) -> ModelInfo:
+        return self._engine.info
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "requests": self._requests,
+            "works": self._works,
+            "batches": self._batches,
+            "largest_batch": self._largest_batch,
+            "compile_count": self._engine.compile_count,
+            "max_batch_size": self._settings.max_batch_size,
+            "batch_wait_timeout_s": self._settings.batch_wait_timeout_s,
+        }
+
+    async def score(self, work: ScoreWork) -> np.ndarray:
+        """Log-probabilities ``[n_items, n_labels]`` of one request (float32)."""
+        self._requests += 1
+        info = self._engine.info
+        try:
+            check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
+        except ScoringLimitError as error:
+            raise ReplicaRejected(error.reason, str(error)) from None
+        result = await self._score_batched(work)
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
+    async def _score_batched(self, works: list[ScoreWork]) -> list[np.ndarray | Exception]:
+        self._batches += 1
+        self._works += len(works)
+        self._largest_batch = max(self._largest_batch, len(works))
+        results = await self._run_engine(works)
+        if len(works) > 1 and all(isinstance(r, ReplicaRejected) for r in results):
+            # One bad work must not fail its neighbours: score them one by one.
+            results = [(await self._run_engine([work]))[0] for work in works]
+        return results
+
+    async def _run_engine(self, works: list[ScoreWork]) -> list[np.ndarray | Exception]:
+        try:
+            # A thread keeps the event loop (health checks, queueing) alive during the step.
+            arrays = await asyncio.to_thread(self._engine.score_batch, works)
+        except Exception as error:
+            reason = getattr(error, "reason", None)
+            if isinstance(error, ValueError) and isinstance(reason, str):
+                # ScoringLimitError / ScoringInputError: the work, not the engine, is at fault.
+                return [ReplicaRejected(reason, str(error))] * len(works)
+            self._failed_batches_in_a_row += 1
+            self._last_error = repr(error)
+            logger.exception("scoring batch of %d failed", len(works))
+            return [RuntimeError(f"scoring failed: {error!r}")] * len(works)
+        self._failed_batches_in_a_row = 0
+        return [np.asarray(array, dtype=np.float32) for array in arrays]

@@ -1,0 +1,74 @@
+"""A jax-free stand-in for replicas.engine.ScoringEngine with hand-checkable arithmetic.
+
+logprob(label, query, item) = -(label % 7) - 0.1 * (len(query) + len(item))
+
+Used by the CPU-side unit tests and by the Serve tests that are about serving (autoscaling,
+overload), not about the model. ``SlowFakeEngine`` takes a fixed time per batch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from replicas.contract import ModelInfo, ScoreWork, check_limits
+from replicas.settings import ReplicaSettings
+from replicas.sources import load_hf_config, resolve_model_source
+
+
+def fake_logprob(label: int, query_len: int, item_len: int) -> float:
+    return -(label % 7) - 0.1 * (query_len + item_len)
+
+
+def fake_logprobs(work: ScoreWork) -> np.ndarray:
+    rows = [
+        [fake_logprob(label, len(work.query_ids), len(item)) for label in work.label_ids]
+        for item in work.item_ids
+    ]
+    return np.asarray(rows, dtype=np.float32).reshape(len(work.item_ids), len(work.label_ids))
+
+
+@dataclass
+class FakeEngine:
+    settings: ReplicaSettings
+    model_info: ModelInfo
+    batches: int = 0
+    delay_s: float = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> FakeEngine:
+        source = resolve_model_source(settings.model)
+        vocab_size = load_hf_config(source).vocab_size
+        info = ModelInfo(
+            name=source.name,
+            vocab_size=vocab_size,
+            multi_item_scoring_delimiter=settings.multi_item_scoring_delimiter,
+            limits=settings.limits,
+        )
+        return cls(settings=settings, model_info=info)
+
+    @property
+    def info(self) -> ModelInfo:
+        return self.model_info
+
+    @property
+    def compile_count(self) -> int:
+        return 0
+
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
+        self.batches += 1
+        for work in works:
+            check_limits(work, self.model_info.limits, self.settings.multi_item)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return [fake_logprobs(work) for work in works]
+
+
+class SlowFakeEngine(FakeEngine):
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> FakeEngine:
+        engine = FakeEngine.from_settings(settings)
+        return cls(settings=engine.settings, model_info=engine.model_info, delay_s=0.25)

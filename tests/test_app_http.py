@@ -1,0 +1,188 @@
+"""HTTP routing of the ingress without Ray: routes, methods, body limits, health, OpenAPI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.errors import Reason, ScoreRequestError
+from app.http import HttpReply, handle, read_limited, relative_path
+from app.service import ScoringService
+from replicas.contract import ModelInfo, ScoreWork, ScoringLimits
+from tests.fake_engine import fake_logprobs
+
+
+class WordTokenizer:
+    """One token per character (id = code point % 1000 + 1); enough for routing tests."""
+
+    def __call__(self, text: Any, *, add_special_tokens: bool = True) -> dict[str, Any]:
+        def encode(value: str) -> list[int]:
+            return [ord(c) % 1000 + 1 for c in value]
+
+        ids = [encode(t) for t in text] if isinstance(text, list) else encode(text)
+        return {"input_ids": ids}
+
+
+SERVICE = ScoringService(
+    info=ModelInfo("m", 2000, None, ScoringLimits(4, 64)),
+    tokenizer=WordTokenizer(),
+    clock=lambda: 0.0,
+)
+
+
+def call(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    healthy: bool = True,
+) -> tuple[HttpReply, list[ScoreWork]]:
+    works: list[ScoreWork] = []
+
+    async def backend(work: ScoreWork) -> np.ndarray:
+        works.append(work)
+        return fake_logprobs(work)
+
+    async def health() -> None:
+        if not healthy:
+            raise ScoreRequestError(Reason.UNAVAILABLE, "down", None, 503)
+
+    async def read() -> bytes:
+        return body
+
+    reply = asyncio.run(handle(SERVICE, method, path, read, backend, health))
+    json.dumps(reply.body, allow_nan=False)  # every answer is strict JSON
+    return reply, works
+
+
+def test_score_route() -> None:
+    body = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": [3]}).encode()
+    reply, works = call("POST", "/v1/score", body)
+    assert reply.status == 200
+    assert reply.body["scores"] == [[pytest.approx(np.exp(-3 - 0.3))]]
+    assert len(works) == 1
+
+
+@pytest.mark.parametrize(
+    "body", [b"{", b"[1]", b'{"query": "a", "items": ["b"], "label_token_ids": [1], "x": 1}']
+)
+def test_malformed_bodies_are_400_and_reach_no_replica(body: bytes) -> None:
+    reply, works = call("POST", "/v1/score", body)
+    assert reply.status == 400
+    assert reply.body["object"] == "error"
+    assert works == []
+
+
+def test_unknown_route_is_404_envelope() -> None:
+    reply, _ = call("GET", "/v2/score")
+    assert (reply.status, reply.body["reason"], reply.body["type"]) == (
+        404,
+        "not_found",
+        "NotFoundError",
+    )
+
+
+def test_wrong_method_is_405_with_allow() -> None:
+    reply, works = call("GET", "/v1/score")
+    assert reply.status == 405
+    assert reply.headers == {"Allow": "POST"}
+    assert works == []
+    assert call("POST", "/health")[0].status == 405
+
+
+def test_models_route_describes_the_model() -> None:
+    reply, _ = call("GET", "/v1/models")
+    assert reply.status == 200
+    (card,) = reply.body["data"]
+    assert card["id"] == "m"
+    assert card["vocab_size"] == 2000
+    assert card["max_items_per_request"] == 4
+
+
+def test_health_reflects_the_backend() -> None:
+    assert call("GET", "/health")[0].status == 200
+    reply, _ = call("GET", "/health", healthy=False)
+    assert (reply.status, reply.body["reason"]) == (503, "unavailable")
+
+
+def test_unexpected_errors_are_500_envelopes() -> None:
+    async def explode(work: ScoreWork) -> np.ndarray:
+        raise KeyError("bug")
+
+    async def read() -> bytes:
+        return json.dumps({"query": "a", "items": ["b"], "label_token_ids": [1]}).encode()
+
+    async def health() -> None:
+        return None
+
+    reply = asyncio.run(handle(SERVICE, "POST", "/v1/score", read, explode, health))
+    assert (reply.status, reply.body["reason"]) == (500, "internal_error")
+
+
+def test_openapi_describes_request_and_response() -> None:
+    reply, _ = call("GET", "/openapi.json")
+    document = reply.body
+    assert document["openapi"].startswith("3.")
+    post = document["paths"]["/v1/score"]["post"]
+    assert set(post["responses"]) >= {"200", "400"}
+    schemas = document["components"]["schemas"]
+    request = schemas["ScoreRequest"]
+    assert set(request["properties"]) == {
+        "query",
+        "items",
+        "label_token_ids",
+        "apply_softmax",
+        "item_first",
+        "model",
+    }
+    assert set(request["required"]) == {"query", "items", "label_token_ids"}
+    assert request["additionalProperties"] is False
+    assert set(schemas["ScoreResponse"]["properties"]) == {
+        "object",
+        "model",
+        "scores",
+        "usage",
+        "created",
+    }
+    assert "reason" in schemas["ErrorResponse"]["properties"]
+    # Every $ref points at a schema the document defines.
+    refs = set(_refs(document))
+    assert refs and all(ref.split("/")[-1] in schemas for ref in refs)
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if "$ref" in node else []
+        return found + [ref for value in node.values() for ref in _refs(value)]
+    if isinstance(node, list):
+        return [ref for value in node for ref in _refs(value)]
+    return []
+
+
+def test_body_limit() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(5):
+            yield b"x" * 10
+
+    assert asyncio.run(read_limited(chunks(), limit=50)) == b"x" * 50
+    with pytest.raises(ScoreRequestError) as caught:
+        asyncio.run(read_limited(chunks(), limit=49))
+    assert caught.value.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("path", "root", "expected"),
+    [
+        ("/v1/score", "", "/v1/score"),
+        ("/v1/score/", "", "/v1/score"),
+        ("/app/v1/score", "/app", "/v1/score"),
+        ("/app", "/app", "/"),
+        ("/health", "/", "/health"),
+    ],
+)
+def test_relative_path(path: str, root: str, expected: str) -> None:
+    assert relative_path(path, root) == expected
