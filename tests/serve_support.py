@@ -1,0 +1,121 @@
+"""Helpers for tests against a real, in-process Ray Serve: start, deploy, poll, stop.
+
+One small local Ray cluster per test module (``serve_cluster``); everything it started is shut
+down when the module ends. Readiness is always polled, never slept for.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(
+    probe: Callable[[], T | None], timeout_s: float, what: str, interval_s: float = 0.1
+) -> T:
+    """Poll ``probe`` until it returns something truthy; fail with ``what`` after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = probe()
+        except Exception as error:  # a server that is still starting may refuse or reset
+            last = error
+        else:
+            if last:
+                return last
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+
+
+@dataclass(frozen=True)
+class ServeCluster:
+    http_url: str
+
+    def client(self, timeout_s: float = 60.0) -> httpx.Client:
+        return httpx.Client(base_url=self.http_url, timeout=timeout_s)
+
+    def deploy(self, app: Any, name: str, route_prefix: str | None) -> Any:
+        """``serve.run`` (returns once every replica is RUNNING), then poll HTTP health."""
+        from ray import serve
+
+        handle = serve.run(app, name=name, route_prefix=route_prefix, blocking=False)
+        if route_prefix is not None:
+            prefix = route_prefix.rstrip("/")
+            with self.client(10) as client:
+                wait_for(
+                    lambda: client.get(f"{prefix}/health").status_code == 200,
+                    120,
+                    f"{name} health",
+                )
+        return handle
+
+
+def start_cluster(num_cpus: int = 2) -> ServeCluster:
+    import ray
+    from ray import serve
+
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": env},
+    )
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return ServeCluster(http_url=f"http://127.0.0.1:{port}")
+
+
+def stop_cluster() -> None:
+    import ray
+    from ray import serve
+
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def serve_cluster() -> Iterator[ServeCluster]:
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        stop_cluster()
+
+
+def replica_stats(app_name: str) -> dict[str, Any]:
+    from ray import serve
+
+    handle = serve.get_deployment_handle("ScoringReplica", app_name)
+    return handle.stats.remote().result(timeout_s=60)
+
+
+def running_replicas(app_name: str, deployment: str = "ScoringReplica") -> int:
+    from ray import serve
+
+    status = serve.status().applications[app_name].deployments[deployment]
+    return int(status.replica_states.get("RUNNING", 0))
