@@ -1,0 +1,123 @@
+"""Load and fuzz a running scorejax server over HTTP (loopback only), bounded in count and time.
+
+    python -m loadtest.load --url http://127.0.0.1:8000 [--requests 200] [--concurrency 16]
+
+Phases: warm-up, a load run (latency percentiles, throughput), a fuzz run of malformed bodies.
+Reports compiles during the load run (from GET /v1/stats) and 5xx answers during the fuzz run;
+both targets are 0. Exits non-zero when a target is missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from urllib.parse import urlparse
+
+import httpx
+
+from loadtest.fuzz import fuzz_bodies
+
+LABELS = [7042, 4528, 11452]
+JSON = {"content-type": "application/json"}
+LOOPBACK = ("127.", "localhost", "[::1]", "::1")
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    latencies: tuple[float, ...]
+    statuses: tuple[int, ...]
+    wall_s: float
+
+
+def score_body(rng: random.Random, max_items: int) -> dict:
+    words = ["alpha", "beta", "gamma", "delta", "capital", "river", "city", "blue"]
+    query = " ".join(rng.choice(words) for _ in range(rng.randint(4, 40)))
+    items = [
+        " " + " ".join(rng.choice(words) for _ in range(rng.randint(0, 8)))
+        for _ in range(rng.randint(1, max_items))
+    ]
+    return {"query": query, "items": items, "label_token_ids": LABELS}
+
+
+async def _send(client: httpx.AsyncClient, url: str, content: bytes) -> tuple[int, float]:
+    start = time.perf_counter()
+    try:
+        response = await client.post(url, content=content, headers=JSON)
+        status = response.status_code
+    except httpx.HTTPError:
+        status = 0  # connection failure or time-out: counted as a failure
+    return status, time.perf_counter() - start
+
+
+async def run_bodies(
+    base_url: str, bodies: list[bytes], concurrency: int, deadline_s: float
+) -> LoadResult:
+    """POST every body to /v1/score with at most ``concurrency`` in flight, until the deadline."""
+    url = f"{base_url}/v1/score"
+    queue = list(reversed(bodies))
+    results: list[tuple[int, float]] = []
+    stop_at = time.monotonic() + deadline_s
+    start = time.perf_counter()
+    async with httpx.AsyncClient(timeout=120) as client:
+
+        async def worker() -> None:
+            while queue and time.monotonic() < stop_at:
+                results.append(await _send(client, url, queue.pop()))
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return LoadResult(
+        tuple(r[1] for r in results), tuple(r[0] for r in results), time.perf_counter() - start
+    )
+
+
+def compile_count(base_url: str) -> int:
+    return int(httpx.get(f"{base_url}/v1/stats", timeout=30).json()["compile_count"])
+
+
+def percentile(values: tuple[float, ...], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--requests", type=int, default=200)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-items", type=int, default=16)
+    parser.add_argument("--fuzz", type=int, default=300)
+    parser.add_argument("--deadline-s", type=float, default=300.0)
+    args = parser.parse_args()
+    base = args.url.rstrip("/")
+    if not (urlparse(base).hostname or "").startswith(LOOPBACK):
+        parser.error("--url must be a loopback address")
+    rng = random.Random(0)
+    bodies = [json.dumps(score_body(rng, args.max_items)).encode() for _ in range(args.requests)]
+    asyncio.run(run_bodies(base, bodies[: args.concurrency], args.concurrency, args.deadline_s))
+    before = compile_count(base)
+    load = asyncio.run(run_bodies(base, bodies, args.concurrency, args.deadline_s))
+    compiles = compile_count(base) - before
+    ok = sum(s == 200 for s in load.statuses)
+    rate = len(load.statuses) / load.wall_s
+    print(f"load: {len(load.statuses)} requests, {ok} ok, {rate:.1f} req/s")
+    print(
+        f"latency s: p50 {statistics.median(load.latencies):.3f} "
+        f"p95 {percentile(load.latencies, 0.95):.3f} max {max(load.latencies):.3f}"
+    )
+    print(f"compilations during the load run after warm-up: {compiles}")
+    fuzz = asyncio.run(run_bodies(base, fuzz_bodies(args.fuzz), args.concurrency, args.deadline_s))
+    server_errors = sum(s >= 500 or s == 0 for s in fuzz.statuses)
+    print(f"fuzz: {len(fuzz.statuses)} bad bodies, 5xx or no answer: {server_errors}")
+    healthy = httpx.get(f"{base}/health", timeout=30).status_code == 200
+    print(f"healthy after fuzz: {healthy}")
+    return 0 if compiles == 0 and server_errors == 0 and healthy and ok == len(bodies) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
