@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+URL ?= http://127.0.0.1:8000
 
 .PHONY: venv serve test lint bench loadtest clean
 
@@ -32,7 +33,7 @@ bench: $(STAMP)
 	$(PY) -m loadtest.bench_engine
 
 loadtest: $(STAMP)
-	$(PY) -m loadtest.load
+	$(PY) -m loadtest.load --url $(URL)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
