@@ -88,9 +88,11 @@ class ReplicaSettings:
         4096,
         8192,
     )
-    item_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # items N per request
+    # Items N per request: RFC-008's 8..128 plus steps between, so 100 items pad to 112, not 128.
+    item_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128)
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # requests per multi-item step
-    row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # single-item rows
+    # Single-item rows per step.
+    row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 192, 256)
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
     max_batch_size: int = 16
