@@ -50,7 +50,8 @@ def tiny_hf_config(variant: str) -> Any:
 
 
 def randomize_(model: Any, seed: int) -> None:
-    """Replace every parameter with N(0, 1/sqrt(fan_in)); norms 1 + N(0, 0.2); biases N(0, 0.2)."""
+    """Every parameter random: matrices N(0, 1/fan_in), norms 1 + N(0, 0.04), biases N(0, 0.04);
+    embeddings and LM head scaled so log-probs spread over several nats."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -61,8 +62,10 @@ def randomize_(model: Any, seed: int) -> None:
                 param.copy_(1.0 + 0.2 * noise)
             elif name.endswith(".bias"):
                 param.copy_(0.2 * noise)
-            elif "embed_tokens" in name:
-                param.copy_(noise)
+            elif "embed_tokens" in name:  # tied: logits ~ 3 * N(0, 1), like a trained model
+                param.copy_(0.4 * noise)
+            elif "lm_head" in name:
+                param.copy_(3.0 * noise / param.shape[-1] ** 0.5)
             else:
                 param.copy_(noise / param.shape[-1] ** 0.5)
 
@@ -103,8 +106,10 @@ def hf_logprobs(model_dir: Path, tokens: np.ndarray, lengths: list[int], **kw: A
     return torch.log_softmax(logits.float(), dim=-1).numpy()
 
 
-def our_logprobs(loaded: Any, tokens: np.ndarray, lengths: list[int]) -> np.ndarray:
-    """Our log-softmax [B, T, V]: causal + right-padding mask built with jnp."""
+def our_logprobs(
+    loaded: Any, tokens: np.ndarray, lengths: list[int], log_softmax: bool = True
+) -> np.ndarray:
+    """Our log-softmax (or raw logits) [B, T, V]: causal + right-padding mask built with jnp."""
     import jax
     import jax.numpy as jnp
 
@@ -119,7 +124,8 @@ def our_logprobs(loaded: Any, tokens: np.ndarray, lengths: list[int]) -> np.ndar
         mask = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # [B, T, T]
         positions = jnp.broadcast_to(idx, tokens.shape)
         hidden, _ = model.hidden_states(params, tokens, positions, AttentionSpec(mask=mask))
-        return jax.nn.log_softmax(model.logits(params, hidden), axis=-1)
+        logits = model.logits(params, hidden)
+        return jax.nn.log_softmax(logits, axis=-1) if log_softmax else logits
 
     out = forward(loaded.params, jnp.asarray(tokens), jnp.asarray(lengths, jnp.int32))
     return np.asarray(out)

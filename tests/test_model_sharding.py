@@ -1,0 +1,70 @@
+"""Sharded parameters on a (data=2, model=2) mesh of 4 host devices equal one device.
+
+The 4 CPU devices need XLA_FLAGS before jax initializes, so the check runs in a subprocess
+(tests/sharded_check.py) and this test asserts on its JSON output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VARIANTS = ["llama", "llama-kv3", "qwen2", "qwen3"]
+
+
+@pytest.fixture(scope="module")
+def sharded_results(tiny_checkpoint) -> dict[str, dict]:
+    directories = [str(tiny_checkpoint(variant)) for variant in VARIANTS]
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+        "HF_HUB_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.sharded_check", *directories],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(VARIANTS), done.stdout
+    return dict(zip(VARIANTS, lines, strict=True))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_two_by_two_mesh_equals_one_device(variant, sharded_results):
+    result = sharded_results[variant]
+    print(
+        f"\n[sharded] {variant}: max abs logprob diff 2x2 mesh vs 1 device = "
+        f"{result['max_abs_diff']:.3g}"
+    )
+    assert result["devices"] == 4
+    assert result["q_devices"] == 4
+    assert result["max_abs_diff"] <= 1e-5
+
+
+def test_heads_split_over_model_axis(sharded_results):
+    llama = sharded_results["llama"]  # 4 heads, 2 kv heads, vocab 256, mlp 128
+    assert llama["q"] == [None, None, "model", None]
+    assert llama["k"] == [None, None, "model", None]
+    assert llama["o"] == [None, "model", None, None]
+    assert llama["gate"] == [None, None, "model"]
+    assert llama["embed"] == ["model", None]
+    assert llama["q_shard_shape"] == [2, 64, 2, 16]  # [layers, D, H/2, Dh]
+
+
+def test_indivisible_kv_heads_fall_back_to_replication(sharded_results):
+    kv3 = sharded_results["llama-kv3"]  # 6 heads split in 2; 3 kv heads cannot be
+    assert kv3["k"] == [None, None, None, None]
+    assert kv3["q"] == [None, None, "model", None]
+    assert kv3["q_shard_shape"] == [2, 48, 3, 8]
