@@ -98,7 +98,7 @@ def test_bfloat16_checkpoint_and_dtype(tmp_path, tiny_checkpoint, mesh):
 # ----------------------------------------------------------------------------- GGUF
 
 
-@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
 def test_gguf_llama_matches_transformers_on_same_file(qtype, tiny_checkpoint, tmp_path, mesh):
     gguf_path = write_gguf(tiny_checkpoint("llama"), tmp_path / f"tiny-{qtype}.gguf", qtype)
     assert _parity(gguf_path, mesh, f"GGUF {qtype} llama") <= TOLERANCE
