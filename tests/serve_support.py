@@ -67,6 +67,24 @@ class ServeCluster:
                 )
         return handle
 
+    def deploy_config(self, config: dict[str, Any], app_name: str, health_path: str) -> None:
+        """Deploy a serve_config-style dict the way `serve run/deploy <file>` does."""
+        from ray import serve
+        from ray.serve.schema import ServeDeploySchema
+
+        client = serve.context._get_global_client()
+        client.deploy_apps(ServeDeploySchema.model_validate(config), _blocking=False)
+        with self.client(10) as http:
+            wait_for(lambda: http.get(health_path).status_code == 200, 180, f"{app_name} health")
+        wait_for(lambda: app_status(app_name) == "RUNNING", 60, f"{app_name} RUNNING")
+
+
+def app_status(app_name: str) -> str | None:
+    from ray import serve
+
+    status = serve.status().applications.get(app_name)
+    return None if status is None else status.status.value
+
 
 def start_cluster(num_cpus: int = 2) -> ServeCluster:
     import ray

@@ -1,0 +1,188 @@
+"""Serving behaviour on a real in-process Ray Serve: autoscaling, overload, start-up failures.
+
+These are about Serve, not the model, so the replicas run the fake engine
+(``tests/fake_engine.py``; the slow one takes 0.25 s per batch) to make load deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from ray import serve
+
+from app.builder import scoring_app
+from replicas.settings import ReplicaSettings
+from tests.fake_engine import fake_logprob
+from tests.serve_support import (  # noqa: F401
+    ServeCluster,
+    replica_stats,
+    running_replicas,
+    serve_cluster,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow
+
+SLOW = "tests.fake_engine:SlowFakeEngine"
+FAST = "tests.fake_engine:FakeEngine"
+CPU = {"num_cpus": 0.1}
+PAYLOAD = {"query": [5, 6, 7], "items": [[8], [9, 10]], "label_token_ids": [3, 10]}
+
+
+def expected_scores() -> list[list[float]]:
+    import math
+
+    return [
+        [math.exp(fake_logprob(label, 3, len(item))) for label in PAYLOAD["label_token_ids"]]
+        for item in PAYLOAD["items"]
+    ]
+
+
+def settings(model_dir: Path, **changes: Any) -> ReplicaSettings:
+    return ReplicaSettings(
+        model=str(model_dir),
+        multi_item_scoring_delimiter=0,
+        max_batch_size=1,
+        **changes,
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(serve_cluster: ServeCluster) -> ServeCluster:  # noqa: F811
+    return serve_cluster
+
+
+def fire(url: str, count: int) -> list[tuple[int, float, Any]]:
+    """``count`` requests at once; (status, seconds, body or text) for each."""
+
+    async def one(http: httpx.AsyncClient) -> tuple[int, float, Any]:
+        started = time.perf_counter()
+        response = await http.post(url, json=PAYLOAD)
+        elapsed = time.perf_counter() - started
+        is_json = response.headers.get("content-type", "").startswith("application/json")
+        return response.status_code, elapsed, response.json() if is_json else response.text
+
+    async def main() -> list[tuple[int, float, Any]]:
+        limits = httpx.Limits(max_connections=count)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            return await asyncio.gather(*(one(http) for _ in range(count)))
+
+    return asyncio.run(main())
+
+
+def test_autoscaling_follows_queue_depth(cluster: ServeCluster, tiny_llama_dir: Path) -> None:
+    autoscaling = {
+        "min_replicas": 1,
+        "max_replicas": 2,
+        "target_ongoing_requests": 1,
+        "upscale_delay_s": 0.5,
+        "downscale_delay_s": 2,
+        "look_back_period_s": 1,
+        "metrics_interval_s": 0.25,
+    }
+    app = scoring_app(
+        settings(tiny_llama_dir),
+        engine_factory=SLOW,
+        replica_options={
+            "ray_actor_options": CPU,
+            "max_ongoing_requests": 2,
+            "autoscaling_config": autoscaling,
+        },
+        ingress_options={"ray_actor_options": CPU},
+    )
+    cluster.deploy(app, "auto", "/auto")
+    assert running_replicas("auto") == 1
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def load() -> None:
+        with cluster.client() as http:
+            while not stop.is_set():
+                statuses.append(http.post("/auto/v1/score", json=PAYLOAD).status_code)
+
+    with ThreadPoolExecutor(6) as pool:
+        workers = [pool.submit(load) for _ in range(6)]
+        try:
+            wait_for(lambda: running_replicas("auto") == 2, 90, "scale-up to 2 replicas")
+        finally:
+            stop.set()
+        for worker in workers:
+            worker.result()
+    wait_for(lambda: running_replicas("auto") == 1, 90, "scale-down to 1 replica")
+    assert statuses and set(statuses) == {200}
+    serve.delete("auto")
+
+
+def test_overload_at_the_ingress_is_503_at_once(
+    cluster: ServeCluster, tiny_llama_dir: Path
+) -> None:
+    app = scoring_app(
+        settings(tiny_llama_dir),
+        engine_factory=SLOW,
+        replica_options={"ray_actor_options": CPU},
+        ingress_options={
+            "ray_actor_options": CPU,
+            "max_ongoing_requests": 2,
+            "max_queued_requests": 2,
+        },
+    )
+    cluster.deploy(app, "tight", "/tight")
+    results = fire(f"{cluster.http_url}/tight/v1/score", 12)
+    ok = [r for r in results if r[0] == 200]
+    shed = [r for r in results if r[0] == 503]
+    assert len(ok) + len(shed) == 12, [r[:2] for r in results]
+    assert len(ok) >= 2  # as many as the ingress runs at once always get through
+    assert len(shed) >= 1
+    assert max(seconds for _, seconds, _ in shed) < 1.0  # refused at once, not after waiting
+    for _, _, body in ok:
+        assert np.allclose(body["scores"], expected_scores())
+    serve.delete("tight")
+
+
+def test_overload_at_the_replica_is_a_503_envelope(
+    cluster: ServeCluster, tiny_llama_dir: Path
+) -> None:
+    app = scoring_app(
+        settings(tiny_llama_dir),
+        engine_factory=SLOW,
+        replica_options={
+            "ray_actor_options": CPU,
+            "max_ongoing_requests": 1,
+            "max_queued_requests": 1,
+        },
+        ingress_options={"ray_actor_options": CPU},
+    )
+    cluster.deploy(app, "narrow", "/narrow")
+    results = fire(f"{cluster.http_url}/narrow/v1/score", 8)
+    shed = [body for status, _, body in results if status == 503]
+    assert sum(status == 200 for status, _, _ in results) >= 2
+    assert shed, [r[:2] for r in results]
+    for body in shed:
+        assert body["object"] == "error"
+        assert (body["code"], body["reason"]) == (503, "overloaded")
+    serve.delete("narrow")
+
+
+def test_bad_settings_fail_the_deployment_naming_the_setting(
+    cluster: ServeCluster, tiny_llama_dir: Path
+) -> None:
+    app = scoring_app(
+        ReplicaSettings(model=str(tiny_llama_dir), multi_item_scoring_delimiter=49152),
+        engine_factory=FAST,
+        replica_options={"ray_actor_options": CPU},
+        ingress_options={"ray_actor_options": CPU},
+    )
+    with pytest.raises(RuntimeError, match="bad-delimiter"):
+        cluster.deploy(app, "bad-delimiter", "/bad")
+    status = serve.status().applications["bad-delimiter"]
+    messages = " ".join(d.message for d in status.deployments.values())
+    assert "multi_item_scoring_delimiter: token id 49152 is outside the vocabulary" in messages
+    serve.delete("bad-delimiter")
