@@ -143,7 +143,11 @@ class ScoringReplica:
         if info.vocab_size != vocab_size:
             logger.warning("engine vocab %d != config vocab %d", info.vocab_size, vocab_size)
         check_delimiter_in_vocab(self._settings, info.vocab_size, info.name)
-        self._apply_batch_settings()
+        # One batch queue per replica object (the decorator form keeps one per class).
+        self._score_batched = serve.batch(
+            max_batch_size=self._settings.max_batch_size,
+            batch_wait_timeout_s=self._settings.batch_wait_timeout_s,
+        )(self._score_many)
         self._ready = True  # from_settings returns after weights load and warm-up
 
     def _apply_batch_settings(self) -> None:
@@ -191,8 +195,8 @@ class ScoringReplica:
             raise result
         return result
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.005)
-    async def _score_batched(self, works: list[ScoreWork]) -> list[np.ndarray | Exception]:
+    async def _score_many(self, works: list[ScoreWork]) -> list[np.ndarray | Exception]:
+        """The @serve.batch target: concurrent score() calls arrive here as one list."""
         self._batches += 1
         self._works += len(works)
         self._largest_batch = max(self._largest_batch, len(works))

@@ -1,0 +1,159 @@
+"""ScoringReplica without a cluster: batching, reconfigure rules, health, start-up checks.
+
+The deployment's class is used directly (``ScoringReplica.func_or_class``) with fake engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from replicas.contract import ScoreWork
+from replicas.deployment import (
+    RECONFIGURABLE,
+    ReplicaRejected,
+    ScoringReplica,
+    apply_user_config,
+    check_model_settings,
+    load_engine_factory,
+)
+from replicas.settings import ReplicaSettings, SettingsError
+from tests.fake_engine import FakeEngine, fake_logprobs
+
+Replica = ScoringReplica.func_or_class
+
+
+class PickyEngine(FakeEngine):
+    """Refuses (like ScoringInputError) any work whose first label is 13; fails on label 99."""
+
+    calls: int = 0
+
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> PickyEngine:
+        base = FakeEngine.from_settings(settings)
+        return cls(settings=base.settings, model_info=base.model_info)
+
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
+        self.batches += 1
+        if any(w.label_ids[0] == 99 for w in works):
+            raise RuntimeError("device fell over")
+        for work in works:
+            if work.label_ids[0] == 13:
+                error = ValueError("label 13 is refused")
+                error.reason = "refused"  # type: ignore[attr-defined]
+                raise error
+        return [fake_logprobs(work) for work in works]
+
+
+@pytest.fixture
+def settings(tiny_llama_dir: Path) -> ReplicaSettings:
+    return ReplicaSettings(
+        model=str(tiny_llama_dir),
+        multi_item_scoring_delimiter=0,
+        max_batch_size=8,
+        batch_wait_timeout_s=0.05,
+        max_multi_item_seq_len=64,
+    )
+
+
+def work(label: int = 1, query_len: int = 3) -> ScoreWork:
+    return ScoreWork(tuple(range(1, query_len + 1)), ((5,), (6, 7)), (label, 2))
+
+
+def test_a_batch_is_one_engine_call(settings: ReplicaSettings) -> None:
+    # @serve.batch itself needs a running Serve replica; tests/test_serve_http.py covers it.
+    replica = Replica(settings, "tests.fake_engine:FakeEngine")
+    works = [work(query_len=n) for n in range(1, 7)]
+    results = asyncio.run(replica._score_many(works))
+    for got, w in zip(results, works, strict=True):
+        np.testing.assert_array_equal(got, fake_logprobs(w))
+        assert got.dtype == np.float32
+    assert replica._engine.batches == 1
+    assert replica.stats()["largest_batch"] == 6
+
+
+def test_a_refused_work_does_not_fail_its_batch(settings: ReplicaSettings) -> None:
+    replica = Replica(settings, "tests.test_serve_replica:PickyEngine")
+    good, refused, other = asyncio.run(replica._score_many([work(1), work(13), work(2)]))
+    np.testing.assert_array_equal(good, fake_logprobs(work(1)))
+    np.testing.assert_array_equal(other, fake_logprobs(work(2)))
+    assert isinstance(refused, ReplicaRejected) and refused.reason == "refused"
+    replica.check_health()  # refusing bad work is not an engine failure
+
+
+def test_limits_are_checked_before_batching(settings: ReplicaSettings) -> None:
+    replica = Replica(settings, "tests.fake_engine:FakeEngine")
+    with pytest.raises(ReplicaRejected) as caught:
+        asyncio.run(replica.score(work(query_len=80)))
+    assert caught.value.reason == "sequence_too_long"
+    assert replica._engine.batches == 0
+
+
+def test_repeated_engine_failures_make_the_replica_unhealthy(settings: ReplicaSettings) -> None:
+    replica = Replica(settings, "tests.test_serve_replica:PickyEngine")
+    replica.check_health()
+    for attempt in range(3):
+        (result,) = asyncio.run(replica._score_many([work(99)]))
+        assert isinstance(result, RuntimeError) and "scoring failed" in str(result)
+        if attempt < 2:
+            replica.check_health()
+    with pytest.raises(RuntimeError, match="3 scoring batches failed in a row"):
+        replica.check_health()
+
+
+def test_reconfigure_changes_batching_only(settings: ReplicaSettings) -> None:
+    replica = Replica(settings, "tests.fake_engine:FakeEngine")
+    engine = replica._engine
+    replica.reconfigure({"max_batch_size": 3, "batch_wait_timeout_s": 0.5, "dtype": "float32"})
+    assert replica._score_batched._get_max_batch_size() == 3
+    assert replica._score_batched._get_batch_wait_timeout_s() == 0.5
+    assert replica.stats()["max_batch_size"] == 3
+    assert replica._engine is engine  # nothing reloaded
+    with pytest.raises(SettingsError, match=r"^dtype: changing it needs a model reload"):
+        replica.reconfigure({"dtype": "bfloat16"})
+    assert replica.stats()["max_batch_size"] == 3
+
+
+def test_apply_user_config_rules() -> None:
+    current = ReplicaSettings(mesh_shape=(1, 1))
+    assert apply_user_config(current, {}) is current
+    assert apply_user_config(current, {"mesh_shape": [1, 1]}) is current  # YAML lists
+    assert apply_user_config(current, {"max_batch_size": 4}).max_batch_size == 4
+    with pytest.raises(SettingsError, match=r"^max_batch: unknown"):
+        apply_user_config(current, {"max_batch": 4})
+    with pytest.raises(SettingsError, match=r"^token_buckets: changing it"):
+        apply_user_config(current, {"token_buckets": [16]})
+    with pytest.raises(SettingsError, match=r"^max_batch_size: must be >= 1"):
+        apply_user_config(current, {"max_batch_size": 0})
+    assert {"max_batch_size", "batch_wait_timeout_s"} == RECONFIGURABLE
+
+
+def test_start_up_checks_name_the_setting(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    good = ReplicaSettings(model=str(tiny_llama_dir), multi_item_scoring_delimiter=0)
+    assert check_model_settings(good) == 49152
+    with pytest.raises(SettingsError, match=r"^multi_item_scoring_delimiter: token id 49152"):
+        check_model_settings(good.replace(multi_item_scoring_delimiter=49152))
+    with pytest.raises(SettingsError, match=r"^model: cannot load"):
+        check_model_settings(good.replace(model=str(tmp_path / "missing")))
+    with pytest.raises(SettingsError, match=r"^model: cannot load"):
+        Replica(good.replace(model=str(tmp_path)), "tests.fake_engine:FakeEngine")
+
+
+def test_engine_factory_paths() -> None:
+    factory = load_engine_factory("tests.fake_engine:FakeEngine")
+    assert factory == FakeEngine.from_settings
+    with pytest.raises(SettingsError, match=r"^engine_factory"):
+        load_engine_factory("tests.fake_engine.FakeEngine")
+
+
+def test_describe_and_rejection_pickling(settings: ReplicaSettings) -> None:
+    replica = Replica(settings, "tests.fake_engine:FakeEngine")
+    info = replica.describe()
+    assert (info.vocab_size, info.multi_item_scoring_delimiter) == (49152, 0)
+    copy = pickle.loads(pickle.dumps(ReplicaRejected("too_many_items", "9 > 8")))
+    assert (copy.reason, copy.message) == ("too_many_items", "9 > 8")
