@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.errors import Reason, ScoreRequestError
 from app.http import HttpReply, handle, read_limited, relative_path
@@ -186,3 +188,51 @@ def test_body_limit() -> None:
 )
 def test_relative_path(path: str, root: str, expected: str) -> None:
     assert relative_path(path, root) == expected
+
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**40), 10**40)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
+    max_leaves=20,
+)
+field_names = st.sampled_from(
+    ["query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "other"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        json_values,
+        st.dictionaries(field_names, json_values, max_size=7),
+        st.fixed_dictionaries(
+            {
+                "query": st.one_of(
+                    st.text(max_size=10), st.lists(st.integers(-5, 2100), max_size=5)
+                ),
+                "items": st.lists(
+                    st.one_of(st.text(max_size=5), st.lists(st.integers(-5, 2100), max_size=4)),
+                    max_size=6,
+                ),
+                "label_token_ids": st.lists(st.integers(-5, 2100), max_size=4),
+            }
+        ),
+    )
+)
+def test_fuzzed_bodies_get_200_or_a_400_envelope(payload: Any) -> None:
+    reply, works = call("POST", "/v1/score", json.dumps(payload).encode())
+    assert reply.status in (200, 400), reply.body
+    if reply.status == 400:
+        assert reply.body["object"] == "error" and reply.body["code"] == 400
+        assert works == []
+    else:
+        assert len(reply.body["scores"]) == len(payload["items"])
