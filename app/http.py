@@ -19,12 +19,14 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 HealthCheck = Callable[[], Awaitable[None]]
+StatsSource = Callable[[], Awaitable[dict[str, Any]]]
 
 ROUTES: dict[str, str] = {
     "/v1/score": "POST",
     "/v1/models": "GET",
     "/health": "GET",
     "/openapi.json": "GET",
+    "/v1/stats": "GET",
 }
 
 
@@ -64,10 +66,11 @@ async def handle(
     body: Callable[[], Awaitable[bytes]],
     backend: Backend,
     health: HealthCheck,
+    stats: StatsSource | None = None,
 ) -> HttpReply:
     """Answer one request; never raises."""
     try:
-        return await _route(service, method.upper(), path, body, backend, health)
+        return await _route(service, method.upper(), path, body, backend, health, stats)
     except ScoreRequestError as error:
         return HttpReply(error.status_code, error.body)
     except Exception:
@@ -82,6 +85,7 @@ async def _route(
     body: Callable[[], Awaitable[bytes]],
     backend: Backend,
     health: HealthCheck,
+    stats: StatsSource | None,
 ) -> HttpReply:
     allowed = ROUTES.get(path)
     if allowed is None:
@@ -100,4 +104,8 @@ async def _route(
     if path == "/health":
         await health()
         return HttpReply(200, {"status": "ok", "model": service.info.name})
+    if path == "/v1/stats":
+        if stats is None:
+            raise ScoreRequestError(Reason.NOT_FOUND, "no stats source", status_code=404)
+        return HttpReply(200, await stats())
     return HttpReply(200, openapi_document())

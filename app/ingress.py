@@ -66,7 +66,13 @@ class ScoreIngress:
             return await read_limited(request.stream())
 
         reply = await handle(
-            self._service, request.method, path, body, self._call_replica, self._check_replica
+            self._service,
+            request.method,
+            path,
+            body,
+            self._call_replica,
+            self._check_replica,
+            self._replica_stats,
         )
         return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
@@ -110,6 +116,15 @@ class ScoreIngress:
                 ) from None
             logger.exception("scoring replica failed")
             raise ScoreRequestError(Reason.INTERNAL, "scoring failed", None, 500) from None
+
+    async def _replica_stats(self) -> dict[str, Any]:
+        """Counters of one scoring replica (requests, batches, compile_count)."""
+        try:
+            return await self._replica.stats.remote()
+        except Exception as error:
+            raise ScoreRequestError(
+                Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
+            ) from None
 
     async def _check_replica(self) -> None:
         try:

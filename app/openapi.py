@@ -63,6 +63,12 @@ def openapi_document(title: str = "scorejax", version: str = "0.1.0") -> dict[st
                     "responses": {"200": {"description": "healthy"}, "503": error},
                 }
             },
+            "/v1/stats": {
+                "get": {
+                    "summary": "Counters of one scoring replica: requests, batches, compile_count",
+                    "responses": {"200": {"description": "replica counters"}, "503": error},
+                }
+            },
         },
         "components": {"schemas": _schemas(ScoreRequest, ScoreResponse, ErrorResponse, ModelList)},
     }

@@ -140,6 +140,11 @@ class ReplicaSettings:
                     "warmup_shapes: each entry is [query_tokens>=1, items, item_tokens, "
                     f"labels>=1], got {list(shape)}"
                 )
+        if self.max_multi_item_seq_len > self.item_length_buckets[-1]:
+            raise SettingsError(
+                f"item_length_buckets: the largest bucket {self.item_length_buckets[-1]} must "
+                f"cover max_multi_item_seq_len={self.max_multi_item_seq_len} (one long item)"
+            )
         if self.max_batch_size < 1:
             raise SettingsError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
         if self.batch_wait_timeout_s < 0:

@@ -105,6 +105,24 @@ def test_models_route_describes_the_model() -> None:
     assert card["max_items_per_request"] == 4
 
 
+def test_stats_come_from_the_stats_source_and_are_404_without_one() -> None:
+    async def stats() -> dict:
+        return {"compile_count": 3}
+
+    async def health() -> None:
+        return None
+
+    async def read() -> bytes:
+        return b""
+
+    async def backend(work: ScoreWork) -> np.ndarray:
+        raise AssertionError("stats must not score")
+
+    reply = asyncio.run(handle(SERVICE, "GET", "/v1/stats", read, backend, health, stats))
+    assert (reply.status, reply.body) == (200, {"compile_count": 3})
+    assert call("GET", "/v1/stats")[0].status == 404
+
+
 def test_health_reflects_the_backend() -> None:
     assert call("GET", "/health")[0].status == 200
     reply, _ = call("GET", "/health", healthy=False)

@@ -17,7 +17,7 @@ DELIMITER = 0
 SMALL = {
     "token_buckets": (16, 32, 64, 128, 256, 512),
     "item_buckets": (1, 4, 8, 128),
-    "item_length_buckets": (4, 8, 16),
+    "item_length_buckets": (4, 8, 16, 512),
     "row_buckets": (4, 16, 128),
     "max_multi_item_seq_len": 512,
 }
