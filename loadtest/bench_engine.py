@@ -131,6 +131,7 @@ def run(items: list[int], query_len: int, item_len: int, repeats: int, hf: bool)
     return rows
 
 
+NOTES_MARKER = "<!-- analysis: kept across runs -->"
 HEADER = (
     "| items | single-item s | shared-prefix s | packed-reference s | transformers s "
     "| speed-up vs single | speed-up vs transformers | reference speed-up "
@@ -185,7 +186,8 @@ def write_report(rows: list[dict], args: argparse.Namespace, path: Path) -> None
         *(format_row(r) for r in rows),
         "",
     ]
-    path.write_text("\n".join(lines))
+    kept = path.read_text().partition(NOTES_MARKER) if path.exists() else ("", "", "")
+    path.write_text("\n".join(lines) + (kept[1] + kept[2] if kept[1] else ""))
 
 
 def main() -> None:
