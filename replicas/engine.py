@@ -237,15 +237,17 @@ class ScoringEngine:
             return np.asarray(executable(self._params, *placed))
 
     def warmup(self, shapes: Sequence[tuple[int, int, int, int]] | None = None) -> int:
-        """Score synthetic work of each (query_tokens, items, item_tokens, labels) shape
-        through the real packing path; returns the number of new compiles."""
+        """Score synthetic work of each (query_tokens, items, item_tokens, labels) shape, once
+        per ``warmup_batch_sizes`` entry, through the real packing path; returns new compiles.
+        """
         before = self.compile_count
+        token = 1 if self._settings.multi_item_scoring_delimiter != 1 else 2
         for query_len, num_items, item_len, num_labels in shapes or self._settings.warmup_shapes:
-            token = 1 if self._settings.multi_item_scoring_delimiter != 1 else 2
             work = ScoreWork(
                 query_ids=(token,) * query_len,
                 item_ids=((token,) * item_len,) * num_items,
                 label_ids=tuple(range(num_labels)),
             )
-            self.score_batch([work])
+            for batch_size in self._settings.warmup_batch_sizes:
+                self.score_batch([work] * batch_size)
         return self.compile_count - before

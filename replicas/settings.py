@@ -100,6 +100,9 @@ class ReplicaSettings:
     compilation_cache_dir: str | None = None
     # Request shapes scored once at start-up: (query_tokens, items, item_tokens, labels).
     warmup_shapes: tuple[tuple[int, int, int, int], ...] = ()
+    # Each warm-up shape is also scored as a step of this many concurrent requests, so the
+    # batch buckets that cross-request batching reaches are compiled before traffic.
+    warmup_batch_sizes: tuple[int, ...] = (1,)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -144,6 +147,13 @@ class ReplicaSettings:
             raise SettingsError(
                 f"item_length_buckets: the largest bucket {self.item_length_buckets[-1]} must "
                 f"cover max_multi_item_seq_len={self.max_multi_item_seq_len} (one long item)"
+            )
+        if not self.warmup_batch_sizes or not all(
+            1 <= b <= self.batch_buckets[-1] for b in self.warmup_batch_sizes
+        ):
+            raise SettingsError(
+                f"warmup_batch_sizes: each must be in [1, {self.batch_buckets[-1]}] "
+                f"(the largest batch bucket), got {list(self.warmup_batch_sizes)}"
             )
         if self.max_batch_size < 1:
             raise SettingsError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")

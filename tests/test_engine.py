@@ -171,6 +171,20 @@ def test_warmup_compiles_the_configured_shapes_so_traffic_does_not(tiny):
     assert engine.compile_count == 1
 
 
+def test_warmup_batch_sizes_compile_the_batch_buckets_concurrent_traffic_reaches(tiny):
+    engine = make_engine(
+        tiny,
+        multi_item_scoring_delimiter=DELIMITER,
+        warmup_shapes=((20, 3, 6, 3),),
+        batch_buckets=(1, 4),
+        warmup_batch_sizes=(1, 4),
+    )
+    assert engine.warmup() == 2
+    three = [work(s, query=17, item_lens=(2, 5, 8)) for s in (20, 21, 22)]
+    engine.score_batch(three)  # three requests in one step: batch bucket 4
+    assert engine.compile_count == 2
+
+
 def test_limits_raise_clear_errors(tiny):
     engine = make_engine(
         tiny,
