@@ -48,6 +48,7 @@ def tiny_config(model_dir: Path) -> dict[str, Any]:
         max_items_per_request=8,
         max_multi_item_seq_len=128,
         warmup_shapes=[[8, 1, 1, 4]],
+        warmup_batch_sizes=[1],
         compilation_cache_dir=None,
     )
     for deployment in app["deployments"]:
