@@ -29,8 +29,8 @@ from app.validation import (
     validate_request,
 )
 from replicas.contract import ModelInfo, ScoreWork
-from replicas.deployment import check_delimiter_in_vocab, model_vocab_size
-from replicas.settings import ReplicaSettings
+from replicas.deployment import model_vocab_size
+from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 from replicas.sources import load_hf_config, load_tokenizer, resolve_model_source
 
 Backend = Callable[[ScoreWork], Awaitable[np.ndarray]]

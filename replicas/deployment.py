@@ -19,7 +19,7 @@ import numpy as np
 from ray import serve
 
 from replicas.contract import ModelInfo, ScoreWork, ScoringLimitError, check_limits
-from replicas.settings import ReplicaSettings, SettingsError
+from replicas.settings import ReplicaSettings, SettingsError, check_delimiter_in_vocab
 from replicas.sources import ModelSourceError, load_hf_config, resolve_model_source
 
 logger = logging.getLogger(__name__)
@@ -68,16 +68,6 @@ def model_vocab_size(config: Any) -> int:
     if not isinstance(vocab_size, int) or vocab_size < 1:
         raise SettingsError(f"model: its config has no usable vocab_size ({vocab_size!r})")
     return vocab_size
-
-
-def check_delimiter_in_vocab(settings: ReplicaSettings, vocab_size: int, model_name: str) -> None:
-    """Start-up rule shared by ingress and replica: the delimiter must be a real token id."""
-    delimiter = settings.multi_item_scoring_delimiter
-    if delimiter is not None and delimiter >= vocab_size:
-        raise SettingsError(
-            f"multi_item_scoring_delimiter: token id {delimiter} is outside the vocabulary of "
-            f"model {model_name!r} (vocab_size={vocab_size})"
-        )
 
 
 def check_model_settings(settings: ReplicaSettings) -> int:

@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
 from cluster.sharding import named_sharding, replicated
-from replicas.contract import ModelInfo, ScoreWork, check_limits
+from replicas.contract import ModelInfo, ScoreWork, check_limits, packed_length
 from replicas.model import CausalLM, Params
 from replicas.packing import (
     Buckets,
@@ -32,7 +32,7 @@ from replicas.packing import (
     single_item_row,
     unpack,
 )
-from replicas.settings import ReplicaSettings, SettingsError
+from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 from replicas.steps import dense_step, shared_prefix_step
 
 
@@ -70,11 +70,7 @@ class ScoringEngine:
     ) -> None:
         vocab = model.config.vocab_size
         delimiter = settings.multi_item_scoring_delimiter
-        if delimiter is not None and delimiter >= vocab:
-            raise SettingsError(
-                f"multi_item_scoring_delimiter: {delimiter} is outside the vocabulary "
-                f"(vocab_size={vocab})"
-            )
+        check_delimiter_in_vocab(settings, vocab, name)
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
         self._buckets = Buckets(
             tokens=settings.token_buckets,
@@ -168,7 +164,7 @@ class ScoringEngine:
     def _multi_signature(self, work: ScoreWork) -> tuple[int, ...]:
         b = self._buckets
         if self._settings.layout == "packed_reference":
-            length = len(work.query_ids) + 1 + sum(len(i) + 1 for i in work.item_ids)
+            length = packed_length(len(work.query_ids), [len(i) for i in work.item_ids])
             return (bucket_for(length, b.tokens, "tokens"),)
         longest_item = max(len(i) for i in work.item_ids)
         return (

@@ -185,3 +185,13 @@ class ReplicaSettings:
 
     def replace(self, **changes: Any) -> ReplicaSettings:
         return dataclasses.replace(self, **changes)
+
+
+def check_delimiter_in_vocab(settings: ReplicaSettings, vocab_size: int, model_name: str) -> None:
+    """Start-up rule shared by ingress, replica and engine: the delimiter is a real token id."""
+    delimiter = settings.multi_item_scoring_delimiter
+    if delimiter is not None and delimiter >= vocab_size:
+        raise SettingsError(
+            f"multi_item_scoring_delimiter: token id {delimiter} is outside the vocabulary of "
+            f"model {model_name!r} (vocab_size={vocab_size})"
+        )
