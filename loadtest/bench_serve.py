@@ -1,0 +1,401 @@
+"""End-to-end benchmark of a running scorejax server over HTTP (loopback only).
+
+Against a server started with `make serve` (`serve run serve_config.yaml`) it times, side by
+side in one run: the server's multi-item scoring, its own single-item path (the same body with
+`item_first: true`) and transformers' batched single-item scoring of the same weights in this
+process. Around every timed request it reads the replica's GET /v1/stats counters (engine
+seconds, padding, query cache, compiles). It prints a markdown table as it goes and writes the
+section "## End to end over HTTP, shipped serve_config.yaml" into --output.
+
+    python -m loadtest.bench_serve --url http://127.0.0.1:8000 [--items 1,10,100,1000]
+        [--slow-items 1,10,100] [--query-tokens 300] [--item-tokens 10] [--repeats 3]
+        [--no-hf] [--output docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import numpy as np
+
+from loadtest.bench_common import (
+    LABELS,
+    MODEL,
+    hf_scorer,
+    load_hf_model,
+    machine_description,
+    matmul_peak_flops,
+    timed,
+    write_section,
+)
+from loadtest.bench_serve_report import (
+    CACHE_ITEMS,
+    HEADER,
+    ID_RANGE,
+    SECTION,
+    CacheResult,
+    Compiles,
+    ItemsRow,
+    Report,
+    Sample,
+    Timing,
+    Workload,
+    format_row,
+    section_body,
+    summarize,
+    targets_table,
+    total,
+)
+from loadtest.flops import multi_item_flops
+from replicas.config import ModelConfig
+from replicas.contract import ScoreWork
+
+SLOW_FROM = 100  # own single-item and transformers cases run once from this many items on
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+class ScoreFailed(RuntimeError):
+    """A score request got no 200 answer (an error status, a time-out, no connection)."""
+
+
+class DeadlineExceeded(RuntimeError):
+    """The run's time budget (--deadline-s) is spent."""
+
+
+class ServerNotReady(RuntimeError):
+    """GET /health did not answer 200 in time."""
+
+
+def loopback_url(url: str) -> str:
+    """``url`` without a trailing slash; ValueError unless it is http(s) to a loopback host."""
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    if parsed.scheme not in ("http", "https") or not _is_loopback(host):
+        raise ValueError(f"{url!r} is not an http(s) URL of a loopback address")
+    return url.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A monotonic-clock instant after which no new request is sent."""
+
+    stop_at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def check(self) -> None:
+        if time.monotonic() > self.stop_at:
+            raise DeadlineExceeded("the --deadline-s budget is spent")
+
+
+class Server:
+    """A scorejax server at a loopback URL, driven strictly one request at a time."""
+
+    def __init__(self, base_url: str, deadline: Deadline, timeout_s: float = 300.0) -> None:
+        self._base = loopback_url(base_url)
+        self._deadline = deadline
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def check_deadline(self) -> None:
+        """DeadlineExceeded once the run's time budget is spent."""
+        self._deadline.check()
+
+    def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> None:
+        """Poll GET /health until it answers 200; RuntimeError after ``timeout_s``."""
+        stop_at = time.monotonic() + timeout_s
+        while time.monotonic() < stop_at:
+            try:
+                if self._client.get(f"{self._base}/health", timeout=10).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(poll_s)
+        raise ServerNotReady(f"{self._base}/health did not answer 200 within {timeout_s:.0f} s")
+
+    def model_id(self) -> str | None:
+        """The served model's id from GET /v1/models (None if unreadable)."""
+        try:
+            return str(self._client.get(f"{self._base}/v1/models").json()["data"][0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return None
+
+    def stats(self) -> dict[str, Any]:
+        """GET /v1/stats of the scoring replica; {} when it cannot be read."""
+        try:
+            response = self._client.get(f"{self._base}/v1/stats")
+            body = response.json() if response.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+        return body if isinstance(body, dict) else {}
+
+    def score(self, body: bytes) -> float:
+        """POST /v1/score; wall seconds until the full answer. ScoreFailed unless 200."""
+        self.check_deadline()
+        start = time.perf_counter()
+        try:
+            response = self._client.post(
+                f"{self._base}/v1/score", content=body, headers=JSON_HEADERS
+            )
+        except httpx.HTTPError as error:
+            raise ScoreFailed(f"no answer ({type(error).__name__})") from None
+        wall = time.perf_counter() - start
+        if response.status_code != 200:
+            raise ScoreFailed(f"HTTP {response.status_code} {_reason(response)}")
+        return wall
+
+    def settle(self, timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
+        """Poll /v1/stats until no background compile is pending (bounded): a new shape's
+        first request runs on a covering signature while its own compiles; timed requests
+        should see the steady state users get from then on."""
+        stop_at = time.monotonic() + timeout_s
+        while time.monotonic() < stop_at and self.stats().get("background_pending", 0):
+            time.sleep(poll_s)
+
+    def timed(self, body: bytes) -> Sample:
+        """One score request with the replica stats read right before and after it."""
+        before = self.stats()
+        wall = self.score(body)
+        return Sample.between(wall, before, self.stats())
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("reason", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def score_body(query: list[int], items: list[list[int]], item_first: bool = False) -> bytes:
+    """A /v1/score body in token ids (no tokenizer involved)."""
+    payload = {
+        "query": query,
+        "items": items,
+        "label_token_ids": list(LABELS),
+        "item_first": item_first,
+    }
+    return json.dumps(payload).encode()
+
+
+class Bench:
+    """One run's measurements: a server, a workload and its seeded token-id generator."""
+
+    def __init__(self, server: Server, workload: Workload) -> None:
+        self.server = server
+        self.workload = workload
+        self._rng = np.random.default_rng(workload.seed)
+
+    def ids(self, count: int) -> list[int]:
+        """``count`` random token ids in ID_RANGE."""
+        return [int(t) for t in self._rng.integers(*ID_RANGE, count)]
+
+    def query(self) -> list[int]:
+        return self.ids(self.workload.query_tokens)
+
+    def items(self, count: int) -> list[list[int]]:
+        return [self.ids(self.workload.item_tokens) for _ in range(count)]
+
+    def repeats(self, n: int, slow: bool) -> int:
+        """Timed repeats of a case: one for slow cases from SLOW_FROM items on."""
+        return 1 if slow and n >= SLOW_FROM else self.workload.repeats
+
+    def measure(self, n: int, item_first: bool) -> Timing:
+        """Median over fresh random queries after one untimed warm-up request."""
+        self.server.score(score_body(self.query(), self.items(n), item_first))
+        self.server.settle()
+        samples = []
+        for _ in range(self.repeats(n, slow=item_first)):
+            body = score_body(self.query(), self.items(n), item_first)
+            samples.append(self.server.timed(body))
+        return summarize(samples)
+
+    def transformers(self, n: int, model: Any) -> float:
+        """transformers batched single-item seconds (no request is in flight meanwhile)."""
+        self.server.check_deadline()
+        work = ScoreWork(tuple(self.query()), tuple(tuple(item) for item in self.items(n)), LABELS)
+        return timed(hf_scorer(work, model), self.repeats(n, slow=True))
+
+    def query_cache(self, n: int) -> CacheResult:
+        """Cold (new query) vs warm (same query, fresh items) pairs, after one warm-up."""
+        self.server.score(score_body(self.query(), self.items(n)))
+        self.server.settle()
+        cold, warm = [], []
+        for _ in range(self.workload.repeats):
+            query = self.query()
+            cold.append(self.server.timed(score_body(query, self.items(n))))
+            warm.append(self.server.timed(score_body(query, self.items(n))))
+        return CacheResult(
+            items=n,
+            pairs=len(cold),
+            cold_s=statistics.median(s.wall_s for s in cold),
+            warm_s=statistics.median(s.wall_s for s in warm),
+            warm_hits=total([s.cache_hits for s in warm]),
+        )
+
+
+def model_config(name: str) -> ModelConfig:
+    """The model's config without jax (from config.json or GGUF metadata via transformers)."""
+    from replicas.config import config_from_hf
+    from replicas.sources import load_hf_config, resolve_model_source
+
+    return config_from_hf(load_hf_config(resolve_model_source(name)))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to measure: item counts and options from the command line."""
+
+    items: tuple[int, ...]
+    slow_items: tuple[int, ...]
+    hf: bool
+
+    def counts(self) -> list[int]:
+        return sorted(set(self.items) | set(self.slow_items))
+
+
+def measure_row(
+    bench: Bench, n: int, plan: Plan, hf_model: Any, config: ModelConfig, peak: float
+) -> ItemsRow:
+    """Every case of one item count; a failed case leaves "-" and a note."""
+    errors: list[str] = []
+    multi = single = None
+    hf_s = None
+    if n in plan.items:
+        try:
+            multi = bench.measure(n, item_first=False)
+        except ScoreFailed as error:
+            errors.append(f"multi-item: {error}")
+    if n in plan.slow_items:
+        try:
+            single = bench.measure(n, item_first=True)
+        except ScoreFailed as error:
+            errors.append(f"single-item: {error}")
+        if hf_model is not None:
+            hf_s = bench.transformers(n, hf_model)
+    flops = None
+    if multi is not None:
+        w = bench.workload
+        useful = multi_item_flops(config, w.query_tokens, [w.item_tokens] * n)
+        flops = useful / multi.wall_s / peak
+    return ItemsRow(n, multi, single, hf_s, flops, "; ".join(errors))
+
+
+def run(server: Server, plan: Plan, workload: Workload, health_timeout_s: float) -> Report:
+    """Health, peak, then every case in order; stops early (keeping results) at the deadline."""
+    server.wait_healthy(health_timeout_s)
+    served = server.model_id()
+    if served not in (None, MODEL):
+        raise SystemExit(f"the server serves {served!r}; this benchmark compares {MODEL}")
+    peak = matmul_peak_flops()
+    print(f"float32 matmul peak (XLA): {peak / 1e9:.0f} GFLOP/s", flush=True)
+    config = model_config(MODEL)
+    hf_model = None
+    if plan.hf and plan.slow_items:
+        print(f"loading {MODEL} into transformers (fp32) for the baseline", flush=True)
+        hf_model = load_hf_model(MODEL)
+    bench = Bench(server, workload)
+    start_stats = server.stats()
+    rows: list[ItemsRow] = []
+    cache = None
+    print(HEADER, flush=True)
+    try:
+        for n in plan.counts():
+            rows.append(measure_row(bench, n, plan, hf_model, config, peak))
+            print(format_row(rows[-1]), flush=True)
+        cache = bench.query_cache(CACHE_ITEMS)
+    except (DeadlineExceeded, ScoreFailed) as error:
+        print(f"stopped early: {error}", flush=True)
+    return Report(
+        rows=tuple(rows),
+        cache=cache,
+        compiles=Compiles.between(start_stats, server.stats()),
+        peak_flops=peak,
+        workload=workload,
+        hf=hf_model is not None,
+        machine=machine_description(),
+        command=command_line(),
+        date=time.strftime("%Y-%m-%d"),
+    )
+
+
+def command_line() -> str:
+    """The command that is running, for the docs section."""
+    return "python -m loadtest.bench_serve " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    counts = tuple(int(n) for n in text.split(",") if n.strip())
+    if any(n < 1 for n in counts):
+        raise argparse.ArgumentTypeError("item counts must be >= 1")
+    return counts
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command-line options; exits (status 2) on a non-loopback --url."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--items", type=_counts, default=(1, 10, 100, 1000))
+    parser.add_argument("--slow-items", type=_counts, default=(1, 10, 100))
+    parser.add_argument("--query-tokens", type=int, default=300)
+    parser.add_argument("--item-tokens", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument("--output", default="docs/benchmarks.md")
+    parser.add_argument("--deadline-s", type=float, default=3600.0, help="whole-run budget")
+    parser.add_argument("--health-timeout-s", type=float, default=300.0)
+    args = parser.parse_args(argv)
+    try:
+        args.url = loopback_url(args.url)
+    except ValueError as error:
+        parser.error(f"--url: {error}")
+    if args.repeats < 1 or args.query_tokens < 1 or args.item_tokens < 1:
+        parser.error("--repeats, --query-tokens and --item-tokens must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark, print the targets and write the docs section; 1 if not healthy."""
+    args = parse_args(argv)
+    plan = Plan(args.items, args.slow_items, not args.no_hf)
+    workload = Workload(args.query_tokens, args.item_tokens, args.repeats)
+    server = Server(args.url, Deadline.after(args.deadline_s))
+    try:
+        report = run(server, plan, workload, args.health_timeout_s)
+    except ServerNotReady as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    finally:
+        server.close()
+    print(targets_table(report), flush=True)
+    write_section(Path(args.output), SECTION, section_body(report))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+"""Results of loadtest.bench_serve and their markdown: rows, ratios, targets, the docs section.
+
+Pure (no network, no jax, no torch), so it unit-tests in milliseconds.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from loadtest.bench_common import LABELS
+
+SECTION = "## End to end over HTTP, shipped serve_config.yaml"
+ID_RANGE = (100, 40000)  # random token ids are drawn from [low, high)
+CACHE_ITEMS = 10  # items per request of the query-cache measurement
+HEADER = (
+    "| items | multi-item s | own single-item s | transformers s | multi vs own single "
+    "| multi vs transformers | own single vs transformers | served/engine | padding "
+    "| model FLOP/s / peak | notes |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+)
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``; None when either is unknown or the denominator is <= 0."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+def total(values: Sequence[float | None]) -> float | None:
+    """Sum of ``values``; None if any is unknown (or there are none)."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(sum(v for v in values if v is not None))
+
+
+def stat_delta(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> float | None:
+    """``after[key] - before[key]`` of a numeric counter; None where either is missing."""
+    values = (before.get(key), after.get(key))
+    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        return None
+    return float(values[1]) - float(values[0])
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Random token-id requests: query and item lengths, timed repeats, the generator's seed."""
+
+    query_tokens: int
+    item_tokens: int
+    repeats: int
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median wall seconds of timed requests; served/engine and padding over all of them."""
+
+    wall_s: float
+    served_over_engine: float | None = None
+    padding: float | None = None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One timed request: client wall seconds and the replica counters' growth around it."""
+
+    wall_s: float
+    engine_s: float | None
+    computed_tokens: float | None
+    useful_tokens: float | None
+    cache_hits: float | None
+
+    @classmethod
+    def between(cls, wall_s: float, before: Mapping[str, Any], after: Mapping[str, Any]) -> Sample:
+        return cls(
+            wall_s,
+            stat_delta(before, after, "engine_seconds"),
+            stat_delta(before, after, "computed_tokens"),
+            stat_delta(before, after, "useful_tokens"),
+            stat_delta(before, after, "query_cache_hits"),
+        )
+
+
+def summarize(samples: Sequence[Sample]) -> Timing:
+    """Median wall time; served/engine and padding over all samples together."""
+    return Timing(
+        wall_s=statistics.median(s.wall_s for s in samples),
+        served_over_engine=ratio(
+            sum(s.wall_s for s in samples), total([s.engine_s for s in samples])
+        ),
+        padding=ratio(
+            total([s.computed_tokens for s in samples]), total([s.useful_tokens for s in samples])
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ItemsRow:
+    """Every case measured at one item count (None: not measured or failed, see ``notes``)."""
+
+    items: int
+    multi: Timing | None = None
+    single: Timing | None = None
+    transformers_s: float | None = None
+    flops_fraction: float | None = None
+    notes: str = ""
+
+    @property
+    def multi_s(self) -> float | None:
+        return None if self.multi is None else self.multi.wall_s
+
+    @property
+    def single_s(self) -> float | None:
+        return None if self.single is None else self.single.wall_s
+
+    @property
+    def multi_vs_single(self) -> float | None:
+        return ratio(self.single_s, self.multi_s)
+
+    @property
+    def multi_vs_transformers(self) -> float | None:
+        return ratio(self.transformers_s, self.multi_s)
+
+    @property
+    def single_vs_transformers(self) -> float | None:
+        return ratio(self.transformers_s, self.single_s)
+
+
+@dataclass(frozen=True)
+class CacheResult:
+    """Query cache: median cold (new query) vs warm (same query, fresh items) seconds."""
+
+    items: int
+    pairs: int
+    cold_s: float
+    warm_s: float
+    warm_hits: float | None  # growth of query_cache_hits over the warm requests
+
+    @property
+    def speedup(self) -> float | None:
+        return ratio(self.cold_s, self.warm_s)
+
+
+@dataclass(frozen=True)
+class Compiles:
+    """Growth of the replica's compile counters over the whole run (None: not reported)."""
+
+    request_path: float | None
+    background: float | None
+    total: float | None
+
+    @classmethod
+    def between(cls, before: Mapping[str, Any], after: Mapping[str, Any]) -> Compiles:
+        return cls(
+            stat_delta(before, after, "request_path_compiles"),
+            stat_delta(before, after, "background_compiles"),
+            stat_delta(before, after, "compile_count"),
+        )
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything one run measured plus how it was produced."""
+
+    rows: tuple[ItemsRow, ...]
+    cache: CacheResult | None
+    compiles: Compiles
+    peak_flops: float
+    workload: Workload
+    hf: bool
+    machine: str
+    command: str
+    date: str
+
+
+def cell(value: float | None, fmt: str) -> str:
+    """``value`` formatted with ``fmt``, or "-" when unknown."""
+    return "-" if value is None else format(value, fmt)
+
+
+def times(value: float | None) -> str:
+    """A speed-up such as ``9.6x``, or "-"."""
+    return "-" if value is None else f"{value:.1f}x"
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def format_row(row: ItemsRow) -> str:
+    """One markdown table row under HEADER."""
+    served = row.multi.served_over_engine if row.multi else None
+    padding = row.multi.padding if row.multi else None
+    cells = [
+        str(row.items),
+        cell(row.multi_s, ".3f"),
+        cell(row.single_s, ".3f"),
+        cell(row.transformers_s, ".3f"),
+        times(row.multi_vs_single),
+        times(row.multi_vs_transformers),
+        times(row.single_vs_transformers),
+        cell(served, ".2f"),
+        cell(padding, ".2f"),
+        percent(row.flops_fraction),
+        row.notes.replace("|", "/"),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One goal: ``value`` held against ``limit`` (at least or at most); ``shown``: as text."""
+
+    goal: str
+    value: float | None
+    limit: float
+    at_least: bool
+    shown: str
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "not measured"
+        met = self.value >= self.limit if self.at_least else self.value <= self.limit
+        return "met" if met else "missed"
+
+
+def row_at(rows: Sequence[ItemsRow], items: int) -> ItemsRow | None:
+    return next((r for r in rows if r.items == items), None)
+
+
+def at(
+    rows: Sequence[ItemsRow], items: int, get: Callable[[ItemsRow], float | None]
+) -> float | None:
+    row = row_at(rows, items)
+    return None if row is None else get(row)
+
+
+def worst(
+    rows: Sequence[ItemsRow], get: Callable[[ItemsRow], float | None], highest: bool
+) -> tuple[float, int] | None:
+    """The worst known value over ``rows`` (the highest or the lowest) and its item count."""
+    known = [(v, r.items) for r in rows if (v := get(r)) is not None]
+    if not known:
+        return None
+    return max(known) if highest else min(known)
+
+
+def at_least(goal: str, value: float | None, limit: float, shown: str) -> Target:
+    return Target(goal, value, limit, True, shown)
+
+
+def at_most(goal: str, value: float | None, limit: float, shown: str) -> Target:
+    return Target(goal, value, limit, False, shown)
+
+
+def _value(found: tuple[float, int] | None) -> float | None:
+    return None if found is None else found[0]
+
+
+def _worst_text(found: tuple[float, int] | None, show: Callable[[float], str]) -> str:
+    if found is None:
+        return "-"
+    value, items = found
+    return f"{show(value)} (worst: {items} item{'' if items == 1 else 's'})"
+
+
+def targets(report: Report) -> list[Target]:
+    """The goals of the end-to-end benchmark with their measured values."""
+    rows = report.rows
+    single = [at(rows, n, lambda r: r.multi_vs_single) for n in (10, 100)]
+    hf = [at(rows, n, lambda r: r.multi_vs_transformers) for n in (10, 100)]
+    own = worst(rows, lambda r: r.single_vs_transformers, highest=False)
+    served = worst(rows, lambda r: r.multi.served_over_engine if r.multi else None, highest=True)
+    padding = worst(rows, lambda r: r.multi.padding if r.multi else None, highest=True)
+    flops = at(rows, 100, lambda r: r.flops_fraction)
+    cache = report.cache.speedup if report.cache else None
+    cache_items = report.cache.items if report.cache else CACHE_ITEMS
+    compiles = report.compiles.request_path
+    ratio_text = lambda v: f"{v:.2f}"  # noqa: E731
+    return [
+        at_least("multi-item >= 6x own single-item, 10 items", single[0], 6, times(single[0])),
+        at_least("multi-item >= 19x own single-item, 100 items", single[1], 19, times(single[1])),
+        at_least("multi-item >= 10x transformers, 10 items", hf[0], 10, times(hf[0])),
+        at_least("multi-item >= 30x transformers, 100 items", hf[1], 30, times(hf[1])),
+        at_least(
+            "own single-item time <= transformers time (speed-up >= 1.0x, every N)",
+            _value(own),
+            1.0,
+            _worst_text(own, times),
+        ),
+        at_most(
+            "served/engine <= 1.3 (multi-item, every N)",
+            _value(served),
+            1.3,
+            _worst_text(served, ratio_text),
+        ),
+        at_least("model FLOP/s >= 60% of measured peak, 100 items", flops, 0.6, percent(flops)),
+        at_least(f"cached query >= 2.5x faster, {cache_items} items", cache, 2.5, times(cache)),
+        at_most("0 request-path compiles", compiles, 0, cell(compiles, ".0f")),
+        at_most(
+            "padding (computed / useful tokens) <= 1.15 (multi-item, every N)",
+            _value(padding),
+            1.15,
+            _worst_text(padding, ratio_text),
+        ),
+    ]
+
+
+def targets_table(report: Report) -> str:
+    """The targets as a markdown table: goal, measured, met/missed."""
+    lines = ["| target | measured | |", "| --- | --- | --- |"]
+    lines += [f"| {t.goal} | {t.shown} | {t.verdict} |" for t in targets(report)]
+    return "\n".join(lines)
+
+
+def _workload_lines(report: Report) -> list[str]:
+    w = report.workload
+    low, high = ID_RANGE
+    transformers = (
+        "transformers: fp32 batched `query + item` rows of the same GGUF weights in the client "
+        "process, `logits_to_keep=1`, torch threads = cores, run while no request is in flight"
+        if report.hf
+        else "transformers: not run (`--no-hf`)"
+    )
+    return [
+        f"- workload: {w.query_tokens}-token query, {w.item_tokens}-token items, random token "
+        f"ids in [{low}, {high}) (seed {w.seed}), labels {list(LABELS)}, sent as token ids",
+        f"- multi-item: median of {w.repeats} requests after one untimed warm-up, each with a "
+        "fresh random query (the query cache cannot help); own single-item: the same body with "
+        '`"item_first": true` (rows are item + query); slow cases run once at >= 100 items',
+        f"- {transformers}",
+    ]
+
+
+def _footer_lines(report: Report) -> list[str]:
+    lines = []
+    if report.cache is not None:
+        c = report.cache
+        lines.append(
+            f"- query cache at {c.items} items (median of {c.pairs} pairs): cold {c.cold_s:.3f} s"
+            f", warm (same query, fresh items) {c.warm_s:.3f} s, {times(c.speedup)} faster; "
+            f"cache hits during the warm requests: {cell(c.warm_hits, '.0f')}"
+        )
+    k = report.compiles
+    lines.append(
+        f"- compiles during the whole run: request path {cell(k.request_path, '.0f')}, "
+        f"background {cell(k.background, '.0f')}, compile_count {cell(k.total, '+.0f')}"
+    )
+    return lines
+
+
+def section_body(report: Report) -> str:
+    """The markdown under SECTION: set-up, the table, cache and compiles, the targets."""
+    lines = [
+        "Written by `python -m loadtest.bench_serve` against a server started with `make serve`",
+        "(`serve run serve_config.yaml` as shipped), client and server on the same machine.",
+        "Every figure comes from one run, side by side; `-`: not measured or not reported by",
+        "the server's `/v1/stats`.",
+        "",
+        f"- date: {report.date}; machine: {report.machine}",
+        f"- command: `{report.command}`",
+        *_workload_lines(report),
+        "- measured float32 matmul peak (XLA in the client process, before any traffic): "
+        f"{report.peak_flops / 1e9:.0f} GFLOP/s",
+        "- served/engine: client wall time over the replica's `engine_seconds` growth; padding:"
+        " `computed_tokens` over `useful_tokens` growth; model FLOP/s: analytic useful FLOPs"
+        " (`loadtest/flops.py`) over the multi-item time",
+        "",
+        HEADER,
+        *(format_row(r) for r in report.rows),
+        "",
+        *_footer_lines(report),
+        "",
+        targets_table(report),
+    ]
+    return "\n".join(lines) + "\n"
