@@ -29,8 +29,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# `make bench`: the engine with the shipped settings; `make bench URL=...`: end to end over
+# HTTP against a running `make serve`, side by side with transformers.
 bench: $(STAMP)
+ifneq ($(filter command line environment,$(origin URL)),)
+	$(PY) -m loadtest.bench_serve --url $(URL)
+else
 	$(PY) -m loadtest.bench_engine
+endif
 
 loadtest: $(STAMP)
 	$(PY) -m loadtest.load --url $(URL)

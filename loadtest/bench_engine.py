@@ -1,11 +1,13 @@
 """Benchmark: multi-item vs single-item scoring on the real SmolLM2-135M-Instruct.
 
 For N items behind a 300-token query (10-token items) it times the engine's single-item,
-shared-prefix and packed-reference layouts and transformers' batched single-item scoring,
-all side by side in one run on the same CPU and weights, measures this machine's float32
-matmul peak, and writes the table into docs/benchmarks.md.
+shared-prefix and packed-reference layouts, built with the replica settings of the shipped
+serve_config.yaml, and transformers' batched single-item scoring, all side by side in one run
+on the same CPU and weights; measures this machine's float32 matmul peak and the padding, and
+writes its section of docs/benchmarks.md (the end-to-end HTTP section is
+``loadtest.bench_serve``'s).
 
-    python -m loadtest.bench_engine [--items 1,10,100,128] [--repeats 3] [--no-hf]
+    python -m loadtest.bench_engine [--items 1,10,100] [--repeats 3] [--no-hf]
 """
 
 from __future__ import annotations
@@ -13,50 +15,29 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
+import yaml
 
 from cluster.mesh import build_mesh
+from loadtest.bench_common import (
+    LABELS,
+    MODEL,
+    hf_scorer,
+    matmul_peak_flops,
+    timed,
+    write_section,
+)
 from loadtest.flops import multi_item_flops
 from replicas.contract import ScoreWork
 from replicas.engine import ScoringEngine
 from replicas.loading import load_model
 from replicas.settings import ReplicaSettings
 
-MODEL = "SmolLM2-135M-Instruct"
-LABELS = (7042, 4528, 11452)  # " Paris", " London", " Berlin"
-DELIMITER = 0  # <|endoftext|>
-
-
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall seconds of ``repeats`` calls after one untimed warm-up call."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
-def matmul_peak_flops(sizes: tuple[int, ...] = (512, 1024, 1536, 2048), repeats: int = 8) -> float:
-    """Best observed float32 matmul FLOP/s of this machine through XLA, over a few sizes."""
-    matmul = jax.jit(lambda x, y: x @ y)
-    best = 0.0
-    for size in sizes:
-        a = jnp.ones((size, size), jnp.float32)
-        matmul(a, a).block_until_ready()
-        for _ in range(repeats):
-            start = time.perf_counter()
-            matmul(a, a).block_until_ready()
-            best = max(best, 2 * size**3 / (time.perf_counter() - start))
-    return best
+SERVE_CONFIG = Path(__file__).resolve().parent.parent / "serve_config.yaml"
+SECTION = "## Engine, shipped serve_config.yaml settings"
 
 
 def make_work(num_items: int, query_len: int, item_len: int, seed: int = 0) -> ScoreWork:
@@ -65,49 +46,33 @@ def make_work(num_items: int, query_len: int, item_len: int, seed: int = 0) -> S
     return ScoreWork(ids(query_len), tuple(ids(item_len) for _ in range(num_items)), LABELS)
 
 
-def hf_scorer(work: ScoreWork) -> Callable[[], np.ndarray]:
-    """transformers fp32 batched single-item scoring of the same GGUF weights."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def shipped_settings(config: Path = SERVE_CONFIG) -> ReplicaSettings:
+    """The replica settings of the shipped serve_config.yaml (its first application's args),
+    without its warm-up (the benchmark warms each case with one untimed call) or disk cache."""
+    (app, *_) = yaml.safe_load(config.read_text())["applications"]
+    settings = ReplicaSettings.from_mapping(app["args"])
+    return settings.replace(warmup_shapes=(), compilation_cache_dir=None)
 
-    from replicas.sources import resolve_model_source
 
-    torch.set_num_threads(os.cpu_count() or 1)
-    source = resolve_model_source(MODEL)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(source.directory), dtype=torch.float32, **source.transformers_kwargs()
-    ).eval()
-    rows = torch.tensor([work.query_ids + item for item in work.item_ids])
-    labels = torch.tensor(work.label_ids)
-
-    def score() -> np.ndarray:
-        with torch.inference_mode():
-            logits = model(rows, logits_to_keep=1).logits[:, -1]
-            return torch.log_softmax(logits, -1)[:, labels].numpy()
-
-    return score
+def timed_steady(engine: ScoringEngine, work: ScoreWork, repeats: int) -> float:
+    """Median seconds once the work's own signature is compiled (first call + background)."""
+    engine.score_batch([work])
+    engine.wait_for_background_compiles()
+    return timed(lambda: engine.score_batch([work]), repeats)
 
 
 def run(items: list[int], query_len: int, item_len: int, repeats: int, hf: bool) -> list[dict]:
-    mesh = build_mesh((1, 1))
-    loaded = load_model(MODEL, mesh)
-    base = ReplicaSettings(model=MODEL)
+    shipped = shipped_settings()
+    mesh = build_mesh(shipped.mesh_shape)
+    loaded = load_model(shipped.model, mesh, shipped.dtype)
+    variants = {
+        "single": shipped.replace(multi_item_scoring_delimiter=None),
+        "shared_prefix": shipped,
+        "packed_reference": shipped.replace(layout="packed_reference"),
+    }
     engines = {
-        "single": ScoringEngine(loaded.model, loaded.params, mesh, base, MODEL),
-        "shared_prefix": ScoringEngine(
-            loaded.model,
-            loaded.params,
-            mesh,
-            base.replace(multi_item_scoring_delimiter=DELIMITER),
-            MODEL,
-        ),
-        "packed_reference": ScoringEngine(
-            loaded.model,
-            loaded.params,
-            mesh,
-            base.replace(multi_item_scoring_delimiter=DELIMITER, layout="packed_reference"),
-            MODEL,
-        ),
+        name: ScoringEngine(loaded.model, loaded.params, mesh, settings, MODEL)
+        for name, settings in variants.items()
     }
     peak = matmul_peak_flops()
     rows = []
@@ -117,8 +82,13 @@ def run(items: list[int], query_len: int, item_len: int, repeats: int, hf: bool)
         scores = {}
         for name, engine in engines.items():
             reps = 1 if name != "shared_prefix" and n >= 100 else repeats
-            row[name] = timed(lambda e=engine, w=work: e.score_batch([w]), reps)
+            before = engine.stats()
+            row[name] = timed_steady(engine, work, reps)
             scores[name] = engine.score_batch([work])[0]
+            if name == "shared_prefix":
+                after = engine.stats()
+                computed = after["computed_tokens"] - before["computed_tokens"]
+                row["padding"] = computed / (after["useful_tokens"] - before["useful_tokens"])
         if hf:
             score = hf_scorer(work)
             row["transformers"] = timed(score, 1 if n >= 100 else repeats)
@@ -131,12 +101,12 @@ def run(items: list[int], query_len: int, item_len: int, repeats: int, hf: bool)
     return rows
 
 
-NOTES_MARKER = "<!-- analysis: kept across runs -->"
 HEADER = (
     "| items | single-item s | shared-prefix s | packed-reference s | transformers s "
     "| speed-up vs single | speed-up vs transformers | reference speed-up "
-    "| model FLOP/s / peak | max abs diff multi vs single | max abs diff vs transformers |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| model FLOP/s / peak | padding | max abs diff multi vs single "
+    "| max abs diff vs transformers |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
@@ -156,6 +126,7 @@ def format_row(r: dict) -> str:
         "-" if hf is None else f"{hf / r['shared_prefix']:.1f}x",
         f"{r['single'] / r['packed_reference']:.1f}x",
         f"{100 * r['mfu']:.0f}%",
+        _cell(r.get("padding"), ".2f"),
         _cell(r["parity"], ".1e"),
         _cell(r.get("hf_diff"), ".1e"),
     ]
@@ -163,36 +134,31 @@ def format_row(r: dict) -> str:
 
 
 def write_report(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
+    """Replace this benchmark's section of ``path``, keeping every other section."""
     machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     lines = [
-        "# Benchmarks",
-        "",
-        "Written by `make bench` (`python -m loadtest.bench_engine`); every figure in a table",
-        "comes from one run, side by side, so ratios are comparable while absolute times on a",
-        "shared machine are noisy.",
-        "",
-        f"## Multi-item scoring, {MODEL} (GGUF Q4_1 dequantized to float32), CPU",
+        "Engine only (no HTTP), `make bench` (`python -m loadtest.bench_engine`), with the",
+        f"replica settings of `serve_config.yaml`; {MODEL} (GGUF Q4_1 dequantized to float32).",
         "",
         f"- machine: {machine}, jax {jax.__version__} on {jax.devices()[0].platform}",
         f"- request: {args.query_tokens}-token query, {args.item_tokens}-token items, "
-        f"{len(LABELS)} labels; median of {args.repeats} runs after a warm-up "
-        "(1 run for the slow single-item cases at >= 100 items)",
+        f"{len(LABELS)} labels; median of {args.repeats} runs once the request's own signature "
+        "is compiled (1 run for the slow single-item cases at >= 100 items)",
         "- measured float32 matmul peak (XLA, best of 512..2048 square): "
         f"{rows[0]['peak'] / 1e9:.0f} GFLOP/s",
         "- model FLOP/s: analytic FLOPs of the useful (unpadded) multi-item work divided by the",
-        "  shared-prefix time; transformers: fp32, batched rows, `logits_to_keep=1`",
+        "  shared-prefix time; padding: tokens computed / useful tokens of the shared-prefix",
+        "  layout; transformers: fp32, batched rows, `logits_to_keep=1`",
         "",
         HEADER,
         *(format_row(r) for r in rows),
-        "",
     ]
-    kept = path.read_text().partition(NOTES_MARKER) if path.exists() else ("", "", "")
-    path.write_text("\n".join(lines) + (kept[1] + kept[2] if kept[1] else ""))
+    write_section(path, SECTION, "\n".join(lines))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", default="1,10,100,128")
+    parser.add_argument("--items", default="1,10,100")
     parser.add_argument("--query-tokens", type=int, default=300)
     parser.add_argument("--item-tokens", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)

@@ -37,6 +37,8 @@ class ScoringLimits:
 
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
+    # The longest query, item or single-item row one step holds.
+    max_row_tokens: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
 
     def __post_init__(self) -> None:
         if self.max_items_per_request < 1:
@@ -88,9 +90,10 @@ def check_limits(work: ScoreWork, limits: ScoringLimits, multi_item: bool) -> No
             f"{work.num_items} items exceed max_items_per_request={limits.max_items_per_request}",
         )
     item_lens = [len(item) for item in work.item_ids]
+    shared = multi_item and not work.item_first
     length = (
         packed_length(len(work.query_ids), item_lens)
-        if multi_item and not work.item_first
+        if shared
         else longest_row(len(work.query_ids), item_lens)
     )
     if length > limits.max_multi_item_seq_len:
@@ -98,4 +101,12 @@ def check_limits(work: ScoreWork, limits: ScoringLimits, multi_item: bool) -> No
             "sequence_too_long",
             f"sequence length {length} exceeds max_multi_item_seq_len="
             f"{limits.max_multi_item_seq_len}",
+        )
+    row = max([len(work.query_ids), *item_lens]) if shared else length
+    if row > limits.max_row_tokens:
+        what = "query or item" if shared else "query + item row"
+        raise ScoringLimitError(
+            "sequence_too_long",
+            f"a {what} of {row} tokens exceeds the longest row a step holds "
+            f"({limits.max_row_tokens} tokens)",
         )

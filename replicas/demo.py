@@ -32,12 +32,12 @@ def next_token_logprobs(
     positions = jnp.arange(length, dtype=jnp.int32)[None]  # [1, T]
     mask = jnp.tril(jnp.ones((length, length), bool))[None]  # [1, T, T] causal
     model = loaded.model
-    hidden, _ = jax.jit(model.hidden_states)(
+    hidden = jax.jit(model.hidden_states)(
         loaded.params, tokens, positions, AttentionSpec(mask=mask)
     )  # [1, T, D]
-    labels = jnp.asarray([candidate_ids], jnp.int32)  # [1, C]
-    logprobs = model.label_logprobs(loaded.params, hidden[:, -1:], labels)  # [1, 1, C]
-    return np.asarray(logprobs[0, 0])
+    labels = jnp.asarray(candidate_ids, jnp.int32)  # [C]
+    logprobs = model.label_logprobs(loaded.params, hidden[0, -1], labels)  # [C]
+    return np.asarray(logprobs)
 
 
 def rank_candidates(

@@ -162,12 +162,16 @@ class ScoringReplica:
         return self._engine.info
 
     def stats(self) -> dict[str, Any]:
+        """Replica counters plus the engine's (compiles by source, steps, tokens computed
+        vs useful, engine seconds, query cache) when it reports them."""
+        engine_stats = getattr(self._engine, "stats", None)
         return {
             "requests": self._requests,
             "works": self._works,
             "batches": self._batches,
             "largest_batch": self._largest_batch,
             "compile_count": self._engine.compile_count,
+            **(engine_stats() if callable(engine_stats) else {}),
             "max_batch_size": self._settings.max_batch_size,
             "batch_wait_timeout_s": self._settings.batch_wait_timeout_s,
         }

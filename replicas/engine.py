@@ -1,16 +1,19 @@
 """The scoring engine: token-id work in, label log-probabilities out.
 
-Groups work by layout and bucket, packs it into static shapes, runs one jitted step per
-group on the mesh, and returns only ``[items, labels]`` float32 per request. Every bucket
-compiles once (ahead of time, counted); a persistent cache makes restarts fast.
+It validates work, hands multi-item work to its layout (shared-prefix or packed reference)
+and everything else to the single-item layout, and implements what layouts need to run
+(``layouts.runner.Runner``): compiled steps by signature (``compiler.StepCompiler``, with
+covering look-ups and background compiles), the query cache, arguments placed on the mesh,
+and counters. Returns one float32 ``[items, labels]`` array per work.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Iterator, Sequence
-from functools import partial
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,22 +21,17 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
-from cluster.sharding import named_sharding, replicated
-from replicas.contract import ModelInfo, ScoreWork, check_limits, packed_length
+from cluster.sharding import replicated
+from replicas.compiler import StepCompiler
+from replicas.contract import ModelInfo, ScoreWork, check_limits
+from replicas.layouts.packed_reference import PackedReferenceLayout
+from replicas.layouts.shared_prefix import SharedPrefixLayout
+from replicas.layouts.single_item import SingleItemLayout
 from replicas.model import CausalLM, Params
-from replicas.packing import (
-    Buckets,
-    DenseBatch,
-    PrefixBatch,
-    bucket_for,
-    pack_reference,
-    pack_shared_prefix,
-    pack_single_item,
-    single_item_row,
-    unpack,
-)
+from replicas.query_cache import QueryCache
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
-from replicas.steps import dense_step, shared_prefix_step
+
+RECORD_FILE = "scorejax-signatures.json"
 
 
 class ScoringInputError(ValueError):
@@ -52,13 +50,8 @@ def configure_compilation_cache(directory: str | None) -> None:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
 
 
-def _chunks(values: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
-    for start in range(0, len(values), size):
-        yield values[start : start + size]
-
-
 class ScoringEngine:
-    """Owns model parameters on a mesh and the compiled steps for each bucket."""
+    """Owns model parameters on a mesh, the layouts, their compiled steps and the cache."""
 
     def __init__(
         self,
@@ -69,21 +62,28 @@ class ScoringEngine:
         name: str,
     ) -> None:
         vocab = model.config.vocab_size
-        delimiter = settings.multi_item_scoring_delimiter
         check_delimiter_in_vocab(settings, vocab, name)
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
-        self._buckets = Buckets(
-            tokens=settings.token_buckets,
-            item_lengths=settings.item_length_buckets,
-            items=settings.item_buckets,
-            batch=settings.batch_buckets,
-            rows=settings.row_buckets,
+        self._info = ModelInfo(name, vocab, settings.multi_item_scoring_delimiter, settings.limits)
+        self._replicated = replicated(mesh)
+        self._cache = QueryCache(settings.query_cache_bytes)
+        self._lock = threading.Lock()  # one score_batch at a time
+        self._counters = {"steps": 0, "computed_tokens": 0, "useful_tokens": 0}
+        self._engine_seconds = 0.0
+        self._single = SingleItemLayout(model, self)
+        self._multi = (
+            PackedReferenceLayout(model, self)
+            if settings.layout == "packed_reference"
+            else SharedPrefixLayout(model, self)
         )
-        self._info = ModelInfo(name, vocab, delimiter, settings.limits)
-        self._executables: dict[tuple[Any, ...], Any] = {}
-        self._lock = threading.Lock()
-        self._dense = jax.jit(partial(dense_step, model), out_shardings=replicated(mesh))
-        self._prefix = jax.jit(partial(shared_prefix_step, model), out_shardings=replicated(mesh))
+        owners = {kind: layout for layout in (self._single, self._multi) for kind in layout.kinds}
+        directory = settings.compilation_cache_dir
+        self._compiler = StepCompiler(
+            lambda kind, dims: owners[kind].compile(kind, dims),
+            {kind: layout.kinds[kind] for kind, layout in owners.items()},
+            background=settings.background_compile,
+            record=Path(directory) / RECORD_FILE if directory else None,
+        )
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings) -> ScoringEngine:
@@ -102,13 +102,25 @@ class ScoringEngine:
         return self._info
 
     @property
-    def settings(self) -> ReplicaSettings:
-        return self._settings
-
-    @property
     def compile_count(self) -> int:
-        """Executables compiled so far; a bucket never compiles twice."""
-        return len(self._executables)
+        """Executables compiled so far; a signature never compiles twice."""
+        return len(self._compiler)
+
+    def stats(self) -> dict[str, Any]:
+        counts = self._compiler.counts
+        return {
+            "compile_count": self.compile_count,
+            "warmup_compiles": counts["warmup"],
+            "request_path_compiles": counts["request_path"],
+            "background_compiles": counts["background"],
+            "background_pending": self._compiler.pending,
+            **self._counters,
+            "engine_seconds": round(self._engine_seconds, 6),
+            **self._cache.stats(),
+        }
+
+    def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
+        return self._compiler.wait_idle(timeout_s)
 
     # -- validation ---------------------------------------------------------------------
 
@@ -137,11 +149,8 @@ class ScoringEngine:
 
     # -- scoring ------------------------------------------------------------------------
 
-    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
-        """One float32 ``[items, labels]`` log-prob array per work, in order."""
-        for work in works:
-            self.validate(work)
-        results = [np.zeros((w.num_items, len(w.label_ids)), np.float32) for w in works]
+    def _route(self, works: Sequence[ScoreWork]) -> tuple[list[int], list[tuple[int, int]]]:
+        """Works for the multi-item layout, and (work, item) rows for the single-item one."""
         multi = [i for i, w in enumerate(works) if self.uses_multi_item(w) and w.num_items]
         pairs = [
             (i, j)
@@ -149,101 +158,97 @@ class ScoringEngine:
             if not self.uses_multi_item(w)
             for j in range(w.num_items)
         ]
-        self._score_multi(works, multi, results)
-        self._score_single(works, pairs, results)
+        return multi, pairs
+
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
+        """One float32 ``[items, labels]`` log-prob array per work, in order."""
+        for work in works:
+            self.validate(work)
+        results = [np.zeros((w.num_items, len(w.label_ids)), np.float32) for w in works]
+        multi, pairs = self._route(works)
+        with self._lock:
+            start = time.perf_counter()
+            try:
+                if multi:
+                    self._multi.score(works, multi, results)
+                if pairs:
+                    self._single.score(works, pairs, results)
+            finally:
+                self._engine_seconds += time.perf_counter() - start
         return results
 
-    def _score_single(
-        self, works: Sequence[ScoreWork], pairs: list[tuple[int, int]], results: list
-    ) -> None:
-        pairs = sorted(pairs, key=lambda p: len(single_item_row(works[p[0]], p[1])))
-        for chunk in _chunks(pairs, self._buckets.rows[-1]):
-            batch = pack_single_item(works, chunk, self._buckets)
-            unpack(self._run_dense(batch), batch.slots, works, results)
-
-    def _multi_signature(self, work: ScoreWork) -> tuple[int, ...]:
-        b = self._buckets
-        if self._settings.layout == "packed_reference":
-            length = packed_length(len(work.query_ids), [len(i) for i in work.item_ids])
-            return (bucket_for(length, b.tokens, "tokens"),)
-        longest_item = max(len(i) for i in work.item_ids)
-        return (
-            bucket_for(len(work.query_ids), b.tokens, "tokens"),
-            bucket_for(work.num_items, b.items, "items"),
-            bucket_for(longest_item, b.item_lengths, "item_lengths"),
-        )
-
-    def _score_multi(self, works: Sequence[ScoreWork], indices: list[int], results: list) -> None:
-        def signature(i: int) -> tuple[int, ...]:
-            return self._multi_signature(works[i])
-
-        for _, group in itertools.groupby(sorted(indices, key=signature), key=signature):
-            for chunk in _chunks(list(group), self._buckets.batch[-1]):
-                if self._settings.layout == "packed_reference":
-                    delimiter = self._settings.multi_item_scoring_delimiter
-                    dense = pack_reference(works, chunk, delimiter, self._buckets)
-                    unpack(self._run_dense(dense), dense.slots, works, results)
-                else:
-                    prefix = pack_shared_prefix(works, chunk, self._buckets)
-                    unpack(self._run_prefix(prefix), prefix.slots, works, results)
-
-    # -- compiled steps -----------------------------------------------------------------
-
-    def _run_dense(self, batch: DenseBatch) -> np.ndarray:
-        arrays = (batch.tokens, batch.positions, batch.segments, batch.score_index, batch.labels)
-        axes = (("batch", "seq"), ("batch", "seq"), None, None, None)
-        return self._run("dense", self._dense, arrays, axes)
-
-    def _run_prefix(self, batch: PrefixBatch) -> np.ndarray:
-        arrays = (
-            batch.query_tokens,
-            batch.query_lengths,
-            batch.item_tokens,
-            batch.item_lengths,
-            batch.labels,
-        )
-        axes = (("batch", "seq"), None, ("batch", None, "seq"), None, None)
-        return self._run("prefix", self._prefix, arrays, axes)
-
-    def _sharding(self, axes: tuple[str | None, ...] | None, shape: tuple[int, ...]) -> Any:
-        """Token arrays split on the batch axis; masks' metadata replicated."""
-        if axes is None:
-            return replicated(self._mesh)
-        return named_sharding(axes, shape, self._mesh)
-
-    def _run(
-        self,
-        kind: str,
-        step: Any,
-        arrays: tuple[np.ndarray, ...],
-        axes: tuple[tuple[str | None, ...] | None, ...],
-    ) -> np.ndarray:
-        shardings = [self._sharding(a, x.shape) for a, x in zip(axes, arrays, strict=True)]
-        key = (kind, *((x.shape, x.dtype.str) for x in arrays))
-        with self._lock:
-            executable = self._executables.get(key)
-            if executable is None:
-                specs = [
-                    jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-                    for x, s in zip(arrays, shardings, strict=True)
-                ]
-                executable = step.lower(self._params, *specs).compile()
-                self._executables[key] = executable
-            placed = [jax.device_put(x, s) for x, s in zip(arrays, shardings, strict=True)]
-            return np.asarray(executable(self._params, *placed))
-
     def warmup(self, shapes: Sequence[tuple[int, int, int, int]] | None = None) -> int:
-        """Score synthetic work of each (query_tokens, items, item_tokens, labels) shape, once
-        per ``warmup_batch_sizes`` entry, through the real packing path; returns new compiles.
-        """
+        """Compile every recorded signature, then every signature that synthetic work of each
+        (query_tokens, items, item_tokens, labels) shape would run, once per
+        ``warmup_batch_sizes`` entry (multi-item mode: also its ``item_first`` form). Nothing
+        is scored; returns how many executables were compiled."""
         before = self.compile_count
+        self._compiler.replay_record()
+        for work in self._warmup_works(shapes or self._settings.warmup_shapes):
+            for batch_size in self._settings.warmup_batch_sizes:
+                works = [work] * batch_size
+                multi, pairs = self._route(works)
+                planned = (self._multi.plan(works, multi) if multi else []) + (
+                    self._single.plan(works, pairs) if pairs else []
+                )
+                for kind, dims in planned:
+                    self._compiler.ensure(kind, dims, "warmup")
+        return self.compile_count - before
+
+    def _warmup_works(self, shapes: Sequence[tuple[int, int, int, int]]) -> list[ScoreWork]:
         token = 1 if self._settings.multi_item_scoring_delimiter != 1 else 2
-        for query_len, num_items, item_len, num_labels in shapes or self._settings.warmup_shapes:
+        works = []
+        for query_len, num_items, item_len, num_labels in shapes:
             work = ScoreWork(
                 query_ids=(token,) * query_len,
                 item_ids=((token,) * item_len,) * num_items,
                 label_ids=tuple(range(num_labels)),
             )
-            for batch_size in self._settings.warmup_batch_sizes:
-                self.score_batch([work] * batch_size)
-        return self.compile_count - before
+            works.append(work)
+            if self._settings.multi_item:
+                works.append(ScoreWork(work.query_ids, work.item_ids, work.label_ids, True))
+        return works
+
+    # -- Runner (what layouts call) -----------------------------------------------------
+
+    @property
+    def settings(self) -> ReplicaSettings:
+        return self._settings
+
+    @property
+    def cache(self) -> QueryCache:
+        return self._cache
+
+    @property
+    def replicated(self) -> Any:
+        return self._replicated
+
+    def spec(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
+
+    def lower(self, step: Callable[..., Any], specs: tuple[Any, ...]) -> Any:
+        return step.lower(self._params, *specs).compile()
+
+    def ensure(self, kind: str, dims: Any) -> None:
+        self._compiler.ensure(kind, dims)
+
+    def resolve(self, kind: str, dims: Any) -> Any:
+        return self._compiler.resolve(kind, dims)
+
+    def run_device(self, kind: str, dims: Any, args: tuple[Any, ...]) -> Any:
+        executable = self._compiler.executable(kind, dims)
+        placed = jax.tree.map(self._place, args)
+        self._counters["steps"] += 1
+        return executable(self._params, *placed)
+
+    def run(self, kind: str, dims: Any, args: tuple[Any, ...]) -> np.ndarray:
+        return np.asarray(self.run_device(kind, dims, args))
+
+    def count_tokens(self, computed: int, useful: int) -> None:
+        self._counters["computed_tokens"] += computed
+        self._counters["useful_tokens"] += useful
+
+    def _place(self, value: Any) -> Any:
+        if isinstance(value, np.ndarray):
+            return jax.device_put(value, self._replicated)
+        return value

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replicas.config import ModelConfig
+from replicas.masks import own_item_mask, window_blocks
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
@@ -89,36 +90,56 @@ def attend_dense(q: Array, k: Array, v: Array, mask: Array) -> Array:
     return _ungroup(jnp.einsum("bkgts,bskd->btkgd", probs, v))
 
 
-def attend_items(
+def attend_item_stream(
     q: Array,
     prefix_k: Array,
     prefix_v: Array,
-    prefix_visible: Array,
-    self_k: Array,
-    self_v: Array,
-    self_mask: Array,
+    prefix_valid: Array,
+    k: Array,
+    v: Array,
+    item_ids: Array,
+    window: int,
 ) -> Array:
-    """Item tokens read the shared prefix's keys plus their own item's keys, nothing else.
+    """Item tokens of a flat stream read the shared prefix and their own item, nothing else.
 
-    q: [B, N, L, H, Dh]; prefix_k/v: [B, T, K, Dh]; prefix_visible: [B, T] bool;
-    self_k/v: [B, N, L, K, Dh]; self_mask: [B, N, L, L] bool -> [B, N, L, H, Dh].
-    One softmax over the concatenated keys, so the result is exactly single-item attention.
+    q: [B, S, H, Dh]; prefix_k/v: [B, T, K, Dh]; prefix_valid: [B, T] bool; k, v:
+    [B, S, K, Dh] of the stream; item_ids: [B, S] int (-1 padding) -> [B, S, H, Dh].
+    Two partial attentions share one running max and are summed: the prefix part (no mask
+    beyond the query length) and the own-item part over blocks of ``window`` queries reading
+    their block and the one before (exact when no item is longer than ``window``).
     """
-    qg = _group(q, prefix_k.shape[-2])  # [B, N, L, K, G, Dh]
-    scale = q.shape[-1] ** -0.5
-    prefix_logits = jnp.einsum("bnlkgd,btkd->bnkglt", qg, prefix_k) * scale
-    self_logits = jnp.einsum("bnlkgd,bnmkd->bnkglm", qg, self_k) * scale
-    n, length = self_mask.shape[1], self_mask.shape[2]
-    prefix_mask = jnp.broadcast_to(
-        prefix_visible[:, None, None, :], (prefix_visible.shape[0], n, length, prefix_k.shape[1])
-    )
-    mask = jnp.concatenate([prefix_mask, self_mask], axis=-1)[:, :, None, None]
-    probs = _masked_softmax(
-        jnp.concatenate([prefix_logits, self_logits], axis=-1), mask, q.dtype
-    )  # [B, N, K, G, L, T + L]
-    prefix_probs, self_probs = jnp.split(probs, [prefix_k.shape[1]], axis=-1)
-    out = jnp.einsum("bnkglt,btkd->bnlkgd", prefix_probs, prefix_v)
-    out = out + jnp.einsum("bnkglm,bnmkd->bnlkgd", self_probs, self_v)
+    batch, length, _, head_dim = q.shape
+    kv_heads = k.shape[-2]
+    scale = head_dim**-0.5
+    qg = _group(q, kv_heads)  # [B, S, K, G, Dh]
+    prefix_logits = jnp.einsum("bskgd,btkd->bkgst", qg, prefix_k).astype(jnp.float32) * scale
+    prefix_logits = jnp.where(prefix_valid[:, None, None, None, :], prefix_logits, NEG_INF)
+    padded = -(-length // window) * window
+    pad = [(0, 0), (0, padded - length)]
+    qb = jnp.pad(qg, pad + [(0, 0)] * 3).reshape(batch, padded // window, window, *qg.shape[2:])
+    kw = window_blocks(jnp.pad(k, pad + [(0, 0)] * 2), window)  # [B, nb, C, K, Dh]
+    vw = window_blocks(jnp.pad(v, pad + [(0, 0)] * 2), window)
+    mask = own_item_mask(jnp.pad(item_ids, pad, constant_values=-1), window)  # [B, nb, W, C]
+    own_logits = jnp.einsum("bnwkgd,bnckd->bnkgwc", qb, kw).astype(jnp.float32) * scale
+    own_logits = jnp.where(mask[:, :, None, None], own_logits, NEG_INF)
+    # Running max of both parts, laid out like the prefix part: [B, K, G, S].
+    own_max = jnp.moveaxis(own_logits.max(-1), 1, 3).reshape(batch, kv_heads, -1, padded)
+    top = jnp.maximum(prefix_logits.max(-1), own_max[..., :length])
+    prefix_p = jnp.exp(prefix_logits - top[..., None])  # [B, K, G, S, T]
+    top_b = jnp.moveaxis(
+        jnp.pad(top, [(0, 0)] * 3 + [(0, padded - length)]).reshape(
+            batch, kv_heads, -1, padded // window, window
+        ),
+        3,
+        1,
+    )  # [B, nb, K, G, W]
+    own_p = jnp.exp(own_logits - top_b[..., None])  # [B, nb, K, G, W, C]
+    own_sum = jnp.moveaxis(own_p.sum(-1), 1, 3).reshape(batch, kv_heads, -1, padded)
+    total = prefix_p.sum(-1) + own_sum[..., :length]  # [B, K, G, S]
+    out = jnp.einsum("bkgst,btkd->bskgd", prefix_p.astype(v.dtype), prefix_v)
+    own_out = jnp.einsum("bnkgwc,bnckd->bnwkgd", own_p.astype(v.dtype), vw)
+    out = out + own_out.reshape(batch, padded, *own_out.shape[3:])[:, :length]
+    out = out / jnp.moveaxis(total, 3, 1)[..., None].astype(out.dtype)  # [B, S, K, G, Dh]
     return _ungroup(out)
 
 

@@ -1,7 +1,9 @@
 """Attention masks built from explicit lengths and per-token metadata, never from token ids.
 
 Every function works on jnp arrays inside a jitted step; tests compare them with literal
-matrices. ``True`` means "may attend".
+matrices. ``True`` means "may attend". Two families: dense rows (``segment_mask``: single-item
+rows and RFC-008's packed reference row) and the item stream's own-item part
+(``own_item_mask``: blocks of W stream tokens reading their block and the one before).
 
 Segment ids of a token row (``segments``): ``0`` query, ``i + 1`` item i, ``DELIMITER`` a
 delimiter, ``PAD`` padding. From them one rule gives every dense layout:
@@ -31,30 +33,25 @@ def segment_mask(segments: Array) -> Array:
     return (causal & readable & (seg_t != PAD)) | self_only
 
 
-def prefix_visible(query_lengths: Array, length: int) -> Array:
-    """[B] query lengths -> [B, T]: the prefix keys every item token reads."""
-    return jnp.arange(length)[None, :] < query_lengths[:, None]
+def window_blocks(x: Array, window: int, fill: int = 0) -> Array:
+    """[B, S', ...] in blocks of ``window`` -> [B, S'/W, 2W (W when one block), ...]: each
+    block with the block before it (``fill`` before the first)."""
+    batch, length = x.shape[:2]
+    blocks = x.reshape(batch, length // window, window, *x.shape[2:])
+    if blocks.shape[1] == 1:
+        return blocks
+    previous = jnp.concatenate([jnp.full_like(blocks[:, :1], fill), blocks[:, :-1]], axis=1)
+    return jnp.concatenate([previous, blocks], axis=2)
 
 
-def item_self_mask(item_lengths: Array, length: int) -> Array:
-    """[B, N] item lengths -> [B, N, L, L]: causal within the item, padding never read.
-
-    A padding row keeps only itself so its softmax stays finite.
+def own_item_mask(item_ids: Array, window: int) -> Array:
+    """[B, S'] item ids (-1 padding), S' a multiple of W -> [B, S'/W, W, 2W] (or [.., W, W]):
+    query i of block j may read window key c iff both are in the same item and c is not later.
     """
-    rows = jnp.arange(length)[:, None]  # [L, 1]
-    cols = jnp.arange(length)[None, :]  # [1, L]
-    valid_key = cols[None, None] < item_lengths[:, :, None, None]  # [B, N, 1, L]
-    return ((cols <= rows)[None, None] & valid_key) | (rows == cols)[None, None]
-
-
-def causal_positions(length: int) -> Array:
-    """[T] positions 0..T-1 of a prefix stream."""
-    return jnp.arange(length, dtype=jnp.int32)
-
-
-def item_positions(query_lengths: Array, num_items: int, length: int) -> Array:
-    """[B] query lengths -> [B, N, L]: item token k sits at position len(query) + k."""
-    offsets = jnp.arange(length, dtype=jnp.int32)[None, None, :]
-    return jnp.broadcast_to(
-        query_lengths[:, None, None] + offsets, (len(query_lengths), num_items, length)
-    )
+    batch, length = item_ids.shape
+    queries = item_ids.reshape(batch, length // window, window)  # [B, nb, W]
+    keys = window_blocks(jnp.where(item_ids < 0, -2, item_ids), window, fill=-2)  # [B, nb, W or 2W]
+    offset = keys.shape[-1] - window  # keys before the block
+    causal = jnp.arange(keys.shape[-1])[None, :] <= jnp.arange(window)[:, None] + offset
+    same = (queries[..., :, None] == keys[..., None, :]) & (queries[..., :, None] >= 0)
+    return same & causal

@@ -1,9 +1,10 @@
 """The causal LM: embeddings, a scanned stack of decoder layers, final norm, LM head.
 
-The forward pass takes token ids, explicit positions and an explicit attention
-specification. A spec is a dense mask over one token stream and, optionally, a second stream
-of items that read the first one as a shared prefix. Parameters are a plain pytree whose
-layer leaves are stacked on a leading ``layers`` axis, so the stack compiles once.
+Two forward passes: a dense one over token rows with an explicit mask (it also returns every
+layer's keys and values), and an item-stream one whose tokens read those keys and values as a
+shared prefix plus their own item (``ItemStreamSpec``). Positions are always explicit.
+Parameters are a plain pytree whose layer leaves are stacked on a leading ``layers`` axis, so
+the stack compiles once.
 """
 
 from __future__ import annotations
@@ -17,28 +18,26 @@ import jax
 import jax.numpy as jnp
 
 from replicas.config import ModelConfig
-from replicas.layers import MLP, Attention, RMSNorm, attend_dense, attend_items
+from replicas.layers import MLP, Attention, RMSNorm, attend_dense, attend_item_stream
 
 Array = jax.Array
 Params = dict[str, Any]
 
 
 @flax.struct.dataclass
-class ItemStream:
-    """Items that read a shared prefix (the main stream) and causally themselves."""
+class AttentionSpec:
+    """Who attends to whom in a dense row. ``mask[b, t, s]``: token t of row b may read s."""
 
-    tokens: Array  # [B, N, L] int32
-    positions: Array  # [B, N, L] int32
-    prefix_visible: Array  # [B, T] bool: main-stream keys every item token may read
-    self_mask: Array  # [B, N, L, L] bool: item token l may read token m of the same item
+    mask: Array  # [B, T, T] bool
 
 
 @flax.struct.dataclass
-class AttentionSpec:
-    """Who attends to whom. ``mask[b, t, s]``: token t of row b may read token s."""
+class ItemStreamSpec:
+    """A flat stream of item tokens behind shared prefixes (see layers.attend_item_stream)."""
 
-    mask: Array  # [B, T, T] bool
-    items: ItemStream | None = None
+    prefix_valid: Array  # [B, T] bool: prefix keys the stream may read
+    item_ids: Array  # [B, S] int32: item of each stream token, -1 for padding
+    window: int = flax.struct.field(pytree_node=False)  # longest item the step allows
 
 
 class DecoderLayer(nn.Module):
@@ -56,17 +55,26 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
     def __call__(
-        self, x: Array, positions: Array, spec: AttentionSpec, item_x: Array | None
-    ) -> tuple[Array, Array | None]:
-        """x: [B, T, D]; item_x: [B, N, L, D] or None -> the same shapes, one layer on."""
+        self, x: Array, positions: Array, spec: AttentionSpec
+    ) -> tuple[Array, Array, Array]:
+        """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh])."""
         q, k, v = self.attn.qkv(self.attn_norm(x), positions)
-        new_x = self._mlp_block(x + self.attn.out(attend_dense(q, k, v, spec.mask)))
-        if spec.items is None or item_x is None:
-            return new_x, None
-        items = spec.items
-        iq, ik, iv = self.attn.qkv(self.attn_norm(item_x), items.positions)
-        attended = attend_items(iq, k, v, items.prefix_visible, ik, iv, items.self_mask)
-        return new_x, self._mlp_block(item_x + self.attn.out(attended))
+        return self._mlp_block(x + self.attn.out(attend_dense(q, k, v, spec.mask))), k, v
+
+    def stream(
+        self,
+        x: Array,
+        positions: Array,
+        spec: ItemStreamSpec,
+        prefix_k: Array,
+        prefix_v: Array,
+    ) -> Array:
+        """x: [B, S, D] item stream reading prefix keys/values [B, T, K, Dh] -> [B, S, D]."""
+        q, k, v = self.attn.qkv(self.attn_norm(x), positions)
+        attended = attend_item_stream(
+            q, prefix_k, prefix_v, spec.prefix_valid, k, v, spec.item_ids, spec.window
+        )
+        return self._mlp_block(x + self.attn.out(attended))
 
 
 @dataclass(frozen=True)
@@ -89,7 +97,7 @@ class CausalLM:
         spec = AttentionSpec(mask=jnp.ones((1, 1, 1), bool))
 
         def init_layer(key: Array) -> Params:
-            return self.layer.init(key, x, pos, spec, None)["params"]
+            return self.layer.init(key, x, pos, spec)["params"]
 
         params: Params = {
             "embed": 0.02 * jax.random.normal(embed_rng, (c.vocab_size, c.hidden_size), self.dtype),
@@ -102,27 +110,56 @@ class CausalLM:
             )
         return params
 
-    def hidden_states(
+    def _embed(self, params: Params, tokens: Array) -> Array:
+        return jnp.take(params["embed"], tokens, axis=0).astype(self.dtype)
+
+    def _final_norm(self, params: Params, x: Array) -> Array:
+        norm = RMSNorm(self.config.rms_norm_eps, self.dtype)
+        return norm.apply({"params": params["final_norm"]}, x)
+
+    def hidden_and_kv(
         self, params: Params, tokens: Array, positions: Array, spec: AttentionSpec
-    ) -> tuple[Array, Array | None]:
-        """tokens, positions: [B, T] -> final-normed hidden [B, T, D], items [B, N, L, D]."""
-        embed = params["embed"]
-        x = jnp.take(embed, tokens, axis=0).astype(self.dtype)
-        item_x = None
-        if spec.items is not None:
-            item_x = jnp.take(embed, spec.items.tokens, axis=0).astype(self.dtype)
+    ) -> tuple[Array, Array, Array]:
+        """tokens, positions: [B, T] -> final-normed hidden [B, T, D] and every layer's
+        keys and values [layers, B, T, K, Dh] (what an item stream reads as its prefix)."""
         layer = self.layer
 
-        def step(carry: tuple[Array, Array | None], layer_params: Params) -> tuple[Any, None]:
-            h, ih = carry
-            return layer.apply({"params": layer_params}, h, positions, spec, ih), None
+        def step(h: Array, layer_params: Params) -> tuple[Array, tuple[Array, Array]]:
+            h, k, v = layer.apply({"params": layer_params}, h, positions, spec)
+            return h, (k, v)
 
-        (x, item_x), _ = jax.lax.scan(step, (x, item_x), params["layers"])
-        norm = RMSNorm(self.config.rms_norm_eps, self.dtype)
-        final = {"params": params["final_norm"]}
-        x = norm.apply(final, x)
-        item_x = None if item_x is None else norm.apply(final, item_x)
-        return x, item_x
+        x, (keys, values) = jax.lax.scan(step, self._embed(params, tokens), params["layers"])
+        return self._final_norm(params, x), keys, values
+
+    def hidden_states(
+        self, params: Params, tokens: Array, positions: Array, spec: AttentionSpec
+    ) -> Array:
+        """tokens, positions: [B, T] -> final-normed hidden states [B, T, D]."""
+        return self.hidden_and_kv(params, tokens, positions, spec)[0]
+
+    def stream_hidden(
+        self,
+        params: Params,
+        tokens: Array,
+        positions: Array,
+        spec: ItemStreamSpec,
+        prefix_k: Array,
+        prefix_v: Array,
+    ) -> Array:
+        """Item stream tokens, positions [B, S] behind prefix keys/values [layers, B, T, K, Dh]
+        -> final-normed hidden states [B, S, D]."""
+        layer = self.layer
+
+        def step(h: Array, scanned: tuple[Params, Array, Array]) -> tuple[Array, None]:
+            layer_params, k, v = scanned
+            out = layer.apply(
+                {"params": layer_params}, h, positions, spec, k, v, method=DecoderLayer.stream
+            )
+            return out, None
+
+        scanned = (params["layers"], prefix_k, prefix_v)
+        x, _ = jax.lax.scan(step, self._embed(params, tokens), scanned)
+        return self._final_norm(params, x)
 
     def logits(self, params: Params, hidden: Array) -> Array:
         """LM head for the given positions only: [..., D] -> [..., V] float32."""
@@ -135,7 +172,7 @@ class CausalLM:
     def label_logprobs(self, params: Params, hidden: Array, labels: Array) -> Array:
         """Full-vocabulary log-softmax, then the labels.
 
-        hidden: [B, K, D] (scoring positions only); labels: [B, C] -> [B, K, C] float32.
+        hidden: [..., D] (scoring positions only); labels: [..., C] -> [..., C] float32.
         """
-        logprobs = jax.nn.log_softmax(self.logits(params, hidden), axis=-1)  # [B, K, V]
-        return jnp.take_along_axis(logprobs, labels[:, None, :], axis=-1)
+        logprobs = jax.nn.log_softmax(self.logits(params, hidden), axis=-1)  # [..., V]
+        return jnp.take_along_axis(logprobs, labels, axis=-1)

@@ -19,11 +19,22 @@ from replicas.contract import (
 from replicas.sources import DEFAULT_MODEL
 
 LAYOUTS = ("shared_prefix", "packed_reference")
+MAX_ITEMS_PER_REQUEST = 4096
 DTYPES = ("float32", "bfloat16")
 
 
 class SettingsError(ValueError):
     """A replica setting is wrong; the message starts with the setting's name."""
+
+
+def bucket_ladder(low: int, high: int, ratio: float = 1.125, align: int = 16) -> tuple[int, ...]:
+    """Buckets from ``low`` to ``high``, each about ``ratio`` times the one before, multiples
+    of ``align`` (so any size pads by at most ~``ratio``, and few shapes exist)."""
+    ladder = [low]
+    while ladder[-1] < high:
+        grown = round(ladder[-1] * ratio / align) * align
+        ladder.append(min(max(grown, ladder[-1] + align), high))
+    return tuple(ladder)
 
 
 def _check_buckets(name: str, buckets: tuple[int, ...]) -> None:
@@ -45,54 +56,19 @@ class ReplicaSettings:
     mesh_shape: tuple[int, int] = (1, 1)  # (data, model)
     multi_item_scoring_delimiter: int | None = None
     layout: str = "shared_prefix"
-    # Lengths of single-item rows, shared prefixes and packed rows.
-    token_buckets: tuple[int, ...] = (
-        16,
-        32,
-        64,
-        128,
-        192,
-        256,
-        320,
-        384,
-        512,
-        768,
-        1024,
-        1536,
-        2048,
-        3072,
-        4096,
-        6144,
-        8192,
-    )
-    # Item lengths L of the shared-prefix layout ([N, L] behind each query).
-    item_length_buckets: tuple[int, ...] = (
-        1,
-        2,
-        4,
-        8,
-        12,
-        16,
-        24,
-        32,
-        48,
-        64,
-        96,
-        128,
-        192,
-        256,
-        384,
-        512,
-        1024,
-        2048,
-        4096,
-        8192,
-    )
-    # Items N per request: RFC-008's 8..128 plus steps between, so 100 items pad to 112, not 128.
-    item_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128)
-    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)  # requests per multi-item step
-    # Single-item rows per step.
-    row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 192, 256)
+    # Query (prefix) lengths T, and packed reference rows: a geometric ladder, ~1.125x apart.
+    token_buckets: tuple[int, ...] = bucket_ladder(16, 8192)
+    # Item-stream tokens S of a step: items end to end (single-item rows too).
+    item_token_buckets: tuple[int, ...] = bucket_ladder(16, 8192)
+    # Requests (or row units) per step.
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    # Items beyond this many stream tokens run in further steps behind the same query.
+    item_tokens_per_step: int = 2048
+    # Query cache (semantics 9): bytes of per-layer prefix keys/values kept, LRU; 0 = off.
+    query_cache_bytes: int = 256 * 1024 * 1024
+    # Serve an uncompiled signature on a covering compiled one while it compiles in the
+    # background; False compiles on the request path instead.
+    background_compile: bool = True
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
     max_batch_size: int = 16
@@ -116,38 +92,29 @@ class ReplicaSettings:
             raise SettingsError(
                 f"multi_item_scoring_delimiter: must be a token id >= 0, got {delimiter!r}"
             )
-        for name in (
-            "token_buckets",
-            "item_length_buckets",
-            "item_buckets",
-            "batch_buckets",
-            "row_buckets",
-        ):
+        for name in ("token_buckets", "item_token_buckets", "batch_buckets"):
             _check_buckets(name, getattr(self, name))
         self._check_limits()
 
     def _check_limits(self) -> None:
-        if self.max_items_per_request > self.item_buckets[-1]:
+        if not 1 <= self.max_items_per_request <= MAX_ITEMS_PER_REQUEST:
             raise SettingsError(
-                f"max_items_per_request: {self.max_items_per_request} exceeds the largest "
-                f"item bucket {self.item_buckets[-1]}"
+                f"max_items_per_request: must be in [1, {MAX_ITEMS_PER_REQUEST}], "
+                f"got {self.max_items_per_request}"
             )
-        if self.max_multi_item_seq_len > self.token_buckets[-1]:
+        if self.item_tokens_per_step < self.item_token_buckets[0]:
             raise SettingsError(
-                f"max_multi_item_seq_len: {self.max_multi_item_seq_len} exceeds the largest "
-                f"token bucket {self.token_buckets[-1]}"
+                f"item_tokens_per_step: must be >= the smallest item_token_buckets entry "
+                f"{self.item_token_buckets[0]}, got {self.item_tokens_per_step}"
             )
+        if self.query_cache_bytes < 0:
+            raise SettingsError(f"query_cache_bytes: must be >= 0, got {self.query_cache_bytes}")
         for shape in self.warmup_shapes:
             if len(shape) != 4 or any(int(n) < 0 for n in shape) or shape[0] < 1 or shape[3] < 1:
                 raise SettingsError(
                     "warmup_shapes: each entry is [query_tokens>=1, items, item_tokens, "
                     f"labels>=1], got {list(shape)}"
                 )
-        if self.max_multi_item_seq_len > self.item_length_buckets[-1]:
-            raise SettingsError(
-                f"item_length_buckets: the largest bucket {self.item_length_buckets[-1]} must "
-                f"cover max_multi_item_seq_len={self.max_multi_item_seq_len} (one long item)"
-            )
         if not self.warmup_batch_sizes or not all(
             1 <= b <= self.batch_buckets[-1] for b in self.warmup_batch_sizes
         ):
@@ -162,7 +129,7 @@ class ReplicaSettings:
                 f"batch_wait_timeout_s: must be >= 0, got {self.batch_wait_timeout_s}"
             )
         try:
-            ScoringLimits(self.max_items_per_request, self.max_multi_item_seq_len)
+            self.limits  # noqa: B018 (validates)
         except ValueError as error:
             raise SettingsError(str(error)) from error
 
@@ -172,7 +139,9 @@ class ReplicaSettings:
 
     @property
     def limits(self) -> ScoringLimits:
-        return ScoringLimits(self.max_items_per_request, self.max_multi_item_seq_len)
+        """The request limits; a query, an item or a single-item row is at most one bucket."""
+        longest = min(self.token_buckets[-1], self.item_token_buckets[-1])
+        return ScoringLimits(self.max_items_per_request, self.max_multi_item_seq_len, longest)
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ReplicaSettings:

@@ -123,7 +123,7 @@ def our_logprobs(
         valid = idx[None, :] < lengths[:, None]  # [B, T]
         mask = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # [B, T, T]
         positions = jnp.broadcast_to(idx, tokens.shape)
-        hidden, _ = model.hidden_states(params, tokens, positions, AttentionSpec(mask=mask))
+        hidden = model.hidden_states(params, tokens, positions, AttentionSpec(mask=mask))
         logits = model.logits(params, hidden)
         return jax.nn.log_softmax(logits, axis=-1) if log_softmax else logits
 

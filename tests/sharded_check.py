@@ -36,7 +36,7 @@ def logprobs(loaded: LoadedModel, tokens: jax.Array, lengths: jax.Array) -> np.n
         valid = idx[None, :] < lengths[:, None]  # [B, T]
         mask = (idx[None, :, None] >= idx[None, None, :]) & valid[:, None, :]  # [B, T, T]
         positions = jnp.broadcast_to(idx, tokens.shape)
-        hidden, _ = model.hidden_states(params, tokens, positions, AttentionSpec(mask=mask))
+        hidden = model.hidden_states(params, tokens, positions, AttentionSpec(mask=mask))
         return jax.nn.log_softmax(model.logits(params, hidden), axis=-1)
 
     return np.asarray(forward(loaded.params, tokens, lengths))

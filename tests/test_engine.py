@@ -16,10 +16,9 @@ VOCAB = 300
 DELIMITER = 0
 SMALL = {
     "token_buckets": (16, 32, 64, 128, 256, 512),
-    "item_buckets": (1, 4, 8, 128),
-    "item_length_buckets": (4, 8, 16, 512),
-    "row_buckets": (4, 16, 128),
+    "item_token_buckets": (16, 32, 64, 128, 512),
     "max_multi_item_seq_len": 512,
+    "background_compile": False,  # tests/test_engine_compiles.py covers background compiles
 }
 
 
@@ -154,21 +153,22 @@ def test_scores_do_not_depend_on_the_other_requests_in_the_step(engines):
 def test_same_bucket_never_compiles_twice(tiny):
     engine = make_engine(tiny, multi_item_scoring_delimiter=DELIMITER)
     engine.score_batch([work(11, query=20, item_lens=(3, 5, 2))])
-    compiled = engine.compile_count
-    # other item count (3 -> 4) and lengths inside the same (T=32, N=4, L=8) bucket
-    engine.score_batch([work(12, query=30, item_lens=(8, 1, 6, 7))])
+    compiled = engine.compile_count  # prefix T=32, items (B=1, T=32, S=16, W=8, C=4)
+    # other item count (3 -> 4) and lengths inside the same buckets: item count is no axis
+    engine.score_batch([work(12, query=30, item_lens=(8, 1, 6, 1))])
     assert engine.compile_count == compiled
-    engine.score_batch([work(13, query=40, item_lens=(3,))])  # T bucket 32 -> 64
-    assert engine.compile_count == compiled + 1
+    engine.score_batch([work(13, query=40, item_lens=(3,))])  # T 32 -> 64: prefix + items
+    assert engine.compile_count == compiled + 2
 
 
 def test_warmup_compiles_the_configured_shapes_so_traffic_does_not(tiny):
     engine = make_engine(
         tiny, multi_item_scoring_delimiter=DELIMITER, warmup_shapes=((20, 3, 6, 3),)
     )
-    assert engine.warmup() == 1
-    engine.score_batch([work(14, query=17, item_lens=(2, 5, 8))])
-    assert engine.compile_count == 1
+    assert engine.warmup() == 3  # prefix + items, and the item_first (single-item) step
+    engine.score_batch([work(14, query=17, item_lens=(5, 6, 7))])
+    engine.score_batch([work(14, query=17, item_lens=(5, 6, 7), item_first=True)])
+    assert engine.compile_count == 3
 
 
 def test_warmup_batch_sizes_compile_the_batch_buckets_concurrent_traffic_reaches(tiny):
@@ -179,10 +179,10 @@ def test_warmup_batch_sizes_compile_the_batch_buckets_concurrent_traffic_reaches
         batch_buckets=(1, 4),
         warmup_batch_sizes=(1, 4),
     )
-    assert engine.warmup() == 2
-    three = [work(s, query=17, item_lens=(2, 5, 8)) for s in (20, 21, 22)]
+    assert engine.warmup() == 5  # prefix; items and rows at B=1 and B=4
+    three = [work(s, query=17, item_lens=(5, 6, 7)) for s in (20, 21, 22)]
     engine.score_batch(three)  # three requests in one step: batch bucket 4
-    assert engine.compile_count == 2
+    assert engine.compile_count == 5
 
 
 def test_limits_raise_clear_errors(tiny):

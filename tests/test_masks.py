@@ -3,15 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.masks import (
-    DELIMITER,
-    PAD,
-    QUERY,
-    item_positions,
-    item_self_mask,
-    prefix_visible,
-    segment_mask,
-)
+from replicas.masks import DELIMITER, PAD, QUERY, own_item_mask, segment_mask, window_blocks
 
 
 def test_packed_reference_mask_is_shared_prefix_plus_block_diagonal_without_delimiters():
@@ -46,16 +38,32 @@ def test_single_item_rows_are_causal_with_padding():
     np.testing.assert_array_equal(np.asarray(segment_mask(segments)), expected)
 
 
-def test_item_self_mask_is_causal_per_item_and_keeps_padding_rows_finite():
-    mask = np.asarray(item_self_mask(jnp.array([[2, 0]]), 3))
-    np.testing.assert_array_equal(mask[0, 0], [[1, 0, 0], [1, 1, 0], [1, 1, 1]])
-    np.testing.assert_array_equal(mask[0, 1], np.eye(3, dtype=bool))
-
-
-def test_prefix_visibility_and_item_positions_continue_from_the_query():
+def test_window_blocks_pair_each_block_with_the_one_before():
+    x = jnp.arange(6)[None]  # one row, S' = 6, W = 2
     np.testing.assert_array_equal(
-        np.asarray(prefix_visible(jnp.array([2, 3]), 4)), [[1, 1, 0, 0], [1, 1, 1, 0]]
+        np.asarray(window_blocks(x, 2, fill=-9))[0], [[-9, -9, 0, 1], [0, 1, 2, 3], [2, 3, 4, 5]]
     )
-    positions = np.asarray(item_positions(jnp.array([5, 2]), 2, 3))
-    np.testing.assert_array_equal(positions[0], [[5, 6, 7], [5, 6, 7]])
-    np.testing.assert_array_equal(positions[1], [[2, 3, 4], [2, 3, 4]])
+    np.testing.assert_array_equal(np.asarray(window_blocks(x, 6))[0], [[0, 1, 2, 3, 4, 5]])
+
+
+def test_own_item_mask_is_causal_within_each_item_across_block_edges():
+    # stream: item0(3) item1(2) pad, in blocks of W = 3: [0 0 0] [1 1 -1]
+    mask = np.asarray(own_item_mask(jnp.array([[0, 0, 0, 1, 1, -1]]), 3))[0]  # [2, 3, 6]
+    first_block = [  # keys: 3 fill slots, then stream 0..2
+        [0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 1, 1, 1],
+    ]
+    second_block = [  # keys: stream 0..2 (item 0), then stream 3..5
+        [0, 0, 0, 1, 0, 0],  # item 1's first token: itself only, never item 0
+        [0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0],  # padding reads nothing (the prefix keeps its softmax finite)
+    ]
+    np.testing.assert_array_equal(mask, np.array([first_block, second_block], dtype=bool))
+
+
+def test_own_item_mask_reaches_into_the_previous_block_for_a_straddling_item():
+    # item0(1) item1(3) in blocks of W = 2: item 1 spans stream 1..3, across the block edge
+    mask = np.asarray(own_item_mask(jnp.array([[0, 1, 1, 1]]), 2))[0]  # [2, 2, 4]
+    np.testing.assert_array_equal(mask[1, 0], [0, 1, 1, 0])  # stream 2 reads stream 1 and 2
+    np.testing.assert_array_equal(mask[1, 1], [0, 1, 1, 1])  # stream 3 reads 1..3

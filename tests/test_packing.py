@@ -4,21 +4,15 @@ import numpy as np
 import pytest
 
 from replicas.contract import ScoreWork
-from replicas.masks import DELIMITER, PAD, QUERY
-from replicas.packing import (
-    BucketOverflowError,
-    Buckets,
-    bucket_for,
-    label_bucket,
-    pack_reference,
-    pack_shared_prefix,
-    pack_single_item,
-)
+from replicas.layouts.common import BucketOverflowError, bucket_for, label_bucket, step_capacity
+from replicas.layouts.packed_reference import split_rows
+from replicas.layouts.shared_prefix import chunk_items
+from replicas.layouts.single_item import pack_rows, single_item_row
+from replicas.layouts.stream import PrefixEntry, StreamDims, exact_dims, pack_stream, window_for
+from replicas.settings import ReplicaSettings, bucket_ladder
 
-BUCKETS = Buckets(
-    tokens=(8, 16), item_lengths=(1, 2, 4), items=(1, 2, 4), batch=(1, 2), rows=(2, 4)
-)
 WORK = ScoreWork(query_ids=(11, 12, 13), item_ids=((21, 22), (), (31,)), label_ids=(5, 6, 7))
+PREFIX = PrefixEntry(keys=np.zeros((1, 1, 4, 1, 1)), values=None, last=None, length=3)
 
 
 def test_bucket_for_picks_the_smallest_fitting_bucket_and_refuses_overflow():
@@ -29,37 +23,66 @@ def test_bucket_for_picks_the_smallest_fitting_bucket_and_refuses_overflow():
     assert [label_bucket(n) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8]
 
 
-def test_single_item_rows_join_query_and_item_and_score_the_last_token():
-    batch = pack_single_item([WORK], [(0, 0), (0, 1), (0, 2)], BUCKETS)
-    assert batch.tokens.shape == (4, 8)
-    np.testing.assert_array_equal(batch.tokens[0, :5], [11, 12, 13, 21, 22])
-    np.testing.assert_array_equal(batch.score_index[:3, 0], [4, 2, 3])
-    np.testing.assert_array_equal(batch.segments[1], [QUERY] * 3 + [PAD] * 5)
-    np.testing.assert_array_equal(batch.labels[0], [5, 6, 7, 0])
+def test_bucket_ladder_is_geometric_aligned_and_pads_little():
+    ladder = bucket_ladder(16, 8192)
+    assert ladder[:8] == (16, 32, 48, 64, 80, 96, 112, 128) and ladder[-1] == 8192
+    assert all(b % 16 == 0 for b in ladder)
+    worst = max(bucket_for(n, ladder, "t") / n for n in range(129, 8193))
+    assert worst <= 1.17
 
 
-def test_item_first_rows_put_the_item_before_the_query():
-    work = ScoreWork((11, 12), ((21, 22),), (5,), item_first=True)
-    batch = pack_single_item([work], [(0, 0)], BUCKETS)
-    np.testing.assert_array_equal(batch.tokens[0, :4], [21, 22, 11, 12])
+def test_item_stream_runs_items_end_to_end_with_positions_after_the_query():
+    (unit,) = chunk_items(WORK, 0, tokens_per_step=64)
+    dims = StreamDims(batch=2, prefix=4, tokens=8, window=4, labels=4)
+    batch = pack_stream([unit.__class__(unit.runs, unit.items, unit.offset, PREFIX)], [WORK], dims)
+    np.testing.assert_array_equal(batch.tokens, [[21, 22, 31, 0, 0, 0, 0, 0], [0] * 8])
+    np.testing.assert_array_equal(batch.positions[0], [3, 4, 3, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(batch.item_ids[0], [0, 0, 2, -1, -1, -1, -1, -1])
+    np.testing.assert_array_equal(batch.prefix_valid, [[1, 1, 1, 0], [0, 0, 0, 0]])
+    # Score rows: item 0 at stream 1, empty item 1 at the prefix's last hidden state
+    # (after the B * S stream states, slot 0), item 2 at stream 2.
+    np.testing.assert_array_equal(batch.rows[:3], [1, 2 * 8 + 0, 2])
+    assert batch.count == 3 and len(batch.rows) == 32  # one LM-head chunk
+    np.testing.assert_array_equal(batch.labels[:3], [[5, 6, 7, 0]] * 3)
+    assert batch.useful_tokens == 3 and len(batch.prefixes) == 2
 
 
-def test_reference_row_is_rfc008_format_with_positions_continuing_from_the_query():
-    batch = pack_reference([WORK], [0], delimiter=0, buckets=BUCKETS)
-    # query <d> 21 22 <d> (empty) <d> 31 <d>
-    np.testing.assert_array_equal(batch.tokens[0, :10], [11, 12, 13, 0, 21, 22, 0, 0, 31, 0])
-    d = DELIMITER
-    np.testing.assert_array_equal(batch.segments[0, :10], [0, 0, 0, d, 1, 1, d, d, 3, d])
-    np.testing.assert_array_equal(batch.positions[0, 4:6], [3, 4])
-    np.testing.assert_array_equal(batch.positions[0, 8], 3)
-    # last token of each item; the last query token for the empty item
-    np.testing.assert_array_equal(batch.score_index[0, :3], [5, 2, 8])
+def test_exact_dims_bucket_every_axis_and_window_covers_the_longest_item():
+    units = chunk_items(ScoreWork((1,) * 5, ((2,) * 9, (3,)), (1, 2, 3)), 0, 64)
+    dims = exact_dims(units, [ScoreWork((1,), (), (1, 2, 3))], 16, (1, 4), (8, 16, 32))
+    assert dims == StreamDims(batch=1, prefix=16, tokens=16, window=16, labels=4)
+    assert [window_for(n, 64) for n in (0, 1, 4, 5, 9, 200)] == [4, 4, 4, 8, 16, 64]
 
 
-def test_shared_prefix_batch_holds_the_query_once_and_items_as_a_batch():
-    batch = pack_shared_prefix([WORK], [0], BUCKETS)
-    assert batch.query_tokens.shape == (1, 8)
-    assert batch.item_tokens.shape == (1, 4, 2)
-    np.testing.assert_array_equal(batch.query_lengths, [3])
-    np.testing.assert_array_equal(batch.item_lengths[0], [2, 0, 1, 0])
-    np.testing.assert_array_equal(batch.item_tokens[0, 0], [21, 22])
+def test_many_items_are_chunked_behind_the_same_query_in_order():
+    work = ScoreWork((1, 2), tuple((5,) * 3 for _ in range(10)), (1,))
+    units = chunk_items(work, 7, tokens_per_step=8)
+    assert [u.runs for u in units] == [((7, 0, 2),), ((7, 2, 2),), ((7, 4, 2),), ((7, 6, 2),),
+                                       ((7, 8, 2),)]  # fmt: skip
+    assert all(u.offset == 2 for u in units)
+    long_item = ScoreWork((1,), ((5,) * 20, (6,)), (1,))
+    assert [len(u.items) for u in chunk_items(long_item, 0, 8)] == [1, 1]
+
+
+def test_chunks_fill_the_largest_bucket_within_the_step_budget():
+    settings = ReplicaSettings(item_token_buckets=(16, 48, 100, 4096), item_tokens_per_step=64)
+    assert step_capacity(settings) == 48
+
+
+def test_single_item_rows_pack_by_total_tokens_sorted_by_length():
+    works = [
+        ScoreWork((1, 2, 3), ((4,), (5, 6, 7)), (1,)),
+        ScoreWork((8,), ((9, 9),), (2,), item_first=True),
+    ]
+    assert single_item_row(works[1], 0) == (9, 9, 8)
+    units = pack_rows(works, [(0, 0), (0, 1), (1, 0)], tokens_per_step=8)
+    assert [u.items for u in units] == [((9, 9, 8), (1, 2, 3, 4)), ((1, 2, 3, 5, 6, 7),)]
+    assert [u.runs for u in units] == [((1, 0, 1), (0, 0, 1)), ((0, 1, 1),)]
+    assert all(u.offset == 0 for u in units)
+
+
+def test_packed_reference_rows_split_when_longer_than_the_largest_bucket():
+    work = ScoreWork((1, 2), tuple((3,) * 4 for _ in range(5)), (1,))
+    # query + <d> + 5 * (item + <d>) = 2 + 1 + 25 = 28 > 16: rows of 2 items (2 + 1 + 10 = 13)
+    rows = split_rows(work, 0, max_length=16)
+    assert [(r.first, r.count) for r in rows] == [(0, 2), (2, 2), (4, 1)]

@@ -156,7 +156,7 @@ def test_bad_args_fail_naming_the_setting() -> None:
     with pytest.raises(SettingsError, match=r"^max_batch: unknown"):
         build_app({**app["args"], "max_batch": 4})
     with pytest.raises(SettingsError, match=r"^max_items_per_request"):
-        build_app({**app["args"], "max_items_per_request": 1000})
+        build_app({**app["args"], "max_items_per_request": 5000})
 
 
 def test_the_delimiter_is_a_special_token_ordinary_text_never_produces() -> None:

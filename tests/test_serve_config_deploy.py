@@ -41,10 +41,8 @@ def tiny_config(model_dir: Path) -> dict[str, Any]:
     app["args"].update(
         model=str(model_dir),
         token_buckets=[16, 64, 128],
-        item_length_buckets=[4, 16, 64, 128],
-        item_buckets=[1, 4, 8],
+        item_token_buckets=[16, 64, 128],
         batch_buckets=[1, 4],
-        row_buckets=[1, 4, 8],
         max_items_per_request=8,
         max_multi_item_seq_len=128,
         warmup_shapes=[[8, 1, 1, 4]],

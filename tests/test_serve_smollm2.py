@@ -25,10 +25,8 @@ def client(serve_cluster: ServeCluster) -> Iterator[httpx.Client]:  # noqa: F811
         model="SmolLM2-135M-Instruct",
         multi_item_scoring_delimiter=0,
         token_buckets=(16, 64, 256),
-        item_length_buckets=(4, 16, 64, 256),
-        item_buckets=(1, 4, 16),
+        item_token_buckets=(16, 64, 256),
         batch_buckets=(1, 4),
-        row_buckets=(1, 4, 16),
         max_items_per_request=16,
         max_multi_item_seq_len=256,
     )

@@ -1,0 +1,173 @@
+"""Compiled steps by signature: exact look-up, covering fallback, background compiles.
+
+A signature is a layout's frozen dims dataclass (``covers``, ``cost``, ``astuple``). After
+warm-up a request never waits for a compile when a compiled signature covers its own: it runs
+on the cheapest covering one while its exact signature compiles in a background thread, one
+at a time. Only a request that nothing compiled covers compiles on the request path, and
+that is counted (target 0). With a record file (in the persistent compilation cache's
+directory) every signature ever compiled is compiled again at the next start-up, where the
+persistent cache makes it a load, so padding stays converged across restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+
+class Dims(Protocol):
+    def covers(self, other: Any) -> bool: ...
+
+    def astuple(self) -> tuple[int, ...]: ...
+
+    @property
+    def cost(self) -> int: ...
+
+
+Key = tuple[str, Any]
+
+
+class StepCompiler:
+    """Executables keyed by ``(kind, dims)``; ``compile_fn(kind, dims)`` builds one."""
+
+    def __init__(
+        self,
+        compile_fn: Callable[[str, Any], Any],
+        dims_types: Mapping[str, type],
+        *,
+        background: bool = True,
+        record: Path | None = None,
+    ) -> None:
+        self._compile_fn = compile_fn
+        self._dims_types = dict(dims_types)
+        self._background = background
+        self._record = record
+        self._executables: dict[Key, Any] = {}
+        self._lock = threading.Condition()  # guards the dicts and counters
+        self._compile_lock = threading.RLock()  # one compile at a time (nested: same thread)
+        self._local = threading.local()  # the source a nested compile is counted under
+        self._queue: queue.Queue[Key] = queue.Queue()
+        self._pending: set[Key] = set()
+        self._worker: threading.Thread | None = None
+        self.counts = {"warmup": 0, "request_path": 0, "background": 0}
+
+    def __len__(self) -> int:
+        return len(self._executables)
+
+    def executable(self, kind: str, dims: Any) -> Any:
+        return self._executables[(kind, dims)]
+
+    @property
+    def pending(self) -> int:
+        """Background compiles queued or running."""
+        with self._lock:
+            return len(self._pending)
+
+    def ensure(self, kind: str, dims: Any, source: str | None = None) -> None:
+        """Compile ``(kind, dims)`` now unless it exists; ``source`` names the counter (a
+        compile nested in another one counts under the outer one's source)."""
+        key = (kind, dims)
+        with self._compile_lock:
+            if key in self._executables:
+                return
+            outer = getattr(self._local, "source", None)
+            source = source or outer or "request_path"
+            self._local.source = source
+            try:
+                executable = self._compile_fn(kind, dims)
+            finally:
+                self._local.source = outer
+            with self._lock:
+                self._executables[key] = executable
+                self.counts[source] += 1
+                self._pending.discard(key)
+                self._lock.notify_all()
+            self._remember(key)
+
+    def resolve(self, kind: str, dims: Any) -> Any:
+        """The signature to run ``dims`` on: itself if compiled, else the cheapest compiled
+        one covering it (compiling ``dims`` in the background), else ``dims`` compiled now."""
+        with self._lock:
+            if (kind, dims) in self._executables:
+                return dims
+            covers = [d for k, d in self._executables if k == kind and d.covers(dims)]
+        if covers and self._background:
+            self._schedule((kind, dims))
+            return min(covers, key=lambda d: d.cost)
+        self.ensure(kind, dims, "request_path")
+        return dims
+
+    def wait_idle(self, timeout_s: float = 600.0) -> bool:
+        """Block until no background compile is queued or running (tests, benchmarks)."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._pending, timeout_s)
+
+    def replay_record(self) -> int:
+        """Compile every signature the record lists (start-up); returns how many."""
+        before = len(self._executables)
+        for kind, dims in self._read_record():
+            self.ensure(kind, dims, "warmup")
+        return len(self._executables) - before
+
+    # -- background -------------------------------------------------------------------
+
+    def _schedule(self, key: Key) -> None:
+        with self._lock:
+            if key in self._pending:
+                return
+            self._pending.add(key)
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._work, name="scorejax-compiler", daemon=True
+                )
+                self._worker.start()
+        self._queue.put(key)
+
+    def _work(self) -> None:
+        while True:
+            kind, dims = self._queue.get()
+            try:
+                self.ensure(kind, dims, "background")
+            except Exception:  # a failed background compile must not kill the worker
+                logger.exception("background compile of %s %s failed", kind, dims)
+                with self._lock:
+                    self._pending.discard((kind, dims))
+                    self._lock.notify_all()
+
+    # -- record -------------------------------------------------------------------------
+
+    def _read_record(self) -> list[Key]:
+        if self._record is None or not self._record.exists():
+            return []
+        try:
+            entries = json.loads(self._record.read_text())
+            return [
+                (e["kind"], self._dims_types[e["kind"]](*e["dims"]))
+                for e in entries
+                if e.get("kind") in self._dims_types
+            ]
+        except (OSError, ValueError, TypeError, KeyError):
+            logger.warning("ignoring unreadable compile record %s", self._record)
+            return []
+
+    def _remember(self, key: Key) -> None:
+        if self._record is None:
+            return
+        entries = [{"kind": k, "dims": list(d.astuple())} for k, d in self._read_record()]
+        entry = {"kind": key[0], "dims": list(key[1].astuple())}
+        if entry in entries:
+            return
+        try:
+            self._record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._record.with_suffix(".tmp")
+            tmp.write_text(json.dumps([*entries, entry]))
+            tmp.replace(self._record)
+        except OSError:
+            logger.warning("cannot write compile record %s", self._record)

@@ -1,0 +1,172 @@
+"""The packed reference layout: RFC-008's ``query<d>item1<d>...itemN<d>`` as one dense row.
+
+A dense mask built from segment ids (``masks.segment_mask``: shared prefix + block diagonal,
+delimiters never read) over the whole row; O(T^2) attention, kept as the reference the
+shared-prefix layout is tested against. Work whose packed row is longer than the largest
+token bucket is split into several rows, each repeating the query (still exact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+
+from replicas.contract import ScoreWork, packed_length
+from replicas.layouts.common import (
+    BucketDims,
+    RowSlot,
+    bucket_for,
+    label_bucket,
+    labels_by_row,
+    score_capacity,
+    score_rows,
+    unpack,
+)
+from replicas.layouts.runner import Runner
+from replicas.masks import DELIMITER, PAD, QUERY, segment_mask
+from replicas.model import AttentionSpec, CausalLM, Params
+
+Array = jax.Array
+
+
+@dataclass(frozen=True, order=True)
+class DenseDims(BucketDims):
+    """The compiled shape of a dense step: rows R of T tokens, C labels."""
+
+    rows: int
+    tokens: int
+    labels: int
+
+    @property
+    def cost(self) -> int:
+        return self.rows * self.tokens * 64 + self.labels
+
+
+@dataclass(frozen=True)
+class PackedRow:
+    """Items [first, first + count) of works[work] packed behind its query."""
+
+    work: int
+    first: int
+    count: int
+
+
+def split_rows(work: ScoreWork, index: int, max_length: int) -> list[PackedRow]:
+    """Consecutive items per row so that every packed row fits ``max_length``."""
+    rows, first = [], 0
+    query = len(work.query_ids)
+    for n in range(1, work.num_items + 1):
+        lengths = [len(i) for i in work.item_ids[first:n]]
+        if n - 1 > first and packed_length(query, lengths) > max_length:
+            rows.append(PackedRow(index, first, n - 1 - first))
+            first = n - 1
+    rows.append(PackedRow(index, first, work.num_items - first))
+    return rows
+
+
+def _packed(work: ScoreWork, row: PackedRow, delimiter: int) -> tuple[list[int], ...]:
+    """tokens, positions, segments and score indices of ``query<d>item<d>...``."""
+    q = len(work.query_ids)
+    tokens, positions, segments = list(work.query_ids), list(range(q)), [QUERY] * q
+    scored = []
+    for i in range(row.first, row.first + row.count):
+        item = work.item_ids[i]
+        tokens += [delimiter, *item]
+        positions += [q, *range(q, q + len(item))]
+        segments += [DELIMITER] + [i + 1] * len(item)
+        scored.append(len(tokens) - 1 if item else q - 1)
+    tokens.append(delimiter)
+    positions.append(q)
+    segments.append(DELIMITER)
+    return tokens, positions, segments, scored
+
+
+def dense_step(
+    model: CausalLM,
+    params: Params,
+    tokens: Array,  # [R, T]
+    positions: Array,  # [R, T]
+    segments: Array,  # [R, T]
+    rows: Array,  # [Rs] indices into the flattened [R * T] hidden states
+    labels: Array,  # [Rs, C]
+    count: Array,  # []
+) -> Array:
+    hidden = model.hidden_states(params, tokens, positions, AttentionSpec(segment_mask(segments)))
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [R * T, D]
+    return score_rows(model, params, flat, rows, labels, count)
+
+
+class PackedReferenceLayout:
+    kinds: ClassVar[dict[str, type]] = {"dense": DenseDims}
+
+    def __init__(self, model: CausalLM, runner: Runner) -> None:
+        self._model = model
+        self._runner = runner
+
+    def compile(self, kind: str, dims: Any) -> Any:
+        r, t = dims.rows, dims.tokens
+        spec, rows = self._runner.spec, score_capacity(r * t)
+        specs = (
+            spec((r, t), np.int32),
+            spec((r, t), np.int32),
+            spec((r, t), np.int32),
+            spec((rows,), np.int32),
+            spec((rows, dims.labels), np.int32),
+            spec((), np.int32),
+        )
+        return self._runner.lower(jax.jit(partial(dense_step, self._model)), specs)
+
+    def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
+        """The exact signatures ``score`` would run (warm-up compiles these)."""
+        return [("dense", dims) for dims, _, _ in self._steps(works, indices)]
+
+    def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
+        for exact, rows, packed in self._steps(works, indices):
+            dims = self._runner.resolve("dense", exact)
+            self._run_step(works, rows, packed, dims, results)
+
+    def _steps(
+        self, works: Sequence[ScoreWork], indices: Sequence[int]
+    ) -> Iterator[tuple[DenseDims, list[PackedRow], list[tuple[list[int], ...]]]]:
+        settings = self._runner.settings
+        delimiter = settings.multi_item_scoring_delimiter
+        rows = [r for i in indices for r in split_rows(works[i], i, settings.token_buckets[-1])]
+        per_step = settings.batch_buckets[-1]
+        for start in range(0, len(rows), per_step):
+            step_rows = rows[start : start + per_step]
+            packed = [_packed(works[r.work], r, delimiter) for r in step_rows]
+            dims = DenseDims(
+                bucket_for(len(step_rows), settings.batch_buckets, "batch_buckets"),
+                bucket_for(max(len(p[0]) for p in packed), settings.token_buckets, "token_buckets"),
+                label_bucket(max(len(works[r.work].label_ids) for r in step_rows)),
+            )
+            yield dims, step_rows, packed
+
+    def _run_step(
+        self,
+        works: Sequence[ScoreWork],
+        rows: list[PackedRow],
+        packed: list[tuple[list[int], ...]],
+        dims: DenseDims,
+        results: list,
+    ) -> None:
+        tokens = np.zeros((dims.rows, dims.tokens), np.int32)
+        positions = np.zeros_like(tokens)
+        segments = np.full_like(tokens, PAD)
+        index = np.zeros((score_capacity(dims.rows * dims.tokens),), np.int32)
+        slots, cursor = [], 0
+        for r, (row, (tok, pos, seg, scored)) in enumerate(zip(rows, packed, strict=True)):
+            tokens[r, : len(tok)], positions[r, : len(pos)], segments[r, : len(seg)] = tok, pos, seg
+            index[cursor : cursor + len(scored)] = np.asarray(scored) + r * dims.tokens
+            slots.append(RowSlot(row.work, row.first, row.count, cursor))
+            cursor += len(scored)
+        labels = labels_by_row(works, slots, (len(index), dims.labels))
+        useful = sum(len(p[0]) for p in packed)
+        self._runner.count_tokens(dims.rows * dims.tokens, useful)
+        args = (tokens, positions, segments, index, labels, np.asarray(cursor, np.int32))
+        unpack(self._runner.run("dense", dims, args), slots, works, results)

@@ -1,0 +1,48 @@
+"""What a layout needs from the engine that runs it (the engine implements this)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from replicas.query_cache import QueryCache
+from replicas.settings import ReplicaSettings
+
+
+class Runner(Protocol):
+    @property
+    def settings(self) -> ReplicaSettings: ...
+
+    @property
+    def cache(self) -> QueryCache: ...
+
+    @property
+    def replicated(self) -> Any: ...
+
+    def spec(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """An abstract argument of ``shape``, replicated on the mesh."""
+        ...
+
+    def lower(self, step: Callable[..., Any], specs: tuple[Any, ...]) -> Any:
+        """Compile ``step(params, *specs)`` ahead of time."""
+        ...
+
+    def ensure(self, kind: str, dims: Any) -> None:
+        """Compile ``(kind, dims)`` now if it is not compiled yet."""
+        ...
+
+    def resolve(self, kind: str, dims: Any) -> Any:
+        """The compiled signature to run ``dims`` on (itself or one covering it)."""
+        ...
+
+    def run(self, kind: str, dims: Any, args: tuple[Any, ...]) -> np.ndarray:
+        """Run the executable on host/device arguments; its output as a NumPy array."""
+        ...
+
+    def run_device(self, kind: str, dims: Any, args: tuple[Any, ...]) -> Any:
+        """Run the executable; its outputs stay on device."""
+        ...
+
+    def count_tokens(self, computed: int, useful: int) -> None: ...

@@ -1,0 +1,150 @@
+"""The shared-prefix layout (default multi-item): the query once, items as a flat stream.
+
+A request's query runs once through ``prefix_step`` (or comes from the query cache) and its
+items run behind it as an item stream (``stream.stream_step``). Items beyond what one step
+holds (``item_tokens_per_step``) run in further steps behind the same prefix, computed once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+import jax
+import numpy as np
+
+from replicas.contract import ScoreWork
+from replicas.layouts.common import BucketDims, bucket_for, step_capacity, unpack
+from replicas.layouts.runner import Runner
+from replicas.layouts.stream import (
+    PrefixEntry,
+    StreamDims,
+    StreamUnit,
+    batch_arguments,
+    exact_dims,
+    pack_stream,
+    prefix_step,
+    stream_specs,
+    stream_step,
+)
+from replicas.model import CausalLM
+
+
+@dataclass(frozen=True, order=True)
+class PrefixDims(BucketDims):
+    """The compiled shape of a prefix step: one query of ``tokens`` (padded) tokens."""
+
+    tokens: int
+
+    @property
+    def cost(self) -> int:
+        return self.tokens
+
+
+def chunk_items(work: ScoreWork, index: int, tokens_per_step: int) -> list[StreamUnit]:
+    """Consecutive items of one work, each unit at most ``tokens_per_step`` slots (a longer
+    single item gets a unit of its own)."""
+    units: list[StreamUnit] = []
+    start, size = 0, 0
+    for n, item in enumerate(work.item_ids):
+        cost = max(len(item), 1)
+        if n > start and size + cost > tokens_per_step:
+            units.append(_unit(work, index, start, n))
+            start, size = n, 0
+        size += cost
+    units.append(_unit(work, index, start, work.num_items))
+    return units
+
+
+def _unit(work: ScoreWork, index: int, start: int, end: int) -> StreamUnit:
+    items = work.item_ids[start:end]
+    return StreamUnit(((index, start, end - start),), items, offset=len(work.query_ids))
+
+
+class SharedPrefixLayout:
+    """Packs, runs and unpacks multi-item work through prefix + item-stream steps."""
+
+    kinds: ClassVar[dict[str, type]] = {"prefix": PrefixDims, "items": StreamDims}
+
+    def __init__(self, model: CausalLM, runner: Runner) -> None:
+        self._model = model
+        self._runner = runner
+
+    # -- compiling ----------------------------------------------------------------------
+
+    def compile(self, kind: str, dims: Any) -> Any:
+        runner = self._runner
+        if kind == "prefix":
+            step = jax.jit(partial(prefix_step, self._model), out_shardings=runner.replicated)
+            specs = (runner.spec((1, dims.tokens), np.int32), runner.spec((1,), np.int32))
+            return runner.lower(step, specs)
+        runner.ensure("prefix", PrefixDims(dims.prefix))
+        step = jax.jit(partial(stream_step, self._model, dims.window))
+        return runner.lower(step, stream_specs(self._model, runner.spec, dims))
+
+    # -- scoring ------------------------------------------------------------------------
+
+    def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
+        """The exact signatures ``score`` would run (warm-up compiles these)."""
+        return [("items", dims) for dims, _ in self._steps(works, indices)]
+
+    def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
+        prefixes: dict[tuple[Any, int], PrefixEntry] = {}
+        for exact, units in self._steps(works, indices):
+            dims = self._runner.resolve("items", exact)
+            units = [
+                dataclasses.replace(u, prefix=self._prefix(works[u.runs[0][0]], dims, prefixes))
+                for u in units
+            ]
+            batch = pack_stream(units, works, dims)
+            self._runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
+            outputs = self._runner.run("items", dims, batch_arguments(batch))
+            unpack(outputs, batch.slots, works, results)
+
+    def _steps(
+        self, works: Sequence[ScoreWork], indices: Sequence[int]
+    ) -> Iterator[tuple[StreamDims, list[StreamUnit]]]:
+        """Units grouped by query bucket, up to the largest batch bucket per step."""
+        settings = self._runner.settings
+        capacity, per_step = step_capacity(settings), settings.batch_buckets[-1]
+        units = [u for i in indices for u in chunk_items(works[i], i, capacity)]
+
+        def query_bucket(unit: StreamUnit) -> int:
+            query = works[unit.runs[0][0]].query_ids
+            return bucket_for(len(query), settings.token_buckets, "token_buckets")
+
+        ordered = sorted(units, key=lambda u: (query_bucket(u), u.size))
+        for bucket, group in itertools.groupby(ordered, key=query_bucket):
+            group_units = list(group)
+            for start in range(0, len(group_units), per_step):
+                step_units = group_units[start : start + per_step]
+                dims = exact_dims(
+                    step_units, works, bucket, settings.batch_buckets, settings.item_token_buckets
+                )
+                yield dims, step_units
+
+    def _prefix(
+        self, work: ScoreWork, dims: StreamDims, local: dict[tuple[Any, int], PrefixEntry]
+    ) -> PrefixEntry:
+        """The query's prefix at the step's prefix width: this call's, cached, or computed."""
+        key = (work.query_ids, dims.prefix)
+        entry = local.get(key)
+        if entry is None:
+            entry = self._runner.cache.get(key)
+        if entry is None:
+            entry = self._compute_prefix(work.query_ids, dims.prefix)
+            self._runner.cache.put(key, entry)
+        local[key] = entry
+        return entry
+
+    def _compute_prefix(self, query: tuple[int, ...], width: int) -> PrefixEntry:
+        tokens = np.zeros((1, width), np.int32)
+        tokens[0, : len(query)] = query
+        length = np.asarray([len(query)], np.int32)
+        keys, values, last = self._runner.run_device("prefix", PrefixDims(width), (tokens, length))
+        self._runner.count_tokens(width, len(query))
+        return PrefixEntry(keys, values, last, len(query))

@@ -1,0 +1,250 @@
+"""The item-stream step: items end to end in one flat token stream behind shared prefixes.
+
+Used by the shared-prefix layout (the prefix is the query, computed once by ``prefix_step``
+or taken from the query cache) and by the single-item layout (an empty prefix; each
+``query + item`` row is one "item"). A step's compiled shape is ``StreamDims``: requests B,
+prefix tokens T, stream tokens S, the item window W (longest item allowed) and labels C.
+Per-token metadata (item id, position ``len(query) + k``) comes from lengths, never from
+searching token ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replicas.contract import ScoreWork
+from replicas.layouts.common import (
+    BucketDims,
+    RowSlot,
+    bucket_for,
+    label_bucket,
+    labels_by_row,
+    score_capacity,
+    score_rows,
+)
+from replicas.model import AttentionSpec, CausalLM, ItemStreamSpec, Params
+
+Array = jax.Array
+MIN_WINDOW = 4
+
+
+@dataclass(frozen=True)
+class PrefixEntry:
+    """A prefix's per-layer keys/values ``[layers, 1, T, K, Dh]`` and its last hidden state
+    ``[1, D]`` (the score of an empty item), on device. ``length`` real tokens of ``T``."""
+
+    keys: Array
+    values: Array
+    last: Array
+    length: int
+
+    @property
+    def bucket(self) -> int:
+        return int(self.keys.shape[2])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.keys.nbytes + self.values.nbytes + self.last.nbytes)
+
+
+@dataclass(frozen=True)
+class StreamUnit:
+    """Items behind one prefix, scored in order; ``runs`` says whose they are:
+    ``(work, first_item, num_items)`` per run of consecutive items of one work. Item token k
+    sits at position ``offset + k``."""
+
+    runs: tuple[tuple[int, int, int], ...]
+    items: tuple[tuple[int, ...], ...]
+    offset: int
+    prefix: PrefixEntry | None = None
+
+    @property
+    def works(self) -> tuple[int, ...]:
+        return tuple(run[0] for run in self.runs)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(item) for item in self.items)
+
+    @property
+    def size(self) -> int:
+        """Stream slots needed: every token, and at least one score row per item."""
+        return max(self.tokens, len(self.items))
+
+    @property
+    def longest(self) -> int:
+        return max((len(item) for item in self.items), default=0)
+
+
+@dataclass(frozen=True, order=True)
+class StreamDims(BucketDims):
+    """The compiled shape of one item-stream step."""
+
+    batch: int
+    prefix: int
+    tokens: int
+    window: int
+    labels: int
+
+    @property
+    def cost(self) -> int:
+        """Rough work of a step: every stream token plus each request's prefix."""
+        return self.batch * (self.tokens + self.prefix) * 64 + self.window + self.labels
+
+
+def window_for(longest_item: int, tokens: int) -> int:
+    """Smallest power of two >= the longest item (>= MIN_WINDOW), at most the stream."""
+    window = max(MIN_WINDOW, 1 << max(longest_item - 1, 0).bit_length())
+    return min(window, tokens)
+
+
+def exact_dims(
+    units: Sequence[StreamUnit],
+    works: Sequence[ScoreWork],
+    prefix: int,
+    batch_buckets: Sequence[int],
+    token_buckets: Sequence[int],
+) -> StreamDims:
+    tokens = bucket_for(max(u.size for u in units), token_buckets, "item_token_buckets")
+    return StreamDims(
+        batch=bucket_for(len(units), batch_buckets, "batch_buckets"),
+        prefix=prefix,
+        tokens=tokens,
+        window=window_for(max(u.longest for u in units), tokens),
+        labels=label_bucket(max(len(works[w].label_ids) for u in units for w in u.works)),
+    )
+
+
+@dataclass(frozen=True)
+class StreamBatch:
+    """Host arrays of one step; ``prefixes`` holds B entries (padding slots repeat one)."""
+
+    prefixes: tuple[PrefixEntry, ...]
+    prefix_valid: np.ndarray  # [B, T] bool
+    tokens: np.ndarray  # [B, S] int32
+    positions: np.ndarray  # [B, S] int32
+    item_ids: np.ndarray  # [B, S] int32, -1 padding
+    rows: np.ndarray  # [R] int32 into [B * S + B] hidden states (items, then prefix lasts)
+    labels: np.ndarray  # [R, C] int32
+    count: np.ndarray  # [] int32
+    slots: tuple[RowSlot, ...]
+    useful_tokens: int
+
+
+def pack_stream(
+    units: Sequence[StreamUnit], works: Sequence[ScoreWork], dims: StreamDims
+) -> StreamBatch:
+    b, s = dims.batch, dims.tokens
+    tokens = np.zeros((b, s), np.int32)
+    positions = np.zeros((b, s), np.int32)
+    item_ids = np.full((b, s), -1, np.int32)
+    prefix_valid = np.zeros((b, dims.prefix), bool)
+    rows = np.zeros((score_capacity(b * s),), np.int32)
+    slots, row = [], 0
+    for u, unit in enumerate(units):
+        prefix_valid[u, : unit.prefix.length if unit.prefix else 0] = True
+        first = row
+        for work, first_item, num_items in unit.runs:
+            slots.append(RowSlot(work, first_item, num_items, first))
+            first += num_items
+        cursor = 0
+        for n, item in enumerate(unit.items):
+            end = cursor + len(item)
+            tokens[u, cursor:end] = item
+            positions[u, cursor:end] = unit.offset + np.arange(len(item))
+            item_ids[u, cursor:end] = n
+            rows[row] = u * s + end - 1 if item else b * s + u
+            row, cursor = row + 1, end
+    prefixes = tuple(unit.prefix for unit in units)
+    prefixes += (prefixes[0],) * (b - len(units))
+    labels = labels_by_row(works, slots, (len(rows), dims.labels))
+    useful = sum(unit.tokens for unit in units)
+    count = np.asarray(row, np.int32)
+    return StreamBatch(
+        prefixes, prefix_valid, tokens, positions, item_ids, rows, labels, count, tuple(slots),
+        useful,
+    )  # fmt: skip
+
+
+def stream_step(
+    model: CausalLM,
+    window: int,
+    params: Params,
+    prefix_keys: tuple[Array, ...],  # B x [layers, 1, T, K, Dh]
+    prefix_values: tuple[Array, ...],  # B x [layers, 1, T, K, Dh]
+    prefix_lasts: tuple[Array, ...],  # B x [1, D]
+    prefix_valid: Array,  # [B, T]
+    tokens: Array,  # [B, S]
+    positions: Array,  # [B, S]
+    item_ids: Array,  # [B, S]
+    rows: Array,  # [R]
+    labels: Array,  # [R, C]
+    count: Array,  # []
+) -> Array:
+    """Label log-probs ``[R, C]`` of every item of the stream (rows past ``count``: zeros)."""
+    keys = jnp.concatenate(prefix_keys, axis=1)  # [layers, B, T, K, Dh]
+    values = jnp.concatenate(prefix_values, axis=1)
+    spec = ItemStreamSpec(prefix_valid=prefix_valid, item_ids=item_ids, window=window)
+    hidden = model.stream_hidden(params, tokens, positions, spec, keys, values)  # [B, S, D]
+    flat = jnp.concatenate([hidden.reshape(-1, hidden.shape[-1]), *prefix_lasts], axis=0)
+    return score_rows(model, params, flat, rows, labels, count)
+
+
+def prefix_step(
+    model: CausalLM, params: Params, tokens: Array, length: Array
+) -> tuple[Array, Array, Array]:
+    """One query ``tokens [1, T]`` (``length`` real) -> keys, values [layers, 1, T, K, Dh] and
+    the last real token's hidden state [1, D]."""
+    width = tokens.shape[1]
+    idx = jnp.arange(width)
+    valid = idx < length[0]
+    mask = ((idx[:, None] >= idx[None, :]) & valid[None, :]) | (idx[:, None] == idx[None, :])
+    positions = idx[None].astype(jnp.int32)
+    hidden, keys, values = model.hidden_and_kv(params, tokens, positions, AttentionSpec(mask[None]))
+    last = jax.lax.dynamic_slice_in_dim(hidden[0], length[0] - 1, 1)  # [1, D]
+    return keys, values, last
+
+
+def batch_arguments(batch: StreamBatch) -> tuple[Any, ...]:
+    """The step's arguments after params, in order."""
+    return (
+        tuple(p.keys for p in batch.prefixes),
+        tuple(p.values for p in batch.prefixes),
+        tuple(p.last for p in batch.prefixes),
+        batch.prefix_valid,
+        batch.tokens,
+        batch.positions,
+        batch.item_ids,
+        batch.rows,
+        batch.labels,
+        batch.count,
+    )
+
+
+def stream_specs(
+    model: CausalLM, spec: Callable[[tuple[int, ...], Any], Any], dims: StreamDims
+) -> tuple[Any, ...]:
+    """Abstract arguments (after params) of an item-stream step of ``dims``."""
+    c = model.config
+    b, t, s = dims.batch, dims.prefix, dims.tokens
+    kv = spec((c.num_layers, 1, t, c.num_kv_heads, c.head_dim), model.dtype)
+    last = spec((1, c.hidden_size), model.dtype)
+    rows = score_capacity(b * s)
+    return (
+        (kv,) * b,
+        (kv,) * b,
+        (last,) * b,
+        spec((b, t), np.bool_),
+        spec((b, s), np.int32),
+        spec((b, s), np.int32),
+        spec((b, s), np.int32),
+        spec((rows,), np.int32),
+        spec((rows, dims.labels), np.int32),
+        spec((), np.int32),
+    )
