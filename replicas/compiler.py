@@ -144,18 +144,23 @@ class StepCompiler:
     # -- record -------------------------------------------------------------------------
 
     def _read_record(self) -> list[Key]:
+        """The recorded signatures this engine knows how to build (stale entries, e.g. from
+        an older version or another layout, are skipped)."""
         if self._record is None or not self._record.exists():
             return []
         try:
             entries = json.loads(self._record.read_text())
-            return [
-                (e["kind"], self._dims_types[e["kind"]](*e["dims"]))
-                for e in entries
-                if e.get("kind") in self._dims_types
-            ]
-        except (OSError, ValueError, TypeError, KeyError):
+        except (OSError, ValueError):
             logger.warning("ignoring unreadable compile record %s", self._record)
             return []
+        keys = []
+        for entry in entries if isinstance(entries, list) else []:
+            try:
+                dims_type = self._dims_types[entry["kind"]]
+                keys.append((entry["kind"], dims_type(*entry["dims"])))
+            except (KeyError, TypeError):
+                continue
+        return keys
 
     def _remember(self, key: Key) -> None:
         if self._record is None:

@@ -151,3 +151,13 @@ def test_a_query_or_item_longer_than_one_step_holds_is_refused_by_name(tiny):
     assert error.value.reason == "sequence_too_long"
     with pytest.raises(ScoringLimitError, match="longest row"):
         engine.score_batch([work(11, query=4, item_lens=(65,))])
+
+
+def test_a_stale_or_foreign_compile_record_entry_is_skipped(tiny, tmp_path):
+    record = tmp_path / "scorejax-signatures.json"
+    record.write_text(
+        '[{"kind": "rows", "dims": [1, 1, 16, 4, 4, 9]}, {"kind": "gone", "dims": [1]},'
+        ' {"kind": "prefix", "dims": [16]}]'
+    )
+    engine = make_engine(tiny, compilation_cache_dir=str(tmp_path))
+    assert engine.warmup() == 1  # only the prefix entry is still valid

@@ -7,7 +7,7 @@ from replicas.contract import ScoreWork
 from replicas.layouts.common import BucketOverflowError, bucket_for, label_bucket, step_capacity
 from replicas.layouts.packed_reference import split_rows
 from replicas.layouts.shared_prefix import chunk_items
-from replicas.layouts.single_item import pack_rows, single_item_row
+from replicas.layouts.single_item import group_rows, rows_per_step, single_item_row
 from replicas.layouts.stream import PrefixEntry, StreamDims, exact_dims, pack_stream, window_for
 from replicas.settings import ReplicaSettings, bucket_ladder
 
@@ -69,16 +69,16 @@ def test_chunks_fill_the_largest_bucket_within_the_step_budget():
     assert step_capacity(settings) == 48
 
 
-def test_single_item_rows_pack_by_total_tokens_sorted_by_length():
+def test_single_item_rows_are_grouped_by_length_into_power_of_two_steps():
     works = [
         ScoreWork((1, 2, 3), ((4,), (5, 6, 7)), (1,)),
         ScoreWork((8,), ((9, 9),), (2,), item_first=True),
     ]
     assert single_item_row(works[1], 0) == (9, 9, 8)
-    units = pack_rows(works, [(0, 0), (0, 1), (1, 0)], tokens_per_step=8)
-    assert [u.items for u in units] == [((9, 9, 8), (1, 2, 3, 4)), ((1, 2, 3, 5, 6, 7),)]
-    assert [u.runs for u in units] == [((1, 0, 1), (0, 0, 1)), ((0, 1, 1),)]
-    assert all(u.offset == 0 for u in units)
+    assert [rows_per_step(n, 64) for n in (16, 20, 33, 64, 100)] == [4, 2, 1, 1, 1]
+    steps = group_rows(works, [(0, 0), (0, 1), (1, 0)], buckets=(4, 8), capacity=16)
+    # sorted by length: (9 9 8), (1 2 3 4) fit two rows of 4; (1 2 3 5 6 7) needs 8
+    assert steps == [(4, [(1, 0), (0, 0)]), (8, [(0, 1)])]
 
 
 def test_packed_reference_rows_split_when_longer_than_the_largest_bucket():

@@ -18,33 +18,19 @@ import numpy as np
 
 from replicas.contract import ScoreWork, packed_length
 from replicas.layouts.common import (
-    BucketDims,
     RowSlot,
     bucket_for,
     label_bucket,
     labels_by_row,
     score_capacity,
-    score_rows,
     unpack,
 )
+from replicas.layouts.dense import DenseDims, dense_specs, dense_step
 from replicas.layouts.runner import Runner
-from replicas.masks import DELIMITER, PAD, QUERY, segment_mask
-from replicas.model import AttentionSpec, CausalLM, Params
+from replicas.masks import DELIMITER, PAD, QUERY
+from replicas.model import CausalLM
 
 Array = jax.Array
-
-
-@dataclass(frozen=True, order=True)
-class DenseDims(BucketDims):
-    """The compiled shape of a dense step: rows R of T tokens, C labels."""
-
-    rows: int
-    tokens: int
-    labels: int
-
-    @property
-    def cost(self) -> int:
-        return self.rows * self.tokens * 64 + self.labels
 
 
 @dataclass(frozen=True)
@@ -86,21 +72,6 @@ def _packed(work: ScoreWork, row: PackedRow, delimiter: int) -> tuple[list[int],
     return tokens, positions, segments, scored
 
 
-def dense_step(
-    model: CausalLM,
-    params: Params,
-    tokens: Array,  # [R, T]
-    positions: Array,  # [R, T]
-    segments: Array,  # [R, T]
-    rows: Array,  # [Rs] indices into the flattened [R * T] hidden states
-    labels: Array,  # [Rs, C]
-    count: Array,  # []
-) -> Array:
-    hidden = model.hidden_states(params, tokens, positions, AttentionSpec(segment_mask(segments)))
-    flat = hidden.reshape(-1, hidden.shape[-1])  # [R * T, D]
-    return score_rows(model, params, flat, rows, labels, count)
-
-
 class PackedReferenceLayout:
     kinds: ClassVar[dict[str, type]] = {"dense": DenseDims}
 
@@ -109,17 +80,8 @@ class PackedReferenceLayout:
         self._runner = runner
 
     def compile(self, kind: str, dims: Any) -> Any:
-        r, t = dims.rows, dims.tokens
-        spec, rows = self._runner.spec, score_capacity(r * t)
-        specs = (
-            spec((r, t), np.int32),
-            spec((r, t), np.int32),
-            spec((r, t), np.int32),
-            spec((rows,), np.int32),
-            spec((rows, dims.labels), np.int32),
-            spec((), np.int32),
-        )
-        return self._runner.lower(jax.jit(partial(dense_step, self._model)), specs)
+        step = jax.jit(partial(dense_step, self._model))
+        return self._runner.lower(step, dense_specs(self._runner.spec, dims))
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""

@@ -1,10 +1,10 @@
 """The single-item layout: each ``query + item`` row (``item + query`` for ``item_first``)
 scored on its own, as in one-item-at-a-time scoring.
 
-Rows run end to end in the item-stream step behind an empty prefix: a row is one "item" of
-the stream, attends causally to itself only and sits at positions 0..len-1. Rows are packed
-by total tokens (``item_tokens_per_step`` per unit), so padding is one stream bucket per step,
-never rows x longest row.
+Rows are sorted by length and run as dense causal rows ``[R, L]`` (``dense.dense_step``): L
+is the token bucket of the step's longest row, R a power of two with ``R * L`` within
+``item_tokens_per_step``, so padding stays one length bucket per row and attention is each
+row's own triangle, never rows x the longest row of the request.
 """
 
 from __future__ import annotations
@@ -17,21 +17,21 @@ import jax
 import numpy as np
 
 from replicas.contract import ScoreWork
-from replicas.layouts.common import step_capacity, unpack
-from replicas.layouts.runner import Runner
-from replicas.layouts.stream import (
-    PrefixEntry,
-    StreamDims,
-    StreamUnit,
-    batch_arguments,
-    exact_dims,
-    pack_stream,
-    stream_specs,
-    stream_step,
+from replicas.layouts.common import (
+    RowSlot,
+    bucket_for,
+    label_bucket,
+    labels_by_row,
+    score_capacity,
+    step_capacity,
+    unpack,
 )
+from replicas.layouts.dense import DenseDims, dense_specs, dense_step
+from replicas.layouts.runner import Runner
+from replicas.masks import PAD, QUERY
 from replicas.model import CausalLM
 
-EMPTY_PREFIX = 1  # prefix width of the single-item step; nothing in it is visible
+Pair = tuple[int, int]  # (work, item)
 
 
 def single_item_row(work: ScoreWork, item: int) -> tuple[int, ...]:
@@ -39,82 +39,74 @@ def single_item_row(work: ScoreWork, item: int) -> tuple[int, ...]:
     return ids + work.query_ids if work.item_first else work.query_ids + ids
 
 
-def _runs(pairs: Sequence[tuple[int, int]]) -> tuple[tuple[int, int, int], ...]:
-    """(work, item) pairs -> runs of consecutive items of one work."""
-    runs: list[list[int]] = []
-    for work, item in pairs:
-        if runs and runs[-1][0] == work and runs[-1][1] + runs[-1][2] == item:
-            runs[-1][2] += 1
-        else:
-            runs.append([work, item, 1])
-    return tuple((w, i, n) for w, i, n in runs)
+def rows_per_step(length: int, capacity: int) -> int:
+    """The largest power of two R with R * length <= capacity (at least 1)."""
+    fitting = max(capacity // max(length, 1), 1)
+    return 1 << (fitting.bit_length() - 1)
 
 
-def pack_rows(
-    works: Sequence[ScoreWork], pairs: Sequence[tuple[int, int]], tokens_per_step: int
-) -> list[StreamUnit]:
-    """Rows sorted by length, end to end in units of at most ``tokens_per_step`` tokens."""
+def group_rows(
+    works: Sequence[ScoreWork], pairs: Sequence[Pair], buckets: Sequence[int], capacity: int
+) -> list[tuple[int, list[Pair]]]:
+    """Rows sorted by length, grouped into steps: (length bucket, rows) each."""
     ordered = sorted(pairs, key=lambda p: len(single_item_row(works[p[0]], p[1])))
-    units, chunk, size = [], [], 0
+    steps: list[tuple[int, list[Pair]]] = []
     for pair in ordered:
-        length = len(single_item_row(works[pair[0]], pair[1]))
-        if chunk and size + length > tokens_per_step:
-            units.append(chunk)
-            chunk, size = [], 0
-        chunk.append(pair)
-        size += length
-    if chunk:
-        units.append(chunk)
-    return [
-        StreamUnit(_runs(c), tuple(single_item_row(works[w], i) for w, i in c), offset=0)
-        for c in units
-    ]
+        length = bucket_for(len(single_item_row(works[pair[0]], pair[1])), buckets, "token_buckets")
+        if steps and len(steps[-1][1]) < rows_per_step(length, capacity):
+            steps[-1] = (length, [*steps[-1][1], pair])
+        else:
+            steps.append((length, [pair]))
+    return steps
 
 
 class SingleItemLayout:
-    kinds: ClassVar[dict[str, type]] = {"rows": StreamDims}
+    kinds: ClassVar[dict[str, type]] = {"rows": DenseDims}
 
     def __init__(self, model: CausalLM, runner: Runner) -> None:
         self._model = model
         self._runner = runner
-        c = model.config
-        kv = np.zeros((c.num_layers, 1, EMPTY_PREFIX, c.num_kv_heads, c.head_dim), model.dtype)
-        last = np.zeros((1, c.hidden_size), model.dtype)
-        put = partial(jax.device_put, device=runner.replicated)
-        self._empty = PrefixEntry(put(kv), put(kv), put(last), length=0)
 
     def compile(self, kind: str, dims: Any) -> Any:
-        step = jax.jit(partial(stream_step, self._model, dims.window))
-        return self._runner.lower(step, stream_specs(self._model, self._runner.spec, dims))
+        step = jax.jit(partial(dense_step, self._model))
+        return self._runner.lower(step, dense_specs(self._runner.spec, dims))
 
-    def plan(
-        self, works: Sequence[ScoreWork], pairs: Sequence[tuple[int, int]]
-    ) -> list[tuple[str, Any]]:
+    def plan(self, works: Sequence[ScoreWork], pairs: Sequence[Pair]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""
         return [("rows", dims) for dims, _ in self._steps(works, pairs)]
 
-    def score(
-        self, works: Sequence[ScoreWork], pairs: Sequence[tuple[int, int]], results: list
-    ) -> None:
-        for exact, units in self._steps(works, pairs):
+    def score(self, works: Sequence[ScoreWork], pairs: Sequence[Pair], results: list) -> None:
+        for exact, rows in self._steps(works, pairs):
             dims = self._runner.resolve("rows", exact)
-            batch = pack_stream(units, works, dims)
-            self._runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
-            outputs = self._runner.run("rows", dims, batch_arguments(batch))
-            unpack(outputs, batch.slots, works, results)
+            unpack(self._run(works, rows, dims), self._slots(rows), works, results)
 
     def _steps(
-        self, works: Sequence[ScoreWork], pairs: Sequence[tuple[int, int]]
-    ) -> Iterator[tuple[StreamDims, list[StreamUnit]]]:
+        self, works: Sequence[ScoreWork], pairs: Sequence[Pair]
+    ) -> Iterator[tuple[DenseDims, list[Pair]]]:
         settings = self._runner.settings
-        units = [
-            StreamUnit(u.runs, u.items, u.offset, self._empty)
-            for u in pack_rows(works, pairs, step_capacity(settings))
-        ]
-        per_step = settings.batch_buckets[-1]
-        for start in range(0, len(units), per_step):
-            step_units = units[start : start + per_step]
-            dims = exact_dims(
-                step_units, works, EMPTY_PREFIX, settings.batch_buckets, settings.item_token_buckets
-            )
-            yield dims, step_units
+        capacity = step_capacity(settings)
+        for length, rows in group_rows(works, pairs, settings.token_buckets, capacity):
+            count = 1 << (len(rows) - 1).bit_length()  # a power of two >= the rows
+            labels = label_bucket(max(len(works[w].label_ids) for w, _ in rows))
+            yield DenseDims(count, length, labels), rows
+
+    @staticmethod
+    def _slots(rows: list[Pair]) -> list[RowSlot]:
+        return [RowSlot(work, item, 1, r) for r, (work, item) in enumerate(rows)]
+
+    def _run(self, works: Sequence[ScoreWork], rows: list[Pair], dims: DenseDims) -> np.ndarray:
+        tokens = np.zeros((dims.rows, dims.tokens), np.int32)
+        segments = np.full_like(tokens, PAD)
+        index = np.zeros((score_capacity(dims.rows * dims.tokens),), np.int32)
+        useful = 0
+        for r, (work, item) in enumerate(rows):
+            row = single_item_row(works[work], item)
+            tokens[r, : len(row)] = row
+            segments[r, : len(row)] = QUERY
+            index[r] = r * dims.tokens + len(row) - 1
+            useful += len(row)
+        positions = np.broadcast_to(np.arange(dims.tokens, dtype=np.int32), tokens.shape).copy()
+        labels = labels_by_row(works, self._slots(rows), (len(index), dims.labels))
+        self._runner.count_tokens(dims.rows * dims.tokens, useful)
+        count = np.asarray(len(rows), np.int32)
+        return self._runner.run("rows", dims, (tokens, positions, segments, index, labels, count))

@@ -1,0 +1,63 @@
+"""The dense step: token rows ``[R, T]`` with a mask built from segment ids.
+
+Shared by the single-item layout (each ``query + item`` row causal on its own) and the packed
+reference layout (RFC-008's packed row). Score rows index the flattened ``[R * T]`` hidden
+states, so the number of scored positions is no compiled dimension.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from replicas.layouts.common import BucketDims, score_capacity, score_rows
+from replicas.masks import segment_mask
+from replicas.model import AttentionSpec, CausalLM, Params
+
+Array = jax.Array
+
+
+@dataclass(frozen=True, order=True)
+class DenseDims(BucketDims):
+    """The compiled shape of a dense step: rows R of T tokens, C labels."""
+
+    rows: int
+    tokens: int
+    labels: int
+
+    @property
+    def cost(self) -> int:
+        return self.rows * self.tokens * 64 + self.labels
+
+
+def dense_step(
+    model: CausalLM,
+    params: Params,
+    tokens: Array,  # [R, T]
+    positions: Array,  # [R, T]
+    segments: Array,  # [R, T]
+    rows: Array,  # [Rs] indices into the flattened [R * T] hidden states
+    labels: Array,  # [Rs, C]
+    count: Array,  # []
+) -> Array:
+    hidden = model.hidden_states(params, tokens, positions, AttentionSpec(segment_mask(segments)))
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [R * T, D]
+    return score_rows(model, params, flat, rows, labels, count)
+
+
+def dense_specs(spec: Callable[[tuple[int, ...], Any], Any], dims: DenseDims) -> tuple[Any, ...]:
+    """Abstract arguments (after params) of a dense step of ``dims``."""
+    r, t = dims.rows, dims.tokens
+    rows = score_capacity(r * t)
+    return (
+        spec((r, t), np.int32),
+        spec((r, t), np.int32),
+        spec((r, t), np.int32),
+        spec((rows,), np.int32),
+        spec((rows, dims.labels), np.int32),
+        spec((), np.int32),
+    )
