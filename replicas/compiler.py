@@ -30,6 +30,8 @@ class Dims(Protocol):
     @property
     def cost(self) -> int: ...
 
+    def cost_for(self, exact: Any) -> int: ...
+
 
 Key = tuple[str, Any]
 
@@ -93,14 +95,16 @@ class StepCompiler:
 
     def resolve(self, kind: str, dims: Any) -> Any:
         """The signature to run ``dims`` on: itself if compiled, else the cheapest compiled
-        one covering it (compiling ``dims`` in the background), else ``dims`` compiled now."""
+        one covering it (compiling ``dims`` in the background), else ``dims`` compiled now.
+        A covering signature may hold fewer independent rows; the layout then runs the step
+        in pieces."""
         with self._lock:
             if (kind, dims) in self._executables:
                 return dims
             covers = [d for k, d in self._executables if k == kind and d.covers(dims)]
         if covers and self._background:
             self._schedule((kind, dims))
-            return min(covers, key=lambda d: d.cost)
+            return min(covers, key=lambda d: d.cost_for(dims))
         self.ensure(kind, dims, "request_path")
         return dims
 

@@ -9,6 +9,7 @@ from cluster.mesh import build_mesh
 from replicas.config import ModelConfig
 from replicas.contract import ScoreWork, ScoringLimitError
 from replicas.engine import ScoringEngine
+from replicas.layouts.dense import DenseDims
 from replicas.model import CausalLM
 from replicas.query_cache import QueryCache
 from replicas.settings import ReplicaSettings, SettingsError
@@ -161,3 +162,15 @@ def test_a_stale_or_foreign_compile_record_entry_is_skipped(tiny, tmp_path):
     )
     engine = make_engine(tiny, compilation_cache_dir=str(tmp_path))
     assert engine.warmup() == 1  # only the prefix entry is still valid
+
+
+def test_single_item_rows_run_in_pieces_on_a_covering_signature_with_fewer_rows(tiny):
+    engine = make_engine(tiny, multi_item_scoring_delimiter=None, item_tokens_per_step=64)
+    engine.ensure("rows", DenseDims(rows=1, tokens=64, labels=2))  # the only compiled step
+    engine._compiler.counts["request_path"] = 0
+    many = work(12, query=10, item_lens=(3, 4, 2, 5))  # 4 rows of <= 15 tokens: 4 x 16 exact
+    (scores,) = engine.score_batch([many])
+    assert engine.stats()["request_path_compiles"] == 0  # ran as 4 pieces of 1 x 64
+    assert engine.wait_for_background_compiles(300)
+    (exact,) = engine.score_batch([many])
+    np.testing.assert_allclose(scores, exact, atol=1e-5, rtol=0)

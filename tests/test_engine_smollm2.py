@@ -59,3 +59,17 @@ def test_multi_item_equals_single_item_on_unicode_text(smollm2, layout):
     # scoring itself moves by 1.4e-5 at log-probs near -12 when only its padding changes.
     np.testing.assert_allclose(multi, single, atol=1e-5, rtol=4e-6)
     assert float(np.abs(multi - single)[single > -5].max(initial=0.0)) <= 1e-5
+
+
+def test_query_cache_warm_equals_cold_on_the_real_model(smollm2):
+    tokenizer, engines = smollm2
+    engine = engines["shared_prefix"]
+    query = "Which of these is a fruit? Answer yes or no. Candidate:"
+    first = text_work(tokenizer, query, [" apple", " car"], (PARIS, LONDON))
+    fresh = text_work(tokenizer, query, [" banana", " chair", ""], (PARIS, LONDON))
+    (cold,) = engine.score_batch([fresh])  # the query's first time: computed
+    engine.score_batch([first])
+    hits = engine.stats()["query_cache_hits"]
+    (warm,) = engine.score_batch([fresh])  # the same query again: only the items run
+    assert engine.stats()["query_cache_hits"] == hits + 1
+    np.testing.assert_allclose(warm, cold, atol=1e-6, rtol=0)

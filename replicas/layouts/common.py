@@ -85,6 +85,14 @@ class BucketDims:
     def covers(self, other: BucketDims) -> bool:
         return all(a >= b for a, b in zip(self.astuple(), other.astuple(), strict=True))
 
+    @property
+    def cost(self) -> int:
+        raise NotImplementedError
+
+    def cost_for(self, exact: BucketDims) -> int:
+        """Rough work of running ``exact``'s step on this signature."""
+        return self.cost
+
 
 @dataclass(frozen=True)
 class RowSlot:

@@ -29,9 +29,17 @@ class DenseDims(BucketDims):
     tokens: int
     labels: int
 
+    def covers(self, other: BucketDims) -> bool:
+        """Rows are independent: fewer rows cover a step run in several pieces."""
+        return self.tokens >= other.tokens and self.labels >= other.labels
+
     @property
     def cost(self) -> int:
         return self.rows * self.tokens * 64 + self.labels
+
+    def cost_for(self, exact: BucketDims) -> int:
+        pieces = -(-exact.rows // self.rows)  # type: ignore[attr-defined]
+        return pieces * self.cost
 
 
 def dense_step(

@@ -90,7 +90,9 @@ class PackedReferenceLayout:
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
         for exact, rows, packed in self._steps(works, indices):
             dims = self._runner.resolve("dense", exact)
-            self._run_step(works, rows, packed, dims, results)
+            for start in range(0, len(rows), dims.rows):  # pieces if dims holds fewer rows
+                end = start + dims.rows
+                self._run_step(works, rows[start:end], packed[start:end], dims, results)
 
     def _steps(
         self, works: Sequence[ScoreWork], indices: Sequence[int]

@@ -78,7 +78,9 @@ class SingleItemLayout:
     def score(self, works: Sequence[ScoreWork], pairs: Sequence[Pair], results: list) -> None:
         for exact, rows in self._steps(works, pairs):
             dims = self._runner.resolve("rows", exact)
-            unpack(self._run(works, rows, dims), self._slots(rows), works, results)
+            for start in range(0, len(rows), dims.rows):  # pieces if dims holds fewer rows
+                piece = rows[start : start + dims.rows]
+                unpack(self._run(works, piece, dims), self._slots(piece), works, results)
 
     def _steps(
         self, works: Sequence[ScoreWork], pairs: Sequence[Pair]
