@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -69,3 +70,9 @@ def dense_specs(spec: Callable[[tuple[int, ...], Any], Any], dims: DenseDims) ->
         spec((rows, dims.labels), np.int32),
         spec((), np.int32),
     )
+
+
+def compile_dense(model: CausalLM, runner: Any, dims: DenseDims) -> Any:
+    """The dense step of ``dims``, compiled ahead of time through the engine's runner."""
+    step = jax.jit(partial(dense_step, model))
+    return runner.lower(step, dense_specs(runner.spec, dims))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar
 
 import jax
@@ -25,7 +24,7 @@ from replicas.layouts.common import (
     score_capacity,
     unpack,
 )
-from replicas.layouts.dense import DenseDims, dense_specs, dense_step
+from replicas.layouts.dense import DenseDims, compile_dense
 from replicas.layouts.runner import Runner
 from replicas.masks import DELIMITER, PAD, QUERY
 from replicas.model import CausalLM
@@ -80,8 +79,7 @@ class PackedReferenceLayout:
         self._runner = runner
 
     def compile(self, kind: str, dims: Any) -> Any:
-        step = jax.jit(partial(dense_step, self._model))
-        return self._runner.lower(step, dense_specs(self._runner.spec, dims))
+        return compile_dense(self._model, self._runner, dims)
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""

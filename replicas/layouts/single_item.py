@@ -10,10 +10,8 @@ row's own triangle, never rows x the longest row of the request.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from functools import partial
 from typing import Any, ClassVar
 
-import jax
 import numpy as np
 
 from replicas.contract import ScoreWork
@@ -26,7 +24,7 @@ from replicas.layouts.common import (
     step_capacity,
     unpack,
 )
-from replicas.layouts.dense import DenseDims, dense_specs, dense_step
+from replicas.layouts.dense import DenseDims, compile_dense
 from replicas.layouts.runner import Runner
 from replicas.masks import PAD, QUERY
 from replicas.model import CausalLM
@@ -68,8 +66,7 @@ class SingleItemLayout:
         self._runner = runner
 
     def compile(self, kind: str, dims: Any) -> Any:
-        step = jax.jit(partial(dense_step, self._model))
-        return self._runner.lower(step, dense_specs(self._runner.spec, dims))
+        return compile_dense(self._model, self._runner, dims)
 
     def plan(self, works: Sequence[ScoreWork], pairs: Sequence[Pair]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""
