@@ -48,10 +48,12 @@ def make_work(num_items: int, query_len: int, item_len: int, seed: int = 0) -> S
 
 def shipped_settings(config: Path = SERVE_CONFIG) -> ReplicaSettings:
     """The replica settings of the shipped serve_config.yaml (its first application's args),
-    without its warm-up (the benchmark warms each case with one untimed call) or disk cache."""
+    without its warm-up (the benchmark warms each case with one untimed call), disk cache or
+    query cache (each case repeats one request, which the cache would answer warm; the HTTP
+    benchmark measures the cache)."""
     (app, *_) = yaml.safe_load(config.read_text())["applications"]
     settings = ReplicaSettings.from_mapping(app["args"])
-    return settings.replace(warmup_shapes=(), compilation_cache_dir=None)
+    return settings.replace(warmup_shapes=(), compilation_cache_dir=None, query_cache_bytes=0)
 
 
 def timed_steady(engine: ScoringEngine, work: ScoreWork, repeats: int) -> float:
@@ -146,6 +148,7 @@ def write_report(rows: list[dict], args: argparse.Namespace, path: Path) -> None
         "is compiled (1 run for the slow single-item cases at >= 100 items)",
         "- measured float32 matmul peak (XLA, best of 512..2048 square): "
         f"{rows[0]['peak'] / 1e9:.0f} GFLOP/s",
+        "- query cache off (every timed request computes its query); otherwise as shipped",
         "- model FLOP/s: analytic FLOPs of the useful (unpadded) multi-item work divided by the",
         "  shared-prefix time; padding: tokens computed / useful tokens of the shared-prefix",
         "  layout; transformers: fp32, batched rows, `logits_to_keep=1`",

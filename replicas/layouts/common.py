@@ -77,7 +77,8 @@ def score_rows(
 
 class BucketDims:
     """Base of a step's frozen dims dataclass (its compiled signature): every field is a
-    padded size, and a signature covers another when every field is at least as large."""
+    padded size, and a signature covers another when every field is at least as large.
+    Subclasses define a ``cost`` property."""
 
     def astuple(self) -> tuple[int, ...]:
         return dataclasses.astuple(self)  # type: ignore[call-overload]
@@ -85,13 +86,10 @@ class BucketDims:
     def covers(self, other: BucketDims) -> bool:
         return all(a >= b for a, b in zip(self.astuple(), other.astuple(), strict=True))
 
-    @property
-    def cost(self) -> int:
-        raise NotImplementedError
-
     def cost_for(self, exact: BucketDims) -> int:
-        """Rough work of running ``exact``'s step on this signature."""
-        return self.cost
+        """Rough work of running ``exact``'s step on this signature (each subclass defines
+        ``cost``, the work of one step of its own shape)."""
+        return self.cost  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
