@@ -179,10 +179,22 @@ def test_warmup_batch_sizes_compile_the_batch_buckets_concurrent_traffic_reaches
         batch_buckets=(1, 4),
         warmup_batch_sizes=(1, 4),
     )
-    assert engine.warmup() == 5  # prefix; items and rows at B=1 and B=4
+    assert engine.warmup() == 6  # prefix, items and rows at B=1 and B=4
     three = [work(s, query=17, item_lens=(5, 6, 7)) for s in (20, 21, 22)]
     engine.score_batch(three)  # three requests in one step: batch bucket 4
-    assert engine.compile_count == 5
+    assert engine.compile_count == 6
+
+
+def test_the_queries_of_a_step_run_in_one_batched_prefix_step(tiny):
+    engine = make_engine(
+        tiny, multi_item_scoring_delimiter=DELIMITER, batch_buckets=(1, 4), query_cache_bytes=0
+    )
+    three = [work(s, query=9 + s, item_lens=(5, 6, 7)) for s in (0, 1, 2)]  # 3 query lengths
+    together = engine.score_batch(three)
+    assert engine.stats()["steps"] == 2  # one prefix step of 3 queries, one item-stream step
+    for alone, scores in zip(three, together, strict=True):
+        (expected,) = engine.score_batch([alone])
+        assert max_diff(scores, expected) < 1e-5
 
 
 def test_limits_raise_clear_errors(tiny):

@@ -36,13 +36,18 @@ from replicas.model import CausalLM
 
 @dataclass(frozen=True, order=True)
 class PrefixDims(BucketDims):
-    """The compiled shape of a prefix step: one query of ``tokens`` (padded) tokens."""
+    """The compiled shape of a prefix step: ``batch`` queries of ``tokens`` (padded) tokens.
+    Only the same width covers (the item stream reads the prefix at its own width)."""
 
+    batch: int
     tokens: int
 
     @property
     def cost(self) -> int:
-        return self.tokens
+        return self.batch * self.tokens
+
+    def covers(self, other: BucketDims) -> bool:
+        return super().covers(other) and self.tokens == other.tokens  # type: ignore[attr-defined]
 
 
 def chunk_items(work: ScoreWork, index: int, tokens_per_step: int) -> list[StreamUnit]:
@@ -80,9 +85,10 @@ class SharedPrefixLayout:
         runner = self._runner
         if kind == "prefix":
             step = jax.jit(partial(prefix_step, self._model), out_shardings=runner.replicated)
-            specs = (runner.spec((1, dims.tokens), np.int32), runner.spec((1,), np.int32))
+            shape = (dims.batch, dims.tokens)
+            specs = (runner.spec(shape, np.int32), runner.spec((dims.batch,), np.int32))
             return runner.lower(step, specs)
-        runner.ensure("prefix", PrefixDims(dims.prefix))
+        runner.ensure("prefix", PrefixDims(dims.batch, dims.prefix))
         step = jax.jit(partial(stream_step, self._model, dims.window))
         return runner.lower(step, stream_specs(self._model, runner.spec, dims))
 
@@ -96,9 +102,11 @@ class SharedPrefixLayout:
         prefixes: dict[tuple[Any, int], PrefixEntry] = {}
         for exact, units in self._steps(works, indices):
             dims = self._runner.resolve("items", exact)
+            queries = [works[u.runs[0][0]].query_ids for u in units]
+            self._fill_prefixes(queries, dims.prefix, prefixes)
             units = [
-                dataclasses.replace(u, prefix=self._prefix(works[u.runs[0][0]], dims, prefixes))
-                for u in units
+                dataclasses.replace(u, prefix=prefixes[(query, dims.prefix)])
+                for u, query in zip(units, queries, strict=True)
             ]
             batch = pack_stream(units, works, dims)
             self._runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
@@ -127,24 +135,44 @@ class SharedPrefixLayout:
                 )
                 yield dims, step_units
 
-    def _prefix(
-        self, work: ScoreWork, dims: StreamDims, local: dict[tuple[Any, int], PrefixEntry]
-    ) -> PrefixEntry:
-        """The query's prefix at the step's prefix width: this call's, cached, or computed."""
-        key = (work.query_ids, dims.prefix)
-        entry = local.get(key)
-        if entry is None:
-            entry = self._runner.cache.get(key)
-        if entry is None:
-            entry = self._compute_prefix(work.query_ids, dims.prefix)
-            self._runner.cache.put(key, entry)
-        local[key] = entry
-        return entry
+    def _fill_prefixes(
+        self,
+        queries: Sequence[tuple[int, ...]],
+        width: int,
+        local: dict[tuple[Any, int], PrefixEntry],
+    ) -> None:
+        """Put every query's prefix at ``width`` into ``local``: this call's, cached, or
+        computed, the missing ones batched into as few prefix steps as the batch buckets
+        allow."""
+        missing = []
+        for query in dict.fromkeys(queries):
+            key = (query, width)
+            entry = local.get(key) or self._runner.cache.get(key)
+            if entry is None:
+                missing.append(query)
+            else:
+                local[key] = entry
+        per_step = self._runner.settings.batch_buckets[-1]
+        for start in range(0, len(missing), per_step):
+            chunk = missing[start : start + per_step]
+            for query, entry in zip(chunk, self._compute_prefixes(chunk, width), strict=False):
+                local[(query, width)] = entry
+                self._runner.cache.put((query, width), entry)
 
-    def _compute_prefix(self, query: tuple[int, ...], width: int) -> PrefixEntry:
-        tokens = np.zeros((1, width), np.int32)
-        tokens[0, : len(query)] = query
-        length = np.asarray([len(query)], np.int32)
-        keys, values, last = self._runner.run_device("prefix", PrefixDims(width), (tokens, length))
-        self._runner.count_tokens(width, len(query))
-        return PrefixEntry(keys, values, last, len(query))
+    def _compute_prefixes(
+        self, queries: Sequence[tuple[int, ...]], width: int
+    ) -> list[PrefixEntry]:
+        buckets = self._runner.settings.batch_buckets
+        exact = PrefixDims(bucket_for(len(queries), buckets, "batch_buckets"), width)
+        dims = self._runner.resolve("prefix", exact)
+        tokens = np.zeros((dims.batch, width), np.int32)  # [B, T]
+        lengths = np.ones((dims.batch,), np.int32)  # padding queries: one token
+        for b, query in enumerate(queries):
+            tokens[b, : len(query)] = query
+            lengths[b] = len(query)
+        keys, values, lasts = self._runner.run_device("prefix", dims, (tokens, lengths))
+        self._runner.count_tokens(dims.batch * width, sum(len(q) for q in queries))
+        return [
+            PrefixEntry(k, v, last, len(query))
+            for k, v, last, query in zip(keys, values, lasts, queries, strict=False)
+        ]

@@ -197,18 +197,24 @@ def stream_step(
 
 
 def prefix_step(
-    model: CausalLM, params: Params, tokens: Array, length: Array
-) -> tuple[Array, Array, Array]:
-    """One query ``tokens [1, T]`` (``length`` real) -> keys, values [layers, 1, T, K, Dh] and
-    the last real token's hidden state [1, D]."""
-    width = tokens.shape[1]
+    model: CausalLM, params: Params, tokens: Array, lengths: Array
+) -> tuple[tuple[Array, ...], tuple[Array, ...], tuple[Array, ...]]:
+    """Queries ``tokens [B, T]`` (``lengths [B]`` real tokens each, >= 1) -> per query: keys,
+    values [layers, 1, T, K, Dh] and the last real token's hidden state [1, D]; B queries in
+    one forward pass, returned apart so each can be cached and reused on its own."""
+    batch, width = tokens.shape
     idx = jnp.arange(width)
-    valid = idx < length[0]
-    mask = ((idx[:, None] >= idx[None, :]) & valid[None, :]) | (idx[:, None] == idx[None, :])
-    positions = idx[None].astype(jnp.int32)
-    hidden, keys, values = model.hidden_and_kv(params, tokens, positions, AttentionSpec(mask[None]))
-    last = jax.lax.dynamic_slice_in_dim(hidden[0], length[0] - 1, 1)  # [1, D]
-    return keys, values, last
+    valid = idx[None, :] < lengths[:, None]  # [B, T]
+    causal = idx[:, None] >= idx[None, :]  # [T, T]
+    mask = (causal[None] & valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]  # [B, T, T]
+    positions = jnp.broadcast_to(idx[None].astype(jnp.int32), (batch, width))
+    hidden, keys, values = model.hidden_and_kv(params, tokens, positions, AttentionSpec(mask))
+    last = hidden[jnp.arange(batch), lengths - 1]  # [B, D]
+    return (
+        tuple(keys[:, b : b + 1] for b in range(batch)),
+        tuple(values[:, b : b + 1] for b in range(batch)),
+        tuple(last[b : b + 1] for b in range(batch)),
+    )
 
 
 def batch_arguments(batch: StreamBatch) -> tuple[Any, ...]:
