@@ -12,6 +12,7 @@ from typing import Any
 from ray.serve import Application
 
 from app.ingress import ScoreIngress
+from cluster.host_group import actor_resources
 from replicas.deployment import DEFAULT_ENGINE, ScoringReplica, coerce_settings
 from replicas.settings import ReplicaSettings
 
@@ -27,8 +28,21 @@ def scoring_app(
 ) -> Application:
     """Bind both deployments; ``*_options`` are ``Deployment.options`` keyword arguments."""
     resolved = coerce_settings(settings)
-    replica = ScoringReplica.options(**dict(replica_options or {})).bind(resolved, engine_factory)
+    options = {**replica_placement(resolved), **dict(replica_options or {})}
+    replica = ScoringReplica.options(**options).bind(resolved, engine_factory)
     return ScoreIngress.options(**dict(ingress_options or {})).bind(replica, resolved)
+
+
+def replica_placement(settings: ReplicaSettings) -> dict[str, Any]:
+    """The replica's resources from ``host_resources``; with ``hosts_per_replica`` H > 1 also
+    a placement group of H such bundles (bundle 0: the replica actor, the leader; bundles
+    1..H-1: its follower hosts) and its strategy."""
+    bundle = settings.host_bundle
+    options: dict[str, Any] = {"ray_actor_options": actor_resources(bundle)}
+    if settings.hosts_per_replica > 1:
+        options["placement_group_bundles"] = [bundle] * settings.hosts_per_replica
+        options["placement_group_strategy"] = settings.placement_group_strategy
+    return options
 
 
 def build_app(args: dict[str, Any]) -> Application:

@@ -105,7 +105,8 @@ class ScoreIngress:
         except Exception as raw:
             error = _unwrap(raw)
             if isinstance(error, ReplicaRejected):
-                raise ScoreRequestError(error.reason, error.message) from None
+                status = 503 if error.reason == Reason.UNAVAILABLE else 400
+                raise ScoreRequestError(error.reason, error.message, None, status) from None
             if isinstance(error, BackPressureError):
                 raise ScoreRequestError(
                     Reason.OVERLOADED, "scoring replicas are overloaded; retry later", None, 503

@@ -7,6 +7,10 @@ at a time. Only a request that nothing compiled covers compiles on the request p
 that is counted (target 0). With a record file (in the persistent compilation cache's
 directory) every signature ever compiled is compiled again at the next start-up, where the
 persistent cache makes it a load, so padding stays converged across restarts.
+
+Gated (a host group, several JAX processes stepping in lock-step): a background compile is
+held, not used, until ``publish`` names it. The leader publishes a signature once every host
+holds it, at the same step on every host, so every host resolves every step the same way.
 """
 
 from __future__ import annotations
@@ -46,12 +50,15 @@ class StepCompiler:
         *,
         background: bool = True,
         record: Path | None = None,
+        gated: bool = False,
     ) -> None:
         self._compile_fn = compile_fn
         self._dims_types = dict(dims_types)
         self._background = background
         self._record = record
         self._executables: dict[Key, Any] = {}
+        self._gated = gated
+        self._held: dict[Key, Any] = {}  # gated background compiles not yet published
         self._lock = threading.Condition()  # guards the dicts and counters
         self._compile_lock = threading.RLock()  # one compile at a time (nested: same thread)
         self._local = threading.local()  # the source a nested compile is counted under
@@ -77,21 +84,42 @@ class StepCompiler:
         compile nested in another one counts under the outer one's source)."""
         key = (kind, dims)
         with self._compile_lock:
-            if key in self._executables:
-                return
             outer = getattr(self._local, "source", None)
             source = source or outer or "request_path"
+            if key in self._executables or (key in self._held and source == "background"):
+                return
+            if key in self._held:  # a deterministic path needs it now: use it on this host
+                self._store(key, self._held.pop(key), None)
+                return
             self._local.source = source
             try:
                 executable = self._compile_fn(kind, dims)
             finally:
                 self._local.source = outer
-            with self._lock:
-                self._executables[key] = executable
-                self.counts[source] += 1
-                self._pending.discard(key)
-                self._lock.notify_all()
+            self._store(key, executable, source)
             self._remember(key)
+
+    def _store(self, key: Key, executable: Any, source: str | None) -> None:
+        with self._lock:
+            if self._gated and source == "background":
+                self._held[key] = executable
+            else:
+                self._executables[key] = executable
+            if source:
+                self.counts[source] += 1
+            self._pending.discard(key)
+            self._lock.notify_all()
+
+    def held(self) -> list[Key]:
+        """Background compiles finished on this host and not yet published (gated mode)."""
+        with self._lock:
+            return list(self._held)
+
+    def publish(self, keys: list[Key]) -> None:
+        """Make ``keys`` usable (gated mode; the same keys at the same step on every host).
+        A key this host does not hold yet is compiled now, so hosts never diverge."""
+        for kind, dims in keys:
+            self.ensure(kind, dims, "request_path")
 
     def resolve(self, kind: str, dims: Any) -> Any:
         """The signature to run ``dims`` on: itself if compiled, else the cheapest compiled
@@ -113,12 +141,9 @@ class StepCompiler:
         with self._lock:
             return self._lock.wait_for(lambda: not self._pending, timeout_s)
 
-    def replay_record(self) -> int:
-        """Compile every signature the record lists (start-up); returns how many."""
-        before = len(self._executables)
-        for kind, dims in self._read_record():
-            self.ensure(kind, dims, "warmup")
-        return len(self._executables) - before
+    def recorded(self) -> list[Key]:
+        """The signatures the record lists (compiled again at start-up)."""
+        return self._read_record()
 
     # -- background -------------------------------------------------------------------
 

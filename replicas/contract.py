@@ -82,6 +82,13 @@ class ScoringLimitError(ValueError):
         self.reason = reason
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine cannot score now (a host of its group died or stalled); the request is
+    answered 503 ``unavailable`` and the replica reports itself unhealthy."""
+
+    reason = "unavailable"
+
+
 def check_limits(work: ScoreWork, limits: ScoringLimits, multi_item: bool) -> None:
     """Raise ScoringLimitError if ``work`` breaks ``limits``; used on both sides of the handle."""
     if work.num_items > limits.max_items_per_request:

@@ -18,13 +18,20 @@ from typing import Any, Protocol
 import numpy as np
 from ray import serve
 
-from replicas.contract import ModelInfo, ScoreWork, ScoringLimitError, check_limits
+from replicas.contract import (
+    EngineUnavailable,
+    ModelInfo,
+    ScoreWork,
+    ScoringLimitError,
+    check_limits,
+)
 from replicas.settings import ReplicaSettings, SettingsError, check_delimiter_in_vocab
 from replicas.sources import ModelSourceError, load_hf_config, resolve_model_source
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ENGINE = "replicas.engine:ScoringEngine"
+GROUP_ENGINE = "replicas.group_engine:GroupEngine"  # the default when hosts_per_replica > 1
 # Settings that change how requests are batched, not what is loaded or compiled.
 RECONFIGURABLE = frozenset({"max_batch_size", "batch_wait_timeout_s"})
 UNHEALTHY_AFTER_FAILED_BATCHES = 3
@@ -128,6 +135,8 @@ class ScoringReplica:
         self._failed_batches_in_a_row = 0
         self._last_error = ""
         vocab_size = check_model_settings(self._settings)
+        if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
+            engine_factory = GROUP_ENGINE
         self._engine = load_engine_factory(engine_factory)(self._settings)
         info = self._engine.info
         if info.vocab_size != vocab_size:
@@ -152,6 +161,9 @@ class ScoringReplica:
     def check_health(self) -> None:
         if not self._ready:
             raise RuntimeError("scoring engine is not loaded and warmed up yet")
+        engine_health = getattr(self._engine, "check_health", None)
+        if callable(engine_health):
+            engine_health()  # a host group pings its followers
         if self._failed_batches_in_a_row >= UNHEALTHY_AFTER_FAILED_BATCHES:
             raise RuntimeError(
                 f"{self._failed_batches_in_a_row} scoring batches failed in a row; "
@@ -204,6 +216,11 @@ class ScoringReplica:
         try:
             # A thread keeps the event loop (health checks, queueing) alive during the step.
             arrays = await asyncio.to_thread(self._engine.score_batch, works)
+        except EngineUnavailable as error:
+            self._failed_batches_in_a_row = UNHEALTHY_AFTER_FAILED_BATCHES  # replace me
+            self._last_error = str(error)
+            logger.error("scoring engine unavailable: %s", error)
+            return [ReplicaRejected(error.reason, str(error))] * len(works)
         except Exception as error:
             reason = getattr(error, "reason", None)
             if isinstance(error, ValueError) and isinstance(reason, str):

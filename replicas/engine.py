@@ -83,18 +83,21 @@ class ScoringEngine:
             {kind: layout.kinds[kind] for kind, layout in owners.items()},
             background=settings.background_compile,
             record=Path(directory) / RECORD_FILE if directory else None,
+            gated=settings.hosts_per_replica > 1,
         )
 
     @classmethod
-    def from_settings(cls, settings: ReplicaSettings) -> ScoringEngine:
-        """Load the configured model onto its mesh and warm the configured shapes."""
+    def from_settings(cls, settings: ReplicaSettings, warm: bool = True) -> ScoringEngine:
+        """Load the configured model onto its mesh (every visible device of every host when
+        ``hosts_per_replica`` > 1) and, with ``warm``, compile the configured shapes."""
         from replicas.loading import load_model
 
         configure_compilation_cache(settings.compilation_cache_dir)
         mesh = build_mesh(settings.mesh_shape)
         loaded = load_model(settings.model, mesh, settings.dtype)
         engine = cls(loaded.model, loaded.params, mesh, settings, name=settings.model)
-        engine.warmup()
+        if warm:
+            engine.warmup()
         return engine
 
     @property
@@ -178,22 +181,39 @@ class ScoringEngine:
         return results
 
     def warmup(self, shapes: Sequence[tuple[int, int, int, int]] | None = None) -> int:
-        """Compile every recorded signature, then every signature that synthetic work of each
+        """Compile ``warmup_keys(shapes)``; returns how many executables were compiled."""
+        return self.compile_keys(self.warmup_keys(shapes))
+
+    def warmup_keys(
+        self, shapes: Sequence[tuple[int, int, int, int]] | None = None
+    ) -> list[tuple[str, Any]]:
+        """Every recorded signature, then every signature that synthetic work of each
         (query_tokens, items, item_tokens, labels) shape would run, once per
-        ``warmup_batch_sizes`` entry (multi-item mode: also its ``item_first`` form). Nothing
-        is scored; returns how many executables were compiled."""
-        before = self.compile_count
-        self._compiler.replay_record()
+        ``warmup_batch_sizes`` entry (multi-item mode: also its ``item_first`` form)."""
+        keys = self._compiler.recorded()
         for work in self._warmup_works(shapes or self._settings.warmup_shapes):
             for batch_size in self._settings.warmup_batch_sizes:
                 works = [work] * batch_size
                 multi, pairs = self._route(works)
-                planned = (self._multi.plan(works, multi) if multi else []) + (
-                    self._single.plan(works, pairs) if pairs else []
-                )
-                for kind, dims in planned:
-                    self._compiler.ensure(kind, dims, "warmup")
+                keys += self._multi.plan(works, multi) if multi else []
+                keys += self._single.plan(works, pairs) if pairs else []
+        return list(dict.fromkeys(keys))
+
+    def compile_keys(self, keys: Sequence[tuple[str, Any]]) -> int:
+        """Compile ``(kind, dims)`` signatures at start-up (nothing is scored)."""
+        before = self.compile_count
+        for kind, dims in keys:
+            self._compiler.ensure(kind, dims, "warmup")
         return self.compile_count - before
+
+    def held_signatures(self) -> list[tuple[str, Any]]:
+        """Background compiles done on this host, not yet usable (host groups)."""
+        return self._compiler.held()
+
+    def publish(self, keys: Sequence[tuple[str, Any]]) -> None:
+        """Make held signatures usable; every host of a group publishes the same keys at the
+        same step."""
+        self._compiler.publish(list(keys))
 
     def _warmup_works(self, shapes: Sequence[tuple[int, int, int, int]]) -> list[ScoreWork]:
         token = 1 if self._settings.multi_item_scoring_delimiter != 1 else 2

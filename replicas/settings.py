@@ -19,6 +19,7 @@ from replicas.contract import (
 from replicas.sources import DEFAULT_MODEL
 
 LAYOUTS = ("shared_prefix", "packed_reference")
+PLACEMENT_STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 MAX_ITEMS_PER_REQUEST = 4096
 DTYPES = ("float32", "bfloat16")
 
@@ -79,6 +80,16 @@ class ReplicaSettings:
     # Each warm-up shape is also scored as a step of this many concurrent requests, so the
     # batch buckets that cross-request batching reaches are compiled before traffic.
     warmup_batch_sizes: tuple[int, ...] = (1,)
+    # Host groups (cluster/host_group.py): one replica spans this many hosts (JAX processes),
+    # each in its own placement-group bundle of ``host_resources``; the mesh spans them all.
+    hosts_per_replica: int = 1
+    # Resources of each host of a replica, in Ray's bundle form ({"CPU": 1}, {"TPU": 4}):
+    # the replica actor's own and, with hosts_per_replica > 1, every bundle's.
+    host_resources: tuple[tuple[str, float], ...] = (("CPU", 1.0),)
+    # SPREAD also runs a group on one machine; STRICT_SPREAD puts each host on its own node.
+    placement_group_strategy: str = "SPREAD"
+    # A follower host that does not finish a step (or answer a ping) within this is dead.
+    host_timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -95,6 +106,28 @@ class ReplicaSettings:
         for name in ("token_buckets", "item_token_buckets", "batch_buckets"):
             _check_buckets(name, getattr(self, name))
         self._check_limits()
+        self._check_hosts()
+
+    def _check_hosts(self) -> None:
+        if isinstance(self.hosts_per_replica, bool) or not 1 <= self.hosts_per_replica <= 64:
+            raise SettingsError(
+                f"hosts_per_replica: must be an int in [1, 64], got {self.hosts_per_replica!r}"
+            )
+        if self.placement_group_strategy not in PLACEMENT_STRATEGIES:
+            raise SettingsError(
+                f"placement_group_strategy: must be one of {PLACEMENT_STRATEGIES}, "
+                f"got {self.placement_group_strategy!r}"
+            )
+        resources = dict(self.host_resources)
+        if not resources or any(
+            not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int | float) or v < 0
+            for k, v in resources.items()
+        ):
+            raise SettingsError(
+                f"host_resources: must map resource names to amounts >= 0, got {resources}"
+            )
+        if self.host_timeout_s <= 0:
+            raise SettingsError(f"host_timeout_s: must be > 0, got {self.host_timeout_s}")
 
     def _check_limits(self) -> None:
         if not 1 <= self.max_items_per_request <= MAX_ITEMS_PER_REQUEST:
@@ -134,6 +167,11 @@ class ReplicaSettings:
             raise SettingsError(str(error)) from error
 
     @property
+    def host_bundle(self) -> dict[str, float]:
+        """One host's placement-group bundle (Ray's resource names)."""
+        return dict(self.host_resources)
+
+    @property
     def multi_item(self) -> bool:
         return self.multi_item_scoring_delimiter is not None
 
@@ -150,7 +188,10 @@ class ReplicaSettings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise SettingsError(f"{unknown[0]}: unknown replica setting (known: {sorted(known)})")
-        return cls(**{key: _as_tuples(value) for key, value in values.items()})
+        converted = {key: _as_tuples(value) for key, value in values.items()}
+        if isinstance(converted.get("host_resources"), Mapping):
+            converted["host_resources"] = tuple(sorted(converted["host_resources"].items()))
+        return cls(**converted)
 
     def replace(self, **changes: Any) -> ReplicaSettings:
         return dataclasses.replace(self, **changes)

@@ -1,0 +1,135 @@
+"""A scoring engine that spans a host group: one ``ScoringEngine`` per JAX process, in step.
+
+Used by the replica deployment when ``hosts_per_replica`` > 1. The leader (the replica actor)
+validates work, then every host runs the same ``score_batch`` on the same works at the same
+step number (``cluster.host_group.HostGroup``); every step's executable spans the global mesh,
+its outputs come back replicated, and the leader answers. Hosts resolve every step the same
+way because the compiled signatures they may use change only at the same points: warm-up
+compiles the leader's list on every host, a signature nothing covers compiles on every host
+on the request path, and a background compile is published (usable) only once every host
+reports holding it, at the start of the same step everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from cluster.host_group import HostGroup, HostGroupError
+from replicas.contract import EngineUnavailable, ModelInfo, ScoreWork
+from replicas.engine import ScoringEngine
+from replicas.settings import ReplicaSettings, SettingsError
+
+FOLLOWER_FACTORY = "replicas.group_engine:FollowerEngine"
+Key = tuple[str, Any]
+
+
+def check_mesh_spans_hosts(settings: ReplicaSettings) -> None:
+    """With several hosts the mesh must hold every device of every host, exactly."""
+    needed = int(np.prod(settings.mesh_shape))
+    devices, local = jax.device_count(), jax.local_device_count()
+    if needed != devices:
+        raise SettingsError(
+            f"mesh_shape: {list(settings.mesh_shape)} holds {needed} devices, but "
+            f"hosts_per_replica: {settings.hosts_per_replica} hosts x {local} devices per host "
+            f"= {devices}; make their products equal"
+        )
+
+
+def _report(engine: ScoringEngine) -> dict[str, Any]:
+    return {"held": engine.held_signatures(), "compile_count": engine.compile_count}
+
+
+class FollowerEngine:
+    """The target a follower host builds (``FOLLOWER_FACTORY``): its own engine, stepped."""
+
+    def __init__(self, settings: ReplicaSettings) -> None:
+        check_mesh_spans_hosts(settings)
+        self._engine = ScoringEngine.from_settings(settings, warm=False)
+
+    def compile_keys(self, keys: Sequence[Key]) -> dict[str, Any]:
+        self._engine.compile_keys(keys)
+        return _report(self._engine)
+
+    def score(self, works: Sequence[ScoreWork], publish: Sequence[Key]) -> dict[str, Any]:
+        self._engine.publish(publish)
+        self._engine.score_batch(works)  # the leader answers; the scores stay here
+        return _report(self._engine)
+
+
+class GroupEngine:
+    """The leader's engine: what the replica deployment calls, for the whole group."""
+
+    def __init__(self, group: HostGroup, engine: ScoringEngine) -> None:
+        self._group = group
+        self._engine = engine
+        self._followers: list[dict[str, Any]] = []  # each follower's last report
+
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> GroupEngine:
+        """Start the followers, bootstrap jax.distributed, load the model on every host (each
+        places only its own devices' shards) and compile the leader's warm-up list on all."""
+        group = HostGroup(settings.hosts_per_replica, settings.host_bundle, settings.host_timeout_s)
+
+        def leader_engine() -> ScoringEngine:
+            check_mesh_spans_hosts(settings)
+            return ScoringEngine.from_settings(settings, warm=False)
+
+        engine = group.start(FOLLOWER_FACTORY, settings, leader_engine)
+        self = cls(group, engine)
+        keys = engine.warmup_keys()
+        _, self._followers = group.step("compile_keys", (keys,), lambda: engine.compile_keys(keys))
+        return self
+
+    @property
+    def info(self) -> ModelInfo:
+        return self._engine.info
+
+    @property
+    def compile_count(self) -> int:
+        return self._engine.compile_count
+
+    def validate(self, work: ScoreWork) -> None:
+        self._engine.validate(work)
+
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
+        for work in works:  # bad work is refused here, before any host steps
+            self._engine.validate(work)
+        publish = self._publishable()
+
+        def local() -> list[np.ndarray]:
+            self._engine.publish(publish)
+            return self._engine.score_batch(works)
+
+        try:
+            results, self._followers = self._group.step("score", (list(works), publish), local)
+        except HostGroupError as error:
+            raise EngineUnavailable(f"host group: {error}") from None
+        return results
+
+    def _publishable(self) -> list[Key]:
+        """Background compiles every host holds (the leader's order)."""
+        held = [set(report["held"]) for report in self._followers]
+        return [key for key in self._engine.held_signatures() if all(key in h for h in held)]
+
+    def check_health(self) -> None:
+        try:
+            self._group.check()
+        except HostGroupError as error:
+            raise EngineUnavailable(f"host group: {error}") from None
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            **self._engine.stats(),
+            "hosts": self._group.num_hosts,
+            "host_compile_counts": [
+                self._engine.compile_count,
+                *(report["compile_count"] for report in self._followers),
+            ],
+        }
+
+    def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
+        return self._engine.wait_for_background_compiles(timeout_s)
