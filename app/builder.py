@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import ray
 from ray.serve import Application
 
 from app.ingress import ScoreIngress
-from cluster.host_group import actor_resources
+from cluster.host_group import HostGroupError, actor_resources, check_placement_fits
 from replicas.deployment import DEFAULT_ENGINE, ScoringReplica, coerce_settings
-from replicas.settings import ReplicaSettings
+from replicas.settings import ReplicaSettings, SettingsError
 
 APP_NAME = "scorejax"
 
@@ -39,6 +40,13 @@ def replica_placement(settings: ReplicaSettings) -> dict[str, Any]:
     1..H-1: its follower hosts) and its strategy."""
     bundle = settings.host_bundle
     options: dict[str, Any] = {"ray_actor_options": actor_resources(bundle)}
+    if settings.hosts_per_replica > 1 and ray.is_initialized():
+        try:
+            check_placement_fits(
+                settings.hosts_per_replica, bundle, settings.placement_group_strategy, ray.nodes()
+            )
+        except HostGroupError as error:
+            raise SettingsError(str(error)) from None
     if settings.hosts_per_replica > 1:
         options["placement_group_bundles"] = [bundle] * settings.hosts_per_replica
         options["placement_group_strategy"] = settings.placement_group_strategy

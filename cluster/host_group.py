@@ -20,6 +20,7 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import logging
+import os
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -61,6 +62,11 @@ def initialize_host(coordinator: str, num_hosts: int, process_id: int, timeout_s
     )
 
 
+def host_identity(process_id: int) -> dict[str, Any]:
+    """Which process and node a host is (for stats and operators)."""
+    return {"process": process_id, "node": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+
 def load_factory(path: str) -> Callable[..., Any]:
     """``"module:attribute"`` -> the attribute (a class or a function)."""
     module_name, _, attribute = path.partition(":")
@@ -72,6 +78,28 @@ def actor_resources(bundle: Mapping[str, float]) -> dict[str, Any]:
     rest = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
     options: dict[str, Any] = {"num_cpus": bundle.get("CPU", 0), "num_gpus": bundle.get("GPU", 0)}
     return {**options, "resources": rest} if rest else options
+
+
+def check_placement_fits(
+    num_hosts: int, bundle: Mapping[str, float], strategy: str, nodes: Sequence[Mapping]
+) -> None:
+    """Fail start-up, naming the settings, when the live ``nodes`` (``ray.nodes()``) cannot
+    hold a group (its placement group would wait forever): no node holds one bundle, or
+    STRICT_SPREAD asks for more nodes than hold one. Nodes an autoscaler has not started yet
+    are not counted."""
+    totals = [node.get("Resources", {}) for node in nodes if node.get("Alive")]
+    fitting = sum(all(t.get(k, 0) >= v for k, v in bundle.items()) for t in totals)
+    if not fitting:
+        raise HostGroupError(
+            f"host_resources: {dict(bundle)} fits no node of this Ray cluster "
+            f"(node resources: {totals})"
+        )
+    if strategy == "STRICT_SPREAD" and fitting < num_hosts:
+        raise HostGroupError(
+            f"hosts_per_replica: {num_hosts} hosts with placement_group_strategy: STRICT_SPREAD "
+            f"need {num_hosts} nodes that each hold host_resources {dict(bundle)}; this cluster "
+            f"has {fitting}"
+        )
 
 
 @ray.remote(max_restarts=0, max_concurrency=2)  # a ping is answered while a step runs
@@ -90,9 +118,10 @@ class FollowerHost:
         factory: str,
         settings: Any,
         timeout_s: float,
-    ) -> None:
+    ) -> dict[str, Any]:
         initialize_host(coordinator, num_hosts, process_id, timeout_s)
         self._target = load_factory(factory)(settings)
+        return host_identity(process_id)
 
     def step(self, number: int, method: str, args: tuple[Any, ...]) -> Any:
         if number != self._step + 1:
@@ -117,6 +146,7 @@ class HostGroup:
         self._timeout_s = timeout_s
         self._number = 0
         self._broken = ""
+        self.members: list[dict[str, Any]] = []  # host_identity of every host, once started
         self._local = concurrent.futures.ThreadPoolExecutor(1, "scorejax-host-step")
         self._followers = [
             FollowerHost.options(
@@ -148,7 +178,7 @@ class HostGroup:
         ]
         initialize_host(coordinator, hosts, 0, timeout)
         result = local()
-        self._wait(refs, "start-up")
+        self.members = [host_identity(0), *self._wait(refs, "start-up")]
         return result
 
     def step(self, method: str, args: tuple[Any, ...], local: Callable[[], T]) -> tuple[T, list]:

@@ -125,6 +125,7 @@ class GroupEngine:
         return {
             **self._engine.stats(),
             "hosts": self._group.num_hosts,
+            "host_members": self._group.members,
             "host_compile_counts": [
                 self._engine.compile_count,
                 *(report["compile_count"] for report in self._followers),

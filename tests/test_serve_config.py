@@ -98,7 +98,7 @@ def test_the_key_checker_catches_typos() -> None:
     app["args"]["max_batch"] = 4
     replica = app["deployments"][1]
     replica["autoscaling_config"]["target_ongoing_request"] = 2
-    replica["ray_actor_options"]["num_gpu"] = 1
+    replica["ray_actor_options"] = {"num_gpu": 1}
     replica["max_queued_request"] = 3
     replica["user_config"]["dtype"] = "bfloat16"
     assert sorted(unknown_keys(data, ServeDeploySchema)) == [
@@ -140,11 +140,12 @@ def test_deployments_scale_by_queue_depth_and_shed_overload() -> None:
         assert autoscaling.target_ongoing_requests < schema.max_ongoing_requests
         assert {"upscale_delay_s", "downscale_delay_s"} <= set(deployment["autoscaling_config"])
         assert schema.max_queued_requests > 0  # bounded queue: excess answered 503 at once
-        assert schema.ray_actor_options.num_cpus > 0
     ingress = next(d for d in app["deployments"] if d["name"] == ScoreIngress.name)
-    assert ingress["ray_actor_options"]["num_cpus"] < 1  # fractional CPU
+    assert 0 < ingress["ray_actor_options"]["num_cpus"] < 1  # fractional CPU
     replica = next(d for d in app["deployments"] if d["name"] == ScoringReplica.name)
+    assert "ray_actor_options" not in replica  # host_resources sets them: one place
     settings = ReplicaSettings.from_mapping(app["args"])
+    assert settings.host_bundle == {"CPU": 1}
     assert replica["max_ongoing_requests"] >= settings.max_batch_size  # a batch can fill
     assert set(replica["user_config"]) <= RECONFIGURABLE
     # The start-up reconfigure() accepts it (it may only touch batching settings).

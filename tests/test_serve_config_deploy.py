@@ -48,9 +48,11 @@ def tiny_config(model_dir: Path) -> dict[str, Any]:
         warmup_shapes=[[8, 1, 1, 4]],
         warmup_batch_sizes=[1],
         compilation_cache_dir=None,
+        host_resources={"CPU": 0.1},
     )
     for deployment in app["deployments"]:
-        deployment["ray_actor_options"]["num_cpus"] = 0.1
+        if "ray_actor_options" in deployment:
+            deployment["ray_actor_options"]["num_cpus"] = 0.1
     return config
 
 
