@@ -35,11 +35,13 @@ def scoring_app(
 
 
 def replica_placement(settings: ReplicaSettings) -> dict[str, Any]:
-    """The replica's resources from ``host_resources``; with ``hosts_per_replica`` H > 1 also
-    a placement group of H such bundles (bundle 0: the replica actor, the leader; bundles
-    1..H-1: its follower hosts) and its strategy."""
-    bundle = settings.host_bundle
-    options: dict[str, Any] = {"ray_actor_options": actor_resources(bundle)}
+    """The replica's resources from ``host_resources`` (and ``host_label_selector``); with
+    ``hosts_per_replica`` H > 1 also a placement group of H such bundles (bundle 0: the replica
+    actor, the leader; bundles 1..H-1: its follower hosts), its strategy and labels."""
+    bundle, labels = settings.host_bundle, dict(settings.host_label_selector)
+    single = settings.hosts_per_replica == 1  # else the bundles carry the labels
+    actor = actor_resources(bundle) | ({"label_selector": labels} if labels and single else {})
+    options: dict[str, Any] = {"ray_actor_options": actor}
     if settings.hosts_per_replica > 1 and ray.is_initialized():
         try:
             check_placement_fits(
@@ -50,6 +52,8 @@ def replica_placement(settings: ReplicaSettings) -> dict[str, Any]:
     if settings.hosts_per_replica > 1:
         options["placement_group_bundles"] = [bundle] * settings.hosts_per_replica
         options["placement_group_strategy"] = settings.placement_group_strategy
+        if labels:
+            options["placement_group_bundle_label_selector"] = [labels] * settings.hosts_per_replica
     return options
 
 

@@ -205,6 +205,10 @@ class HostGroup:
             raise HostGroupError(self._broken)
         self._wait([f.ping.remote() for f in self._followers], "health check")
 
+    def fail(self, reason: str) -> None:
+        """Break the group (hosts went out of step); raises HostGroupError."""
+        self._break(reason)
+
     def _wait(self, refs: Sequence[Any], label: str) -> list:
         try:
             return ray.get(list(refs), timeout=self._timeout_s)

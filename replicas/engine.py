@@ -70,6 +70,7 @@ class ScoringEngine:
         self._lock = threading.Lock()  # one score_batch at a time
         self._counters = {"steps": 0, "computed_tokens": 0, "useful_tokens": 0}
         self._engine_seconds = 0.0
+        self.last_signatures: list[tuple[str, Any]] = []  # what the last score_batch ran
         self._single = SingleItemLayout(model, self)
         self._multi = (
             PackedReferenceLayout(model, self)
@@ -168,6 +169,7 @@ class ScoringEngine:
         for work in works:
             self.validate(work)
         results = [np.zeros((w.num_items, len(w.label_ids)), np.float32) for w in works]
+        self.last_signatures = []
         multi, pairs = self._route(works)
         with self._lock:
             start = time.perf_counter()
@@ -259,6 +261,7 @@ class ScoringEngine:
         executable = self._compiler.executable(kind, dims)
         placed = jax.tree.map(self._place, args)
         self._counters["steps"] += 1
+        self.last_signatures.append((kind, dims))
         return executable(self._params, *placed)
 
     def run(self, kind: str, dims: Any, args: tuple[Any, ...]) -> np.ndarray:

@@ -40,7 +40,11 @@ def check_mesh_spans_hosts(settings: ReplicaSettings) -> None:
 
 
 def _report(engine: ScoringEngine) -> dict[str, Any]:
-    return {"held": engine.held_signatures(), "compile_count": engine.compile_count}
+    return {
+        "held": engine.held_signatures(),
+        "compile_count": engine.compile_count,
+        "ran": engine.last_signatures,
+    }
 
 
 class FollowerEngine:
@@ -106,9 +110,17 @@ class GroupEngine:
 
         try:
             results, self._followers = self._group.step("score", (list(works), publish), local)
+            self._check_in_step()
         except HostGroupError as error:
             raise EngineUnavailable(f"host group: {error}") from None
         return results
+
+    def _check_in_step(self) -> None:
+        """Every host must have run the leader's signatures, in its order."""
+        ran = self._engine.last_signatures
+        for process, report in enumerate(self._followers, start=1):
+            if report["ran"] != ran:
+                self._group.fail(f"host {process} ran {report['ran']}, the leader ran {ran}")
 
     def _publishable(self) -> list[Key]:
         """Background compiles every host holds (the leader's order)."""

@@ -88,6 +88,9 @@ class ReplicaSettings:
     host_resources: tuple[tuple[str, float], ...] = (("CPU", 1.0),)
     # SPREAD also runs a group on one machine; STRICT_SPREAD puts each host on its own node.
     placement_group_strategy: str = "SPREAD"
+    # Ray node labels every host must carry (a label selector on each bundle), e.g.
+    # {"ray.io/tpu-pod-type": "v6e-16"} or a slice's "ray.io/tpu-slice-name" to pin a group.
+    host_label_selector: tuple[tuple[str, str], ...] = ()
     # A follower host that does not finish a step (or answer a ping) within this is dead.
     host_timeout_s: float = 300.0
 
@@ -125,6 +128,11 @@ class ReplicaSettings:
         ):
             raise SettingsError(
                 f"host_resources: must map resource names to amounts >= 0, got {resources}"
+            )
+        labels = dict(self.host_label_selector)
+        if any(not isinstance(k, str) or not isinstance(v, str) for k, v in labels.items()):
+            raise SettingsError(
+                f"host_label_selector: must map label names to strings, got {labels}"
             )
         if self.host_timeout_s <= 0:
             raise SettingsError(f"host_timeout_s: must be > 0, got {self.host_timeout_s}")
@@ -189,8 +197,9 @@ class ReplicaSettings:
         if unknown:
             raise SettingsError(f"{unknown[0]}: unknown replica setting (known: {sorted(known)})")
         converted = {key: _as_tuples(value) for key, value in values.items()}
-        if isinstance(converted.get("host_resources"), Mapping):
-            converted["host_resources"] = tuple(sorted(converted["host_resources"].items()))
+        for key in ("host_resources", "host_label_selector"):
+            if isinstance(converted.get(key), Mapping):
+                converted[key] = tuple(sorted(converted[key].items()))
         return cls(**converted)
 
     def replace(self, **changes: Any) -> ReplicaSettings:
