@@ -4,10 +4,10 @@ jax.distributed). ``bench``: only the shared-prefix layout on [1, 4], timing one
 request (the step overhead of a group against one process with the same devices).
 
 Every process builds the same engines in the same order (shared-prefix, packed-reference and
-single-item layouts, on a ``[1, 4]`` mesh whose model axis crosses hosts and a ``[2, 2]`` mesh
-whose data axis does) and scores the same works; process 0 prints one JSON line with every
-layout's scores, and seconds per repeated ``score_batch``. The distributed bootstrap must run
-before jax touches a device, hence separate processes.
+single-item layouts on a ``[1, 4]`` mesh whose model axis crosses hosts; shared-prefix on a
+``[2, 2]`` mesh whose data axis does) and scores the same works; process 0 prints one JSON
+line with every layout's scores, and seconds per repeated ``score_batch``. The distributed
+bootstrap must run before jax touches a device, hence separate processes.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def run(model: str, repeats: int, bench: bool) -> dict:
 
     out: dict = {}
     for mesh in MESHES[:1] if bench else MESHES:
-        for name, overrides in list(LAYOUTS.items())[: 1 if bench else None]:
+        # Every layout with the model axis across hosts; the data axis needs only one.
+        for name, overrides in list(LAYOUTS.items())[: 1 if bench or mesh != MESHES[0] else None]:
             settings = ReplicaSettings(
                 model=model,
                 mesh_shape=mesh,

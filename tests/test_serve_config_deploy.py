@@ -97,6 +97,7 @@ def test_a_reload_only_change_is_refused_naming_the_setting(deployed: tuple[Any,
     cluster, config = deployed
     bad = copy.deepcopy(config)
     replica_deployment(bad)["user_config"] = {"dtype": "bfloat16"}
+    replica_deployment(bad)["max_constructor_retry_count"] = 1  # fail on the first try
     client = serve.context._get_global_client()
     from ray.serve.schema import ServeDeploySchema
 

@@ -177,7 +177,8 @@ def test_bad_settings_fail_the_deployment_naming_the_setting(
     app = scoring_app(
         ReplicaSettings(model=str(tiny_llama_dir), multi_item_scoring_delimiter=49152),
         engine_factory=FAST,
-        replica_options={"ray_actor_options": CPU},
+        # One failed start is enough to fail the deployment (Serve's default retries cost ~1 min).
+        replica_options={"ray_actor_options": CPU, "max_constructor_retry_count": 1},
         ingress_options={"ray_actor_options": CPU},
     )
     with pytest.raises(RuntimeError, match="bad-delimiter"):
