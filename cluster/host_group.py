@@ -162,11 +162,6 @@ class HostGroup:
     def num_hosts(self) -> int:
         return len(self._followers) + 1
 
-    @property
-    def broken(self) -> str:
-        """Why the group is broken ("" while healthy)."""
-        return self._broken
-
     def start(self, factory: str, settings: Any, local: Callable[[], T]) -> T:
         """Bootstrap jax.distributed on every host, build every follower's target from
         ``factory(settings)`` and the leader's with ``local()``, all at once."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -18,6 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 from ray import serve
 
+from cluster.host_group import load_factory
 from replicas.contract import (
     EngineUnavailable,
     ModelInfo,
@@ -113,7 +113,7 @@ def load_engine_factory(path: str) -> Callable[[ReplicaSettings], Engine]:
     module_name, _, attribute = path.partition(":")
     if not module_name or not attribute:
         raise SettingsError(f"engine_factory: expected 'module:attribute', got {path!r}")
-    target = getattr(importlib.import_module(module_name), attribute)
+    target = load_factory(path)
     return getattr(target, "from_settings", target)
 
 

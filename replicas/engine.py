@@ -169,9 +169,9 @@ class ScoringEngine:
         for work in works:
             self.validate(work)
         results = [np.zeros((w.num_items, len(w.label_ids)), np.float32) for w in works]
-        self.last_signatures = []
         multi, pairs = self._route(works)
         with self._lock:
+            self.last_signatures = []
             start = time.perf_counter()
             try:
                 if multi:

@@ -96,9 +96,6 @@ class GroupEngine:
     def compile_count(self) -> int:
         return self._engine.compile_count
 
-    def validate(self, work: ScoreWork) -> None:
-        self._engine.validate(work)
-
     def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
         for work in works:  # bad work is refused here, before any host steps
             self._engine.validate(work)
