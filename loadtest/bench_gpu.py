@@ -31,23 +31,15 @@ import numpy as np
 from cluster.mesh import build_mesh
 from loadtest.bench_common import LABELS, write_section
 from loadtest.bench_engine import make_work, shipped_settings
-from loadtest.flops import multi_item_flops, single_item_flops
+from replicas.catalog import HF_CONFIGS
 from replicas.contract import ScoreWork
 from replicas.engine import ScoringEngine
+from replicas.flops import multi_item_flops, single_item_flops
 from replicas.loading import load_model
 
+# config.json values less the keys Qwen3Config takes from its own class.
 QWEN3_0_6B = {
-    "hidden_size": 1024,
-    "intermediate_size": 3072,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 16,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-    "vocab_size": 151936,
-    "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000.0,
-    "tie_word_embeddings": True,
+    k: v for k, v in HF_CONFIGS["Qwen3-0.6B"].items() if k not in ("model_type", "architectures")
 }
 
 

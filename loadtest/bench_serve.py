@@ -58,7 +58,7 @@ from loadtest.bench_serve_report import (
     targets_table,
     total,
 )
-from loadtest.flops import multi_item_flops
+from replicas.flops import multi_item_flops
 from replicas.config import ModelConfig
 from replicas.contract import ScoreWork
 

@@ -73,6 +73,11 @@ class StepCompiler:
     def executable(self, kind: str, dims: Any) -> Any:
         return self._executables[(kind, dims)]
 
+    def executables(self) -> dict[Key, Any]:
+        """Every usable compiled step by ``(kind, dims)``, in compile order."""
+        with self._lock:
+            return dict(self._executables)
+
     @property
     def pending(self) -> int:
         """Background compiles queued or running."""

@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
 from cluster.sharding import replicated
+from replicas.attention import with_stream_attention
 from replicas.compiler import StepCompiler
 from replicas.contract import ModelInfo, ScoreWork, check_limits
 from replicas.layouts.packed_reference import PackedReferenceLayout
@@ -63,6 +64,7 @@ class ScoringEngine:
     ) -> None:
         vocab = model.config.vocab_size
         check_delimiter_in_vocab(settings, vocab, name)
+        model = with_stream_attention(model, settings.attention, mesh)
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
         self._info = ModelInfo(name, vocab, settings.multi_item_scoring_delimiter, settings.limits)
         self._replicated = replicated(mesh)
@@ -102,6 +104,10 @@ class ScoringEngine:
         return engine
 
     @property
+    def model(self) -> CausalLM:
+        return self._model
+
+    @property
     def info(self) -> ModelInfo:
         return self._info
 
@@ -122,6 +128,11 @@ class ScoringEngine:
             "engine_seconds": round(self._engine_seconds, 6),
             **self._cache.stats(),
         }
+
+    def executables(self) -> dict[tuple[str, Any], Any]:
+        """Compiled steps by ``(kind, dims)`` (``jax.stages.Compiled``: memory and cost
+        analysis for deviceless checks, ``cluster.tpu_check``)."""
+        return self._compiler.executables()
 
     def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
         return self._compiler.wait_idle(timeout_s)
@@ -193,13 +204,22 @@ class ScoringEngine:
         (query_tokens, items, item_tokens, labels) shape would run, once per
         ``warmup_batch_sizes`` entry (multi-item mode: also its ``item_first`` form)."""
         keys = self._compiler.recorded()
-        for work in self._warmup_works(shapes or self._settings.warmup_shapes):
-            for batch_size in self._settings.warmup_batch_sizes:
-                works = [work] * batch_size
-                multi, pairs = self._route(works)
-                keys += self._multi.plan(works, multi) if multi else []
-                keys += self._single.plan(works, pairs) if pairs else []
+        for batch_size in self._settings.warmup_batch_sizes:
+            keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
         return list(dict.fromkeys(keys))
+
+    def workload_keys(
+        self, shapes: Sequence[tuple[int, int, int, int]], batch_size: int
+    ) -> list[tuple[str, Any]]:
+        """The signatures (nested prefix steps included) that ``batch_size`` concurrent
+        requests of each shape would run; nothing is compiled or scored."""
+        keys: list[tuple[str, Any]] = []
+        for work in self._warmup_works(shapes):
+            works = [work] * batch_size
+            multi, pairs = self._route(works)
+            keys += self._multi.plan(works, multi) if multi else []
+            keys += self._single.plan(works, pairs) if pairs else []
+        return keys
 
     def compile_keys(self, keys: Sequence[tuple[str, Any]]) -> int:
         """Compile ``(kind, dims)`` signatures at start-up (nothing is scored)."""

@@ -9,6 +9,7 @@ the stack compiles once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ class ItemStreamSpec:
 class DecoderLayer(nn.Module):
     config: ModelConfig
     dtype: Any = jnp.float32
+    stream_attention: Callable[..., Array] = attend_item_stream  # see replicas.attention
 
     def setup(self) -> None:
         eps = self.config.rms_norm_eps
@@ -71,7 +73,7 @@ class DecoderLayer(nn.Module):
     ) -> Array:
         """x: [B, S, D] item stream reading prefix keys/values [B, T, K, Dh] -> [B, S, D]."""
         q, k, v = self.attn.qkv(self.attn_norm(x), positions)
-        attended = attend_item_stream(
+        attended = self.stream_attention(
             q, prefix_k, prefix_v, spec.prefix_valid, k, v, spec.item_ids, spec.window
         )
         return self._mlp_block(x + self.attn.out(attended))
@@ -83,10 +85,13 @@ class CausalLM:
 
     config: ModelConfig
     dtype: Any = jnp.float32
+    # The item stream's attention (layers.attend_item_stream, or the Pallas kernels that
+    # replicas.attention selects for the mesh's platform); parameters do not depend on it.
+    stream_attention: Callable[..., Array] = attend_item_stream
 
     @property
     def layer(self) -> DecoderLayer:
-        return DecoderLayer(self.config, self.dtype)
+        return DecoderLayer(self.config, self.dtype, self.stream_attention)
 
     def init_params(self, rng: Array) -> Params:
         """Random parameters with the loaders' tree structure (also for jax.eval_shape)."""

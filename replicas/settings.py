@@ -22,6 +22,7 @@ LAYOUTS = ("shared_prefix", "packed_reference")
 PLACEMENT_STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 MAX_ITEMS_PER_REQUEST = 4096
 DTYPES = ("float32", "bfloat16")
+ATTENTION = ("auto", "xla", "pallas")
 
 
 class SettingsError(ValueError):
@@ -57,6 +58,9 @@ class ReplicaSettings:
     mesh_shape: tuple[int, int] = (1, 1)  # (data, model)
     multi_item_scoring_delimiter: int | None = None
     layout: str = "shared_prefix"
+    # Item-stream attention: Pallas kernels on TPU and XLA elsewhere (auto), or forced.
+    # Pallas off TPU runs in interpret mode (slow; for tests).
+    attention: str = "auto"
     # Query (prefix) lengths T, and packed reference rows: a geometric ladder, ~1.125x apart.
     token_buckets: tuple[int, ...] = bucket_ladder(16, 8192)
     # Item-stream tokens S of a step: items end to end (single-item rows too).
@@ -99,6 +103,8 @@ class ReplicaSettings:
             raise SettingsError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.layout not in LAYOUTS:
             raise SettingsError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.attention not in ATTENTION:
+            raise SettingsError(f"attention: must be one of {ATTENTION}, got {self.attention!r}")
         if len(self.mesh_shape) != 2 or any(int(n) < 1 for n in self.mesh_shape):
             raise SettingsError(f"mesh_shape: must be [data, model] >= 1, got {self.mesh_shape}")
         delimiter = self.multi_item_scoring_delimiter

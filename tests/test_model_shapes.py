@@ -10,71 +10,20 @@ from jax.sharding import AbstractMesh, PartitionSpec
 
 from cluster.mesh import build_mesh
 from cluster.sharding import partition_spec
-from replicas.config import ModelConfig, config_from_hf
+from replicas.catalog import model_config
+from replicas.config import config_from_hf
 from replicas.loading import load_model
 from replicas.model import CausalLM
 from replicas.name_map import tensor_mappings
 from replicas.params import param_logical_axes, param_shapes, param_shardings
 from tests.model_helpers import TINY_VARIANTS, batch, our_logprobs, tiny_hf_config
 
-
-def qwen3_0_6b() -> ModelConfig:
-    """Qwen/Qwen3-0.6B config.json values, written by hand (no download)."""
-    from transformers import Qwen3Config
-
-    return config_from_hf(
-        Qwen3Config(
-            vocab_size=151936,
-            hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=28,
-            num_attention_heads=16,
-            num_key_value_heads=8,
-            head_dim=128,
-            rms_norm_eps=1e-6,
-            rope_theta=1000000.0,
-            max_position_embeddings=40960,
-            tie_word_embeddings=True,
-            architectures=["Qwen3ForCausalLM"],
-        )
-    )
-
-
-def llama_3_2_1b() -> ModelConfig:
-    """meta-llama/Llama-3.2-1B config.json values, written by hand (no download)."""
-    from transformers import LlamaConfig
-
-    return config_from_hf(
-        LlamaConfig(
-            vocab_size=128256,
-            hidden_size=2048,
-            intermediate_size=8192,
-            num_hidden_layers=16,
-            num_attention_heads=32,
-            num_key_value_heads=8,
-            head_dim=64,
-            rms_norm_eps=1e-5,
-            max_position_embeddings=131072,
-            tie_word_embeddings=True,
-            rope_scaling={
-                "rope_type": "llama3",
-                "factor": 32.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192,
-                "rope_theta": 500000.0,
-            },
-            architectures=["LlamaForCausalLM"],
-        )
-    )
-
-
-PRODUCTION = {"Qwen3-0.6B": qwen3_0_6b, "Llama-3.2-1B": llama_3_2_1b}
+PRODUCTION = ("Qwen3-0.6B", "Llama-3.2-1B")
 
 
 @pytest.mark.parametrize("name", sorted(PRODUCTION))
 def test_production_config_shapes_without_weights(name):
-    config = PRODUCTION[name]()
+    config = model_config(name)
     abstract = jax.eval_shape(CausalLM(config).init_params, jax.random.key(0))
     shapes = jax.tree.map(lambda leaf: tuple(leaf.shape), abstract)
     assert shapes == param_shapes(config)
@@ -84,7 +33,7 @@ def test_production_config_shapes_without_weights(name):
 
 
 def test_production_configs_parsed():
-    qwen, llama = qwen3_0_6b(), llama_3_2_1b()
+    qwen, llama = model_config("Qwen3-0.6B"), model_config("Llama-3.2-1B")
     assert (qwen.family, qwen.head_dim, qwen.qk_norm, qwen.num_groups) == ("qwen3", 128, True, 2)
     assert llama.rope_scaling is not None and llama.rope_scaling.factor == 32.0
     assert llama.rope_theta == 500000.0 and llama.tie_word_embeddings
@@ -99,7 +48,7 @@ def test_production_configs_parsed():
     ],
 )
 def test_production_partition_specs_on_abstract_mesh(name, model_axis, expected_q):
-    config = PRODUCTION[name]()
+    config = model_config(name)
     mesh = AbstractMesh((2, model_axis), ("data", "model"))
     axes, shapes = param_logical_axes(config), param_shapes(config)
     q = partition_spec(axes["layers"]["attn"]["q"], shapes["layers"]["attn"]["q"], mesh)

@@ -53,6 +53,12 @@ def test_two_by_two_mesh_equals_one_device(variant, sharded_results):
     assert result["max_abs_diff"] <= 1e-5
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_pallas_item_attention_sharded_equals_xla_on_one_device(variant, sharded_results):
+    # Interpret mode on CPU; llama-kv3's indivisible kv heads run with heads replicated.
+    assert sharded_results[variant]["pallas_engine_diff"] <= 1e-5
+
+
 def test_heads_split_over_model_axis(sharded_results):
     llama = sharded_results["llama"]  # 4 heads, 2 kv heads, vocab 256, mlp 128
     assert llama["q"] == [None, None, "model", None]

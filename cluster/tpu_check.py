@@ -1,0 +1,303 @@
+"""``python -m cluster.tpu_check``: compile a TPU serve plan here, without a TPU.
+
+    python -m cluster.tpu_check --topology v6e:4x4 --model Qwen3-8B
+
+For a slice topology libtpu knows (v6e:2x2, v6e:4x4, v5e:2x2, v5e:4x4, v5p:2x2x1, ...), a
+production model config (``replicas.catalog``) or a ``config.json``, and a TPU serve config
+(by default the shipped KubeRay manifest for that slice, else its settings on a default
+mesh): shape-only bf16 parameters sharded by the one logical-axis table, the mesh a host group
+builds over every host's chips, and every step signature the config's warm-up compiles,
+lowered and compiled for the slice. Prints per step the compile time, per-chip memory against
+HBM, XLA's FLOPs and bytes, and a roofline projection at RFC-008's workload (300-token query,
+10 items of 10 tokens). Exits 1 when the plan does not fit in HBM (before compiling when the
+parameters alone do not), 2 on a bad option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster.tpu_topology import GIB, TopologyError, prepare_environment
+
+MANIFESTS = Path(__file__).resolve().parent / "manifests"
+DEFAULT_CONFIGS = {
+    "v6e:2x2": MANIFESTS / "rayservice-v6e-4.yaml",
+    "v6e:4x4": MANIFESTS / "rayservice-v6e-16.yaml",
+}
+WORKLOAD = (300, 10, 10, 2)  # RFC-008: query tokens, items, item tokens, labels
+
+
+@dataclass
+class Plan:
+    """What one check found; ``fits`` decides the exit code."""
+
+    topology: str
+    model: str
+    chip: str
+    mesh: tuple[int, int]
+    hosts: int
+    crossing: list[str]
+    param_bytes: int
+    cache_bytes: int
+    hbm_bytes: int
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    projection: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def need_bytes(self) -> int:
+        extra = max((s["step_bytes"] for s in self.steps), default=0)
+        return self.param_bytes + self.cache_bytes + extra
+
+    @property
+    def fits(self) -> bool:
+        return self.need_bytes <= self.hbm_bytes
+
+
+def serve_args(path: Path) -> dict[str, Any]:
+    """The scoring app's ``args`` from a serve config or a KubeRay RayService manifest."""
+    data = yaml.safe_load(path.read_text())
+    if data.get("kind") == "RayService":
+        data = yaml.safe_load(data["spec"]["serveConfigV2"])
+    apps = [a for a in data["applications"] if a["import_path"] == "app.builder:build_app"]
+    if len(apps) != 1:
+        raise TopologyError(f"--config: {path} has no single app.builder:build_app application")
+    return dict(apps[0].get("args") or {})
+
+
+def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
+    """The config's settings for this model and slice: bf16 unless set, no compilation cache
+    (its signature record would add this machine's history), mesh from --mesh, else the
+    config's when it uses every chip, else ``[hosts, chips per host]``."""
+    from cluster.tpu_topology import default_mesh_shape, host_count
+    from replicas.settings import ReplicaSettings
+
+    config = Path(args.config) if args.config else DEFAULT_CONFIGS.get(args.topology)
+    values = serve_args(config or DEFAULT_CONFIGS["v6e:2x2"])
+    if args.mesh:
+        mesh = tuple(int(n) for n in args.mesh.split(","))
+    elif config and values.get("mesh_shape", [1, 1])[0] * values["mesh_shape"][1] == len(devices):
+        mesh = tuple(values["mesh_shape"])
+    else:
+        mesh = default_mesh_shape(devices)
+    values.update(
+        model=args.model,
+        mesh_shape=mesh,
+        compilation_cache_dir=None,
+        hosts_per_replica=host_count(devices),
+        attention=args.attention,
+    )
+    values.setdefault("dtype", "bfloat16")
+    if args.signatures != "all":  # one batch size: the largest, or the smallest
+        sizes = values.get("warmup_batch_sizes", [1])
+        values["warmup_batch_sizes"] = [max(sizes) if args.signatures == "largest" else min(sizes)]
+    return ReplicaSettings.from_mapping(values)
+
+
+def abstract_params(model: Any, mesh: Any) -> tuple[Any, int]:
+    """Shape-only parameters placed by ``param_shardings``, and their bytes per chip."""
+    import jax
+    import numpy as np
+
+    from replicas.params import param_shardings
+
+    shapes = jax.eval_shape(model.init_params, jax.random.key(0))
+    shardings = param_shardings(model.config, mesh)
+    params = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
+    )
+    per_chip = sum(
+        int(np.prod(p.sharding.shard_shape(p.shape))) * p.dtype.itemsize
+        for p in jax.tree.leaves(params)
+    )
+    return params, per_chip
+
+
+def chosen_keys(engine: Any, signatures: str) -> list[tuple[str, Any]]:
+    """Every warm-up signature, or per kind the most (or least) expensive one."""
+    keys = engine.warmup_keys()
+    if signatures == "all":
+        return keys
+    sign = 1 if signatures == "largest" else -1
+    chosen: dict[str, tuple[str, Any]] = {}
+    for kind, dims in keys:
+        if kind not in chosen or sign * (dims.cost - chosen[kind][1].cost) > 0:
+            chosen[kind] = (kind, dims)
+    return list(chosen.values())
+
+
+def step_row(
+    kind: str, dims: Any, compiled: Any, seconds: float | None, params: int
+) -> dict[str, Any]:
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    args = int(memory.argument_size_in_bytes)
+    out, temp = int(memory.output_size_in_bytes), int(memory.temp_size_in_bytes)
+    alias, code = int(memory.alias_size_in_bytes), int(memory.generated_code_size_in_bytes)
+    return {
+        "kind": kind,
+        "dims": list(dims.astuple()),
+        "compile_s": None if seconds is None else round(seconds, 1),
+        "argument_bytes": args,
+        "output_bytes": out,
+        "temp_bytes": temp,
+        "code_bytes": code,
+        # Beyond the resident parameters: inputs, outputs, temporaries, code.
+        "step_bytes": args - params + out + temp - alias + code,
+        "pallas_calls": compiled.as_text().count('custom_call_target="tpu_custom_call"'),
+        "xla_flops": float(cost.get("flops", 0.0)),
+        "xla_bytes": float(cost.get("bytes accessed", 0.0)),
+    }
+
+
+def compile_steps(engine: Any, keys: list[tuple[str, Any]], plan: Plan) -> None:
+    for key in keys:
+        before = set(engine.executables())
+        start = time.perf_counter()
+        engine.compile_keys([key])
+        seconds = time.perf_counter() - start
+        for new_key, compiled in engine.executables().items():
+            if new_key not in before:  # a nested prefix step compiles inside its items step
+                spent = seconds if new_key == key else None
+                plan.steps.append(step_row(*new_key, compiled, spent, plan.param_bytes))
+                print(format_step(plan.steps[-1], plan.hbm_bytes), flush=True)
+
+
+def project(engine: Any, settings: Any, chip: Any, plan: Plan) -> None:
+    """RFC-008's workload (multi-item, query first) at batch 1 and at the largest batch
+    bucket: its item-stream steps and the prefix step each needs, cold and cached."""
+    from cluster.tpu_projection import items_per_second, project_step
+    from replicas.layouts.shared_prefix import PrefixDims
+
+    itemsize = 2 if settings.dtype == "bfloat16" else 4
+    for batch in sorted({1, settings.batch_buckets[-1]}):
+        items = WORKLOAD[1] * batch
+        streams = [d for k, d in engine.workload_keys([WORKLOAD], batch) if k == "items"]
+        keys = [("prefix", PrefixDims(d.batch, d.prefix)) for d in streams]
+        keys += [("items", d) for d in streams]
+        costs = {
+            (kind, dims): project_step(
+                engine.model.config, kind, dims, items if kind == "items" else 0, chip,
+                settings.mesh_shape[1], plan.param_bytes, itemsize,
+            )
+            for kind, dims in keys
+        }  # fmt: skip
+        warm = [cost for (kind, _), cost in costs.items() if kind == "items"]
+        plan.projection.append(
+            {
+                "batch": batch,
+                "steps": [
+                    [kind, list(dims.astuple()), round(cost.seconds * 1e3, 3)]
+                    for (kind, dims), cost in costs.items()
+                ],
+                "items_per_s": round(items_per_second(items, list(costs.values())), 1),
+                "items_per_s_cached_query": round(items_per_second(items, warm), 1),
+            }
+        )
+
+
+def format_step(row: dict[str, Any], hbm: int) -> str:
+    mib = 1024**2
+    spent = "(in the next)" if row["compile_s"] is None else f"{row['compile_s']:.1f} s"
+    return (
+        f"  {row['kind']:<7}{tuple(row['dims'])!s:<30}compile {spent:>13}  "
+        f"args {row['argument_bytes'] / mib:>7.0f} MiB  out {row['output_bytes'] / mib:>6.0f} MiB  "
+        f"temp {row['temp_bytes'] / mib:>6.0f} MiB  (step {row['step_bytes'] / hbm:.1%} of HBM)  "
+        f"XLA {row['xla_flops']:.3g} FLOP, {row['xla_bytes']:.3g} B (scan body once)"
+    )
+
+
+def check(args: argparse.Namespace) -> Plan:
+    import jax.numpy as jnp
+
+    from cluster.mesh import build_mesh
+    from cluster.tpu_topology import axes_crossing_hosts, chip_spec, topology_devices
+    from replicas.catalog import model_config
+    from replicas.engine import ScoringEngine
+    from replicas.loading import DTYPES
+    from replicas.model import CausalLM
+
+    devices = topology_devices(args.topology)
+    chip = chip_spec(devices)
+    settings = replica_settings(args, devices)
+    mesh = build_mesh(settings.mesh_shape, devices)  # as a host group builds it
+    model = CausalLM(model_config(args.model), jnp.dtype(DTYPES[settings.dtype]))
+    params, param_bytes = abstract_params(model, mesh)
+    plan = Plan(
+        args.topology, args.model, chip.name, settings.mesh_shape, settings.hosts_per_replica,
+        axes_crossing_hosts(mesh), param_bytes, settings.query_cache_bytes, chip.hbm_bytes,
+    )  # fmt: skip
+    print(header(plan, len(devices)), flush=True)
+    if not plan.fits:
+        return plan
+    engine = ScoringEngine(model, params, mesh, settings, name=args.model)
+    compile_steps(engine, chosen_keys(engine, args.signatures), plan)
+    project(engine, settings, chip, plan)
+    return plan
+
+
+def header(plan: Plan, chips: int) -> str:
+    crossing = ", ".join(plan.crossing) or "none (one host)"
+    return (
+        f"{plan.model} on {plan.topology}: {chips} {plan.chip} chips on {plan.hosts} host(s), "
+        f"{plan.hbm_bytes / GIB:.0f} GiB HBM each; mesh [data, model] = {list(plan.mesh)}, "
+        f"axes crossing hosts: {crossing}\n"
+        f"  parameters {plan.param_bytes / GIB:.2f} GiB per chip, query cache "
+        f"{plan.cache_bytes / GIB:.2f} GiB per chip"
+    )
+
+
+def verdict(plan: Plan) -> str:
+    need, hbm = plan.need_bytes / GIB, plan.hbm_bytes / GIB
+    if plan.fits:
+        return f"fits: yes, {need:.2f} GiB needed per chip of {hbm:.0f} GiB ({plan.chip})"
+    return (
+        f"fits: NO, {need:.2f} GiB needed per chip (parameters {plan.param_bytes / GIB:.2f} GiB"
+        f" + query cache + the largest step) against {hbm:.0f} GiB of a {plan.chip} chip; "
+        "use a slice with more chips on the model axis"
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topology", required=True, help="e.g. v6e:2x2, v6e:4x4, v5e:2x2")
+    parser.add_argument("--model", default="Qwen3-0.6B", help="catalog name or config.json")
+    parser.add_argument("--config", help="serve config or RayService manifest")
+    parser.add_argument("--mesh", help="data,model (default: the config's, else hosts,chips)")
+    parser.add_argument("--signatures", choices=("all", "largest", "smallest"), default="all")
+    parser.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
+    parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")
+    parser.add_argument("--json", help="write the plan as JSON here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        prepare_environment(args.topology, args.libtpu)
+        plan = check(args)
+    except (TopologyError, ValueError) as error:
+        print(f"tpu_check: {error}", file=sys.stderr)
+        return 2
+    for row in plan.projection:
+        print(
+            f"  projected at RFC-008's workload, {row['batch']} request(s) per step: "
+            f"{row['items_per_s']:.0f} items/s cold, {row['items_per_s_cached_query']:.0f} "
+            f"items/s with the query cached; steps (kind, dims, ms): {row['steps']}"
+        )
+    print(verdict(plan))
+    if args.json:
+        Path(args.json).write_text(json.dumps(vars(plan) | {"fits": plan.fits}, indent=1))
+    return 0 if plan.fits else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
