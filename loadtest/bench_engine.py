@@ -30,9 +30,9 @@ from loadtest.bench_common import (
     timed,
     write_section,
 )
-from replicas.flops import multi_item_flops
 from replicas.contract import ScoreWork
 from replicas.engine import ScoringEngine
+from replicas.flops import multi_item_flops
 from replicas.loading import load_model
 from replicas.settings import ReplicaSettings
 

@@ -58,9 +58,9 @@ from loadtest.bench_serve_report import (
     targets_table,
     total,
 )
-from replicas.flops import multi_item_flops
 from replicas.config import ModelConfig
 from replicas.contract import ScoreWork
+from replicas.flops import multi_item_flops
 
 SLOW_FROM = 100  # own single-item and transformers cases run once from this many items on
 JSON_HEADERS = {"content-type": "application/json"}
