@@ -53,15 +53,22 @@ class ScoreRequestError(ValueError):
         message: str,
         param: str | None = None,
         status_code: int = 400,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = Reason(reason)
         self.message = message
         self.param = param
         self.status_code = status_code
+        self.retry_after_s = retry_after_s  # the Retry-After header of a 503, if any
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason.value, self.message, self.param, self.status_code))
+        fields = (self.reason.value, self.message, self.param, self.status_code)
+        return (type(self), (*fields, self.retry_after_s))
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
 
     @property
     def body(self) -> dict[str, Any]:

@@ -72,7 +72,7 @@ async def handle(
     try:
         return await _route(service, method.upper(), path, body, backend, health, stats)
     except ScoreRequestError as error:
-        return HttpReply(error.status_code, error.body)
+        return HttpReply(error.status_code, error.body, error.headers)
     except Exception:
         logger.exception("unexpected error answering %s %s", method, path)
         return HttpReply(500, error_body(Reason.INTERNAL, "internal error", None, 500))

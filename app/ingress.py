@@ -8,7 +8,10 @@ Never imports jax; only token ids go to the replicas.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from app.errors import Reason, ScoreRequestError
 from app.http import handle, read_limited, relative_path
 from app.service import ScoringService
+from replicas.admission import QueueEstimate, admit
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.deployment import ReplicaRejected, coerce_settings
 from replicas.settings import ReplicaSettings
@@ -52,8 +56,10 @@ class ScoreIngress:
     def __init__(
         self, replica: DeploymentHandle, settings: ReplicaSettings | Mapping[str, Any]
     ) -> None:
-        self._service = ScoringService.from_settings(coerce_settings(settings))
+        self._settings = coerce_settings(settings)
+        self._service = ScoringService.from_settings(self._settings)
         self._replica = replica
+        self._queue = QueueEstimate()  # calls to the replicas in flight, recent completions
 
     @property
     def info(self) -> ModelInfo:
@@ -100,16 +106,41 @@ class ScoreIngress:
         return self._service.info
 
     async def _call_replica(self, work: ScoreWork) -> np.ndarray:
+        """Admission control, then the replica call bounded by the request's deadline."""
+        settings = self._settings
+        verdict = admit(self._queue, settings.max_queue_wait_s)
+        if not verdict.admitted:
+            message = (
+                f"overloaded: expected wait {verdict.expected_wait_s:.1f} s exceeds "
+                f"max_queue_wait_s {settings.max_queue_wait_s} s; retry later"
+            )
+            raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
+        work = dataclasses.replace(work, deadline=time.time() + settings.request_deadline_s)
+        self._queue.started()
+        served = False
+        try:
+            result = await asyncio.wait_for(self._replica_answer(work), settings.request_deadline_s)
+            served = True
+            return result
+        except TimeoutError:
+            message = f"no answer within the request deadline ({settings.request_deadline_s} s)"
+            raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, 1) from None
+        finally:
+            self._queue.finished(served)
+
+    async def _replica_answer(self, work: ScoreWork) -> np.ndarray:
         try:
             return await self._replica.score.remote(work)
         except Exception as raw:
             error = _unwrap(raw)
             if isinstance(error, ReplicaRejected):
-                status = 503 if error.reason == Reason.UNAVAILABLE else 400
-                raise ScoreRequestError(error.reason, error.message, None, status) from None
+                status = 503 if error.reason in (Reason.UNAVAILABLE, Reason.OVERLOADED) else 400
+                raise ScoreRequestError(
+                    error.reason, error.message, None, status, error.retry_after_s
+                ) from None
             if isinstance(error, BackPressureError):
                 raise ScoreRequestError(
-                    Reason.OVERLOADED, "scoring replicas are overloaded; retry later", None, 503
+                    Reason.OVERLOADED, "scoring replicas are overloaded; retry later", None, 503, 1
                 ) from None
             if isinstance(error, RayActorError | RayServeException):
                 raise ScoreRequestError(

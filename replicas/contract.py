@@ -25,6 +25,9 @@ class ScoreWork:
     item_ids: tuple[tuple[int, ...], ...]
     label_ids: tuple[int, ...]
     item_first: bool = False
+    # Wall-clock time (time.time()) after which nobody waits for the answer: the replica
+    # drops the work instead of scoring it (semantics 12). None: no deadline.
+    deadline: float | None = None
 
     @property
     def num_items(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ import numpy as np
 from ray import serve
 
 from cluster.host_group import load_factory
+from replicas.admission import QueueEstimate, admit
 from replicas.contract import (
     EngineUnavailable,
     ModelInfo,
@@ -50,15 +52,17 @@ class Engine(Protocol):
 
 
 class ReplicaRejected(ValueError):
-    """A replica refused one ScoreWork (a limit); picklable so it crosses the handle."""
+    """A replica refused one ScoreWork (a limit, overload, or a dead engine); picklable so
+    it crosses the handle. ``retry_after_s`` comes with ``overloaded``."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.reason = reason
         self.message = message
+        self.retry_after_s = retry_after_s
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason, self.message))
+        return (type(self), (self.reason, self.message, self.retry_after_s))
 
 
 def coerce_settings(settings: ReplicaSettings | Mapping[str, Any]) -> ReplicaSettings:
@@ -134,6 +138,8 @@ class ScoringReplica:
         self._largest_batch = 0
         self._failed_batches_in_a_row = 0
         self._last_error = ""
+        self._queue = QueueEstimate()  # works queued or in a step, recent completions
+        self._shed = {"overloaded": 0, "expired": 0}
         vocab_size = check_model_settings(self._settings)
         if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
             engine_factory = GROUP_ENGINE
@@ -186,6 +192,10 @@ class ScoringReplica:
             **(engine_stats() if callable(engine_stats) else {}),
             "max_batch_size": self._settings.max_batch_size,
             "batch_wait_timeout_s": self._settings.batch_wait_timeout_s,
+            "queued_works": self._queue.in_flight,
+            "expected_wait_s": round(self._queue.expected_wait_s(), 3),
+            "rejected_overloaded": self._shed["overloaded"],
+            "dropped_expired": self._shed["expired"],
         }
 
     async def score(self, work: ScoreWork) -> np.ndarray:
@@ -196,7 +206,20 @@ class ScoringReplica:
             check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
         except ScoringLimitError as error:
             raise ReplicaRejected(error.reason, str(error)) from None
-        result = await self._score_batched(work)
+        verdict = admit(self._queue, self._settings.max_queue_wait_s)
+        if not verdict.admitted:
+            self._shed["overloaded"] += 1
+            message = (
+                f"replica overloaded: expected wait {verdict.expected_wait_s:.1f} s exceeds "
+                f"max_queue_wait_s {self._settings.max_queue_wait_s} s"
+            )
+            raise ReplicaRejected("overloaded", message, verdict.retry_after_s)
+        self._queue.started()
+        result: Any = None
+        try:
+            result = await self._score_batched(work)
+        finally:
+            self._queue.finished(isinstance(result, np.ndarray))
         if isinstance(result, BaseException):
             raise result
         return result
@@ -206,11 +229,25 @@ class ScoringReplica:
         self._batches += 1
         self._works += len(works)
         self._largest_batch = max(self._largest_batch, len(works))
+        now = time.time()
+        alive = [work.deadline is None or work.deadline > now for work in works]
+        if not all(alive):
+            return await self._score_alive(works, alive)
         results = await self._run_engine(works)
         if len(works) > 1 and all(isinstance(r, ReplicaRejected) for r in results):
             # One bad work must not fail its neighbours: score them one by one.
             results = [(await self._run_engine([work]))[0] for work in works]
         return results
+
+    async def _score_alive(
+        self, works: list[ScoreWork], alive: list[bool]
+    ) -> list[np.ndarray | Exception]:
+        """Works past their deadline are dropped unscored (nobody waits for them)."""
+        self._shed["expired"] += alive.count(False)
+        expired = ReplicaRejected("overloaded", "request deadline passed before scoring", 1)
+        live = [work for work, ok in zip(works, alive, strict=True) if ok]
+        scored = iter(await self._run_engine(live) if live else [])
+        return [next(scored) if ok else expired for ok in alive]
 
     async def _run_engine(self, works: list[ScoreWork]) -> list[np.ndarray | Exception]:
         try:

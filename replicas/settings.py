@@ -78,6 +78,13 @@ class ReplicaSettings:
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.005
+    # Admission control (semantics 12): a request whose expected wait (Little's law over
+    # recent completions, at the ingress and at the replica) exceeds this is answered at
+    # once with 503 overloaded and Retry-After; 0 turns it off.
+    max_queue_wait_s: float = 5.0
+    # Each request's deadline: work still unscored this long after the ingress took it is
+    # dropped (503 overloaded); keep it below the proxy's http_options.request_timeout_s.
+    request_deadline_s: float = 280.0
     compilation_cache_dir: str | None = None
     # Request shapes scored once at start-up: (query_tokens, items, item_tokens, labels).
     warmup_shapes: tuple[tuple[int, int, int, int], ...] = ()
@@ -169,6 +176,10 @@ class ReplicaSettings:
                 f"warmup_batch_sizes: each must be in [1, {self.batch_buckets[-1]}] "
                 f"(the largest batch bucket), got {list(self.warmup_batch_sizes)}"
             )
+        if self.max_queue_wait_s < 0:
+            raise SettingsError(f"max_queue_wait_s: must be >= 0, got {self.max_queue_wait_s}")
+        if self.request_deadline_s <= 0:
+            raise SettingsError(f"request_deadline_s: must be > 0, got {self.request_deadline_s}")
         if self.max_batch_size < 1:
             raise SettingsError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
         if self.batch_wait_timeout_s < 0:

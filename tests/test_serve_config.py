@@ -150,6 +150,9 @@ def test_deployments_scale_by_queue_depth_and_shed_overload() -> None:
     assert set(replica["user_config"]) <= RECONFIGURABLE
     # The start-up reconfigure() accepts it (it may only touch batching settings).
     assert apply_user_config(settings, replica["user_config"]).max_batch_size >= 1
+    # Overload is answered well before any proxy timeout (semantics 12).
+    assert 0 < settings.max_queue_wait_s <= 10
+    assert settings.request_deadline_s < load()["http_options"]["request_timeout_s"]
 
 
 def test_bad_args_fail_naming_the_setting() -> None:

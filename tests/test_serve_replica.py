@@ -6,13 +6,16 @@ The deployment's class is used directly (``ScoringReplica.func_or_class``) with 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from replicas.admission import QueueEstimate
 from replicas.contract import ScoreWork
 from replicas.deployment import (
     RECONFIGURABLE,
@@ -92,6 +95,36 @@ def test_limits_are_checked_before_batching(settings: ReplicaSettings) -> None:
         asyncio.run(replica.score(work(query_len=80)))
     assert caught.value.reason == "sequence_too_long"
     assert replica._engine.batches == 0
+
+
+def test_work_past_its_deadline_is_dropped_before_the_engine(settings: ReplicaSettings) -> None:
+    replica = Replica(settings, "tests.fake_engine:FakeEngine")
+    live = work(1)
+    late = dataclasses.replace(work(2), deadline=time.time() - 1)
+    later = dataclasses.replace(work(3), deadline=time.time() + 60)
+    got_live, got_late, got_later = asyncio.run(replica._score_many([live, late, later]))
+    np.testing.assert_array_equal(got_live, fake_logprobs(live))
+    np.testing.assert_array_equal(got_later, fake_logprobs(later))
+    assert isinstance(got_late, ReplicaRejected) and got_late.reason == "overloaded"
+    assert replica._engine.batches == 1 and replica.stats()["dropped_expired"] == 1
+    (alone,) = asyncio.run(replica._score_many([late]))
+    assert isinstance(alone, ReplicaRejected) and replica._engine.batches == 1  # no step
+
+
+def test_an_overloaded_replica_refuses_before_batching(settings: ReplicaSettings) -> None:
+    replica = Replica(settings.replace(max_queue_wait_s=2.0), "tests.fake_engine:FakeEngine")
+    now = [0.0]
+    replica._queue = QueueEstimate(clock=lambda: now[0])
+    for _ in range(12):
+        replica._queue.started()
+    for _ in range(2):  # 2 completions in 1 s: 10 queued works wait 5 s
+        now[0] += 0.5
+        replica._queue.finished()
+    with pytest.raises(ReplicaRejected) as caught:
+        asyncio.run(replica.score(work()))
+    assert caught.value.reason == "overloaded" and caught.value.retry_after_s == 3
+    assert replica._engine.batches == 0 and replica.stats()["rejected_overloaded"] == 1
+    assert pickle.loads(pickle.dumps(caught.value)).retry_after_s == 3
 
 
 def test_repeated_engine_failures_make_the_replica_unhealthy(settings: ReplicaSettings) -> None:
