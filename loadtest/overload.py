@@ -54,7 +54,7 @@ async def send(client: httpx.AsyncClient, payload: dict) -> Outcome:
     reason = ""
     if response.status_code != 200:
         try:
-            reason = response.json()["error"]["reason"]
+            reason = response.json()["reason"]  # the error envelope (app/errors.py)
         except (ValueError, KeyError, TypeError):
             reason = "no_envelope"
     return Outcome(response.status_code, seconds, reason, response.headers.get("retry-after"))

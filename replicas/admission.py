@@ -1,10 +1,10 @@
 """Admission control (semantics 12): answer overload at once instead of queueing it.
 
-``QueueEstimate`` turns a queue depth and recent service times into an expected wait; a
+``QueueEstimate`` turns a queue depth and the recent service rate into an expected wait; a
 request whose expected wait exceeds ``max_queue_wait_s`` is refused with 503 ``overloaded``
 and a ``Retry-After``. The ingress keeps one over its calls to the replicas (depth: calls in
-flight; rate: completions per second over a sliding window, Little's law); each replica keeps
-one over its own works (queued for a batch or in the step). Pure Python with an injected
+flight; rate: served calls per busy second, Little's law); each replica keeps one over its
+own works (queued for a batch or in the step). Pure Python with an injected
 clock, so the arithmetic is tested without servers.
 """
 
@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-RATE_WINDOW_S = 10.0
+RECENT_COMPLETIONS = 32
 MAX_RETRY_AFTER_S = 60
 
 
@@ -27,41 +27,55 @@ def retry_after_seconds(expected_wait_s: float, max_wait_s: float) -> int:
 
 @dataclass
 class QueueEstimate:
-    """Calls in flight and when recent ones completed; ``expected_wait_s`` for one more."""
+    """Calls in flight and the service rate; ``expected_wait_s`` for one more call.
 
-    window_s: float = RATE_WINDOW_S
+    The rate counts only busy time (some call in flight), so idle minutes do not make a
+    fresh burst look slow, and spans the last ``recent`` completions plus the gap before
+    them, so a batch finishing many calls at one instant is not mistaken for a fast queue.
+    """
+
+    recent: int = RECENT_COMPLETIONS
     clock: Callable[[], float] = time.monotonic
     in_flight: int = 0
-    _completions: deque[float] = field(default_factory=deque)
+    _busy_total: float = 0.0  # busy seconds before the current busy period
+    _busy_since: float = 0.0  # wall time the current busy period began
+    _completions: deque[float] = field(default_factory=deque)  # busy-clock times
+
+    def busy_clock(self) -> float:
+        """Seconds during which at least one call was in flight."""
+        if self.in_flight:
+            return self._busy_total + self.clock() - self._busy_since
+        return self._busy_total
 
     def started(self) -> None:
+        if not self.in_flight:
+            self._busy_since = self.clock()
         self.in_flight += 1
 
     def finished(self, served: bool = True) -> None:
         """One call left the queue; only served calls count toward the service rate (a
         fast refusal says nothing about how fast the queue drains)."""
-        self.in_flight = max(self.in_flight - 1, 0)
         if served:
-            self._completions.append(self.clock())
-        self._forget()
-
-    def _forget(self) -> None:
-        horizon = self.clock() - self.window_s
-        while self._completions and self._completions[0] < horizon:
-            self._completions.popleft()
+            self._completions.append(self.busy_clock())
+            while len(self._completions) > self.recent + 1:
+                self._completions.popleft()
+        if self.in_flight == 1:
+            self._busy_total += self.clock() - self._busy_since
+        self.in_flight = max(self.in_flight - 1, 0)
 
     def completion_rate(self) -> float | None:
-        """Completions per second over the window; None before two completions (no basis
-        for an estimate yet: admit)."""
-        self._forget()
-        if len(self._completions) < 2:
+        """Served calls per busy second; None before any (no basis yet: admit)."""
+        times = self._completions
+        if not times:
             return None
-        # At least a second: a batch completes many calls at one instant.
-        span = max(self.clock() - self._completions[0], 1.0)
-        return len(self._completions) / span
+        if len(times) > self.recent:  # the oldest kept marks where the others' span began
+            count, since = len(times) - 1, times[0]
+        else:
+            count, since = len(times), 0.0
+        return count / max(self.busy_clock() - since, 1.0)
 
     def expected_wait_s(self) -> float:
-        """Little's law: a new call waits for the calls ahead of it at the recent rate."""
+        """Little's law: a new call waits for the calls ahead of it at the service rate."""
         rate = self.completion_rate()
         return 0.0 if rate is None else self.in_flight / rate
 

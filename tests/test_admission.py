@@ -13,9 +13,8 @@ class Clock:
         return self.now
 
 
-def test_no_estimate_before_two_completions_admits() -> None:
-    clock = Clock()
-    queue = QueueEstimate(clock=clock)
+def test_no_estimate_before_a_completion_admits() -> None:
+    queue = QueueEstimate(clock=Clock())
     for _ in range(50):
         queue.started()
     assert queue.expected_wait_s() == 0.0
@@ -27,39 +26,56 @@ def test_littles_law_wait_and_refusal_with_retry_after() -> None:
     queue = QueueEstimate(clock=clock)
     for _ in range(24):
         queue.started()
-    for _ in range(4):  # one completion every 0.5 s: 2 per second
+    for _ in range(4):  # one served every 0.5 s
         clock.now += 0.5
         queue.finished()
     clock.now += 0.5
-    # 4 completions over the 2 s since the first one -> 2/s; 20 in flight wait 10 s.
-    assert queue.completion_rate() == 2.0
-    assert queue.expected_wait_s() == 10.0
+    # 4 served in 2.5 busy seconds -> 1.6/s; the 20 in flight drain in 12.5 s.
+    assert queue.completion_rate() == 1.6
+    assert queue.expected_wait_s() == 12.5
     verdict = admit(queue, 4.0)
-    assert not verdict.admitted and verdict.retry_after_s == 6
-    assert admit(queue, 10.0).admitted
+    assert not verdict.admitted and verdict.retry_after_s == 9
+    assert admit(queue, 12.5).admitted
     assert admit(queue, 0.0).admitted  # 0 turns the check off
 
 
-def test_old_completions_leave_the_window() -> None:
-    clock = Clock()
-    queue = QueueEstimate(window_s=10.0, clock=clock)
-    queue.started()
-    queue.started()
-    queue.finished()
-    queue.finished()
-    clock.now += 11.0
-    assert queue.completion_rate() is None  # a stale rate is no basis: admit
-    assert queue.in_flight == 0
-
-
-def test_a_burst_of_completions_counts_over_at_least_a_second() -> None:
+def test_idle_time_does_not_slow_the_rate() -> None:
     clock = Clock()
     queue = QueueEstimate(clock=clock)
-    for _ in range(16):
+    queue.started()
+    clock.now += 1.0
+    queue.finished()  # 1 served in 1 busy second
+    clock.now += 100.0  # idle
+    for _ in range(3):
         queue.started()
-    for _ in range(16):
-        queue.finished()  # one batch of 16 completes at one instant
-    assert queue.completion_rate() == 16.0
+    assert queue.busy_clock() == 1.0
+    assert queue.expected_wait_s() == 3.0  # 3 / (1 per second), not 3 / (1 per 101 s)
+
+
+def test_batches_that_finish_many_calls_at_once_count_over_their_span() -> None:
+    clock = Clock()
+    queue = QueueEstimate(recent=32, clock=clock)
+    for burst in range(3):  # 16 calls served together every 4 busy seconds
+        for _ in range(16):
+            queue.started()
+        clock.now += 4.0
+        for _ in range(16):
+            queue.finished()
+        assert queue.completion_rate() == 4.0, burst
+    queue.started()
+    assert queue.expected_wait_s() == 0.25
+
+
+def test_refusals_do_not_count_as_service() -> None:
+    clock = Clock()
+    queue = QueueEstimate(clock=clock)
+    queue.started()
+    queue.started()
+    clock.now += 2.0
+    queue.finished(served=False)
+    assert queue.completion_rate() is None and queue.in_flight == 1
+    queue.finished()
+    assert queue.completion_rate() == 0.5
 
 
 def test_retry_after_is_whole_seconds_between_1_and_60() -> None:
