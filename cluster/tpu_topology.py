@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,9 @@ def prepare_environment(topology: str, libtpu: str | None = None) -> None:
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", f"{generation}-{chips}")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # compile-only: no chip to share
+    # libtpu logs to /tmp/tpu_logs by default, which a Ray node on this machine tails into
+    # its driver's output; the compile logs go elsewhere.
+    os.environ.setdefault("TPU_LOG_DIR", os.path.join(tempfile.gettempdir(), "scorejax-tpu-check"))
 
 
 def topology_devices(topology: str) -> list[Any]:
