@@ -25,6 +25,7 @@ class Reason(StrEnum):
     DELIMITER_IN_CONTENT = "delimiter_in_content"
     UNKNOWN_MODEL = "unknown_model"
     NOT_FOUND = "not_found"
+    UNAUTHORIZED = "unauthorized"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     OVERLOADED = "overloaded"
     UNAVAILABLE = "unavailable"
@@ -33,6 +34,7 @@ class Reason(StrEnum):
 
 _TYPES = {
     400: "BadRequestError",
+    401: "AuthenticationError",
     404: "NotFoundError",
     405: "MethodNotAllowedError",
     500: "InternalServerError",
@@ -68,7 +70,10 @@ class ScoreRequestError(ValueError):
 
     @property
     def headers(self) -> dict[str, str]:
-        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+        headers = {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+        if self.status_code == 401:
+            headers["WWW-Authenticate"] = "Bearer"
+        return headers
 
     @property
     def body(self) -> dict[str, Any]:

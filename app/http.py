@@ -6,10 +6,14 @@ Every answer is JSON. Errors use the envelope of app.errors; schema errors are 4
 from __future__ import annotations
 
 import logging
+import re
+import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.access import check_access
 from app.errors import Reason, ScoreRequestError, error_body
 from app.openapi import openapi_document
 from app.service import Backend, ScoringService
@@ -18,6 +22,7 @@ from app.validation import parse_json
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
 HealthCheck = Callable[[], Awaitable[None]]
 StatsSource = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -59,6 +64,24 @@ def relative_path(path: str, root_path: str) -> str:
     return path.rstrip("/") or "/"
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who asks: the Authorization header and the request id (the client's x-request-id,
+    else a fresh one); ``keys`` are the configured API keys (empty: no auth)."""
+
+    authorization: str | None = None
+    request_id: str | None = None
+    keys: frozenset[str] = frozenset()
+
+
+def request_id_for(client_id: str | None) -> str:
+    """The client's x-request-id when it is a plain token (<= 128 of [A-Za-z0-9._:-], so
+    it cannot forge log lines), else a fresh one."""
+    if client_id and len(client_id) <= 128 and REQUEST_ID.fullmatch(client_id):
+        return client_id
+    return uuid.uuid4().hex
+
+
 async def handle(
     service: ScoringService,
     method: str,
@@ -67,15 +90,28 @@ async def handle(
     backend: Backend,
     health: HealthCheck,
     stats: StatsSource | None = None,
+    caller: Caller = Caller(),
 ) -> HttpReply:
-    """Answer one request; never raises."""
+    """Answer one request; never raises. Logs one line per request (id, method, path,
+    status, milliseconds) and never its content."""
+    start = time.perf_counter()
+    request_id = request_id_for(caller.request_id)
     try:
-        return await _route(service, method.upper(), path, body, backend, health, stats)
+        check_access(path, caller.authorization, caller.keys)
+        reply = await _route(service, method.upper(), path, body, backend, health, stats)
     except ScoreRequestError as error:
-        return HttpReply(error.status_code, error.body, error.headers)
+        reply = HttpReply(error.status_code, error.body, error.headers)
     except Exception:
-        logger.exception("unexpected error answering %s %s", method, path)
-        return HttpReply(500, error_body(Reason.INTERNAL, "internal error", None, 500))
+        logger.exception("request %s: unexpected error answering %s %s", request_id, method, path)
+        reply = HttpReply(500, error_body(Reason.INTERNAL, "internal error", None, 500))
+    elapsed_ms = (time.perf_counter() - start) * 1e3
+    reason = reply.body.get("reason", "") if reply.status != 200 else ""
+    logger.info(
+        "request %s %s %s -> %d %s %.1f ms", request_id, method, path, reply.status, reason,
+        elapsed_ms,
+    )  # fmt: skip
+    headers = {**reply.headers, "x-request-id": request_id}
+    return HttpReply(reply.status, reply.body, headers)
 
 
 async def _route(

@@ -23,8 +23,9 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from app.access import load_api_keys
 from app.errors import Reason, ScoreRequestError
-from app.http import handle, read_limited, relative_path
+from app.http import Caller, handle, read_limited, relative_path
 from app.service import ScoringService
 from replicas.admission import QueueEstimate, admit
 from replicas.contract import ModelInfo, ScoreWork
@@ -57,6 +58,7 @@ class ScoreIngress:
         self, replica: DeploymentHandle, settings: ReplicaSettings | Mapping[str, Any]
     ) -> None:
         self._settings = coerce_settings(settings)
+        self._keys = load_api_keys(self._settings)  # start-up error names the setting
         self._service = ScoringService.from_settings(self._settings)
         self._replica = replica
         self._queue = QueueEstimate()  # calls to the replicas in flight, recent completions
@@ -71,6 +73,11 @@ class ScoreIngress:
         async def body() -> bytes:
             return await read_limited(request.stream())
 
+        caller = Caller(
+            authorization=request.headers.get("authorization"),
+            request_id=request.headers.get("x-request-id"),
+            keys=self._keys,
+        )
         reply = await handle(
             self._service,
             request.method,
@@ -79,6 +86,7 @@ class ScoreIngress:
             self._call_replica,
             self._check_replica,
             self._replica_stats,
+            caller,
         )
         return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
 

@@ -85,6 +85,10 @@ class ReplicaSettings:
     # Each request's deadline: work still unscored this long after the ingress took it is
     # dropped (503 overloaded); keep it below the proxy's http_options.request_timeout_s.
     request_deadline_s: float = 280.0
+    # API keys (semantics 13), never in this file: the name of an environment variable
+    # and/or a file holding them (comma/space/line separated); none set = no auth.
+    api_keys_env: str | None = None
+    api_keys_file: str | None = None
     compilation_cache_dir: str | None = None
     # Request shapes scored once at start-up: (query_tokens, items, item_tokens, labels).
     warmup_shapes: tuple[tuple[int, int, int, int], ...] = ()
