@@ -20,6 +20,11 @@ from app.service import Backend, ScoringService
 from app.validation import parse_json
 
 logger = logging.getLogger(__name__)
+# One line per request. A child of Serve's "ray.serve" logger, so inside a Serve replica the
+# lines land in the replica's log file (Serve sets that logger to INFO; the root stays at
+# WARNING). The name is only a string: this module does not import Ray.
+ACCESS_LOG = "ray.serve.scorejax.access"
+access_log = logging.getLogger(ACCESS_LOG)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
@@ -106,7 +111,7 @@ async def handle(
         reply = HttpReply(500, error_body(Reason.INTERNAL, "internal error", None, 500))
     elapsed_ms = (time.perf_counter() - start) * 1e3
     reason = reply.body.get("reason", "") if reply.status != 200 else ""
-    logger.info(
+    access_log.info(
         "request %s %s %s -> %d %s %.1f ms", request_id, method, path, reply.status, reason,
         elapsed_ms,
     )  # fmt: skip

@@ -88,7 +88,10 @@ class ScoreIngress:
             self._replica_stats,
             caller,
         )
-        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+        # Serve's proxy passes its request id in (the client's x-request-id, else its own)
+        # and sets it on the response itself: not a second time here.
+        headers = {k: v for k, v in reply.headers.items() if k != "x-request-id"}
+        return JSONResponse(reply.body, status_code=reply.status, headers=headers)
 
     async def score(
         self,

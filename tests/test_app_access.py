@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from app.access import key_matches, load_api_keys
-from app.http import Caller, handle
+from app.http import ACCESS_LOG, Caller, handle
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.fake_engine import fake_logprobs
@@ -84,16 +84,35 @@ def test_a_configured_source_without_keys_fails_naming_the_setting(tmp_path: Pat
         load_api_keys(ReplicaSettings(api_keys_file=str(tmp_path / "empty")), {})
 
 
-def test_logs_carry_the_request_id_and_timing_never_the_content(caplog) -> None:
-    with caplog.at_level(logging.DEBUG):
+class Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def test_logs_carry_the_request_id_and_timing_never_the_content() -> None:
+    records = Records()
+    loggers = [logging.getLogger(name) for name in (ACCESS_LOG, "app")]
+    levels = [log.level for log in loggers]
+    for log in loggers:  # every app logger at DEBUG: content must not appear at any level
+        log.addHandler(records)
+        log.setLevel(logging.DEBUG)
+    try:
         ok, _ = ask("/v1/score", "Bearer sk-first", request_id="client-42")
         refused, _ = ask("/v1/score", None)
+    finally:
+        for log, level in zip(loggers, levels, strict=True):
+            log.removeHandler(records)
+            log.setLevel(level)
     assert ok.headers["x-request-id"] == "client-42"
     assert len(refused.headers["x-request-id"]) == 32  # generated
-    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    lines = [r.getMessage() for r in records.records if r.levelno >= logging.INFO]
     assert any("client-42" in line and "-> 200" in line and " ms" in line for line in lines)
     assert any("-> 401 unauthorized" in line for line in lines)
-    for record in caplog.records:
+    for record in records.records:
         assert "zebra" not in record.getMessage() and "sk-first" not in record.getMessage()
 
 
