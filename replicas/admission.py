@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 RECENT_COMPLETIONS = 32
+MIN_COMPLETIONS = 4  # fewer is no basis (the first calls may include compiles): admit
 MAX_RETRY_AFTER_S = 60
 
 
@@ -64,9 +65,10 @@ class QueueEstimate:
         self.in_flight = max(self.in_flight - 1, 0)
 
     def completion_rate(self) -> float | None:
-        """Served calls per busy second; None before any (no basis yet: admit)."""
+        """Served calls per busy second; None before ``MIN_COMPLETIONS`` (no basis yet:
+        admit)."""
         times = self._completions
-        if not times:
+        if len(times) < MIN_COMPLETIONS:
             return None
         if len(times) > self.recent:  # the oldest kept marks where the others' span began
             count, since = len(times) - 1, times[0]

@@ -13,7 +13,7 @@ class Clock:
         return self.now
 
 
-def test_no_estimate_before_a_completion_admits() -> None:
+def test_no_estimate_before_completions_admits() -> None:
     queue = QueueEstimate(clock=Clock())
     for _ in range(50):
         queue.started()
@@ -42,14 +42,15 @@ def test_littles_law_wait_and_refusal_with_retry_after() -> None:
 def test_idle_time_does_not_slow_the_rate() -> None:
     clock = Clock()
     queue = QueueEstimate(clock=clock)
-    queue.started()
-    clock.now += 1.0
-    queue.finished()  # 1 served in 1 busy second
+    for _ in range(4):
+        queue.started()
+        clock.now += 1.0
+        queue.finished()  # 4 served in 4 busy seconds
     clock.now += 100.0  # idle
     for _ in range(3):
         queue.started()
-    assert queue.busy_clock() == 1.0
-    assert queue.expected_wait_s() == 3.0  # 3 / (1 per second), not 3 / (1 per 101 s)
+    assert queue.busy_clock() == 4.0
+    assert queue.expected_wait_s() == 3.0  # 3 / (1 per second), not 3 / (4 per 104 s)
 
 
 def test_batches_that_finish_many_calls_at_once_count_over_their_span() -> None:
@@ -69,13 +70,27 @@ def test_batches_that_finish_many_calls_at_once_count_over_their_span() -> None:
 def test_refusals_do_not_count_as_service() -> None:
     clock = Clock()
     queue = QueueEstimate(clock=clock)
-    queue.started()
-    queue.started()
+    for _ in range(6):
+        queue.started()
     clock.now += 2.0
     queue.finished(served=False)
-    assert queue.completion_rate() is None and queue.in_flight == 1
+    assert queue.completion_rate() is None and queue.in_flight == 5
+    for _ in range(4):
+        queue.finished()
+    assert queue.completion_rate() == 2.0  # 4 served in 2 busy seconds
+
+
+def test_fewer_than_four_completions_are_no_basis() -> None:
+    clock = Clock()
+    queue = QueueEstimate(clock=clock)
+    for _ in range(20):
+        queue.started()
+    clock.now += 30.0  # a first call that compiled for 30 s
+    for _ in range(3):
+        queue.finished()
+    assert queue.completion_rate() is None and admit(queue, 5.0).admitted
     queue.finished()
-    assert queue.completion_rate() == 0.5
+    assert not admit(queue, 5.0).admitted  # 16 in flight at 4 per 30 s
 
 
 def test_retry_after_is_whole_seconds_between_1_and_60() -> None:

@@ -115,9 +115,9 @@ def test_an_overloaded_replica_refuses_before_batching(settings: ReplicaSettings
     replica = Replica(settings.replace(max_queue_wait_s=2.0), "tests.fake_engine:FakeEngine")
     now = [0.0]
     replica._queue = QueueEstimate(clock=lambda: now[0])
-    for _ in range(12):
+    for _ in range(14):
         replica._queue.started()
-    for _ in range(2):  # 2 completions in 1 s: 10 queued works wait 5 s
+    for _ in range(4):  # 4 completions in 2 s: 10 queued works wait 5 s
         now[0] += 0.5
         replica._queue.finished()
     with pytest.raises(ReplicaRejected) as caught:
