@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -83,7 +84,7 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
     values = serve_args(config or DEFAULT_CONFIGS["v6e:2x2"])
     if args.mesh:
         mesh = tuple(int(n) for n in args.mesh.split(","))
-    elif config and values.get("mesh_shape", [1, 1])[0] * values["mesh_shape"][1] == len(devices):
+    elif config and math.prod(values.get("mesh_shape") or [0]) == len(devices):
         mesh = tuple(values["mesh_shape"])
     else:
         mesh = default_mesh_shape(devices)
