@@ -9,9 +9,9 @@ compute the same function; needs no download. Runs where jax sees a GPU (the dev
 
     python -m loadtest.bench_gpu [--batches 1,2,4,8,16,32,64] [--output FILE]
 
-Engine settings are the shipped serve_config.yaml's, except ``dtype: bfloat16``, batch
-buckets and ``max_batch_size`` up to 64 (the shipped config steps one request at a time on
-CPU) and the query cache off (every request has its own query anyway).
+Engine settings are the shipped GPU config's (serve_config.gpu.yaml: bfloat16, batches up to
+64, cuDNN attention for causal rows), with the query cache off (every request has its own
+query anyway); the same engines with ``attention: xla`` run beside them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import numpy as np
 
 from cluster.mesh import build_mesh
 from loadtest.bench_common import LABELS, write_section
-from loadtest.bench_engine import make_work, shipped_settings
+from loadtest.bench_engine import SERVE_CONFIG, make_work, shipped_settings
 from replicas.catalog import HF_CONFIGS
 from replicas.contract import ScoreWork
 from replicas.engine import ScoringEngine
@@ -126,19 +126,19 @@ def bf16_peak(size: int, repeats: int = 10) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
-def build_engines(directory: Path, max_batch: int) -> tuple[dict[str, ScoringEngine], Any]:
-    batches = tuple(b for b in (1, 2, 4, 8, 16, 32, 64, 128) if b <= max(max_batch, 1))
-    settings = shipped_settings().replace(
-        model=str(directory),
-        dtype="bfloat16",
-        batch_buckets=batches,
-        max_batch_size=batches[-1],
-    )
+GPU_CONFIG = SERVE_CONFIG.parent / "serve_config.gpu.yaml"
+
+
+def build_engines(directory: Path) -> tuple[dict[str, ScoringEngine], Any]:
+    settings = shipped_settings(GPU_CONFIG).replace(model=str(directory))
     mesh = build_mesh(settings.mesh_shape)
     loaded = load_model(settings.model, mesh, settings.dtype)
+    xla = settings.replace(attention="xla")  # the same steps without cuDNN's fused attention
     variants = {
         "multi": settings,
         "single": settings.replace(multi_item_scoring_delimiter=None),
+        "multi_xla": xla,
+        "single_xla": xla.replace(multi_item_scoring_delimiter=None),
     }
     engines = {
         name: ScoringEngine(loaded.model, loaded.params, mesh, s, "qwen3-0.6b-random")
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace, out: Path | None) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         torch_model = save_random_qwen3(Path(tmp), TINY if args.tiny else QWEN3_0_6B)
-        engines, config = build_engines(Path(tmp), max(args.batches))
+        engines, config = build_engines(Path(tmp))
     size = 1024 if args.tiny else 8192
     peak = bf16_peak(size)
     print(f"bf16 matmul peak (XLA, {size}^3): {peak / 1e12:.1f} TFLOP/s", flush=True)
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace, out: Path | None) -> list[dict]:
         row: dict = {"batch": batch, "items": batch * args.items, "peak": peak}
         scores = {}
         for name, engine in engines.items():
-            if name == "single" and batch > args.single_max_batch:
+            if name.startswith("single") and batch > args.single_max_batch:
                 continue
             row[name] = engine_timed(engine, works, args.repeats)
             scores[name] = np.concatenate(engine.score_batch(works))
@@ -187,19 +187,22 @@ def run(args: argparse.Namespace, out: Path | None) -> list[dict]:
 
 HEADER = (
     "| requests per step | items | multi-item items/s | own single-item items/s "
+    "| multi-item, XLA attention | single-item, XLA attention "
     "| transformers items/s | multi vs transformers | multi FLOP/s / peak "
     "| transformers FLOP/s / peak | max abs diff multi vs transformers |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 )
 
 
+def items_per_s(r: dict, name: str) -> str:
+    return f"{r['items'] / r[name]:.0f}" if name in r else "-"
+
+
 def format_row(r: dict) -> str:
-    single = f"{r['items'] / r['single']:.0f}" if "single" in r else "-"
     cells = [
         str(r["batch"]),
         str(r["items"]),
-        f"{r['items'] / r['multi']:.0f}",
-        single,
+        *(items_per_s(r, name) for name in ("multi", "single", "multi_xla", "single_xla")),
         f"{r['items'] / r['torch']:.0f}",
         f"{r['torch'] / r['multi']:.1f}x",
         f"{100 * r['mfu']:.0f}%",
@@ -218,9 +221,11 @@ def write_report(rows: list[dict], device: str, path: Path) -> None:
         "Engine only (no HTTP: the GPU machine has no Ray), `python -m loadtest.bench_gpu`, on",
         f"{device}. RFC-008's workload: per request a 300-token query and 10 items of 10",
         "tokens, 3 labels; B requests with distinct queries per step (`score_batch`), median of",
-        "10 runs once every signature is compiled. Engine settings are the shipped",
-        "serve_config.yaml's except `dtype: bfloat16`, batch buckets up to 64 (shipped: 1, for",
-        "the 2-core CPU) and the query cache off. transformers: `Qwen3ForCausalLM` with the same",
+        "10 runs once every signature is compiled. Engine settings are the shipped GPU config's",
+        "(`serve_config.gpu.yaml`: bfloat16, batches up to 64, 64K-token single-item steps) with",
+        "the query cache off. With its `attention: auto` the causal rows (query prefix steps,",
+        "single-item rows) run cuDNN flash attention; the XLA columns run the same engines with",
+        "`attention: xla`. transformers: `Qwen3ForCausalLM` with the same",
         "weights, bf16, batched `query + item` rows, `logits_to_keep=1`. Peak: XLA bf16 matmul",
         f"8192^3 on random data, {rows[0]['peak'] / 1e12:.0f} TFLOP/s. Model FLOP/s count the",
         "useful work of each side (multi-item: query once; transformers: query per item).",
@@ -231,6 +236,15 @@ def write_report(rows: list[dict], device: str, path: Path) -> None:
         *(format_row(r) for r in rows),
     ]
     write_section(path, SECTION, "\n".join(lines))
+
+
+def versions() -> str:
+    import torch
+    import transformers
+
+    return (
+        f"jax {jax.__version__}, torch {torch.__version__}, transformers {transformers.__version__}"
+    )
 
 
 def main() -> None:
@@ -253,7 +267,7 @@ def main() -> None:
     rows = run(args, out)
     print("\n".join([HEADER, *(format_row(r) for r in rows)]))
     if not args.tiny:
-        write_report(rows, jax.devices()[0].device_kind, Path(args.output))
+        write_report(rows, f"{jax.devices()[0].device_kind} ({versions()})", Path(args.output))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,15 @@
-"""Which item-stream attention a mesh runs: Pallas kernels on TPU, XLA elsewhere.
+"""Which attention kernels a mesh runs: the ``attention`` setting and the platform decide.
 
-``layers.attend_item_stream`` (XLA) is the reference everywhere. On TPU the two parts run as
-Pallas kernels (``pallas_attention.item_stream_attention``) inside ``shard_map``: each device
-attends its own heads (and batch rows), laid out by the one sharding table. Pallas on another
-platform runs in interpret mode, which is how the tests check it on CPU.
+The XLA functions (``model.masked_attention`` for dense rows, ``layers.attend_item_stream``
+for the item stream) are the reference everywhere and what CPUs run.
+
+- TPU (``auto`` or ``pallas``): the item stream's two parts run as Pallas kernels
+  (``pallas_attention.item_stream_attention``) inside ``shard_map``: each device attends its
+  own heads (and batch rows), laid out by the one sharding table. Pallas on another platform
+  runs in interpret mode, which is how the tests check it on CPU.
+- GPU (``auto`` in bfloat16/float16, or ``cudnn``): causal dense rows (the query's prefix
+  step, single-item rows) run cuDNN's fused flash attention, which skips the masked half;
+  masked rows (the packed reference) stay on XLA.
 """
 
 from __future__ import annotations
@@ -11,14 +17,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from functools import partial
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from cluster.sharding import partition_spec
 from replicas.layers import attend_item_stream
-from replicas.model import CausalLM
+from replicas.model import CausalLM, CausalSpec, DenseSpec, masked_attention
 from replicas.pallas_attention import item_stream_attention
+from replicas.settings import SettingsError
 
 Array = jax.Array
 
@@ -28,17 +37,36 @@ def mesh_platform(mesh: Mesh) -> str:
 
 
 def uses_pallas(choice: str, mesh: Mesh) -> bool:
-    """``attention`` setting: auto (Pallas on TPU), xla, or pallas."""
+    """``attention`` setting: auto (Pallas on TPU), xla, pallas or cudnn."""
     return choice == "pallas" or (choice == "auto" and mesh_platform(mesh) == "tpu")
 
 
-def with_stream_attention(model: CausalLM, choice: str, mesh: Mesh) -> CausalLM:
-    """``model`` running the item-stream attention the setting and the mesh call for."""
+def uses_cudnn(choice: str, mesh: Mesh, dtype: Any) -> bool:
+    """cuDNN's flash attention takes half precision only, so ``auto`` picks it for those."""
+    half = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return choice == "cudnn" or (choice == "auto" and mesh_platform(mesh) == "gpu" and half)
+
+
+def with_attention(model: CausalLM, choice: str, mesh: Mesh) -> CausalLM:
+    """``model`` running the attention kernels the setting and the mesh call for."""
+    if choice == "cudnn" and mesh_platform(mesh) != "gpu":
+        raise SettingsError(f"attention: cudnn needs a GPU, this mesh is {mesh_platform(mesh)}")
+    dense = cudnn_dense_attention if uses_cudnn(choice, mesh, model.dtype) else masked_attention
     if not uses_pallas(choice, mesh):
-        return dataclasses.replace(model, stream_attention=attend_item_stream)
-    interpret = mesh_platform(mesh) != "tpu"
-    kernel = partial(sharded_stream_attention, mesh=mesh, interpret=interpret)
-    return dataclasses.replace(model, stream_attention=kernel)
+        stream: Callable[..., Array] = attend_item_stream
+    else:
+        interpret = mesh_platform(mesh) != "tpu"
+        stream = partial(sharded_stream_attention, mesh=mesh, interpret=interpret)
+    return dataclasses.replace(model, stream_attention=stream, dense_attention=dense)
+
+
+def cudnn_dense_attention(q: Array, k: Array, v: Array, spec: DenseSpec) -> Array:
+    """``masked_attention``'s contract: causal rows through cuDNN (q [B, T, H, Dh], k/v
+    [B, T, K, Dh]; padding follows each row's real tokens, so causality alone is exact for
+    them), masked rows through XLA."""
+    if not isinstance(spec, CausalSpec):
+        return masked_attention(q, k, v, spec)
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
 
 
 def _specs(q: Array, k: Array, mesh: Mesh) -> tuple[PartitionSpec, PartitionSpec, PartitionSpec]:

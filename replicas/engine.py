@@ -22,7 +22,7 @@ from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
 from cluster.sharding import replicated
-from replicas.attention import with_stream_attention
+from replicas.attention import with_attention
 from replicas.compiler import StepCompiler
 from replicas.contract import ModelInfo, ScoreWork, check_limits
 from replicas.layouts.packed_reference import PackedReferenceLayout
@@ -64,7 +64,7 @@ class ScoringEngine:
     ) -> None:
         vocab = model.config.vocab_size
         check_delimiter_in_vocab(settings, vocab, name)
-        model = with_stream_attention(model, settings.attention, mesh)
+        model = with_attention(model, settings.attention, mesh)
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
         self._info = ModelInfo(name, vocab, settings.multi_item_scoring_delimiter, settings.limits)
         self._replicated = replicated(mesh)

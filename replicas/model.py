@@ -31,6 +31,36 @@ class AttentionSpec:
 
     mask: Array  # [B, T, T] bool
 
+    def dense_mask(self) -> Array:
+        return self.mask
+
+
+@flax.struct.dataclass
+class CausalSpec:
+    """Causal rows: row b's first ``lengths[b]`` tokens are real, padding follows. Real
+    tokens read the real tokens up to themselves; padding reads what causality allows
+    (nobody reads it), so a fused causal kernel computes the same real tokens."""
+
+    lengths: Array  # [B] int32, >= 1
+
+    def dense_mask(self, width: int) -> Array:
+        """[B, T, T] mask of ``masked_attention`` (padding rows read the real keys and
+        themselves, like the single-item rows always did)."""
+        idx = jnp.arange(width)
+        valid = idx[None, :] < self.lengths[:, None]  # [B, T]
+        causal = idx[:, None] >= idx[None, :]  # [T, T]
+        return (causal[None] & valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]
+
+
+DenseSpec = AttentionSpec | CausalSpec
+
+
+def masked_attention(q: Array, k: Array, v: Array, spec: DenseSpec) -> Array:
+    """The reference dense attention (XLA) of either spec: q [B, T, H, Dh], k/v [B, T, K, Dh]."""
+    if isinstance(spec, CausalSpec):
+        return attend_dense(q, k, v, spec.dense_mask(q.shape[1]))
+    return attend_dense(q, k, v, spec.mask)
+
 
 @flax.struct.dataclass
 class ItemStreamSpec:
@@ -45,6 +75,7 @@ class DecoderLayer(nn.Module):
     config: ModelConfig
     dtype: Any = jnp.float32
     stream_attention: Callable[..., Array] = attend_item_stream  # see replicas.attention
+    dense_attention: Callable[..., Array] = masked_attention  # see replicas.attention
 
     def setup(self) -> None:
         eps = self.config.rms_norm_eps
@@ -56,12 +87,10 @@ class DecoderLayer(nn.Module):
     def _mlp_block(self, x: Array) -> Array:
         return x + self.mlp(self.mlp_norm(x))
 
-    def __call__(
-        self, x: Array, positions: Array, spec: AttentionSpec
-    ) -> tuple[Array, Array, Array]:
+    def __call__(self, x: Array, positions: Array, spec: DenseSpec) -> tuple[Array, Array, Array]:
         """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh])."""
         q, k, v = self.attn.qkv(self.attn_norm(x), positions)
-        return self._mlp_block(x + self.attn.out(attend_dense(q, k, v, spec.mask))), k, v
+        return self._mlp_block(x + self.attn.out(self.dense_attention(q, k, v, spec))), k, v
 
     def stream(
         self,
@@ -88,10 +117,12 @@ class CausalLM:
     # The item stream's attention (layers.attend_item_stream, or the Pallas kernels that
     # replicas.attention selects for the mesh's platform); parameters do not depend on it.
     stream_attention: Callable[..., Array] = attend_item_stream
+    # Dense rows' attention (``masked_attention``, or a fused causal kernel on GPU).
+    dense_attention: Callable[..., Array] = masked_attention
 
     @property
     def layer(self) -> DecoderLayer:
-        return DecoderLayer(self.config, self.dtype, self.stream_attention)
+        return DecoderLayer(self.config, self.dtype, self.stream_attention, self.dense_attention)
 
     def init_params(self, rng: Array) -> Params:
         """Random parameters with the loaders' tree structure (also for jax.eval_shape)."""
@@ -123,7 +154,7 @@ class CausalLM:
         return norm.apply({"params": params["final_norm"]}, x)
 
     def hidden_and_kv(
-        self, params: Params, tokens: Array, positions: Array, spec: AttentionSpec
+        self, params: Params, tokens: Array, positions: Array, spec: DenseSpec
     ) -> tuple[Array, Array, Array]:
         """tokens, positions: [B, T] -> final-normed hidden [B, T, D] and every layer's
         keys and values [layers, B, T, K, Dh] (what an item stream reads as its prefix)."""
@@ -137,7 +168,7 @@ class CausalLM:
         return self._final_norm(params, x), keys, values
 
     def hidden_states(
-        self, params: Params, tokens: Array, positions: Array, spec: AttentionSpec
+        self, params: Params, tokens: Array, positions: Array, spec: DenseSpec
     ) -> Array:
         """tokens, positions: [B, T] -> final-normed hidden states [B, T, D]."""
         return self.hidden_and_kv(params, tokens, positions, spec)[0]

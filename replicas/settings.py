@@ -22,7 +22,7 @@ LAYOUTS = ("shared_prefix", "packed_reference")
 PLACEMENT_STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 MAX_ITEMS_PER_REQUEST = 4096
 DTYPES = ("float32", "bfloat16")
-ATTENTION = ("auto", "xla", "pallas")
+ATTENTION = ("auto", "xla", "pallas", "cudnn")
 
 
 class SettingsError(ValueError):
@@ -58,7 +58,8 @@ class ReplicaSettings:
     mesh_shape: tuple[int, int] = (1, 1)  # (data, model)
     multi_item_scoring_delimiter: int | None = None
     layout: str = "shared_prefix"
-    # Item-stream attention: Pallas kernels on TPU and XLA elsewhere (auto), or forced.
+    # Attention kernels (replicas.attention): auto picks Pallas item-stream kernels on TPU,
+    # cuDNN flash attention for causal rows on GPU in bf16/fp16, XLA otherwise; or forced.
     # Pallas off TPU runs in interpret mode (slow; for tests).
     attention: str = "auto"
     # Query (prefix) lengths T, and packed reference rows: a geometric ladder, ~1.125x apart.

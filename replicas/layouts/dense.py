@@ -1,8 +1,10 @@
-"""The dense step: token rows ``[R, T]`` with a mask built from segment ids.
+"""The dense steps: token rows ``[R, T]``, causal rows or a mask built from segment ids.
 
-Shared by the single-item layout (each ``query + item`` row causal on its own) and the packed
-reference layout (RFC-008's packed row). Score rows index the flattened ``[R * T]`` hidden
-states, so the number of scored positions is no compiled dimension.
+``causal_step`` runs the single-item layout (each ``query + item`` row causal on its own,
+``lengths`` real tokens then padding: what a fused causal kernel computes); ``dense_step``
+the packed reference layout (RFC-008's packed row, a mask from segment ids). Score rows index
+the flattened ``[R * T]`` hidden states, so the number of scored positions is no compiled
+dimension.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from replicas.layouts.common import BucketDims, score_capacity, score_rows
 from replicas.masks import segment_mask
-from replicas.model import AttentionSpec, CausalLM, Params
+from replicas.model import AttentionSpec, CausalLM, CausalSpec, DenseSpec, Params
 
 Array = jax.Array
 
@@ -43,36 +45,52 @@ class DenseDims(BucketDims):
         return pieces * self.cost
 
 
-def dense_step(
+def _scored(
     model: CausalLM,
     params: Params,
     tokens: Array,  # [R, T]
     positions: Array,  # [R, T]
-    segments: Array,  # [R, T]
+    spec: DenseSpec,
     rows: Array,  # [Rs] indices into the flattened [R * T] hidden states
     labels: Array,  # [Rs, C]
     count: Array,  # []
 ) -> Array:
-    hidden = model.hidden_states(params, tokens, positions, AttentionSpec(segment_mask(segments)))
+    hidden = model.hidden_states(params, tokens, positions, spec)
     flat = hidden.reshape(-1, hidden.shape[-1])  # [R * T, D]
     return score_rows(model, params, flat, rows, labels, count)
 
 
-def dense_specs(spec: Callable[[tuple[int, ...], Any], Any], dims: DenseDims) -> tuple[Any, ...]:
-    """Abstract arguments (after params) of a dense step of ``dims``."""
+def dense_step(
+    model: CausalLM, params: Params, tokens: Array, positions: Array, segments: Array, *score: Array
+) -> Array:
+    """Rows whose mask comes from segment ids ``[R, T]`` (the packed reference)."""
+    return _scored(model, params, tokens, positions, AttentionSpec(segment_mask(segments)), *score)
+
+
+def causal_step(
+    model: CausalLM, params: Params, tokens: Array, positions: Array, lengths: Array, *score: Array
+) -> Array:
+    """Causal rows of ``lengths [R]`` real tokens each (the single-item layout)."""
+    return _scored(model, params, tokens, positions, CausalSpec(lengths), *score)
+
+
+def dense_specs(
+    spec: Callable[[tuple[int, ...], Any], Any], dims: DenseDims, causal: bool = False
+) -> tuple[Any, ...]:
+    """Abstract arguments (after params) of a dense (or causal) step of ``dims``."""
     r, t = dims.rows, dims.tokens
     rows = score_capacity(r * t)
     return (
         spec((r, t), np.int32),
         spec((r, t), np.int32),
-        spec((r, t), np.int32),
+        spec((r,) if causal else (r, t), np.int32),
         spec((rows,), np.int32),
         spec((rows, dims.labels), np.int32),
         spec((), np.int32),
     )
 
 
-def compile_dense(model: CausalLM, runner: Any, dims: DenseDims) -> Any:
-    """The dense step of ``dims``, compiled ahead of time through the engine's runner."""
-    step = jax.jit(partial(dense_step, model))
-    return runner.lower(step, dense_specs(runner.spec, dims))
+def compile_dense(model: CausalLM, runner: Any, dims: DenseDims, causal: bool = False) -> Any:
+    """The dense (or causal) step of ``dims``, compiled ahead of time through the runner."""
+    step = jax.jit(partial(causal_step if causal else dense_step, model))
+    return runner.lower(step, dense_specs(runner.spec, dims, causal))

@@ -1,7 +1,7 @@
 """The single-item layout: each ``query + item`` row (``item + query`` for ``item_first``)
 scored on its own, as in one-item-at-a-time scoring.
 
-Rows are sorted by length and run as dense causal rows ``[R, L]`` (``dense.dense_step``): L
+Rows are sorted by length and run as causal rows ``[R, L]`` (``dense.causal_step``): L
 is the token bucket of the step's longest row, R a power of two with ``R * L`` within
 ``item_tokens_per_step``, so padding stays one length bucket per row and attention is each
 row's own triangle, never rows x the longest row of the request.
@@ -21,12 +21,10 @@ from replicas.layouts.common import (
     label_bucket,
     labels_by_row,
     score_capacity,
-    step_capacity,
     unpack,
 )
 from replicas.layouts.dense import DenseDims, compile_dense
 from replicas.layouts.runner import Runner
-from replicas.masks import PAD, QUERY
 from replicas.model import CausalLM
 
 Pair = tuple[int, int]  # (work, item)
@@ -66,7 +64,7 @@ class SingleItemLayout:
         self._runner = runner
 
     def compile(self, kind: str, dims: Any) -> Any:
-        return compile_dense(self._model, self._runner, dims)
+        return compile_dense(self._model, self._runner, dims, causal=True)
 
     def plan(self, works: Sequence[ScoreWork], pairs: Sequence[Pair]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""
@@ -82,8 +80,8 @@ class SingleItemLayout:
     def _steps(
         self, works: Sequence[ScoreWork], pairs: Sequence[Pair]
     ) -> Iterator[tuple[DenseDims, list[Pair]]]:
-        settings = self._runner.settings
-        capacity = step_capacity(settings)
+        settings = self._runner.settings  # rows are [R, L], no stream bucket: R * L fills
+        capacity = settings.item_tokens_per_step  # the step's token budget, not a bucket
         for length, rows in group_rows(works, pairs, settings.token_buckets, capacity):
             count = 1 << (len(rows) - 1).bit_length()  # a power of two >= the rows
             labels = label_bucket(max(len(works[w].label_ids) for w, _ in rows))
@@ -95,17 +93,15 @@ class SingleItemLayout:
 
     def _run(self, works: Sequence[ScoreWork], rows: list[Pair], dims: DenseDims) -> np.ndarray:
         tokens = np.zeros((dims.rows, dims.tokens), np.int32)
-        segments = np.full_like(tokens, PAD)
+        lengths = np.ones((dims.rows,), np.int32)  # padding rows: one token, never read
         index = np.zeros((score_capacity(dims.rows * dims.tokens),), np.int32)
-        useful = 0
         for r, (work, item) in enumerate(rows):
             row = single_item_row(works[work], item)
             tokens[r, : len(row)] = row
-            segments[r, : len(row)] = QUERY
+            lengths[r] = len(row)
             index[r] = r * dims.tokens + len(row) - 1
-            useful += len(row)
         positions = np.broadcast_to(np.arange(dims.tokens, dtype=np.int32), tokens.shape).copy()
         labels = labels_by_row(works, self._slots(rows), (len(index), dims.labels))
-        self._runner.count_tokens(dims.rows * dims.tokens, useful)
+        self._runner.count_tokens(dims.rows * dims.tokens, int(lengths[: len(rows)].sum()))
         count = np.asarray(len(rows), np.int32)
-        return self._runner.run("rows", dims, (tokens, positions, segments, index, labels, count))
+        return self._runner.run("rows", dims, (tokens, positions, lengths, index, labels, count))

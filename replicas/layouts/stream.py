@@ -28,7 +28,7 @@ from replicas.layouts.common import (
     score_capacity,
     score_rows,
 )
-from replicas.model import AttentionSpec, CausalLM, ItemStreamSpec, Params
+from replicas.model import CausalLM, CausalSpec, ItemStreamSpec, Params
 
 Array = jax.Array
 MIN_WINDOW = 4
@@ -203,12 +203,8 @@ def prefix_step(
     values [layers, 1, T, K, Dh] and the last real token's hidden state [1, D]; B queries in
     one forward pass, returned apart so each can be cached and reused on its own."""
     batch, width = tokens.shape
-    idx = jnp.arange(width)
-    valid = idx[None, :] < lengths[:, None]  # [B, T]
-    causal = idx[:, None] >= idx[None, :]  # [T, T]
-    mask = (causal[None] & valid[:, None, :]) | jnp.eye(width, dtype=bool)[None]  # [B, T, T]
-    positions = jnp.broadcast_to(idx[None].astype(jnp.int32), (batch, width))
-    hidden, keys, values = model.hidden_and_kv(params, tokens, positions, AttentionSpec(mask))
+    positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32)[None], (batch, width))
+    hidden, keys, values = model.hidden_and_kv(params, tokens, positions, CausalSpec(lengths))
     last = hidden[jnp.arange(batch), lengths - 1]  # [B, D]
     return (
         tuple(keys[:, b : b + 1] for b in range(batch)),

@@ -1,0 +1,98 @@
+"""Dense rows' attention: the causal spec's mask, and cuDNN's fused kernel against XLA (GPU)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cluster.mesh import build_mesh
+from replicas.attention import cudnn_dense_attention, with_attention
+from replicas.config import ModelConfig
+from replicas.layers import attend_item_stream
+from replicas.masks import PAD, QUERY, segment_mask
+from replicas.model import AttentionSpec, CausalLM, CausalSpec, masked_attention
+from replicas.settings import SettingsError
+
+ON_GPU = jax.devices()[0].platform == "gpu"
+
+
+def test_causal_mask_literal() -> None:
+    mask = CausalSpec(jnp.asarray([3, 1])).dense_mask(4)
+    expected_first = [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 1, 1, 0],
+        [1, 1, 1, 1],  # padding reads the real keys and itself
+    ]
+    expected_second = [
+        [1, 0, 0, 0],
+        [1, 1, 0, 0],
+        [1, 0, 1, 0],
+        [1, 0, 0, 1],
+    ]
+    np.testing.assert_array_equal(np.asarray(mask), np.asarray([expected_first, expected_second]))
+
+
+def test_causal_rows_equal_segment_rows_on_real_tokens() -> None:
+    """The single-item layout's old mask (segments: query, then PAD) and the causal spec give
+    bit-identical real tokens."""
+    lengths = np.asarray([5, 2, 7])
+    q, k, v = random_qkv(jax.random.key(0), rows=3, tokens=8, heads=4, kv_heads=2)
+    segments = np.where(np.arange(8)[None] < lengths[:, None], QUERY, PAD)
+    by_segments = masked_attention(q, k, v, CausalSpec(jnp.asarray(lengths)))
+    reference = masked_attention(q, k, v, AttentionSpec(segment_mask(jnp.asarray(segments))))
+    for row, length in enumerate(lengths):
+        np.testing.assert_array_equal(by_segments[row, :length], reference[row, :length])
+
+
+def test_auto_keeps_xla_on_cpu_and_cudnn_needs_a_gpu() -> None:
+    model = CausalLM(tiny_config(), jnp.bfloat16)
+    mesh = build_mesh((1, 1))
+    if ON_GPU:
+        pytest.skip("checks the CPU choice")
+    chosen = with_attention(model, "auto", mesh)
+    assert chosen.dense_attention is masked_attention
+    assert chosen.stream_attention is attend_item_stream
+    with pytest.raises(SettingsError, match="attention: cudnn needs a GPU"):
+        with_attention(model, "cudnn", mesh)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="cuDNN flash attention runs on NVIDIA GPUs only")
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(16, 8, 128), (9, 3, 64)])
+def test_cudnn_equals_xla_on_real_tokens(heads: int, kv_heads: int, head_dim: int) -> None:
+    lengths = jnp.asarray([310, 17, 1, 256])
+    q, k, v = random_qkv(jax.random.key(1), 4, 320, heads, kv_heads, head_dim, jnp.bfloat16)
+    fused = jax.jit(cudnn_dense_attention)(q, k, v, CausalSpec(lengths))
+    reference = jax.jit(masked_attention)(q, k, v, CausalSpec(lengths))
+    chosen = with_attention(CausalLM(tiny_config(), jnp.bfloat16), "auto", build_mesh((1, 1)))
+    assert chosen.dense_attention is cudnn_dense_attention
+    for row, length in enumerate(np.asarray(lengths)):
+        got = np.asarray(fused[row, :length], np.float32)
+        want = np.asarray(reference[row, :length], np.float32)
+        np.testing.assert_allclose(got, want, atol=2e-2, rtol=2e-2)
+
+
+def random_qkv(key, rows, tokens, heads, kv_heads, head_dim=16, dtype=jnp.float32):
+    kq, kk, kv = jax.random.split(key, 3)
+    q = jax.random.normal(kq, (rows, tokens, heads, head_dim), dtype)
+    k = jax.random.normal(kk, (rows, tokens, kv_heads, head_dim), dtype)
+    v = jax.random.normal(kv, (rows, tokens, kv_heads, head_dim), dtype)
+    return q, k, v
+
+
+def tiny_config() -> ModelConfig:
+    return ModelConfig(
+        family="llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
