@@ -266,6 +266,9 @@ class ScoringReplica:
             self._failed_batches_in_a_row += 1
             self._last_error = repr(error)
             logger.exception("scoring batch of %d failed", len(works))
-            return [RuntimeError(f"scoring failed: {error!r}")] * len(works)
+            # The engine, not the request, failed: a retryable 503; enough in a row turn
+            # the health check red and Serve replaces this replica.
+            message = f"scoring engine failed ({error!r}); retry, another replica may answer"
+            return [ReplicaRejected("unavailable", message, 1)] * len(works)
         self._failed_batches_in_a_row = 0
         return [np.asarray(array, dtype=np.float32) for array in arrays]

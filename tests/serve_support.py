@@ -86,7 +86,7 @@ def app_status(app_name: str) -> str | None:
     return None if status is None else status.status.value
 
 
-def start_cluster(num_cpus: int = 2) -> ServeCluster:
+def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> ServeCluster:
     import ray
     from ray import serve
 
@@ -94,6 +94,7 @@ def start_cluster(num_cpus: int = 2) -> ServeCluster:
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        **(env_vars or {}),
     }
     ray.init(
         num_cpus=num_cpus,

@@ -32,8 +32,11 @@ CONFIG = Path(__file__).resolve().parents[1] / "serve_config.yaml"
 SETTINGS_KEYS = {f.name for f in dataclasses.fields(ReplicaSettings)}
 
 
-def load() -> dict[str, Any]:
-    return yaml.safe_load(CONFIG.read_text())
+GPU_CONFIG = CONFIG.with_name("serve_config.gpu.yaml")
+
+
+def load(config: Path = CONFIG) -> dict[str, Any]:
+    return yaml.safe_load(config.read_text())
 
 
 def _model_in(annotation: Any) -> type[BaseModel] | None:
@@ -83,12 +86,24 @@ def unknown_keys(data: Any, model: type[BaseModel], where: str = "") -> list[str
     return found
 
 
-def test_ray_accepts_the_file() -> None:
-    ServeDeploySchema.model_validate(load())
+@pytest.mark.parametrize("config", [CONFIG, GPU_CONFIG], ids=lambda p: p.name)
+def test_ray_accepts_the_file(config: Path) -> None:
+    ServeDeploySchema.model_validate(load(config))
 
 
-def test_every_key_is_read_by_ray_or_the_replica_settings() -> None:
-    assert unknown_keys(load(), ServeDeploySchema) == []
+@pytest.mark.parametrize("config", [CONFIG, GPU_CONFIG], ids=lambda p: p.name)
+def test_every_key_is_read_by_ray_or_the_replica_settings(config: Path) -> None:
+    assert unknown_keys(load(config), ServeDeploySchema) == []
+
+
+def test_the_gpu_config_batches_in_bfloat16_on_one_gpu() -> None:
+    (app,) = load(GPU_CONFIG)["applications"]
+    settings = ReplicaSettings.from_mapping(app["args"])
+    assert (settings.dtype, settings.attention) == ("bfloat16", "auto")
+    assert dict(settings.host_resources)["GPU"] == 1
+    replica = next(d for d in app["deployments"] if d["name"] == "ScoringReplica")
+    assert replica["max_ongoing_requests"] >= settings.max_batch_size == 64
+    assert settings.batch_buckets[-1] == settings.max_batch_size
 
 
 def test_the_key_checker_catches_typos() -> None:
@@ -142,6 +157,9 @@ def test_deployments_scale_by_queue_depth_and_shed_overload() -> None:
         assert schema.max_queued_requests > 0  # bounded queue: excess answered 503 at once
     ingress = next(d for d in app["deployments"] if d["name"] == ScoreIngress.name)
     assert 0 < ingress["ray_actor_options"]["num_cpus"] < 1  # fractional CPU
+    # A dead ingress leaves another to answer; a stopping one finishes its requests first.
+    assert ingress["autoscaling_config"]["min_replicas"] >= 2
+    assert ingress["graceful_shutdown_timeout_s"] > ReplicaSettings().request_deadline_s
     replica = next(d for d in app["deployments"] if d["name"] == ScoringReplica.name)
     assert "ray_actor_options" not in replica  # host_resources sets them: one place
     settings = ReplicaSettings.from_mapping(app["args"])

@@ -132,7 +132,8 @@ def test_repeated_engine_failures_make_the_replica_unhealthy(settings: ReplicaSe
     replica.check_health()
     for attempt in range(3):
         (result,) = asyncio.run(replica._score_many([work(99)]))
-        assert isinstance(result, RuntimeError) and "scoring failed" in str(result)
+        assert isinstance(result, ReplicaRejected) and result.reason == "unavailable"
+        assert "scoring engine failed" in result.message and result.retry_after_s == 1
         if attempt < 2:
             replica.check_health()
     with pytest.raises(RuntimeError, match="3 scoring batches failed in a row"):
