@@ -67,6 +67,18 @@ class ServeCluster:
                 )
         return handle
 
+    def deploy_many(self, apps: list[tuple[Any, str, str | None]]) -> None:
+        """Several (app, name, route_prefix) at once (their replicas start side by side), then
+        poll each routed one's HTTP health."""
+        from ray import serve
+
+        serve.run_many([serve.RunTarget(app, name, prefix) for app, name, prefix in apps])
+        with self.client(10) as client:
+            for _, name, prefix in apps:
+                if prefix is not None:
+                    path = f"{prefix.rstrip('/')}/health"
+                    wait_for(lambda p=path: client.get(p).status_code == 200, 120, f"{name} health")
+
     def deploy_config(self, config: dict[str, Any], app_name: str, health_path: str) -> None:
         """Deploy a serve_config-style dict the way `serve run/deploy <file>` does."""
         from ray import serve

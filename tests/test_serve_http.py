@@ -47,6 +47,7 @@ def tiny_settings(model_dir: Path, delimiter: int | None) -> ReplicaSettings:
         max_batch_size=8,
         batch_wait_timeout_s=0.05,
         warmup_shapes=((8, 4, 8, 4),),
+        max_queue_wait_s=0,  # 32 requests at once test batching here, not admission
     )
 
 
@@ -68,14 +69,19 @@ class Caller:
 
 @pytest.fixture(scope="module")
 def cluster(serve_cluster: ServeCluster, tiny_llama_dir: Path) -> Iterator[ServeCluster]:  # noqa: F811
-    for name, prefix, delimiter in (("multi", "/", 0), ("single", "/single", None)):
-        app = scoring_app(
-            tiny_settings(tiny_llama_dir, delimiter),
-            replica_options=REPLICA,
-            ingress_options=SMALL,
+    apps = [
+        (
+            scoring_app(
+                tiny_settings(tiny_llama_dir, delimiter),
+                replica_options=REPLICA,
+                ingress_options=SMALL,
+            ),
+            name,
+            prefix,
         )
-        serve_cluster.deploy(app, name, prefix)
-    serve_cluster.deploy(Caller.bind("multi"), "caller", None)
+        for name, prefix, delimiter in (("multi", "/", 0), ("single", "/single", None))
+    ]
+    serve_cluster.deploy_many([*apps, (Caller.bind("multi"), "caller", None)])
     yield serve_cluster
 
 
