@@ -15,7 +15,6 @@ from typing import Any
 
 from app.access import check_access
 from app.errors import Reason, ScoreRequestError, error_body
-from app.openapi import openapi_document
 from app.service import Backend, ScoringService
 from app.validation import parse_json
 
@@ -149,4 +148,4 @@ async def _route(
         if stats is None:
             raise ScoreRequestError(Reason.NOT_FOUND, "no stats source", status_code=404)
         return HttpReply(200, await stats())
-    return HttpReply(200, openapi_document())
+    return HttpReply(200, service.openapi())

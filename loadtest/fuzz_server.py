@@ -1,0 +1,100 @@
+"""An in-process scorejax ingress for fuzzing: the real routing, validation and tokenizer.
+
+``in_process_app`` serves ``app.http.handle`` as an ASGI application, as ScoreIngress does
+inside Serve, with a ``CheckingBackend`` in place of the scoring replicas. The backend
+re-checks every rule a replica relies on (ids inside the vocabulary, no delimiter in the
+content, the shared limits) and raises on a breach, so a request that slips past the
+ingress's validation is answered 500 and counted as a 5xx by the fuzz runner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from app.http import Caller, handle, read_limited, relative_path
+from app.service import ScoringService
+from replicas.contract import ModelInfo, ScoreWork, check_limits
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class UnsoundWork(AssertionError):
+    """A work no replica should ever receive: the ingress let a bad request through."""
+
+
+def check_sound(work: ScoreWork, info: ModelInfo) -> None:
+    """Every precondition the engine assumes of a work; raises UnsoundWork on a breach."""
+    if not work.query_ids or not work.label_ids:
+        raise UnsoundWork("empty query or no labels")
+    for ids in (work.query_ids, work.label_ids, *work.item_ids):
+        if any(not 0 <= token < info.vocab_size for token in ids):
+            raise UnsoundWork("token id outside the vocabulary")
+    delimiter = info.multi_item_scoring_delimiter
+    if delimiter is not None and any(delimiter in ids for ids in (work.query_ids, *work.item_ids)):
+        raise UnsoundWork("delimiter inside the content")
+    try:
+        check_limits(work, info.limits, multi_item=delimiter is not None)
+    except ValueError as error:
+        raise UnsoundWork(f"limit broken: {error}") from None
+
+
+@dataclass
+class CheckingBackend:
+    """Stands in for the replicas: checks each work, answers with the fake engine's
+    arithmetic (logprob = -(label % 7) - 0.1 * (len(query) + len(item))), counts calls."""
+
+    info: ModelInfo
+    calls: int = 0
+
+    async def __call__(self, work: ScoreWork) -> np.ndarray:
+        check_sound(work, self.info)
+        self.calls += 1
+        lengths = np.asarray([len(work.query_ids) + len(item) for item in work.item_ids])
+        labels = np.asarray(work.label_ids, dtype=np.int64) % 7
+        return (-labels[None, :] - 0.1 * lengths[:, None]).astype(np.float32)
+
+
+def in_process_app(
+    service: ScoringService, backend: CheckingBackend, keys: frozenset[str] = frozenset()
+) -> ASGIApp:
+    """An ASGI app answering every route the way ScoreIngress does (lifespan included)."""
+
+    async def health() -> None:
+        return None
+
+    async def stats() -> dict[str, Any]:
+        return {"requests": backend.calls, "compile_count": 0}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                kind = message["type"].removeprefix("lifespan.")
+                await send({"type": f"lifespan.{kind}.complete"})
+                if kind == "shutdown":
+                    return
+        request = Request(scope, receive)
+
+        async def body() -> bytes:
+            return await read_limited(request.stream())
+
+        caller = Caller(
+            authorization=request.headers.get("authorization"),
+            request_id=request.headers.get("x-request-id"),
+            keys=keys,
+        )
+        path = relative_path(request.url.path, scope.get("root_path", ""))
+        reply = await handle(service, request.method, path, body, backend, health, stats, caller)
+        response = JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+        await response(scope, receive, send)
+
+    return app

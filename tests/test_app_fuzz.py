@@ -1,0 +1,176 @@
+"""Fuzzing the HTTP edge in-process (issue 9): generated bodies never get a 5xx, and the
+published OpenAPI document states the rules validation enforces, in both directions.
+
+The ingress runs with a one-token-per-character tokenizer ("\\x00" is the delimiter, so text
+can hit delimiter_in_content) and small limits; the replicas are a CheckingBackend that
+answers 500 to any work a replica should never see. ``make fuzz`` runs the same generators
+with the real tokenizer and 10,000 bodies (docs/operations.md, "Fuzzing").
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app.errors import ScoreRequestError
+from app.openapi import longest_item, longest_query
+from app.service import ScoringService
+from loadtest import fuzz
+from loadtest.fuzz_run import Agreement, Tally, in_process, run_all, run_strategy, split, table
+from loadtest.fuzz_server import CheckingBackend
+from loadtest.fuzz_strategies import Served, encode, valid_bodies
+from replicas.contract import ModelInfo, ScoringLimits
+
+VOCAB = 49152
+INFO = ModelInfo("fuzz-model", VOCAB, 0, ScoringLimits(16, 256, 256))
+COUNT = 480  # bodies in the in-process run: 80 per generator
+
+
+class CharTokenizer:
+    """One token per character: id = code point % vocab; no BOS, so "" is no tokens."""
+
+    def __call__(self, text: Any, *, add_special_tokens: bool = True) -> dict[str, Any]:
+        def ids(value: str) -> list[int]:
+            return [ord(char) % VOCAB for char in value]
+
+        return {"input_ids": [ids(t) for t in text] if isinstance(text, list) else ids(text)}
+
+
+def service_for(info: ModelInfo = INFO) -> ScoringService:
+    return ScoringService(info=info, tokenizer=CharTokenizer(), clock=lambda: 0.0)
+
+
+@pytest.fixture(scope="module")
+def fuzzed() -> tuple[dict[str, Tally], int]:
+    with in_process(service_for()) as (target, backend):
+        tallies = run_all(target, COUNT, at=0)
+        return {tally.generator: tally for tally in tallies}, backend.calls
+
+
+def test_no_generated_body_gets_a_5xx(fuzzed: tuple[dict[str, Tally], int]) -> None:
+    tallies, _ = fuzzed
+    print(table(list(tallies.values())))
+    assert sum(tally.bodies for tally in tallies.values()) == COUNT
+    assert {name: tally.server_errors for name, tally in tallies.items()} == dict.fromkeys(
+        tallies, 0
+    ), {name: tally.samples for name, tally in tallies.items()}
+
+
+def test_answers_agree_with_the_published_schema(fuzzed: tuple[dict[str, Tally], int]) -> None:
+    tallies, _ = fuzzed
+    assert {name: tally.disagreements for name, tally in tallies.items()} == dict.fromkeys(
+        tallies, 0
+    ), {name: tally.samples for name, tally in tallies.items()}
+    assert tallies["schemathesis: negative"].count(200, 300) == 0
+
+
+def test_generated_bodies_reach_the_scoring_path(fuzzed: tuple[dict[str, Tally], int]) -> None:
+    tallies, replica_calls = fuzzed
+    assert tallies["hypothesis: valid-shaped"].count(200, 300) >= 70
+    assert tallies["schemathesis: positive"].count(200, 300) >= 60
+    assert replica_calls >= 80
+    assert tallies["hypothesis: one field broken"].count(400, 500) >= 70
+
+
+def test_a_validation_hole_shows_up_as_5xx() -> None:
+    """A replica with a smaller vocabulary than the ingress believes: the checking backend
+    refuses the works that slip through, and the runner counts them."""
+    small = ModelInfo(INFO.name, 1000, 0, INFO.limits)
+    with in_process(service_for(), CheckingBackend(small)) as (target, _):
+        tally = Tally("hole")
+        served = Served(INFO.name, VOCAB, 0, 16)
+        run_strategy(target, tally, valid_bodies(served).map(encode), 50, at=0)
+    assert tally.server_errors > 0
+    assert tally.samples and tally.samples[0].startswith("500")
+
+
+def test_openapi_states_the_served_rules() -> None:
+    document = service_for().openapi()
+    request = document["components"]["schemas"]["ScoreRequest"]
+    props = request["properties"]
+    assert set(request["required"]) == {"query", "items", "label_token_ids"}
+    assert request["additionalProperties"] is False
+    assert props["items"]["maxItems"] == 16
+    text, token_query = props["query"]["anyOf"]
+    assert text == {"type": "string", "minLength": 1}  # "" tokenizes to nothing
+    assert token_query["minItems"] == 1 and token_query["maxItems"] == longest_query(INFO)
+    assert token_query["items"] == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": VOCAB - 1,
+        "not": {"const": 0},
+    }
+    labels = props["label_token_ids"]
+    assert labels["minItems"] == 1
+    assert labels["items"] == {"type": "integer", "minimum": 0, "maximum": VOCAB - 1}
+    assert props["model"]["anyOf"] == [{"const": "fuzz-model"}, {"type": "null"}]
+    assert [branch["title"] for branch in request["oneOf"]] == ["text", "token ids"]
+
+
+def test_the_document_without_a_model_has_the_model_free_rules() -> None:
+    from app.openapi import openapi_document
+
+    props = openapi_document()["components"]["schemas"]["ScoreRequest"]["properties"]
+    assert props["label_token_ids"]["items"] == {"type": "integer", "minimum": 0}
+    assert "maxItems" not in props["items"]
+
+
+def _accepted(service: ScoringService, **payload: Any) -> bool:
+    try:
+        service.prepare({"label_token_ids": [1], **payload})
+    except ScoreRequestError as error:
+        assert error.reason.value == "sequence_too_long", error.message
+        return False
+    return True
+
+
+@pytest.mark.parametrize("delimiter", [None, 0])
+@pytest.mark.parametrize(("seq_len", "row"), [(64, 64), (64, 16), (16, 64), (10, 9)])
+def test_longest_query_and_item_are_exact(delimiter: int | None, seq_len: int, row: int) -> None:
+    """The maxItems the document states: some request of that length is served, and no
+    request one token longer is, whichever path (item_first or not) serves it."""
+    service = service_for(ModelInfo("m", VOCAB, delimiter, ScoringLimits(4, seq_len, row)))
+    query, item = longest_query(service.info), longest_item(service.info)
+
+    def served(query_len: int, item_len: int | None) -> bool:
+        items = [] if item_len is None else [[2] * item_len]
+        return any(
+            _accepted(service, query=[2] * query_len, items=items, item_first=first)
+            for first in (False, True)
+        )
+
+    assert served(query, None) and not served(query + 1, None)
+    assert served(1, item) and not served(1, item + 1)
+
+
+def test_agreement_rules() -> None:
+    agreement = Agreement(service_for().openapi())
+    good = {"query": [1, 2], "items": [[3]], "label_token_ids": [4]}
+    assert not agreement.disagrees(encode(good), 200, None)
+    assert agreement.disagrees(encode(good), 400, "invalid_request")
+    assert not agreement.disagrees(encode(good), 400, "sequence_too_long")  # unstated rule
+    assert not agreement.disagrees(encode({**good, "label_token_ids": [4.0]}), 400, "x")
+    assert not agreement.disagrees(encode({**good, "query": "\ud800"}), 400, "x")
+    assert agreement.disagrees(encode({**good, "items": ["text"]}), 200, None)  # mixed
+    assert agreement.disagrees(b"{", 200, None)
+    assert not agreement.disagrees(b"{", 500, None)  # a server error, counted as such
+
+
+def test_split_shares_out_every_body() -> None:
+    assert split(10, 6) == [2, 2, 2, 2, 1, 1]
+    assert sum(split(10_000, 6)) == 10_000
+
+
+def test_the_runner_prints_the_table_and_exits_zero(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(fuzz, "_service", lambda config: service_for())
+    assert fuzz.main(["--count", "12", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "| total | 12 |" in out and "reached the (checking) replica" in out
+
+
+def test_fixed_cases_stay_available() -> None:
+    bodies = fuzz.fuzz_bodies(40)
+    assert len(bodies) == 40 and bodies[: len(fuzz.FIXED_CASES)] == list(fuzz.FIXED_CASES)
