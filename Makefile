@@ -46,5 +46,24 @@ endif
 loadtest: $(STAMP)
 	$(PY) -m loadtest.load --url $(URL)
 
+# `make soak URL=...`: a mixed closed-loop load for SOAK_MINUTES against a running server on
+# this machine, sampling the replicas' RSS; not in CI (docs/operations.md, "Memory under soak").
+.PHONY: soak
+SOAK_MINUTES ?= 10
+soak: $(STAMP)
+	$(PY) -m loadtest.soak --url $(URL) --minutes $(SOAK_MINUTES)
+
+# `make fuzz`: FUZZ_COUNT generated /v1/score bodies against the in-process ingress (the shipped
+# model's tokenizer, a checking fake replica); `make fuzz URL=...` against a running server.
+# docs/operations.md, "Fuzzing".
+.PHONY: fuzz
+FUZZ_COUNT ?= 10000
+fuzz: $(STAMP)
+ifneq ($(filter command line environment,$(origin URL)),)
+	$(PY) -m loadtest.fuzz --count $(FUZZ_COUNT) --url $(URL)
+else
+	$(PY) -m loadtest.fuzz --count $(FUZZ_COUNT)
+endif
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

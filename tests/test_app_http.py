@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from app.errors import Reason, ScoreRequestError
 from app.http import HttpReply, handle, read_limited, relative_path
 from app.service import ScoringService
+from loadtest.fuzz_strategies import json_values
 from replicas.contract import ModelInfo, ScoreWork, ScoringLimits
 from tests.fake_engine import fake_logprobs
 
@@ -208,20 +209,6 @@ def test_relative_path(path: str, root: str, expected: str) -> None:
     assert relative_path(path, root) == expected
 
 
-json_scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(10**40), 10**40)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20)
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
 field_names = st.sampled_from(
     ["query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "other"]
 )

@@ -9,11 +9,12 @@ import pytest
 
 from cluster.mesh import build_mesh
 from replicas.attention import cudnn_dense_attention, with_attention
-from replicas.config import ModelConfig
+from replicas.config import ModelConfig, config_from_hf
 from replicas.layers import attend_item_stream
 from replicas.masks import PAD, QUERY, segment_mask
 from replicas.model import AttentionSpec, CausalLM, CausalSpec, masked_attention
 from replicas.settings import SettingsError
+from tests.model_helpers import tiny_hf_config
 
 ON_GPU = jax.devices()[0].platform == "gpu"
 
@@ -83,16 +84,4 @@ def random_qkv(key, rows, tokens, heads, kv_heads, head_dim=16, dtype=jnp.float3
 
 
 def tiny_config() -> ModelConfig:
-    return ModelConfig(
-        family="llama",
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=8,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-    )
+    return config_from_hf(tiny_hf_config("llama"))

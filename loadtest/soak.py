@@ -1,0 +1,423 @@
+"""``python -m loadtest.soak``: a mixed closed-loop soak of a running server, with its RSS.
+
+    python -m loadtest.soak --url http://127.0.0.1:8000 --minutes 10 [--clients 3]
+
+``--clients`` closed-loop clients send, for ``--minutes``, a seeded mix of request kinds:
+
+- ``repeat``: a query from a small fixed pool (query-cache hits), 1..100 text items of 0..24
+  words;
+- ``fresh``: a never-seen text query (query-cache misses), 1..100 items (``load.score_body``);
+- ``tokens``: token-id query (half from a fixed pool, half fresh) and 1..100 token-id items;
+- ``item_first``: ``item_first: true`` (the single-item path), 1..4 short items;
+- ``invalid``: the fuzz bodies of ``loadtest.fuzz`` in turn (400s; never a 500).
+
+``--pool N`` draws instead from N such bodies per client, fixed at the start: once each has
+been served, there is nothing new to compile or to cache, so RSS that still grows is a leak.
+
+Every ``--sample-s`` seconds it reads, from outside (psutil, this machine's process table),
+the RSS of the Ray workers that host the ``ScoringReplica`` and ``ScoreIngress`` replicas
+(process titles ``ray::ServeReplica:<app>:<deployment>...``, children of the raylet whose
+proxy listens on the URL's port, so a test suite's Ray cluster beside it is not counted),
+and ``GET /v1/stats`` (query cache bytes, compiles). The server is not modified.
+
+Verdict: per worker process (Serve may run two ingress replicas), RSS at warm-up (the first
+sample at or after ``--warmup-s`` that also follows one completed request of every kind)
+against the largest and the final RSS after it; "flat" when both are within
+``--tolerance-pct`` (5 %). Writes every sample and outcome as JSON under ``--out`` and exits
+1 when RSS is not flat, the scoring replica's process was replaced, a valid request got
+anything but 200 or the documented refusal (503 ``overloaded`` with ``Retry-After``; the
+client then waits as told, at most 10 s), or a fuzz body got a 5xx other than that refusal
+or no answer. ``replica_less_cache`` (replica RSS minus the query
+cache's bytes, which ``query_cache_bytes`` bounds) is recorded to tell cache fill from other
+growth; it is not judged. Not part of CI (``make soak``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+import httpx
+import psutil
+
+from loadtest.fuzz import fuzz_bodies
+from loadtest.load import LABELS, LOOPBACK, _send, score_body
+from loadtest.overload import WORDS, send
+
+KINDS = ("repeat", "fresh", "tokens", "item_first", "invalid")
+WEIGHTS = (30, 20, 20, 15, 15)
+ROLES = {"replica": "ScoringReplica", "ingress": "ScoreIngress", "proxy": "ProxyActor"}
+MIB = 1024 * 1024
+
+
+@dataclass
+class Tally:
+    done: int = 0
+    by_kind: collections.Counter = field(default_factory=collections.Counter)
+    statuses: collections.Counter = field(default_factory=collections.Counter)
+    unexpected: collections.Counter = field(default_factory=collections.Counter)
+    seconds: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))
+
+
+class Mix:
+    """Seeded request bodies: ``next()`` returns ``(kind, json payload or raw bytes)``."""
+
+    def __init__(self, seed: int, vocab_size: int, pool: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.vocab = vocab_size
+        pool_rng = random.Random(1000)
+        self.queries = [
+            " ".join(pool_rng.choice(WORDS) for _ in range(pool_rng.randint(8, 60)))
+            for _ in range(6)
+        ]
+        self.token_queries = [self._ids(pool_rng, 8, 60) for _ in range(4)]
+        self.invalid = fuzz_bodies(300, seed=seed)
+        self.serial = 0
+        # --pool: the same few bodies over and over (after one pass: no new signatures to
+        # compile, every query cached), to tell a leak from warm-up that takes long.
+        self.pool = [self._make() for _ in range(pool)]
+
+    def next(self) -> tuple[str, dict | bytes]:
+        return self.rng.choice(self.pool) if self.pool else self._make()
+
+    def _ids(self, rng: random.Random, low: int, high: int) -> list[int]:
+        # Above the special tokens (the delimiter is 0) and below the vocabulary size.
+        return [rng.randrange(100, self.vocab) for _ in range(rng.randint(low, high))]
+
+    def _items(self) -> list[str]:
+        rng = self.rng
+        count = rng.randint(1, 100)
+        longest = rng.choice((2, 8, 24))
+        return [
+            " " + " ".join(rng.choice(WORDS) for _ in range(rng.randint(0, longest)))
+            for _ in range(count)
+        ]
+
+    def _make(self) -> tuple[str, dict | bytes]:
+        rng = self.rng
+        self.serial += 1
+        kind = rng.choices(KINDS, WEIGHTS)[0]
+        softmax = rng.random() < 0.5
+        if kind == "repeat":
+            payload = {"query": rng.choice(self.queries), "items": self._items()}
+        elif kind == "fresh":
+            payload = score_body(rng, 100)
+            payload["query"] = f"request {self.serial} {seed_word(rng)} {payload['query']}"
+        elif kind == "tokens":
+            fresh = rng.random() < 0.5
+            query = self._ids(rng, 4, 60) if fresh else rng.choice(self.token_queries)
+            items = [self._ids(rng, 1, rng.choice((3, 10, 30))) for _ in range(rng.randint(1, 100))]
+            payload = {"query": query, "items": items}
+        elif kind == "item_first":
+            payload = {
+                "query": rng.choice(self.queries[:3]),
+                "items": [
+                    f" {rng.choice(WORDS)} {rng.choice(WORDS)}" for _ in range(rng.randint(1, 4))
+                ],
+                "item_first": True,
+            }
+        else:
+            return kind, self.invalid[self.serial % len(self.invalid)]
+        payload["label_token_ids"] = LABELS
+        payload["apply_softmax"] = softmax
+        return kind, payload
+
+
+def seed_word(rng: random.Random) -> str:
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
+
+
+def serving_raylet(port: int) -> int | None:
+    """The raylet whose Ray workers serve ``port``: the parent of the process listening on it
+    (Serve's proxy). Other Ray clusters on this machine (a test suite's) have their own."""
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
+            if conn.pid is None:
+                return None  # not ours to see
+            return psutil.Process(conn.pid).ppid()
+    return None
+
+
+def find_workers(raylet: int | None) -> dict[str, list[psutil.Process]]:
+    """Ray workers by role, matched on their process title (``ray::ServeReplica:app:Name``),
+    among the children of ``raylet`` (every matching process when it is None)."""
+    found: dict[str, list[psutil.Process]] = {role: [] for role in ROLES}
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
+        title = " ".join(proc.info["cmdline"] or ())
+        if not title.startswith("ray::") or raylet not in (None, proc.info["ppid"]):
+            continue
+        for role, name in ROLES.items():
+            if (f":{name}" in title and "ServeReplica" in title) or (
+                role == "proxy" and title.startswith(f"ray::{name}")
+            ):
+                found[role].append(proc)
+    return found
+
+
+def rss_mib(procs: list[psutil.Process]) -> dict[str, float]:
+    """RSS in MiB by pid (a str, as JSON keys are)."""
+    found = {}
+    for proc in procs:
+        try:
+            found[str(proc.pid)] = round(proc.memory_info().rss / MIB, 1)
+        except psutil.Error:
+            continue
+    return dict(sorted(found.items()))
+
+
+async def sample(client: httpx.AsyncClient, start: float, tally: Tally, raylet: int | None) -> dict:
+    row: dict = {
+        "t_s": round(time.monotonic() - start, 1),
+        "done": tally.done,
+        "kinds_done": sorted(tally.by_kind),
+        "statuses": dict(sorted(tally.statuses.items())),
+    }
+    for role, procs in find_workers(raylet).items():
+        row[f"{role}_rss_mib"] = rss_mib(procs)  # {pid: MiB}; Serve may run several
+    try:
+        stats = (await client.get("/v1/stats", timeout=30)).json()
+        for key in ("query_cache_bytes", "query_cache_entries", "compile_count"):
+            row[key] = stats.get(key)
+        row["background_compiles"] = stats.get("background_compiles")
+    except (httpx.HTTPError, ValueError):
+        row["query_cache_bytes"] = None
+    cache = row["query_cache_bytes"]
+    replicas = row["replica_rss_mib"]
+    if len(replicas) == 1 and isinstance(cache, int):
+        # What the replica holds besides the query cache (bounded by query_cache_bytes).
+        row["replica_less_cache_mib"] = {
+            pid: round(mib - cache / MIB, 1) for pid, mib in replicas.items()
+        }
+    else:
+        row["replica_less_cache_mib"] = {}
+    return row
+
+
+def expected(kind: str, status: int, reason: str, retry_after: str | None) -> bool:
+    """Valid bodies: 200, or the documented refusal (503 overloaded + Retry-After). Fuzz
+    bodies: never a 5xx or no answer (a mutation may happen to be valid: 200, or 503)."""
+    if kind == "invalid":
+        return status != 0 and (status < 500 or status == 503)
+    return status == 200 or (status == 503 and reason == "overloaded" and bool(retry_after))
+
+
+async def client_loop(
+    client: httpx.AsyncClient, mix: Mix, stop_at: float, tally: Tally, url: str
+) -> None:
+    while time.monotonic() < stop_at:
+        kind, payload = mix.next()
+        retry_after = None
+        if isinstance(payload, bytes):
+            status, seconds = await _send(client, url, payload)
+            reason = ""
+        else:
+            outcome = await send(client, payload)
+            status, seconds, reason = outcome.status, outcome.seconds, outcome.reason
+            retry_after = outcome.retry_after
+        tally.done += 1
+        tally.by_kind[kind] += 1
+        tally.statuses[status] += 1
+        tally.seconds[kind] += seconds
+        if not expected(kind, status, reason, retry_after):
+            tally.unexpected[f"{kind} {status} {reason}".strip()] += 1
+        if status == 503 and retry_after and retry_after.isdigit():
+            # A well-behaved client waits as told (capped) instead of spinning on refusals.
+            await asyncio.sleep(min(float(retry_after), 10.0, max(stop_at - time.monotonic(), 0)))
+
+
+def change_pct(base: float, value: float) -> float:
+    return round(100.0 * (value - base) / base, 2)
+
+
+def judge(after: list[dict], key: str, tolerance_pct: float) -> dict:
+    """Per process present at warm-up: warm-up, largest and last RSS (while it lived)."""
+    warm = after[0][key]
+    if not warm:
+        return {"missing": True, "flat": False}
+    entry: dict = {"processes": {}}
+    for pid, base in warm.items():
+        seen = [(s["t_s"], s[key][pid]) for s in after if pid in s[key]]
+        peak_t, peak = max(seen, key=lambda ts: ts[1])
+        final = seen[-1][1]
+        gone = after[-1][key].get(pid) is None
+        entry["processes"][pid] = {
+            "warmup_mib": base,
+            "max_mib": peak,
+            "max_at_s": peak_t,
+            "final_mib": final,
+            "max_change_pct": change_pct(base, peak),
+            "final_change_pct": change_pct(base, final),
+            "gone_at_s": seen[-1][0] if gone else None,
+            "flat": max(abs(change_pct(base, peak)), abs(change_pct(base, final))) <= tolerance_pct,
+        }
+    born = sorted({pid for s in after for pid in s[key]} - set(warm))
+    entry["started_after_warmup"] = born
+    procs = entry["processes"].values()
+    entry["flat"] = all(p["flat"] for p in procs)
+    entry["all_survived"] = all(p["gone_at_s"] is None for p in procs)
+    return entry
+
+
+def verdict(
+    samples: list[dict], warmup_s: float, tolerance_pct: float, kinds: frozenset = frozenset(KINDS)
+) -> dict:
+    warm = next(
+        (s for s in samples if s["t_s"] >= warmup_s and kinds <= set(s["kinds_done"])), None
+    )
+    result: dict = {"warmup_sample_t_s": warm and warm["t_s"], "tolerance_pct": tolerance_pct}
+    if warm is None:
+        result["flat"] = False
+        result["why"] = "no sample after warm-up"
+        return result
+    after = [s for s in samples if s["t_s"] >= warm["t_s"]]
+    for role in ("replica", "ingress", "proxy"):
+        result[role] = judge(after, f"{role}_rss_mib", tolerance_pct)
+    result["replica_less_cache"] = judge(after, "replica_less_cache_mib", tolerance_pct)
+    # Judged: the scoring replica (which must also survive, and not be joined by another)
+    # and every ingress process alive at warm-up (Serve may scale the ingress 1..2).
+    replica, ingress = result["replica"], result["ingress"]
+    result["flat"] = (
+        replica["flat"]
+        and replica.get("all_survived", False)
+        and not replica.get("started_after_warmup")
+        and ingress["flat"]
+    )
+    return result
+
+
+def print_row(row: dict) -> None:
+    errors = ", ".join(f"{k}:{v}" for k, v in row["statuses"].items() if k != 200) or "-"
+    cache = row.get("query_cache_bytes")
+    cache_mib = f"{cache / MIB:7.1f}" if isinstance(cache, int) else "      ?"
+    replica = "+".join(str(v) for v in row["replica_rss_mib"].values()) or "?"
+    ingress = "+".join(str(v) for v in row["ingress_rss_mib"].values()) or "?"
+    print(
+        f"{row['t_s'] / 60:5.2f} {row['done']:5d} {errors:>24} {replica:>11} {ingress:>13} "
+        f"{cache_mib} {row.get('compile_count')!s:>8}",
+        flush=True,
+    )
+
+
+async def soak(args: argparse.Namespace) -> dict:
+    limits = httpx.Limits(max_connections=args.clients + 4)
+    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout_s, limits=limits) as c:
+        try:
+            healthy = (await c.get("/health")).status_code == 200
+        except httpx.HTTPError:
+            healthy = False
+        if not healthy:
+            raise SystemExit(f"{args.url}/health is not 200: start the server first")
+        model = (await c.get("/v1/models")).json()["data"][0]
+        tally, samples = Tally(), []
+        raylet = serving_raylet(urlparse(args.url).port or 80)
+        if raylet is None:
+            print("warning: cannot see who listens on the URL's port: every Ray cluster's")
+            print("ScoringReplica / ScoreIngress workers on this machine are counted")
+        workers = find_workers(raylet)
+        if not workers["replica"] or not workers["ingress"]:
+            raise SystemExit("no ScoringReplica / ScoreIngress worker in this machine's ps")
+        print(
+            "  min  reqs  non-200 answers by status  replica MiB   ingress MiB  cacheMiB compiles",
+            flush=True,
+        )
+        start = time.monotonic()
+        stop_at = start + args.minutes * 60
+        mixes = [Mix(args.seed + i, model["vocab_size"], args.pool) for i in range(args.clients)]
+        kinds = frozenset(kind for mix in mixes for kind, _ in mix.pool) or frozenset(KINDS)
+        url = f"{args.url}/v1/score"
+        loops = [asyncio.create_task(client_loop(c, mix, stop_at, tally, url)) for mix in mixes]
+        while True:
+            row = await sample(c, start, tally, raylet)
+            samples.append(row)
+            print_row(row)
+            if all(t.done() for t in loops):
+                break
+            await asyncio.wait(loops, timeout=args.sample_s)
+        for task in loops:
+            task.result()  # re-raise a client's exception, if any
+        wall = time.monotonic() - start
+        healthy = (await c.get("/health")).status_code == 200
+    return {
+        "url": args.url,
+        "model": model["id"],
+        "minutes": args.minutes,
+        "clients": args.clients,
+        "seed": args.seed,
+        "pool": args.pool,
+        "raylet_pid": raylet,
+        "mix": dict(zip(KINDS, WEIGHTS, strict=True)),
+        "wall_s": round(wall, 1),
+        "requests": tally.done,
+        "requests_per_s": round(tally.done / wall, 2),
+        "by_kind": dict(tally.by_kind),
+        "mean_s_by_kind": {k: round(tally.seconds[k] / n, 3) for k, n in tally.by_kind.items()},
+        "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
+        "unexpected": dict(tally.unexpected),
+        "healthy_after": healthy,
+        "verdict": verdict(samples, args.warmup_s, args.tolerance_pct, kinds),
+        "samples": samples,
+    }
+
+
+def git_state() -> dict:
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", *argv], capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--short").splitlines()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--sample-s", type=float, default=10.0)
+    parser.add_argument("--warmup-s", type=float, default=60.0)
+    parser.add_argument("--tolerance-pct", type=float, default=5.0)
+    parser.add_argument("--timeout-s", type=float, default=320.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--pool", type=int, default=0, help="cycle this many fixed bodies per client (0: fresh)"
+    )
+    parser.add_argument("--out", default="loadtest/results", help="folder for the JSON result")
+    args = parser.parse_args(argv)
+    args.url = args.url.rstrip("/")
+    if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):
+        parser.error("--url must be a loopback address (RSS is read from this machine)")
+    git = git_state()  # at the start: the tree may change while the soak runs
+    result = asyncio.run(soak(args))
+    result["git"] = git
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / time.strftime("soak-%Y%m%d-%H%M%S.json")
+    path.write_text(json.dumps(result, indent=1))
+    summary = {k: v for k, v in result.items() if k not in ("samples", "git")}
+    print(json.dumps(summary, indent=1))
+    v = result["verdict"]
+    for role in ("replica", "ingress", "replica_less_cache"):
+        for pid, r in v.get(role, {}).get("processes", {}).items():
+            print(
+                f"{role} pid {pid}: warm-up {r['warmup_mib']} MiB, max {r['max_mib']} MiB "
+                f"({r['max_change_pct']:+.2f} %), end {r['final_mib']} MiB "
+                f"({r['final_change_pct']:+.2f} %): {'flat' if r['flat'] else 'NOT flat'}"
+                + (f", gone at {r['gone_at_s']} s" if r["gone_at_s"] is not None else "")
+                + (" (diagnostic)" if role == "replica_less_cache" else "")
+            )
+    print(f"verdict: {'flat' if v['flat'] else 'NOT flat'} (within {args.tolerance_pct} %)")
+    print(f"written: {path}")
+    ok = v["flat"] and not result["unexpected"] and result["healthy_after"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
