@@ -105,7 +105,7 @@ def group_config(**args: Any) -> dict[str, Any]:
     for deployment in app["deployments"]:
         if deployment["name"] == "ScoreIngress":
             deployment["ray_actor_options"]["num_cpus"] = 0.1
-            deployment["autoscaling_config"]["max_replicas"] = 1
+            deployment["autoscaling_config"].update(min_replicas=1, max_replicas=1)
         else:
             deployment["health_check_period_s"] = 2  # a broken group is replaced sooner
     return config

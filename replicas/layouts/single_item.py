@@ -2,9 +2,10 @@
 scored on its own, as in one-item-at-a-time scoring.
 
 Rows are sorted by length and run as causal rows ``[R, L]`` (``dense.causal_step``): L
-is the token bucket of the step's longest row, R a power of two with ``R * L`` within
-``item_tokens_per_step``, so padding stays one length bucket per row and attention is each
-row's own triangle, never rows x the longest row of the request.
+is the token bucket of the step's longest row, R a power of two with ``R * L`` within what a
+full batch step of item streams takes (the stream step's tokens x the largest batch bucket),
+so padding stays one length bucket per row and attention is each row's own triangle, never
+rows x the longest row of the request.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from replicas.layouts.common import (
     label_bucket,
     labels_by_row,
     score_capacity,
+    step_capacity,
     unpack,
 )
 from replicas.layouts.dense import DenseDims, compile_dense
@@ -80,8 +82,9 @@ class SingleItemLayout:
     def _steps(
         self, works: Sequence[ScoreWork], pairs: Sequence[Pair]
     ) -> Iterator[tuple[DenseDims, list[Pair]]]:
-        settings = self._runner.settings  # rows are [R, L], no stream bucket: R * L fills
-        capacity = settings.item_tokens_per_step  # the step's token budget, not a bucket
+        settings = self._runner.settings
+        # Rows take what a full batch step of item streams takes (R * L, no stream bucket).
+        capacity = step_capacity(settings) * settings.batch_buckets[-1]
         for length, rows in group_rows(works, pairs, settings.token_buckets, capacity):
             count = 1 << (len(rows) - 1).bit_length()  # a power of two >= the rows
             labels = label_bucket(max(len(works[w].label_ids) for w, _ in rows))
