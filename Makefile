@@ -28,7 +28,7 @@ serve: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
