@@ -16,6 +16,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -80,7 +81,10 @@ def compile_count(base_url: str) -> int:
     return int(httpx.get(f"{base_url}/v1/stats", timeout=30).json()["compile_count"])
 
 
-def percentile(values: tuple[float, ...], fraction: float) -> float:
+def percentile(values: Sequence[float], fraction: float) -> float:
+    """The nearest-rank percentile (``fraction`` in [0, 1]); NaN for no values."""
+    if not values:
+        return float("nan")
     ordered = sorted(values)
     return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
 

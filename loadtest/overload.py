@@ -26,6 +26,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from loadtest.load import percentile
+
 LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 WORDS = ["alpha", "beta", "gamma", "delta", "capital", "river", "city", "blue", "stone"]
 
@@ -81,13 +83,6 @@ async def overload(client: httpx.AsyncClient, rate: float, args: argparse.Namesp
         tasks.append(asyncio.create_task(send(client, body(rng, args.items))))
         await asyncio.sleep(rng.expovariate(rate))
     return list(await asyncio.gather(*tasks))
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
 
 
 def summary(outcomes: list[Outcome], rate: float, cap: float) -> dict:
