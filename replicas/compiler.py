@@ -8,6 +8,12 @@ that is counted (target 0). With a record file (in the persistent compilation ca
 directory) every signature ever compiled is compiled again at the next start-up, where the
 persistent cache makes it a load, so padding stays converged across restarts.
 
+Traffic's signatures are bounded: at most ``max_traffic`` signatures compiled after the
+configured warm-up (background, request path, or replayed from the record) are kept, the least
+recently used dropped first, with its record entry, so neither memory (about 4 MiB of
+executable each on CPU) nor start-up time grows with the variety of traffic. Warm-up
+signatures, and the ones another compile needed (a stream step's prefix step), are kept.
+
 Gated (a host group, several JAX processes stepping in lock-step): a background compile is
 held, not used, until ``publish`` names it. The leader publishes a signature once every host
 holds it, at the same step on every host, so every host resolves every step the same way.
@@ -19,6 +25,7 @@ import json
 import logging
 import queue
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -51,6 +58,7 @@ class StepCompiler:
         background: bool = True,
         record: Path | None = None,
         gated: bool = False,
+        max_traffic: int = 0,
     ) -> None:
         self._compile_fn = compile_fn
         self._dims_types = dict(dims_types)
@@ -59,19 +67,31 @@ class StepCompiler:
         self._executables: dict[Key, Any] = {}
         self._gated = gated
         self._held: dict[Key, Any] = {}  # gated background compiles not yet published
+        self._max_traffic = max_traffic  # 0: unbounded
+        self._traffic: OrderedDict[Key, None] = OrderedDict()  # evictable, least recent first
         self._lock = threading.Condition()  # guards the dicts and counters
         self._compile_lock = threading.RLock()  # one compile at a time (nested: same thread)
         self._local = threading.local()  # the source a nested compile is counted under
         self._queue: queue.Queue[Key] = queue.Queue()
         self._pending: set[Key] = set()
         self._worker: threading.Thread | None = None
-        self.counts = {"warmup": 0, "request_path": 0, "background": 0}
+        self.counts = {"warmup": 0, "request_path": 0, "background": 0, "evicted": 0}
 
     def __len__(self) -> int:
         return len(self._executables)
 
     def executable(self, kind: str, dims: Any) -> Any:
-        return self._executables[(kind, dims)]
+        """The compiled step of ``(kind, dims)``; one dropped since ``resolve`` chose it (a
+        background compile evicted it in between: only with a tiny ``max_traffic``) compiles
+        again on the request path, so a step never fails for it."""
+        key = (kind, dims)
+        with self._lock:
+            executable = self._executables.get(key)
+            if executable is not None:
+                self._touch(key)
+                return executable
+        self.ensure(kind, dims, "request_path")
+        return self._executables[key]
 
     def executables(self) -> dict[Key, Any]:
         """Every usable compiled step by ``(kind, dims)``, in compile order."""
@@ -84,36 +104,67 @@ class StepCompiler:
         with self._lock:
             return len(self._pending)
 
-    def ensure(self, kind: str, dims: Any, source: str | None = None) -> None:
+    def ensure(
+        self, kind: str, dims: Any, source: str | None = None, *, keep: bool | None = None
+    ) -> None:
         """Compile ``(kind, dims)`` now unless it exists; ``source`` names the counter (a
-        compile nested in another one counts under the outer one's source)."""
+        compile nested in another one counts under the outer one's source). ``keep``: never
+        evicted (default: warm-up compiles, and compiles nested in another one)."""
         key = (kind, dims)
         with self._compile_lock:
             outer = getattr(self._local, "source", None)
+            keep = (source == "warmup" or outer is not None) if keep is None else keep
             source = source or outer or "request_path"
-            if key in self._executables or (key in self._held and source == "background"):
+            if key in self._executables:
+                if keep:  # now needed by a kept one (or by warm-up): no longer evictable
+                    with self._lock:
+                        self._traffic.pop(key, None)
+                return
+            if key in self._held and source == "background":
                 return
             if key in self._held:  # a deterministic path needs it now: use it on this host
-                self._store(key, self._held.pop(key), None)
+                self._store(key, self._held.pop(key), None, keep)
                 return
             self._local.source = source
             try:
                 executable = self._compile_fn(kind, dims)
             finally:
                 self._local.source = outer
-            self._store(key, executable, source)
+            self._store(key, executable, source, keep)
             self._remember(key)
 
-    def _store(self, key: Key, executable: Any, source: str | None) -> None:
+    def _store(self, key: Key, executable: Any, source: str | None, keep: bool) -> None:
+        evicted: list[Key] = []
         with self._lock:
             if self._gated and source == "background":
                 self._held[key] = executable
             else:
                 self._executables[key] = executable
+                evicted = self._admit(key, keep)
             if source:
                 self.counts[source] += 1
             self._pending.discard(key)
             self._lock.notify_all()
+        self._forget(evicted)
+
+    def _admit(self, key: Key, keep: bool) -> list[Key]:
+        """Count ``key`` as traffic's unless kept; drop the least recently used beyond the
+        bound (called under the lock)."""
+        if keep or not self._max_traffic:
+            self._traffic.pop(key, None)
+            return []
+        self._traffic[key] = None
+        evicted = []
+        while len(self._traffic) > self._max_traffic:
+            victim, _ = self._traffic.popitem(last=False)
+            del self._executables[victim]
+            evicted.append(victim)
+            self.counts["evicted"] += 1
+        return evicted
+
+    def _touch(self, key: Key) -> None:
+        if key in self._traffic:
+            self._traffic.move_to_end(key)
 
     def held(self) -> list[Key]:
         """Background compiles finished on this host and not yet published (gated mode)."""
@@ -133,11 +184,15 @@ class StepCompiler:
         in pieces."""
         with self._lock:
             if (kind, dims) in self._executables:
+                self._touch((kind, dims))
                 return dims
             covers = [d for k, d in self._executables if k == kind and d.covers(dims)]
+            if covers and self._background:
+                chosen = min(covers, key=lambda d: d.cost_for(dims))
+                self._touch((kind, chosen))
         if covers and self._background:
             self._schedule((kind, dims))
-            return min(covers, key=lambda d: d.cost_for(dims))
+            return chosen
         self.ensure(kind, dims, "request_path")
         return dims
 
@@ -199,14 +254,24 @@ class StepCompiler:
     def _remember(self, key: Key) -> None:
         if self._record is None:
             return
-        entries = [{"kind": k, "dims": list(d.astuple())} for k, d in self._read_record()]
-        entry = {"kind": key[0], "dims": list(key[1].astuple())}
-        if entry in entries:
+        keys = self._read_record()
+        if key not in keys:
+            self._write_record([*keys, key])
+
+    def _forget(self, evicted: list[Key]) -> None:
+        if self._record is None or not evicted:
             return
+        keys = self._read_record()
+        kept = [k for k in keys if k not in evicted]
+        if len(kept) < len(keys):
+            self._write_record(kept)
+
+    def _write_record(self, keys: list[Key]) -> None:
+        entries = [{"kind": kind, "dims": list(dims.astuple())} for kind, dims in keys]
         try:
-            self._record.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._record.with_suffix(".tmp")
-            tmp.write_text(json.dumps([*entries, entry]))
-            tmp.replace(self._record)
+            self._record.parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+            tmp = self._record.with_suffix(".tmp")  # type: ignore[union-attr]
+            tmp.write_text(json.dumps(entries))
+            tmp.replace(self._record)  # type: ignore[arg-type]
         except OSError:
             logger.warning("cannot write compile record %s", self._record)

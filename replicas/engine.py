@@ -87,6 +87,7 @@ class ScoringEngine:
             background=settings.background_compile,
             record=Path(directory) / RECORD_FILE if directory else None,
             gated=settings.hosts_per_replica > 1,
+            max_traffic=settings.max_traffic_signatures,
         )
 
     @classmethod
@@ -123,6 +124,7 @@ class ScoringEngine:
             "warmup_compiles": counts["warmup"],
             "request_path_compiles": counts["request_path"],
             "background_compiles": counts["background"],
+            "evicted_signatures": counts["evicted"],
             "background_pending": self._compiler.pending,
             **self._counters,
             "engine_seconds": round(self._engine_seconds, 6),
@@ -200,10 +202,19 @@ class ScoringEngine:
     def warmup_keys(
         self, shapes: Sequence[tuple[int, int, int, int]] | None = None
     ) -> list[tuple[str, Any]]:
-        """Every recorded signature, then every signature that synthetic work of each
-        (query_tokens, items, item_tokens, labels) shape would run, once per
-        ``warmup_batch_sizes`` entry (multi-item mode: also its ``item_first`` form)."""
-        keys = self._compiler.recorded()
+        """The most recent ``max_traffic_signatures`` recorded signatures, then every
+        signature that synthetic work of each (query_tokens, items, item_tokens, labels)
+        shape would run, once per ``warmup_batch_sizes`` entry (multi-item mode: also its
+        ``item_first`` form)."""
+        configured = self._configured_keys(shapes)
+        recorded = [key for key in self._compiler.recorded() if key not in configured]
+        limit = self._settings.max_traffic_signatures
+        return list(dict.fromkeys(recorded[-limit if limit else 0 :] + configured))
+
+    def _configured_keys(
+        self, shapes: Sequence[tuple[int, int, int, int]] | None = None
+    ) -> list[tuple[str, Any]]:
+        keys: list[tuple[str, Any]] = []
         for batch_size in self._settings.warmup_batch_sizes:
             keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
         return list(dict.fromkeys(keys))
@@ -222,10 +233,13 @@ class ScoringEngine:
         return keys
 
     def compile_keys(self, keys: Sequence[tuple[str, Any]]) -> int:
-        """Compile ``(kind, dims)`` signatures at start-up (nothing is scored)."""
+        """Compile ``(kind, dims)`` signatures at start-up (nothing is scored). The configured
+        warm-up's are kept for good; others (replayed from the record) count as traffic's,
+        which ``max_traffic_signatures`` bounds."""
         before = self.compile_count
+        configured = set(self._configured_keys())
         for kind, dims in keys:
-            self._compiler.ensure(kind, dims, "warmup")
+            self._compiler.ensure(kind, dims, "warmup", keep=(kind, dims) in configured)
         return self.compile_count - before
 
     def held_signatures(self) -> list[tuple[str, Any]]:

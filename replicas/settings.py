@@ -75,6 +75,10 @@ class ReplicaSettings:
     # Serve an uncompiled signature on a covering compiled one while it compiles in the
     # background; False compiles on the request path instead.
     background_compile: bool = True
+    # Signatures compiled after the configured warm-up (traffic's own shapes) kept at most,
+    # least recently used dropped first (and from the compile record): about 4 MiB each on
+    # CPU. 0 = unbounded.
+    max_traffic_signatures: int = 32
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
     max_batch_size: int = 16
@@ -165,6 +169,11 @@ class ReplicaSettings:
             raise SettingsError(
                 f"item_tokens_per_step: must be >= the smallest item_token_buckets entry "
                 f"{self.item_token_buckets[0]}, got {self.item_tokens_per_step}"
+            )
+        if self.max_traffic_signatures < 0:
+            raise SettingsError(
+                f"max_traffic_signatures: must be >= 0 (0 = unbounded), "
+                f"got {self.max_traffic_signatures}"
             )
         if self.query_cache_bytes < 0:
             raise SettingsError(f"query_cache_bytes: must be >= 0, got {self.query_cache_bytes}")

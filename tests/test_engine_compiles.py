@@ -174,3 +174,21 @@ def test_single_item_rows_run_in_pieces_on_a_covering_signature_with_fewer_rows(
     assert engine.wait_for_background_compiles(300)
     (exact,) = engine.score_batch([many])
     np.testing.assert_allclose(scores, exact, atol=1e-5, rtol=0)
+
+
+def test_traffic_signatures_are_bounded_and_a_restart_replays_only_the_kept_ones(tiny, tmp_path):
+    settings = {"compilation_cache_dir": str(tmp_path), "max_traffic_signatures": 1}
+    first = make_engine(tiny, background_compile=False, **settings)
+    works = [
+        work(20, item_lens=(3,)),
+        work(21, query=40, item_lens=(50,)),
+        work(22, item_lens=(1,) * 30),
+    ]
+    scores = [first.score_batch([w])[0] for w in works]
+    items_steps = [key for key in first.executables() if key[0] == "items"]
+    assert len(items_steps) == 1 and first.stats()["evicted_signatures"] == 2
+    second = make_engine(tiny, **settings)
+    second.warmup()
+    assert [key for key in second.executables() if key[0] == "items"] == items_steps
+    for w, before in zip(works, scores, strict=True):  # evicted ones compile again, same scores
+        np.testing.assert_allclose(second.score_batch([w])[0], before, atol=1e-6, rtol=0)
