@@ -18,7 +18,9 @@ Every ``--sample-s`` seconds it reads, from outside (psutil, this machine's proc
 the RSS of the Ray workers that host the ``ScoringReplica`` and ``ScoreIngress`` replicas
 (process titles ``ray::ServeReplica:<app>:<deployment>...``, children of the raylet whose
 proxy listens on the URL's port, so a test suite's Ray cluster beside it is not counted),
-and ``GET /v1/stats`` (query cache bytes, compiles). The server is not modified.
+and ``GET /v1/stats`` (query cache bytes, compiles). The server is not modified. First (unless
+``--no-fill-cache``) it fills the query cache to 90 % of its bound with distinct long queries:
+the cache grows to its bound by design, which is warm-up, not growth.
 
 Verdict: per worker process (Serve may run two ingress replicas), RSS at warm-up (the first
 sample at or after ``--warmup-s`` that also follows one completed request of every kind)
@@ -47,16 +49,14 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
-import psutil
 
 from loadtest.fuzz import fuzz_bodies
 from loadtest.load import LABELS, LOOPBACK, _send, score_body
 from loadtest.overload import WORDS, send
+from loadtest.procs import MIB, find_workers, rss_mib, serving_raylet
 
 KINDS = ("repeat", "fresh", "tokens", "item_first", "invalid")
 WEIGHTS = (30, 20, 20, 15, 15)
-ROLES = {"replica": "ScoringReplica", "ingress": "ScoreIngress", "proxy": "ProxyActor"}
-MIB = 1024 * 1024
 
 
 @dataclass
@@ -132,46 +132,29 @@ class Mix:
         return kind, payload
 
 
+async def fill_query_cache(client: httpx.AsyncClient, vocab: int, url: str) -> dict:
+    """Warm-up of the query cache: distinct 1000-token queries (one item each) until it
+    holds 90 % of ``query_cache_capacity_bytes``, so a cache that fills up to its bound (by
+    design) is not read as growth. Returns the stats it stopped at."""
+    rng = random.Random(-1)
+    for _ in range(200):
+        stats = (await client.get("/v1/stats", timeout=30)).json()
+        capacity = stats.get("query_cache_capacity_bytes") or 0
+        if stats.get("query_cache_bytes", 0) >= 0.9 * capacity:
+            return stats
+        body = {
+            "query": [rng.randrange(100, vocab) for _ in range(1000)],
+            "items": [[rng.randrange(100, vocab)]],
+            "label_token_ids": LABELS,
+        }
+        answer = await client.post(url, json=body)
+        if answer.status_code == 503:
+            await asyncio.sleep(min(float(answer.headers.get("retry-after", 1)), 10.0))
+    return stats
+
+
 def seed_word(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
-
-
-def serving_raylet(port: int) -> int | None:
-    """The raylet whose Ray workers serve ``port``: the parent of the process listening on it
-    (Serve's proxy). Other Ray clusters on this machine (a test suite's) have their own."""
-    for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port:
-            if conn.pid is None:
-                return None  # not ours to see
-            return psutil.Process(conn.pid).ppid()
-    return None
-
-
-def find_workers(raylet: int | None) -> dict[str, list[psutil.Process]]:
-    """Ray workers by role, matched on their process title (``ray::ServeReplica:app:Name``),
-    among the children of ``raylet`` (every matching process when it is None)."""
-    found: dict[str, list[psutil.Process]] = {role: [] for role in ROLES}
-    for proc in psutil.process_iter(["cmdline", "ppid"]):
-        title = " ".join(proc.info["cmdline"] or ())
-        if not title.startswith("ray::") or raylet not in (None, proc.info["ppid"]):
-            continue
-        for role, name in ROLES.items():
-            if (f":{name}" in title and "ServeReplica" in title) or (
-                role == "proxy" and title.startswith(f"ray::{name}")
-            ):
-                found[role].append(proc)
-    return found
-
-
-def rss_mib(procs: list[psutil.Process]) -> dict[str, float]:
-    """RSS in MiB by pid (a str, as JSON keys are)."""
-    found = {}
-    for proc in procs:
-        try:
-            found[str(proc.pid)] = round(proc.memory_info().rss / MIB, 1)
-        except psutil.Error:
-            continue
-    return dict(sorted(found.items()))
 
 
 async def sample(client: httpx.AsyncClient, start: float, tally: Tally, raylet: int | None) -> dict:
@@ -185,7 +168,8 @@ async def sample(client: httpx.AsyncClient, start: float, tally: Tally, raylet: 
         row[f"{role}_rss_mib"] = rss_mib(procs)  # {pid: MiB}; Serve may run several
     try:
         stats = (await client.get("/v1/stats", timeout=30)).json()
-        for key in ("query_cache_bytes", "query_cache_entries", "compile_count"):
+        keys = ("query_cache_bytes", "query_cache_entries", "compile_count", "evicted_signatures")
+        for key in keys:
             row[key] = stats.get(key)
         row["background_compiles"] = stats.get("background_compiles")
     except (httpx.HTTPError, ValueError):
@@ -325,6 +309,10 @@ async def soak(args: argparse.Namespace) -> dict:
         workers = find_workers(raylet)
         if not workers["replica"] or not workers["ingress"]:
             raise SystemExit("no ScoringReplica / ScoreIngress worker in this machine's ps")
+        url = f"{args.url}/v1/score"
+        if args.fill_cache:
+            filled = await fill_query_cache(c, model["vocab_size"], url)
+            print(f"query cache filled: {filled.get('query_cache_bytes', 0) / MIB:.1f} MiB")
         print(
             "  min  reqs  non-200 answers by status  replica MiB   ingress MiB  cacheMiB compiles",
             flush=True,
@@ -333,7 +321,6 @@ async def soak(args: argparse.Namespace) -> dict:
         stop_at = start + args.minutes * 60
         mixes = [Mix(args.seed + i, model["vocab_size"], args.pool) for i in range(args.clients)]
         kinds = frozenset(kind for mix in mixes for kind, _ in mix.pool) or frozenset(KINDS)
-        url = f"{args.url}/v1/score"
         loops = [asyncio.create_task(client_loop(c, mix, stop_at, tally, url)) for mix in mixes]
         while True:
             row = await sample(c, start, tally, raylet)
@@ -353,6 +340,7 @@ async def soak(args: argparse.Namespace) -> dict:
         "clients": args.clients,
         "seed": args.seed,
         "pool": args.pool,
+        "filled_cache": args.fill_cache,
         "raylet_pid": raylet,
         "mix": dict(zip(KINDS, WEIGHTS, strict=True)),
         "wall_s": round(wall, 1),
@@ -390,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
         "--pool", type=int, default=0, help="cycle this many fixed bodies per client (0: fresh)"
     )
     parser.add_argument("--out", default="loadtest/results", help="folder for the JSON result")
+    parser.add_argument(
+        "--no-fill-cache",
+        dest="fill_cache",
+        action="store_false",
+        help="skip filling the query cache to its bound before the clients start",
+    )
     args = parser.parse_args(argv)
     args.url = args.url.rstrip("/")
     if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):

@@ -61,4 +61,5 @@ class QueryCache:
             "query_cache_misses": self.misses,
             "query_cache_entries": len(self._entries),
             "query_cache_bytes": self.bytes,
+            "query_cache_capacity_bytes": self.capacity_bytes,
         }
