@@ -6,8 +6,10 @@ Nothing here touches the network; transformers is always called with local paths
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,14 +86,73 @@ def resolve_model_source(model: str | os.PathLike[str]) -> ModelSource:
 
 
 def load_tokenizer(source: ModelSource) -> Any:
-    """The model's tokenizer from local files (GGUF metadata or tokenizer.json)."""
+    """The model's tokenizer from local files (tokenizer.json, or the GGUF's metadata through
+    its converted copy: ``gguf_metadata_dir``)."""
     from transformers import AutoTokenizer
 
+    if source.is_gguf:
+        return AutoTokenizer.from_pretrained(str(gguf_metadata_dir(source)), local_files_only=True)
     return AutoTokenizer.from_pretrained(str(source.directory), **source.transformers_kwargs())
 
 
 def load_hf_config(source: ModelSource) -> Any:
-    """The transformers PretrainedConfig, from config.json or the GGUF metadata."""
+    """The transformers PretrainedConfig, from config.json or the GGUF metadata (through its
+    converted copy: ``gguf_metadata_dir``)."""
     from transformers import AutoConfig
 
+    if source.is_gguf:
+        return AutoConfig.from_pretrained(str(gguf_metadata_dir(source)), local_files_only=True)
     return AutoConfig.from_pretrained(str(source.directory), **source.transformers_kwargs())
+
+
+def metadata_cache_root() -> Path:
+    """Where converted GGUF metadata is kept: ``$SCOREJAX_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/scorejax`` (``~/.cache/scorejax``)."""
+    explicit = os.environ.get("SCOREJAX_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scorejax"
+
+
+def gguf_metadata_dir(source: ModelSource) -> Path:
+    """A directory with the GGUF's config and tokenizer saved by transformers
+    (config.json, tokenizer.json): parsing the GGUF's metadata (its 49k-token vocabulary) takes
+    tens of seconds per process on a small CPU, reading these takes one. Converted once per
+    file (keyed by path, size, modification time and transformers version), written to a
+    temporary directory and renamed into place, so concurrent starts never read half a copy.
+    Where the cache cannot be written, the conversion is used where it was made."""
+    import transformers
+
+    path = source.gguf_path.resolve()
+    stat = path.stat()
+    identity = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    target = metadata_cache_root() / "gguf-metadata" / f"{path.stem}-{digest}"
+    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
+        return target
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError:
+        scratch = Path(tempfile.mkdtemp(prefix="scorejax-gguf-metadata-"))
+        target = scratch
+    convert_gguf_metadata(source, scratch)
+    if scratch != target:
+        try:
+            scratch.rename(target)
+        except OSError:  # another process put its copy there first (or none can be kept)
+            return target if (target / "tokenizer.json").is_file() else scratch
+    return target
+
+
+def convert_gguf_metadata(source: ModelSource, directory: Path) -> tuple[Any, Any]:
+    """Parse the GGUF's config and tokenizer with transformers and save both into
+    ``directory``; returns them ``(config, tokenizer)`` as parsed."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    kwargs = source.transformers_kwargs()
+    config = AutoConfig.from_pretrained(str(source.directory), **kwargs)
+    tokenizer = AutoTokenizer.from_pretrained(str(source.directory), **kwargs)
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return config, tokenizer

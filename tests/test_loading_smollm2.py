@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from replicas.demo import next_token_logprobs, rank_candidates
-from replicas.sources import load_tokenizer
+from replicas.sources import convert_gguf_metadata, load_tokenizer
 from tests.model_helpers import our_logprobs
 
 pytestmark = pytest.mark.slow
@@ -64,3 +64,32 @@ def test_demo_ranks_paris_first(smollm2_loaded):
     assert tokenizer("The capital of France is")["input_ids"] == PROMPT_IDS
     ranked = rank_candidates(smollm2_loaded, tokenizer)
     assert [text for text, _ in ranked] == [" Paris", " London", " Berlin"]
+
+
+def test_the_saved_copy_of_the_gguf_metadata_configures_and_tokenizes_like_the_gguf(
+    smollm2_loaded, tmp_path
+):
+    """Ingress and replicas read the GGUF's config and tokenizer from a converted copy
+    (``gguf_metadata_dir``); it must equal what transformers parses from the GGUF itself."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    parsed_config, parsed = convert_gguf_metadata(smollm2_loaded.source, tmp_path)
+    config = AutoConfig.from_pretrained(str(tmp_path), local_files_only=True)
+    copy = AutoTokenizer.from_pretrained(str(tmp_path), local_files_only=True)
+    ignored = {"_name_or_path"}
+    assert {k: v for k, v in config.to_dict().items() if k not in ignored} == {
+        k: v for k, v in parsed_config.to_dict().items() if k not in ignored
+    }
+    assert copy.get_vocab() == parsed.get_vocab()
+    texts = [
+        "The capital of France is",
+        "<|im_start|>user\nhi<|im_end|>",
+        " a  b\t\n",
+        "ünï 日本 🙂",
+    ]
+    for text in texts:
+        assert copy(text)["input_ids"] == parsed(text)["input_ids"]
+    assert (copy.bos_token, copy.eos_token) == (parsed.bos_token, parsed.eos_token)
+    assert copy.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == (
+        parsed.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    )
