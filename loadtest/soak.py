@@ -133,14 +133,17 @@ class Mix:
 
 
 async def fill_query_cache(client: httpx.AsyncClient, vocab: int, url: str) -> dict:
-    """Warm-up of the query cache: distinct 1000-token queries (one item each) until it
-    holds 90 % of ``query_cache_capacity_bytes``, so a cache that fills up to its bound (by
-    design) is not read as growth. Returns the stats it stopped at."""
+    """Warm-up of the query cache: distinct 1000-token queries (one item each) until it is
+    full (an insert evicted: its entry count stopped growing) or holds 90 % of
+    ``query_cache_capacity_bytes``, so a cache that fills up to its bound (by design) is not
+    read as growth. Returns the stats it stopped at."""
     rng = random.Random(-1)
-    for _ in range(200):
+    entries = -1
+    for _ in range(100):
         stats = (await client.get("/v1/stats", timeout=30)).json()
         capacity = stats.get("query_cache_capacity_bytes") or 0
-        if stats.get("query_cache_bytes", 0) >= 0.9 * capacity:
+        full = stats.get("query_cache_entries", 0) <= entries
+        if full or stats.get("query_cache_bytes", 0) >= 0.9 * capacity:
             return stats
         body = {
             "query": [rng.randrange(100, vocab) for _ in range(1000)],
@@ -150,6 +153,8 @@ async def fill_query_cache(client: httpx.AsyncClient, vocab: int, url: str) -> d
         answer = await client.post(url, json=body)
         if answer.status_code == 503:
             await asyncio.sleep(min(float(answer.headers.get("retry-after", 1)), 10.0))
+        else:
+            entries = stats.get("query_cache_entries", 0)
     return stats
 
 
@@ -312,7 +317,10 @@ async def soak(args: argparse.Namespace) -> dict:
         url = f"{args.url}/v1/score"
         if args.fill_cache:
             filled = await fill_query_cache(c, model["vocab_size"], url)
-            print(f"query cache filled: {filled.get('query_cache_bytes', 0) / MIB:.1f} MiB")
+            print(
+                f"query cache filled: {filled.get('query_cache_bytes', 0) / MIB:.1f} MiB",
+                flush=True,
+            )
         print(
             "  min  reqs  non-200 answers by status  replica MiB   ingress MiB  cacheMiB compiles",
             flush=True,
