@@ -15,7 +15,7 @@ from typing import Any
 
 from app.access import check_access
 from app.errors import Reason, ScoreRequestError, error_body
-from app.service import Backend, ScoringService
+from app.service import Backend, ScoringService, Timings
 from app.validation import parse_json
 
 logger = logging.getLogger(__name__)
@@ -111,11 +111,26 @@ async def handle(
     elapsed_ms = (time.perf_counter() - start) * 1e3
     reason = reply.body.get("reason", "") if reply.status != 200 else ""
     access_log.info(
-        "request %s %s %s -> %d %s %.1f ms", request_id, method, path, reply.status, reason,
-        elapsed_ms,
+        "request %s %s %s -> %d %s %.1f ms%s", request_id, method, path, reply.status, reason,
+        elapsed_ms, _timing_note(reply.headers),
     )  # fmt: skip
-    headers = {**reply.headers, "x-request-id": request_id}
+    headers = {**reply.headers, "x-request-id": request_id, "x-total-time": f"{elapsed_ms:.0f}"}
     return HttpReply(reply.status, reply.body, headers)
+
+
+def timing_headers(timings: Timings) -> dict[str, str]:
+    """TEI's timing headers, in whole milliseconds (``x-total-time`` is added by ``handle``)."""
+    parts = {
+        "x-tokenization-time": timings.tokenization_s,
+        "x-queue-time": timings.queue_s,
+        "x-inference-time": timings.inference_s,
+    }
+    return {name: f"{seconds * 1e3:.0f}" for name, seconds in parts.items() if seconds is not None}
+
+
+def _timing_note(headers: dict[str, str]) -> str:
+    parts = [f"{name[2:-5]} {headers[name]} ms" for name in headers if name.endswith("-time")]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 async def _route(
@@ -138,7 +153,8 @@ async def _route(
         )
     if path == "/v1/score":
         payload = parse_json(await body())
-        return HttpReply(200, await service.score(payload, backend))
+        scored, timings = await service.score_timed(payload, backend)
+        return HttpReply(200, scored, timing_headers(timings))
     if path == "/v1/models":
         return HttpReply(200, service.models_body())
     if path == "/health":

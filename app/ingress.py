@@ -15,7 +15,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, RayServeException
@@ -28,7 +27,7 @@ from app.errors import Reason, ScoreRequestError
 from app.http import Caller, handle, read_limited, relative_path
 from app.service import ScoringService
 from replicas.admission import QueueEstimate, admit
-from replicas.contract import ModelInfo, ScoreWork
+from replicas.contract import ModelInfo, ScoredWork, ScoreWork
 from replicas.deployment import ReplicaRejected, coerce_settings
 from replicas.settings import ReplicaSettings
 
@@ -116,15 +115,12 @@ class ScoreIngress:
     async def describe(self) -> ModelInfo:
         return self._service.info
 
-    async def _call_replica(self, work: ScoreWork) -> np.ndarray:
+    async def _call_replica(self, work: ScoreWork) -> ScoredWork:
         """Admission control, then the replica call bounded by the request's deadline."""
         settings = self._settings
         verdict = admit(self._queue, settings.max_queue_wait_s)
         if not verdict.admitted:
-            message = (
-                f"overloaded: expected wait {verdict.expected_wait_s:.1f} s exceeds "
-                f"max_queue_wait_s {settings.max_queue_wait_s} s; retry later"
-            )
+            message = verdict.refusal("ingress")
             raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
         work = dataclasses.replace(work, deadline=time.time() + settings.request_deadline_s)
         self._queue.started()
@@ -139,9 +135,9 @@ class ScoreIngress:
         finally:
             self._queue.finished(served)
 
-    async def _replica_answer(self, work: ScoreWork) -> np.ndarray:
+    async def _replica_answer(self, work: ScoreWork) -> ScoredWork:
         try:
-            return await self._replica.score.remote(work)
+            return await self._replica.score_timed.remote(work)
         except Exception as raw:
             error = _unwrap(raw)
             if isinstance(error, ReplicaRejected):

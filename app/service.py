@@ -29,12 +29,25 @@ from app.validation import (
     is_text_request,
     validate_request,
 )
-from replicas.contract import ModelInfo, ScoreWork
+from replicas.contract import ModelInfo, ScoredWork, ScoreWork
 from replicas.deployment import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 from replicas.sources import load_hf_config, load_tokenizer, resolve_model_source
 
-Backend = Callable[[ScoreWork], Awaitable[np.ndarray]]
+# A replica's answer: the log-probabilities, or ScoredWork (they and the engine step's seconds).
+Backend = Callable[[ScoreWork], Awaitable[np.ndarray | ScoredWork]]
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Where a scored request's time went, in seconds (TEI-style response headers).
+    ``queue_s``: from handing the work to the replicas until its engine step ran (admission,
+    Serve's queues, batching, transport); ``inference_s``: the engine step(s). None: the
+    replica did not say (a bare array), or no replica was called (no items)."""
+
+    tokenization_s: float
+    queue_s: float | None = None
+    inference_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -90,11 +103,24 @@ class ScoringService:
 
     async def score(self, payload: Any, backend: Backend) -> dict[str, Any]:
         """The /v1/score response body for ``payload``; ``items=[]`` never calls the backend."""
+        body, _ = await self.score_timed(payload, backend)
+        return body
+
+    async def score_timed(self, payload: Any, backend: Backend) -> tuple[dict[str, Any], Timings]:
+        """``score``, and where its time went."""
+        start = time.perf_counter()
         prepared = self.prepare(payload)
         work = prepared.work
+        timings = Timings(tokenization_s=time.perf_counter() - start)
         scores: list[list[float]] = []
         if work.num_items:
-            logprobs = np.asarray(await backend(work))
+            called = time.perf_counter()
+            answer = await backend(work)
+            if isinstance(answer, ScoredWork):
+                waited = time.perf_counter() - called - answer.inference_s
+                timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
+                answer = answer.scores
+            logprobs = np.asarray(answer)
             expected = (work.num_items, len(work.label_ids))
             if logprobs.shape != expected:
                 raise ScoreRequestError(
@@ -110,7 +136,7 @@ class ScoringService:
                 )
             scores = to_scores(logprobs, prepared.request.apply_softmax)
         prompt_tokens = prepared.tokenized.prompt_tokens
-        return {
+        body = {
             "object": "scoring",
             "model": self.info.name,
             "scores": scores,
@@ -121,6 +147,7 @@ class ScoringService:
             },
             "created": int(self.clock()),
         }
+        return body, timings
 
     @property
     def text_query_min_length(self) -> int:

@@ -87,6 +87,14 @@ class Verdict:
     admitted: bool
     expected_wait_s: float
     retry_after_s: int = 0
+    max_wait_s: float = 0.0
+
+    def refusal(self, who: str) -> str:
+        """The 503 message of a refused verdict; ``who`` is what is overloaded."""
+        return (
+            f"{who} overloaded: expected wait {self.expected_wait_s:.1f} s exceeds "
+            f"max_queue_wait_s {self.max_wait_s} s; retry later"
+        )
 
 
 def admit(estimate: QueueEstimate, max_wait_s: float) -> Verdict:
@@ -94,4 +102,4 @@ def admit(estimate: QueueEstimate, max_wait_s: float) -> Verdict:
     wait = estimate.expected_wait_s()
     if max_wait_s <= 0 or wait <= max_wait_s:
         return Verdict(True, wait)
-    return Verdict(False, wait, retry_after_seconds(wait, max_wait_s))
+    return Verdict(False, wait, retry_after_seconds(wait, max_wait_s), max_wait_s)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_MAX_ITEMS_PER_REQUEST = 128
 DEFAULT_MAX_MULTI_ITEM_SEQ_LEN = 8192
@@ -32,6 +33,16 @@ class ScoreWork:
     @property
     def num_items(self) -> int:
         return len(self.item_ids)
+
+
+@dataclass(frozen=True)
+class ScoredWork:
+    """A replica's answer to one ScoreWork: log-probabilities ``[n_items, n_labels]``
+    (float32) and the seconds of the engine step that scored them (shared with the other
+    requests batched into that step; several steps add up)."""
+
+    scores: Any
+    inference_s: float
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from replicas.admission import QueueEstimate, admit
 from replicas.contract import (
     EngineUnavailable,
     ModelInfo,
+    ScoredWork,
     ScoreWork,
     ScoringLimitError,
     check_limits,
@@ -200,6 +201,10 @@ class ScoringReplica:
 
     async def score(self, work: ScoreWork) -> np.ndarray:
         """Log-probabilities ``[n_items, n_labels]`` of one request (float32)."""
+        return (await self.score_timed(work)).scores
+
+    async def score_timed(self, work: ScoreWork) -> ScoredWork:
+        """``score`` with the seconds of its engine step (the ingress's timing headers)."""
         self._requests += 1
         info = self._engine.info
         try:
@@ -209,22 +214,19 @@ class ScoringReplica:
         verdict = admit(self._queue, self._settings.max_queue_wait_s)
         if not verdict.admitted:
             self._shed["overloaded"] += 1
-            message = (
-                f"replica overloaded: expected wait {verdict.expected_wait_s:.1f} s exceeds "
-                f"max_queue_wait_s {self._settings.max_queue_wait_s} s"
-            )
+            message = verdict.refusal("scoring replica")
             raise ReplicaRejected("overloaded", message, verdict.retry_after_s)
         self._queue.started()
         result: Any = None
         try:
             result = await self._score_batched(work)
         finally:
-            self._queue.finished(isinstance(result, np.ndarray))
+            self._queue.finished(isinstance(result, ScoredWork))
         if isinstance(result, BaseException):
             raise result
         return result
 
-    async def _score_many(self, works: list[ScoreWork]) -> list[np.ndarray | Exception]:
+    async def _score_many(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
         """The @serve.batch target: concurrent score() calls arrive here as one list."""
         self._batches += 1
         self._works += len(works)
@@ -241,7 +243,7 @@ class ScoringReplica:
 
     async def _score_alive(
         self, works: list[ScoreWork], alive: list[bool]
-    ) -> list[np.ndarray | Exception]:
+    ) -> list[ScoredWork | Exception]:
         """Works past their deadline are dropped unscored (nobody waits for them)."""
         self._shed["expired"] += alive.count(False)
         expired = ReplicaRejected("overloaded", "request deadline passed before scoring", 1)
@@ -249,7 +251,8 @@ class ScoringReplica:
         scored = iter(await self._run_engine(live) if live else [])
         return [next(scored) if ok else expired for ok in alive]
 
-    async def _run_engine(self, works: list[ScoreWork]) -> list[np.ndarray | Exception]:
+    async def _run_engine(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
+        start = time.perf_counter()
         try:
             # A thread keeps the event loop (health checks, queueing) alive during the step.
             arrays = await asyncio.to_thread(self._engine.score_batch, works)
@@ -271,4 +274,5 @@ class ScoringReplica:
             message = f"scoring engine failed ({error!r}); retry, another replica may answer"
             return [ReplicaRejected("unavailable", message, 1)] * len(works)
         self._failed_batches_in_a_row = 0
-        return [np.asarray(array, dtype=np.float32) for array in arrays]
+        seconds = time.perf_counter() - start
+        return [ScoredWork(np.asarray(array, dtype=np.float32), seconds) for array in arrays]

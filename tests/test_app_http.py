@@ -16,7 +16,7 @@ from app.errors import Reason, ScoreRequestError
 from app.http import HttpReply, handle, read_limited, relative_path
 from app.service import ScoringService
 from loadtest.fuzz_strategies import json_values
-from replicas.contract import ModelInfo, ScoreWork, ScoringLimits
+from replicas.contract import ModelInfo, ScoredWork, ScoreWork, ScoringLimits
 from tests.fake_engine import fake_logprobs
 
 
@@ -241,3 +241,36 @@ def test_fuzzed_bodies_get_200_or_a_400_envelope(payload: Any) -> None:
         assert works == []
     else:
         assert len(reply.body["scores"]) == len(payload["items"])
+
+
+def test_a_scored_request_says_where_its_time_went_in_tei_headers() -> None:
+    body = json.dumps({"query": "ab", "items": ["c", "d"], "label_token_ids": [3]}).encode()
+
+    async def backend(work: ScoreWork) -> ScoredWork:
+        await asyncio.sleep(0.3)  # waiting for a step: everything but the step is queue time
+        return ScoredWork(fake_logprobs(work), inference_s=0.25)
+
+    async def read() -> bytes:
+        return body
+
+    async def health() -> None:
+        return None
+
+    reply = asyncio.run(handle(SERVICE, "POST", "/v1/score", read, backend, health))
+    times = {name: int(reply.headers[f"x-{name}-time"]) for name in TIMED}
+    assert times["inference"] == 250
+    assert 30 <= times["queue"] <= 200  # 300 ms waited - 250 ms of step, plus scheduling
+    assert times["total"] >= times["tokenization"] + times["queue"] + times["inference"] - 2
+    assert len(reply.body["scores"]) == 2
+
+
+def test_a_refusal_or_a_bare_array_gets_only_the_times_the_ingress_knows() -> None:
+    refused, _ = call("POST", "/v1/score", b"{")
+    assert "x-total-time" in refused.headers and "x-inference-time" not in refused.headers
+    body = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": [3]}).encode()
+    bare, _ = call("POST", "/v1/score", body)  # a backend answering an array: no step time
+    assert {"x-total-time", "x-tokenization-time"} <= set(bare.headers)
+    assert "x-inference-time" not in bare.headers and "x-queue-time" not in bare.headers
+
+
+TIMED = ("tokenization", "queue", "inference", "total")

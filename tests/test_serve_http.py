@@ -340,3 +340,18 @@ def test_handle_and_replica_agree_on_the_model(client: httpx.Client) -> None:
     assert replica_info.multi_item_scoring_delimiter == 0
     assert replica_info.limits == ingress_info.limits
     assert math.isfinite(replica_stats("multi")["compile_count"])
+
+
+def test_every_answer_carries_its_request_id_and_a_scored_one_tei_timings(
+    client: httpx.Client,
+) -> None:
+    body = {"query": QUERY, "items": ITEMS, "label_token_ids": LABELS}
+    scored = client.post("/v1/score", json=body, headers={"x-request-id": "trace-7"})
+    assert scored.status_code == 200, scored.text
+    assert scored.headers["x-request-id"] == "trace-7"
+    times = {n: int(scored.headers[f"x-{n}-time"]) for n in ("tokenization", "queue", "inference")}
+    total = int(scored.headers["x-total-time"])
+    assert times["inference"] >= 1 and total >= sum(times.values()) - 3
+    refused = client.post("/v1/score", json={**body, "label_token_ids": []})
+    assert refused.status_code == 400 and len(refused.headers["x-request-id"]) >= 16
+    assert "x-total-time" in refused.headers and "x-inference-time" not in refused.headers

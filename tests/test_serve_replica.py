@@ -74,8 +74,10 @@ def test_a_batch_is_one_engine_call(settings: ReplicaSettings) -> None:
     works = [work(query_len=n) for n in range(1, 7)]
     results = asyncio.run(replica._score_many(works))
     for got, w in zip(results, works, strict=True):
-        np.testing.assert_array_equal(got, fake_logprobs(w))
-        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got.scores, fake_logprobs(w))
+        assert got.scores.dtype == np.float32
+    # one step scored them all: each answer carries that step's seconds
+    assert len({got.inference_s for got in results}) == 1 and results[0].inference_s > 0
     assert replica._engine.batches == 1
     assert replica.stats()["largest_batch"] == 6
 
@@ -83,8 +85,8 @@ def test_a_batch_is_one_engine_call(settings: ReplicaSettings) -> None:
 def test_a_refused_work_does_not_fail_its_batch(settings: ReplicaSettings) -> None:
     replica = Replica(settings, "tests.test_serve_replica:PickyEngine")
     good, refused, other = asyncio.run(replica._score_many([work(1), work(13), work(2)]))
-    np.testing.assert_array_equal(good, fake_logprobs(work(1)))
-    np.testing.assert_array_equal(other, fake_logprobs(work(2)))
+    np.testing.assert_array_equal(good.scores, fake_logprobs(work(1)))
+    np.testing.assert_array_equal(other.scores, fake_logprobs(work(2)))
     assert isinstance(refused, ReplicaRejected) and refused.reason == "refused"
     replica.check_health()  # refusing bad work is not an engine failure
 
@@ -103,8 +105,8 @@ def test_work_past_its_deadline_is_dropped_before_the_engine(settings: ReplicaSe
     late = dataclasses.replace(work(2), deadline=time.time() - 1)
     later = dataclasses.replace(work(3), deadline=time.time() + 60)
     got_live, got_late, got_later = asyncio.run(replica._score_many([live, late, later]))
-    np.testing.assert_array_equal(got_live, fake_logprobs(live))
-    np.testing.assert_array_equal(got_later, fake_logprobs(later))
+    np.testing.assert_array_equal(got_live.scores, fake_logprobs(live))
+    np.testing.assert_array_equal(got_later.scores, fake_logprobs(later))
     assert isinstance(got_late, ReplicaRejected) and got_late.reason == "overloaded"
     assert replica._engine.batches == 1 and replica.stats()["dropped_expired"] == 1
     (alone,) = asyncio.run(replica._score_many([late]))
