@@ -30,8 +30,10 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
 HealthCheck = Callable[[], Awaitable[None]]
 StatsSource = Callable[[], Awaitable[dict[str, Any]]]
 
+RERANK_ROUTES = ("/v1/rerank", "/rerank", "/v2/rerank")
 ROUTES: dict[str, str] = {
     "/v1/score": "POST",
+    **dict.fromkeys(RERANK_ROUTES, "POST"),
     "/v1/models": "GET",
     "/health": "GET",
     "/openapi.json": "GET",
@@ -155,6 +157,9 @@ async def _route(
         payload = parse_json(await body())
         scored, timings = await service.score_timed(payload, backend)
         return HttpReply(200, scored, timing_headers(timings))
+    if path in RERANK_ROUTES:
+        ranked, timings = await service.rerank_timed(parse_json(await body()), backend)
+        return HttpReply(200, ranked, timing_headers(timings))
     if path == "/v1/models":
         return HttpReply(200, service.models_body())
     if path == "/health":

@@ -112,6 +112,21 @@ class ScoreIngress:
         }
         return await self._service.score(payload, self._call_replica)
 
+    async def rerank(
+        self,
+        query: str,
+        documents: list[str] | list[dict[str, str]],
+        top_n: int | None = None,
+        return_documents: bool = False,
+        instruction: str | None = None,
+        model: str | None = None,
+    ) -> dict[str, Any]:
+        """The /v1/rerank body for these fields; raises ScoreRequestError like a 400/503."""
+        payload = {"query": query, "documents": documents, "top_n": top_n}
+        payload |= {"return_documents": return_documents, "instruction": instruction}
+        body, _ = await self._service.rerank_timed(payload | {"model": model}, self._call_replica)
+        return body
+
     async def describe(self) -> ModelInfo:
         return self._service.info
 

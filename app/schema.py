@@ -46,6 +46,41 @@ class ScoreRequest(BaseModel):
     )
 
 
+class RerankDocument(BaseModel):
+    model_config = _STRICT
+
+    text: StrictStr
+
+
+class RerankRequest(BaseModel):
+    """POST /v1/rerank (also /rerank, /v2/rerank): Cohere's and Jina's request shape."""
+
+    model_config = _STRICT
+
+    query: StrictStr = Field(min_length=1, description="What the documents are ranked for.")
+    documents: list[StrictStr | RerankDocument] = Field(
+        description='Texts (or {"text": ...} objects) to rank; [] answers results: [].'
+    )
+    top_n: StrictInt | None = Field(
+        default=None, ge=1, description="Return only the best top_n results (default: all)."
+    )
+    return_documents: StrictBool = Field(
+        default=False, description="Echo each result's document text."
+    )
+    instruction: StrictStr | None = Field(
+        default=None, description="The reranker's task instruction (default: the template's)."
+    )
+    max_tokens_per_doc: StrictInt | None = Field(
+        default=None, ge=1, description="Cut each document to its first max_tokens_per_doc tokens."
+    )
+    priority: StrictInt | None = Field(
+        default=None, description="Accepted for Cohere's SDK and ignored (requests run in order)."
+    )
+    model: StrictStr | None = Field(
+        default=None, description="Served model name (see GET /v1/models); optional."
+    )
+
+
 class Usage(BaseModel):
     model_config = _STRICT
 

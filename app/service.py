@@ -16,6 +16,7 @@ import numpy as np
 
 from app.errors import Reason, ScoreRequestError
 from app.openapi import openapi_document
+from app.rerank import Reranker, reranker_for
 from app.schema import ScoreRequest
 from app.scores import to_scores
 from app.tokenization import TextTokenizer, Tokenized, encode_text, pass_tokens
@@ -64,6 +65,7 @@ class ScoringService:
     info: ModelInfo
     tokenizer: TextTokenizer
     clock: Callable[[], float] = field(default=time.time)
+    reranker: Reranker | None = None  # /v1/rerank; None: the model has no rerank template
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings) -> ScoringService:
@@ -77,7 +79,8 @@ class ScoringService:
             multi_item_scoring_delimiter=settings.multi_item_scoring_delimiter,
             limits=settings.limits,
         )
-        return cls(info=info, tokenizer=load_tokenizer(source))
+        tokenizer = load_tokenizer(source)
+        return cls(info=info, tokenizer=tokenizer, reranker=reranker_for(settings, tokenizer))
 
     def prepare(self, payload: Any) -> Prepared:
         """Every validation rule, in a fixed order; raises ScoreRequestError on the first."""
@@ -110,30 +113,10 @@ class ScoringService:
         """``score``, and where its time went."""
         start = time.perf_counter()
         prepared = self.prepare(payload)
-        work = prepared.work
         timings = Timings(tokenization_s=time.perf_counter() - start)
         scores: list[list[float]] = []
-        if work.num_items:
-            called = time.perf_counter()
-            answer = await backend(work)
-            if isinstance(answer, ScoredWork):
-                waited = time.perf_counter() - called - answer.inference_s
-                timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
-                answer = answer.scores
-            logprobs = np.asarray(answer)
-            expected = (work.num_items, len(work.label_ids))
-            if logprobs.shape != expected:
-                raise ScoreRequestError(
-                    Reason.INTERNAL,
-                    f"replica returned shape {logprobs.shape}, expected {expected}",
-                    status_code=500,
-                )
-            if not np.isfinite(logprobs).all():
-                raise ScoreRequestError(
-                    Reason.INTERNAL,
-                    "replica returned non-finite log-probabilities",
-                    status_code=500,
-                )
+        if prepared.work.num_items:
+            logprobs, timings = await self._scored(prepared.work, backend, timings)
             scores = to_scores(logprobs, prepared.request.apply_softmax)
         prompt_tokens = prepared.tokenized.prompt_tokens
         body = {
@@ -148,6 +131,46 @@ class ScoringService:
             "created": int(self.clock()),
         }
         return body, timings
+
+    async def rerank_timed(self, payload: Any, backend: Backend) -> tuple[dict[str, Any], Timings]:
+        """The /v1/rerank response body for ``payload`` (app.rerank), and its timings."""
+        if self.reranker is None:
+            raise ScoreRequestError(
+                Reason.NOT_FOUND,
+                f"model {self.info.name!r} has no rerank template (setting rerank_template)",
+                status_code=404,
+            )
+        start = time.perf_counter()
+        request, work, prompt_tokens = self.reranker.prepare(payload, self.info)
+        timings = Timings(tokenization_s=time.perf_counter() - start)
+        logprobs = np.zeros((0, 2), np.float32)
+        if work.num_items:
+            logprobs, timings = await self._scored(work, backend, timings)
+        return self.reranker.body(request, logprobs, prompt_tokens, self.info.name), timings
+
+    async def _scored(
+        self, work: ScoreWork, backend: Backend, timings: Timings
+    ) -> tuple[np.ndarray, Timings]:
+        """The replica's log-probabilities ``[n_items, n_labels]``, checked, and timings."""
+        called = time.perf_counter()
+        answer = await backend(work)
+        if isinstance(answer, ScoredWork):
+            waited = time.perf_counter() - called - answer.inference_s
+            timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
+            answer = answer.scores
+        logprobs = np.asarray(answer)
+        expected = (work.num_items, len(work.label_ids))
+        if logprobs.shape != expected:
+            raise ScoreRequestError(
+                Reason.INTERNAL,
+                f"replica returned shape {logprobs.shape}, expected {expected}",
+                status_code=500,
+            )
+        if not np.isfinite(logprobs).all():
+            raise ScoreRequestError(
+                Reason.INTERNAL, "replica returned non-finite log-probabilities", status_code=500
+            )
+        return logprobs, timings
 
     @property
     def text_query_min_length(self) -> int:

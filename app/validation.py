@@ -48,13 +48,18 @@ def validate_request(payload: Any) -> ScoreRequest:
 
 
 def _schema_error(error: ValidationError, payload: Mapping[str, Any]) -> ScoreRequestError:
-    details = error.errors(include_url=False, include_input=False)
     if "label_token_ids" not in payload or payload.get("label_token_ids") is None:
         return ScoreRequestError(
             Reason.EMPTY_LABEL_TOKEN_IDS,
             "label_token_ids is required and must list at least one token id",
             param="label_token_ids",
         )
+    return schema_error(error)
+
+
+def schema_error(error: ValidationError) -> ScoreRequestError:
+    """The 400 of a pydantic error: its first problem, where it is (``param``)."""
+    details = error.errors(include_url=False, include_input=False)
     first = details[0]
     location = [str(part) for part in first.get("loc", ())]
     param = location[0] if location else None

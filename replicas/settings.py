@@ -92,6 +92,9 @@ class ReplicaSettings:
     request_deadline_s: float = 280.0
     # API keys (semantics 13), never in this file: the name of an environment variable
     # and/or a file holding them (comma/space/line separated); none set = no auth.
+    # /v1/rerank (app/rerank.py): {query, document, yes, no, instruction}, the prompt parts
+    # around a query and a document and the one-token answer words; unset: Qwen3-Reranker's.
+    rerank_template: tuple[tuple[str, str], ...] = ()
     api_keys_env: str | None = None
     api_keys_file: str | None = None
     compilation_cache_dir: str | None = None
@@ -228,7 +231,7 @@ class ReplicaSettings:
         if unknown:
             raise SettingsError(f"{unknown[0]}: unknown replica setting (known: {sorted(known)})")
         converted = {key: _as_tuples(value) for key, value in values.items()}
-        for key in ("host_resources", "host_label_selector"):
+        for key in ("host_resources", "host_label_selector", "rerank_template"):
             if isinstance(converted.get(key), Mapping):
                 converted[key] = tuple(sorted(converted[key].items()))
         return cls(**converted)

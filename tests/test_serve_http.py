@@ -355,3 +355,28 @@ def test_every_answer_carries_its_request_id_and_a_scored_one_tei_timings(
     refused = client.post("/v1/score", json={**body, "label_token_ids": []})
     assert refused.status_code == 400 and len(refused.headers["x-request-id"]) >= 16
     assert "x-total-time" in refused.headers and "x-inference-time" not in refused.headers
+
+
+def test_the_cohere_sdk_reranks_against_the_app_as_v1_score_scores(
+    cluster: ServeCluster, client: httpx.Client
+) -> None:
+    import cohere
+
+    from app.rerank import RerankTemplate
+
+    docs = ["Paris is the capital.", "Bananas are yellow."]
+    model = client.get("/v1/models").json()["data"][0]["id"]
+    sdk = cohere.ClientV2(api_key="unused", base_url=cluster.http_url, timeout=60)
+    ranked = sdk.rerank(model=model, query=QUERY, documents=docs)
+    template = RerankTemplate()
+    yes, no = 10407, 4607  # "yes", "no" in SmolLM2's tokenizer
+    prompt = template.query.format(instruction=template.instruction, query=QUERY)
+    items = [template.document.format(document=d) for d in docs]
+    scored = post(client, {"query": prompt, "items": items, "label_token_ids": [yes, no]})
+    logprobs = logprobs_of(scored)
+    p_yes = 1 / (1 + np.exp(logprobs[:, 1] - logprobs[:, 0]))
+    assert [r.index for r in ranked.results] == list(np.argsort(-p_yes, kind="stable"))
+    for result in ranked.results:
+        assert abs(result.relevance_score - p_yes[result.index]) <= 1e-5
+    (best,) = sdk.rerank(model=model, query=QUERY, documents=docs, top_n=1).results
+    assert best.index == ranked.results[0].index

@@ -1,0 +1,186 @@
+"""/v1/rerank (semantics 11): Cohere/Jina-shaped reranking with a yes/no LLM reranker.
+
+A rerank request is one multi-item scoring request: the query part of a per-model template
+(instruction and query) is the shared query, each document's part of the template is an item,
+and the labels are the template's "yes" and "no" tokens. A document's relevance is
+P(yes) / (P(yes) + P(no)) after its row, so all documents behind one query take one pass and
+score as if each were scored alone. The default template is Qwen3-Reranker's.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from app.errors import Reason, ScoreRequestError
+from app.schema import RerankRequest
+from app.tokenization import TextTokenizer, encode_text
+from app.validation import check_item_count, check_model_name, check_work, schema_error
+from replicas.contract import ModelInfo, ScoreWork
+from replicas.settings import ReplicaSettings, SettingsError
+
+QWEN3_RERANKER_SYSTEM = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    'and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+
+
+@dataclass(frozen=True)
+class RerankTemplate:
+    """How a (query, document) pair becomes a prompt whose next token is "yes" or "no"."""
+
+    query: str = QWEN3_RERANKER_SYSTEM + "<Instruct>: {instruction}\n<Query>: {query}\n"
+    document: str = (
+        "<Document>: {document}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    yes: str = "yes"
+    no: str = "no"
+    instruction: str = "Given a web search query, retrieve relevant passages that answer the query"
+
+    @classmethod
+    def from_pairs(cls, pairs: Sequence[tuple[str, str]]) -> RerankTemplate:
+        """From the ``rerank_template`` setting; a wrong key or placeholder names it."""
+        values = dict(pairs)
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise SettingsError(
+                f"rerank_template: unknown key {unknown[0]!r} (known: {sorted(known)})"
+            )
+        template = cls(**values)
+        for field, needed in (("query", "{query}"), ("document", "{document}")):
+            if needed not in getattr(template, field):
+                raise SettingsError(f"rerank_template.{field}: must contain {needed}")
+        return template
+
+    def label_ids(self, tokenizer: TextTokenizer) -> tuple[int, int]:
+        """The token ids of the yes and no words; each must be exactly one token."""
+        ids = []
+        for field in ("yes", "no"):
+            word = getattr(self, field)
+            encoded = tokenizer(word, add_special_tokens=False)["input_ids"]
+            if len(encoded) != 1:
+                raise SettingsError(
+                    f"rerank_template.{field}: {word!r} is {len(encoded)} tokens for this "
+                    "tokenizer; it must be exactly one"
+                )
+            ids.append(int(encoded[0]))
+        return ids[0], ids[1]
+
+
+@dataclass(frozen=True)
+class Reranker:
+    """The template bound to a tokenizer: requests in, ScoreWork and response bodies out."""
+
+    template: RerankTemplate
+    tokenizer: TextTokenizer
+    labels: tuple[int, int]
+
+    @classmethod
+    def build(cls, pairs: Sequence[tuple[str, str]], tokenizer: TextTokenizer) -> Reranker:
+        template = RerankTemplate.from_pairs(pairs)
+        return cls(template, tokenizer, template.label_ids(tokenizer))
+
+    def prepare(self, payload: Any, info: ModelInfo) -> tuple[RerankRequest, ScoreWork, int]:
+        """Validate and tokenize; returns the request, its work and its prompt tokens."""
+        request = validate_rerank(payload)
+        check_model_name(request.model, info)
+        texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
+        check_item_count(len(texts), info)
+        if request.max_tokens_per_doc is not None:
+            texts = self._cut(texts, request.max_tokens_per_doc)
+        template = self.template
+        query = template.query.format(
+            instruction=request.instruction or template.instruction, query=request.query
+        )
+        items = [template.document.format(document=text) for text in texts]
+        for param, text in (("query", query), *(("documents", t) for t in items)):
+            if not _encodable(text):
+                raise ScoreRequestError(
+                    Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
+                )
+        tokenized = encode_text(self.tokenizer, query, items)
+        work = ScoreWork(tokenized.query_ids, tokenized.item_ids, self.labels)
+        try:
+            check_work(work, info)
+        except ScoreRequestError as error:
+            param = "documents" if error.param == "items" else error.param
+            raise ScoreRequestError(error.reason, error.message, param, error.status_code) from None
+        return request, work, tokenized.prompt_tokens
+
+    def _cut(self, texts: list[str], limit: int) -> list[str]:
+        """Each text cut to its first ``limit`` tokens (decoded back to text)."""
+        if not texts or not all(_encodable(text) for text in texts):
+            return texts  # prepare() refuses text that cannot be encoded
+        encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        decode = self.tokenizer.decode  # type: ignore[attr-defined]
+        return [
+            text if len(ids) <= limit else decode(ids[:limit])
+            for text, ids in zip(texts, encoded, strict=True)
+        ]
+
+    def body(
+        self, request: RerankRequest, logprobs: np.ndarray, prompt_tokens: int, model: str
+    ) -> dict[str, Any]:
+        """Cohere's response shape (Jina's and TEI's fields are a subset): results by
+        relevance, best first, ``top_n`` of them."""
+        yes, no = logprobs[:, 0].astype(np.float64), logprobs[:, 1].astype(np.float64)
+        relevance = 1.0 / (1.0 + np.exp(no - yes))  # P(yes) / (P(yes) + P(no))
+        order = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))
+        results = []
+        for index in order[: request.top_n or len(order)]:
+            result: dict[str, Any] = {"index": index, "relevance_score": float(relevance[index])}
+            if request.return_documents:
+                document = request.documents[index]
+                text = document if isinstance(document, str) else document.text
+                result["document"] = {"text": text}
+            results.append(result)
+        return {
+            "id": uuid.uuid4().hex,
+            "model": model,
+            "results": results,
+            "meta": {
+                "billed_units": {"search_units": 1},
+                "tokens": {"input_tokens": prompt_tokens},
+            },
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        }
+
+
+def reranker_for(settings: ReplicaSettings, tokenizer: TextTokenizer) -> Reranker | None:
+    """The configured template (a wrong one stops start-up, naming ``rerank_template``), else
+    the default one where the tokenizer has one-token yes/no words, else None (no rerank)."""
+    if settings.rerank_template:
+        return Reranker.build(settings.rerank_template, tokenizer)
+    try:
+        return Reranker.build((), tokenizer)
+    except SettingsError:
+        return None
+
+
+def validate_rerank(payload: Any) -> RerankRequest:
+    if not isinstance(payload, Mapping):
+        raise ScoreRequestError(
+            Reason.INVALID_REQUEST,
+            f"request body must be a JSON object, got {type(payload).__name__}",
+        )
+    try:
+        return RerankRequest.model_validate(dict(payload), strict=True)
+    except ValidationError as error:
+        raise schema_error(error) from None
+    except RecursionError:
+        raise ScoreRequestError(Reason.INVALID_REQUEST, "request is nested too deeply") from None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,131 @@
+"""/v1/rerank without Ray: the template, validation, ordering and its equality with /v1/score
+of the same prompts (the real SmolLM2 tokenizer; a fake replica with hand-checkable scores)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.errors import ScoreRequestError
+from app.http import handle
+from app.rerank import Reranker, RerankTemplate, reranker_for
+from app.service import ScoringService
+from replicas.contract import ModelInfo, ScoreWork, ScoringLimits
+from replicas.settings import ReplicaSettings, SettingsError
+from tests.fake_engine import fake_logprobs
+
+DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "France: Paris.", "x"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from replicas.sources import load_tokenizer, resolve_model_source
+
+    return load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct"))
+
+
+@pytest.fixture(scope="module")
+def service(tokenizer: Any) -> ScoringService:
+    info = ModelInfo("smollm2", 49152, 0, ScoringLimits(8, 4096, 1024))
+    reranker = reranker_for(ReplicaSettings(), tokenizer)
+    return ScoringService(info=info, tokenizer=tokenizer, clock=lambda: 0.0, reranker=reranker)
+
+
+async def backend(work: ScoreWork) -> np.ndarray:
+    return fake_logprobs(work)
+
+
+def rerank(service: ScoringService, **payload: Any) -> dict[str, Any]:
+    body, _ = asyncio.run(service.rerank_timed(payload, backend))
+    return body
+
+
+def test_relevance_is_p_yes_of_the_same_prompts_scored_through_v1_score(service, tokenizer):
+    body = rerank(service, query="capital of France", documents=DOCS, return_documents=True)
+    template = RerankTemplate()
+    yes, no = (tokenizer(w, add_special_tokens=False)["input_ids"][0] for w in ("yes", "no"))
+    prompt = template.query.format(instruction=template.instruction, query="capital of France")
+    items = [template.document.format(document=d) for d in DOCS]
+    scored = asyncio.run(
+        service.score(
+            {"query": prompt, "items": items, "label_token_ids": [yes, no], "apply_softmax": True},
+            backend,
+        )
+    )
+    expected = [row[0] for row in scored["scores"]]
+    results = body["results"]
+    assert sorted(r["index"] for r in results) == [0, 1, 2, 3]
+    for result in results:
+        assert result["relevance_score"] == pytest.approx(expected[result["index"]], abs=1e-6)
+        assert result["document"] == {"text": DOCS[result["index"]]}
+    scores = [r["relevance_score"] for r in results]
+    assert scores == sorted(scores, reverse=True)
+    assert body["usage"]["prompt_tokens"] == scored["usage"]["prompt_tokens"]
+
+
+def test_top_n_keeps_the_best_and_documents_may_be_objects(service):
+    full = rerank(service, query="q", documents=DOCS)
+    objects = [{"text": d} for d in DOCS]
+    top = rerank(service, query="q", documents=objects, top_n=2)
+    assert top["results"] == full["results"][:2] and "document" not in top["results"][0]
+    assert rerank(service, query="q", documents=[])["results"] == []
+
+
+def test_max_tokens_per_doc_cuts_each_document(service, tokenizer):
+    long = "one two three four five six seven eight"
+    cut = tokenizer.decode(tokenizer(long, add_special_tokens=False)["input_ids"][:3])
+    assert (
+        rerank(service, query="q", documents=[long], max_tokens_per_doc=3)["results"]
+        == (rerank(service, query="q", documents=[cut])["results"])
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "param"),
+    [
+        ({"query": "", "documents": ["a"]}, "query"),
+        ({"query": "q", "documents": "a"}, "documents"),
+        ({"query": "q", "documents": [1]}, "documents"),
+        ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+        ({"query": "q", "documents": ["a"], "rank_fields": ["x"]}, "rank_fields"),
+        ({"query": "q", "documents": ["a<|endoftext|>"]}, "documents"),  # the delimiter
+        ({"query": "q", "documents": ["a"] * 9}, "items"),  # max_items_per_request 8
+        ({"query": "q", "documents": ["a"], "model": "other"}, "model"),
+    ],
+)
+def test_bad_requests_are_400s_naming_the_field(service, payload, param):
+    with pytest.raises(ScoreRequestError) as error:
+        rerank(service, **payload)
+    assert error.value.status_code == 400 and error.value.param == param
+
+
+def test_the_http_routes_and_a_model_without_a_template(service):
+    body = json.dumps({"query": "q", "documents": DOCS[:2]}).encode()
+
+    async def read() -> bytes:
+        return body
+
+    async def health() -> None:
+        return None
+
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        reply = asyncio.run(handle(service, "POST", path, read, backend, health))
+        assert reply.status == 200 and len(reply.body["results"]) == 2
+    bare = ScoringService(info=service.info, tokenizer=service.tokenizer)
+    reply = asyncio.run(handle(bare, "POST", "/v1/rerank", read, backend, health))
+    assert reply.status == 404 and "rerank_template" in reply.body["message"]
+
+
+def test_a_wrong_template_stops_start_up_naming_the_setting(tokenizer):
+    with pytest.raises(SettingsError, match="rerank_template: unknown key 'answer'"):
+        Reranker.build((("answer", "yes"),), tokenizer)
+    with pytest.raises(SettingsError, match=r"rerank_template.document: must contain \{document\}"):
+        Reranker.build((("document", "no placeholder"),), tokenizer)
+    with pytest.raises(SettingsError, match=r"rerank_template\.yes: 'certainly yes' is 3 tokens"):
+        Reranker.build((("yes", "certainly yes"),), tokenizer)
+    settings = ReplicaSettings.from_mapping({"rerank_template": {"yes": "Yes", "no": "No"}})
+    assert reranker_for(settings, tokenizer).template.yes == "Yes"
