@@ -10,17 +10,16 @@ score as if each were scored alone. The default template is Qwen3-Reranker's.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic import ValidationError
 
 from app.errors import Reason, ScoreRequestError
 from app.schema import RerankRequest
 from app.tokenization import TextTokenizer, encode_text
-from app.validation import check_item_count, check_model_name, check_work, schema_error
+from app.validation import check_item_count, check_model_name, check_work, validate_body
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.settings import ReplicaSettings, SettingsError
 
@@ -89,7 +88,7 @@ class Reranker:
 
     def prepare(self, payload: Any, info: ModelInfo) -> tuple[RerankRequest, ScoreWork, int]:
         """Validate and tokenize; returns the request, its work and its prompt tokens."""
-        request = validate_rerank(payload)
+        request = validate_body(payload, RerankRequest)
         check_model_name(request.model, info)
         texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
         check_item_count(len(texts), info)
@@ -162,20 +161,6 @@ def reranker_for(settings: ReplicaSettings, tokenizer: TextTokenizer) -> Reranke
         return Reranker.build((), tokenizer)
     except SettingsError:
         return None
-
-
-def validate_rerank(payload: Any) -> RerankRequest:
-    if not isinstance(payload, Mapping):
-        raise ScoreRequestError(
-            Reason.INVALID_REQUEST,
-            f"request body must be a JSON object, got {type(payload).__name__}",
-        )
-    try:
-        return RerankRequest.model_validate(dict(payload), strict=True)
-    except ValidationError as error:
-        raise schema_error(error) from None
-    except RecursionError:
-        raise ScoreRequestError(Reason.INVALID_REQUEST, "request is nested too deeply") from None
 
 
 def _encodable(text: str) -> bool:

@@ -7,14 +7,16 @@ the same function the engine runs, so the ingress and the replicas share one def
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from app.errors import Reason, ScoreRequestError
 from app.schema import ScoreRequest
 from replicas.contract import ModelInfo, ScoreWork, ScoringLimitError, check_limits
+
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def _reject_constant(name: str) -> Any:
@@ -34,15 +36,25 @@ def parse_json(raw: bytes) -> Any:
 
 def validate_request(payload: Any) -> ScoreRequest:
     """Check a decoded body against the strict schema; errors become 400s, never 422s."""
+    return validate_body(payload, ScoreRequest, _schema_error)
+
+
+def validate_body(
+    payload: Any,
+    schema: type[Body],
+    to_error: Callable[[ValidationError, Mapping[str, Any]], ScoreRequestError] | None = None,
+) -> Body:
+    """A decoded body as ``schema`` (strict); its first problem is a 400 (``to_error``'s,
+    else ``schema_error``'s)."""
     if not isinstance(payload, Mapping):
         raise ScoreRequestError(
             Reason.INVALID_REQUEST,
             f"request body must be a JSON object, got {type(payload).__name__}",
         )
     try:
-        return ScoreRequest.model_validate(dict(payload), strict=True)
+        return schema.model_validate(dict(payload), strict=True)
     except ValidationError as error:
-        raise _schema_error(error, payload) from None
+        raise (to_error(error, payload) if to_error else schema_error(error)) from None
     except RecursionError:
         raise ScoreRequestError(Reason.INVALID_REQUEST, "request is nested too deeply") from None
 
