@@ -16,7 +16,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.schema import ErrorResponse, ModelList, ScoreRequest, ScoreResponse
+from app.schema import (
+    ErrorResponse,
+    ModelList,
+    RerankRequest,
+    RerankResponse,
+    ScoreRequest,
+    ScoreResponse,
+)
 from replicas.contract import ModelInfo
 
 _REF = "#/components/schemas/{model}"
@@ -45,6 +52,23 @@ def _json(name: str, description: str) -> dict[str, Any]:
         "description": description,
         "content": {"application/json": {"schema": {"$ref": _REF.format(model=name)}}},
     }
+
+
+def _post(
+    summary: str,
+    request: str,
+    ok: dict[str, Any],
+    error: dict[str, Any],
+    unauthorized: dict[str, Any],
+    not_found: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A POST operation taking the JSON schema ``request``."""
+    body = {"application/json": {"schema": {"$ref": _REF.format(model=request)}}}
+    responses = {"200": ok, "400": error, "401": unauthorized, "503": error}
+    if not_found:
+        responses["404"] = not_found
+    operation = {"summary": summary, "requestBody": {"required": True, "content": body}}
+    return {"post": operation | {"responses": responses}}
 
 
 def longest_query(info: ModelInfo) -> int:
@@ -121,30 +145,31 @@ def openapi_document(
     """The document for the served model (``info``); without one, only model-free rules."""
     error = _json("ErrorResponse", "Error envelope (OpenAI/SGLang) with a machine reason")
     unauthorized = _json("ErrorResponse", "API keys are configured and none matched")
-    schemas = _schemas(ScoreRequest, ScoreResponse, ErrorResponse, ModelList)
+    schemas = _schemas(
+        ScoreRequest, ScoreResponse, RerankRequest, RerankResponse, ErrorResponse, ModelList
+    )
     schemas["ScoreRequest"] = score_request_schema(info, text_query_min_length)
     return {
         "openapi": "3.1.0",
         "info": {"title": title, "version": version},
         "paths": {
-            "/v1/score": {
-                "post": {
-                    "summary": "Score label tokens after query + item for every item",
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"$ref": _REF.format(model="ScoreRequest")}
-                            }
-                        },
-                    },
-                    "responses": {
-                        "200": _json("ScoreResponse", "Scores, one row per item"),
-                        "400": error,
-                        "401": unauthorized,
-                        "503": error,
-                    },
-                }
+            "/v1/score": _post(
+                "Score label tokens after query + item for every item",
+                "ScoreRequest",
+                _json("ScoreResponse", "Scores, one row per item"),
+                error,
+                unauthorized,
+            ),
+            **{
+                path: _post(
+                    "Rank documents for a query (Cohere/Jina shape)",
+                    "RerankRequest",
+                    _json("RerankResponse", "Results, best first"),
+                    error,
+                    unauthorized,
+                    not_found=error,
+                )
+                for path in ("/v1/rerank", "/rerank", "/v2/rerank")
             },
             "/v1/models": {
                 "get": {

@@ -7,7 +7,7 @@ models exist only to parse input and to describe the API (OpenAPI).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
@@ -79,6 +79,24 @@ class RerankRequest(BaseModel):
     model: StrictStr | None = Field(
         default=None, description="Served model name (see GET /v1/models); optional."
     )
+
+
+class RerankResult(BaseModel):
+    model_config = _STRICT
+
+    index: int = Field(description="The document's position in the request.")
+    relevance_score: float = Field(description="P(yes) / (P(yes) + P(no)) after the document.")
+    document: RerankDocument | None = Field(default=None, description="With return_documents.")
+
+
+class RerankResponse(BaseModel):
+    model_config = _STRICT
+
+    id: str
+    model: str
+    results: list[RerankResult] = Field(description="Best first; top_n of them.")
+    meta: dict[str, Any]
+    usage: dict[str, int]
 
 
 class Usage(BaseModel):

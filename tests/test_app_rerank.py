@@ -129,3 +129,15 @@ def test_a_wrong_template_stops_start_up_naming_the_setting(tokenizer):
         Reranker.build((("yes", "certainly yes"),), tokenizer)
     settings = ReplicaSettings.from_mapping({"rerank_template": {"yes": "Yes", "no": "No"}})
     assert reranker_for(settings, tokenizer).template.yes == "Yes"
+
+
+def test_the_answer_is_what_the_published_document_says(service):
+    from app.openapi import openapi_document
+    from app.schema import RerankResponse
+
+    body = rerank(service, query="q", documents=DOCS, return_documents=True, top_n=3)
+    RerankResponse.model_validate(body)  # strict: no field beyond the published ones
+    paths = openapi_document(service.info)["paths"]
+    for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": "#/components/schemas/RerankRequest"}
