@@ -13,6 +13,10 @@ configured warm-up (background, request path, or replayed from the record) are k
 recently used dropped first, with its record entry, so neither memory (about 4 MiB of
 executable each on CPU) nor start-up time grows with the variety of traffic. Warm-up
 signatures, and the ones another compile needed (a stream step's prefix step), are kept.
+Once the bound is reached, a background compile (an optimisation: a covering signature
+already serves the request) only starts when the least recently used one has not run for
+``idle_s``; otherwise traffic with more shapes than the bound would compile without end,
+each compile taking seconds of the same CPU that scores.
 
 Gated (a host group, several JAX processes stepping in lock-step): a background compile is
 held, not used, until ``publish`` names it. The leader publishes a signature once every host
@@ -25,6 +29,7 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -59,6 +64,8 @@ class StepCompiler:
         record: Path | None = None,
         gated: bool = False,
         max_traffic: int = 0,
+        idle_s: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._compile_fn = compile_fn
         self._dims_types = dict(dims_types)
@@ -68,14 +75,16 @@ class StepCompiler:
         self._gated = gated
         self._held: dict[Key, Any] = {}  # gated background compiles not yet published
         self._max_traffic = max_traffic  # 0: unbounded
-        self._traffic: OrderedDict[Key, None] = OrderedDict()  # evictable, least recent first
+        # Evictable signatures -> when each last ran, least recently used first.
+        self._traffic: OrderedDict[Key, float] = OrderedDict()
+        self._idle_s, self._clock = idle_s, clock
         self._lock = threading.Condition()  # guards the dicts and counters
         self._compile_lock = threading.RLock()  # one compile at a time (nested: same thread)
         self._local = threading.local()  # the source a nested compile is counted under
         self._queue: queue.Queue[Key] = queue.Queue()
         self._pending: set[Key] = set()
         self._worker: threading.Thread | None = None
-        self.counts = {"warmup": 0, "request_path": 0, "background": 0, "evicted": 0}
+        self.counts = {"warmup": 0, "request_path": 0, "background": 0, "evicted": 0, "declined": 0}
 
     def __len__(self) -> int:
         return len(self._executables)
@@ -153,7 +162,7 @@ class StepCompiler:
         if keep or not self._max_traffic:
             self._traffic.pop(key, None)
             return []
-        self._traffic[key] = None
+        self._traffic[key] = self._clock()
         evicted = []
         while len(self._traffic) > self._max_traffic:
             victim, _ = self._traffic.popitem(last=False)
@@ -164,7 +173,16 @@ class StepCompiler:
 
     def _touch(self, key: Key) -> None:
         if key in self._traffic:
+            self._traffic[key] = self._clock()
             self._traffic.move_to_end(key)
+
+    def _has_room(self) -> bool:
+        """Whether a background compile may start: below the bound, or the least recently
+        used signature has been idle for ``idle_s`` (called under the lock)."""
+        if not self._max_traffic or len(self._traffic) < self._max_traffic:
+            return True
+        oldest = next(iter(self._traffic.values()))
+        return self._clock() - oldest >= self._idle_s
 
     def held(self) -> list[Key]:
         """Background compiles finished on this host and not yet published (gated mode)."""
@@ -190,8 +208,12 @@ class StepCompiler:
             if covers and self._background:
                 chosen = min(covers, key=lambda d: d.cost_for(dims))
                 self._touch((kind, chosen))
+                room = self._has_room()
+                if not room:
+                    self.counts["declined"] += 1
         if covers and self._background:
-            self._schedule((kind, dims))
+            if room:
+                self._schedule((kind, dims))
             return chosen
         self.ensure(kind, dims, "request_path")
         return dims

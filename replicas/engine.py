@@ -125,6 +125,7 @@ class ScoringEngine:
             "request_path_compiles": counts["request_path"],
             "background_compiles": counts["background"],
             "evicted_signatures": counts["evicted"],
+            "declined_background_compiles": counts["declined"],
             "background_pending": self._compiler.pending,
             **self._counters,
             "engine_seconds": round(self._engine_seconds, 6),

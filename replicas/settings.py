@@ -75,9 +75,9 @@ class ReplicaSettings:
     # Serve an uncompiled signature on a covering compiled one while it compiles in the
     # background; False compiles on the request path instead.
     background_compile: bool = True
-    # Signatures compiled after the configured warm-up (traffic's own shapes) kept at most,
-    # least recently used dropped first (and from the compile record): about 4 MiB each on
-    # CPU. 0 = unbounded.
+    # Signatures compiled after the configured warm-up (traffic's own shapes) kept at most
+    # (about 4 MiB each on CPU; 0 = unbounded): at the bound a background compile starts
+    # only in place of the least recently used one, once it has been idle for 10 minutes.
     max_traffic_signatures: int = 32
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN

@@ -82,3 +82,29 @@ def test_zero_means_unbounded():
     for tokens in range(1, 40):
         compiler.resolve("items", Width(tokens))
     assert len(compiler) == 39 and compiler.counts["evicted"] == 0
+
+
+def test_at_the_bound_a_background_compile_waits_until_a_signature_has_been_idle():
+    now = [0.0]
+    built = []
+
+    def build(kind, dims):
+        built.append(dims.tokens)
+        return f"{kind}{dims.tokens}"
+
+    compiler = StepCompiler(
+        build, {"items": Width}, max_traffic=2, idle_s=600.0, clock=lambda: now[0]
+    )
+    compiler.ensure("items", Width(1000), "warmup")  # covers everything below
+    for tokens in (10, 20):  # traffic fills the bound in the background
+        assert compiler.resolve("items", Width(tokens)) == Width(1000)
+        assert compiler.wait_idle(30)
+    now[0] = 300.0
+    compiler.resolve("items", Width(20))  # 20 ran at 300 s, 10 last ran at 0 s
+    assert compiler.resolve("items", Width(30)) == Width(1000)  # 10 idle 300 s: no compile
+    assert compiler.wait_idle(30) and built == [1000, 10, 20]
+    assert compiler.counts["declined"] == 1
+    now[0] = 600.0  # now 10 has been idle for 600 s: 30 compiles and evicts it
+    compiler.resolve("items", Width(30))
+    assert compiler.wait_idle(30) and built == [1000, 10, 20, 30]
+    assert set(compiler.executables()) == {("items", Width(d)) for d in (1000, 20, 30)}
