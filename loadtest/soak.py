@@ -291,7 +291,7 @@ def print_row(row: dict) -> None:
     ingress = "+".join(str(v) for v in row["ingress_rss_mib"].values()) or "?"
     print(
         f"{row['t_s'] / 60:5.2f} {row['done']:5d} {errors:>24} {replica:>11} {ingress:>13} "
-        f"{cache_mib} {row.get('compile_count')!s:>8}",
+        f"{cache_mib} {row.get('compile_count')!s:>8} {row.get('background_compiles')!s:>10}",
         flush=True,
     )
 
@@ -322,7 +322,8 @@ async def soak(args: argparse.Namespace) -> dict:
                 flush=True,
             )
         print(
-            "  min  reqs  non-200 answers by status  replica MiB   ingress MiB  cacheMiB compiles",
+            "  min  reqs  non-200 answers by status  replica MiB   ingress MiB  cacheMiB compiles"
+            " background",
             flush=True,
         )
         start = time.monotonic()
