@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+NO_TOKENIZER = "no-tokenizer.txt"  # in a converted GGUF metadata directory: none to load
 
 # Known names -> (package holding the file, file name). Found with find_spec; never imported.
 PACKAGED_GGUF_MODELS: dict[str, tuple[str, str]] = {
@@ -91,7 +92,10 @@ def load_tokenizer(source: ModelSource) -> Any:
     from transformers import AutoTokenizer
 
     if source.is_gguf:
-        return AutoTokenizer.from_pretrained(str(gguf_metadata_dir(source)), local_files_only=True)
+        converted = gguf_metadata_dir(source)
+        if (converted / "tokenizer.json").is_file():
+            return AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
+    # A directory, or a GGUF without a usable tokenizer (this raises transformers' reason).
     return AutoTokenizer.from_pretrained(str(source.directory), **source.transformers_kwargs())
 
 
@@ -128,7 +132,9 @@ def gguf_metadata_dir(source: ModelSource) -> Path:
     identity = f"{path}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
     digest = hashlib.sha256(identity.encode()).hexdigest()[:16]
     target = metadata_cache_root() / "gguf-metadata" / f"{path.stem}-{digest}"
-    if (target / "config.json").is_file() and (target / "tokenizer.json").is_file():
+    if (target / "config.json").is_file() and (
+        (target / "tokenizer.json").is_file() or (target / NO_TOKENIZER).is_file()
+    ):
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -141,18 +147,24 @@ def gguf_metadata_dir(source: ModelSource) -> Path:
         try:
             scratch.rename(target)
         except OSError:  # another process put its copy there first (or none can be kept)
-            return target if (target / "tokenizer.json").is_file() else scratch
+            return target if (target / "config.json").is_file() else scratch
     return target
 
 
 def convert_gguf_metadata(source: ModelSource, directory: Path) -> tuple[Any, Any]:
     """Parse the GGUF's config and tokenizer with transformers and save both into
-    ``directory``; returns them ``(config, tokenizer)`` as parsed."""
+    ``directory``; returns them ``(config, tokenizer)`` as parsed. A GGUF without a tokenizer
+    transformers can build (a weights-only file) gets the ``NO_TOKENIZER`` marker instead,
+    and its tokenizer None."""
     from transformers import AutoConfig, AutoTokenizer
 
     kwargs = source.transformers_kwargs()
     config = AutoConfig.from_pretrained(str(source.directory), **kwargs)
-    tokenizer = AutoTokenizer.from_pretrained(str(source.directory), **kwargs)
     config.save_pretrained(directory)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(source.directory), **kwargs)
+    except (ValueError, KeyError, OSError) as error:
+        (directory / NO_TOKENIZER).write_text(f"{error}\n")
+        return config, None
     tokenizer.save_pretrained(directory)
     return config, tokenizer
