@@ -3,8 +3,8 @@
 Keys never live in the YAML: the config names an environment variable (``api_keys_env``)
 and/or a file (``api_keys_file``, one key a line, ``#`` comments), read once at start-up.
 A configured source that yields no key is a start-up error naming its setting. Comparison
-is constant-time (``hmac.compare_digest`` against every key, no early exit). ``/health``
-and ``/openapi.json`` stay open.
+is constant-time (``hmac.compare_digest`` against every key, no early exit). ``/health``,
+``/openapi.json`` and ``/docs`` stay open.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 from app.errors import Reason, ScoreRequestError
 from replicas.settings import ReplicaSettings, SettingsError
 
-OPEN_PATHS = frozenset({"/health", "/openapi.json"})
+OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs"})
 
 
 def _split(text: str) -> list[str]:

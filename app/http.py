@@ -1,6 +1,12 @@
-"""Routing of the ingress's HTTP API, independent of Ray so it unit-tests without a cluster.
+"""The ingress's HTTP API as a FastAPI app, independent of Ray so it unit-tests without a cluster.
 
-Every answer is JSON. Errors use the envelope of app.errors; schema errors are 400, not 422.
+``build_api`` declares the routes; FastAPI routes them and generates ``/openapi.json`` and
+``/docs`` from the pydantic models of app.schema, tightened with the served model's rules
+(app.openapi). Bodies are read and checked by app.validation, not by FastAPI's parser, so a
+schema error is a 400 envelope naming the field, never a 422, and ``NaN`` or ``1.0`` as a
+token id is refused as the strict validator refuses it. Every answer is JSON and goes through
+one frame (``_Frame``): request id, API key check, error envelope, ``x-total-time``, one
+access-log line, and one metrics record.
 """
 
 from __future__ import annotations
@@ -10,11 +16,18 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
 
 from app.access import check_access
 from app.errors import Reason, ScoreRequestError, error_body
+from app.openapi import RESPONSES, request_body, served_openapi
+from app.schema import ModelList, RerankResponse, ScoreResponse
 from app.service import Backend, ScoringService, Timings
 from app.validation import parse_json
 
@@ -27,25 +40,28 @@ access_log = logging.getLogger(ACCESS_LOG)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
+RERANK_ROUTES = ("/v1/rerank", "/rerank", "/v2/rerank")
 HealthCheck = Callable[[], Awaitable[None]]
 StatsSource = Callable[[], Awaitable[dict[str, Any]]]
 
-RERANK_ROUTES = ("/v1/rerank", "/rerank", "/v2/rerank")
-ROUTES: dict[str, str] = {
-    "/v1/score": "POST",
-    **dict.fromkeys(RERANK_ROUTES, "POST"),
-    "/v1/models": "GET",
-    "/health": "GET",
-    "/openapi.json": "GET",
-    "/v1/stats": "GET",
-}
-
 
 @dataclass(frozen=True)
-class HttpReply:
+class Outcome:
+    """One answered request, for metrics: ``route`` is the matched route's path (or
+    ``unmatched``), ``reason`` the error envelope's reason ("" for a 200); ``timings``,
+    ``items`` and ``tokens`` only for scored requests."""
+
+    route: str
+    method: str
     status: int
-    body: dict[str, Any]
-    headers: dict[str, str] = field(default_factory=dict)
+    reason: str
+    total_s: float
+    timings: Timings | None = None
+    items: int | None = None
+    tokens: int | None = None
+
+
+Recorder = Callable[[Outcome], None]
 
 
 async def read_limited(chunks: AsyncIterator[bytes], limit: int = MAX_BODY_BYTES) -> bytes:
@@ -70,16 +86,6 @@ def relative_path(path: str, root_path: str) -> str:
     return path.rstrip("/") or "/"
 
 
-@dataclass(frozen=True)
-class Caller:
-    """Who asks: the Authorization header and the request id (the client's x-request-id,
-    else a fresh one); ``keys`` are the configured API keys (empty: no auth)."""
-
-    authorization: str | None = None
-    request_id: str | None = None
-    keys: frozenset[str] = frozenset()
-
-
 def request_id_for(client_id: str | None) -> str:
     """The client's x-request-id when it is a plain token (<= 128 of [A-Za-z0-9._:-], so
     it cannot forge log lines), else a fresh one."""
@@ -88,40 +94,8 @@ def request_id_for(client_id: str | None) -> str:
     return uuid.uuid4().hex
 
 
-async def handle(
-    service: ScoringService,
-    method: str,
-    path: str,
-    body: Callable[[], Awaitable[bytes]],
-    backend: Backend,
-    health: HealthCheck,
-    stats: StatsSource | None = None,
-    caller: Caller = Caller(),
-) -> HttpReply:
-    """Answer one request; never raises. Logs one line per request (id, method, path,
-    status, milliseconds) and never its content."""
-    start = time.perf_counter()
-    request_id = request_id_for(caller.request_id)
-    try:
-        check_access(path, caller.authorization, caller.keys)
-        reply = await _route(service, method.upper(), path, body, backend, health, stats)
-    except ScoreRequestError as error:
-        reply = HttpReply(error.status_code, error.body, error.headers)
-    except Exception:
-        logger.exception("request %s: unexpected error answering %s %s", request_id, method, path)
-        reply = HttpReply(500, error_body(Reason.INTERNAL, "internal error", None, 500))
-    elapsed_ms = (time.perf_counter() - start) * 1e3
-    reason = reply.body.get("reason", "") if reply.status != 200 else ""
-    access_log.info(
-        "request %s %s %s -> %d %s %.1f ms%s", request_id, method, path, reply.status, reason,
-        elapsed_ms, _timing_note(reply.headers),
-    )  # fmt: skip
-    headers = {**reply.headers, "x-request-id": request_id, "x-total-time": f"{elapsed_ms:.0f}"}
-    return HttpReply(reply.status, reply.body, headers)
-
-
 def timing_headers(timings: Timings) -> dict[str, str]:
-    """TEI's timing headers, in whole milliseconds (``x-total-time`` is added by ``handle``)."""
+    """TEI's timing headers, in whole milliseconds (``x-total-time`` is added by the frame)."""
     parts = {
         "x-tokenization-time": timings.tokenization_s,
         "x-queue-time": timings.queue_s,
@@ -130,43 +104,176 @@ def timing_headers(timings: Timings) -> dict[str, str]:
     return {name: f"{seconds * 1e3:.0f}" for name, seconds in parts.items() if seconds is not None}
 
 
-def _timing_note(headers: dict[str, str]) -> str:
-    parts = [f"{name[2:-5]} {headers[name]} ms" for name in headers if name.endswith("-time")]
-    return f" ({', '.join(parts)})" if parts else ""
+def error_response(error: ScoreRequestError, request: Request | None = None) -> JSONResponse:
+    """The envelope of ``error``; notes its reason on the request for the frame."""
+    if request is not None:
+        request.state.reason = str(error.reason)
+    return JSONResponse(error.body, status_code=error.status_code, headers=error.headers)
 
 
-async def _route(
+def build_api(
     service: ScoringService,
-    method: str,
-    path: str,
-    body: Callable[[], Awaitable[bytes]],
     backend: Backend,
     health: HealthCheck,
-    stats: StatsSource | None,
-) -> HttpReply:
-    allowed = ROUTES.get(path)
-    if allowed is None:
-        raise ScoreRequestError(Reason.NOT_FOUND, f"no route {path}", status_code=404)
-    if method != allowed and not (allowed == "GET" and method == "HEAD"):
-        return HttpReply(
-            405,
-            error_body(Reason.METHOD_NOT_ALLOWED, f"{path} accepts {allowed}", None, 405),
-            {"Allow": allowed},
+    stats: StatsSource | None = None,
+    keys: frozenset[str] = frozenset(),
+    recorder: Recorder | None = None,
+    set_request_id: bool = True,
+) -> FastAPI:
+    """The ASGI app of the ingress. ``set_request_id=False`` inside Serve, whose proxy
+    passes its request id in (the client's, else its own) and sets it on the response."""
+    api = FastAPI(
+        title="scorejax",
+        version="0.1.0",
+        summary="SGLang-compatible /v1/score and a Cohere/Jina-shaped /v1/rerank",
+        redoc_url=None,
+    )
+    api.openapi = lambda: served_openapi(api, service)  # type: ignore[method-assign]
+    api.add_exception_handler(ScoreRequestError, _score_request_error)
+    api.add_exception_handler(HTTPException, _routing_error)
+    api.middleware("http")(_Frame(keys, recorder, set_request_id))
+    api.include_router(_routes(service, backend, health, stats))
+    return api
+
+
+def _routes(
+    service: ScoringService, backend: Backend, health: HealthCheck, stats: StatsSource | None
+) -> APIRouter:
+    router = APIRouter()
+
+    @router.post(
+        "/v1/score",
+        summary="Score label tokens after query + item for every item",
+        openapi_extra=request_body("ScoreRequest"),
+        responses=RESPONSES | {200: {"model": ScoreResponse, "description": "One row per item"}},
+    )
+    async def score(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        body, timings = await service.score_timed(payload, backend)
+        _note_scored(request, timings, len(body["scores"]), body["usage"]["prompt_tokens"])
+        return JSONResponse(body, headers=timing_headers(timings))
+
+    async def rerank(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        body, timings = await service.rerank_timed(payload, backend)
+        _note_scored(request, timings, len(payload["documents"]), body["usage"]["prompt_tokens"])
+        return JSONResponse(body, headers=timing_headers(timings))
+
+    for path in RERANK_ROUTES:
+        router.add_api_route(
+            path,
+            rerank,
+            methods=["POST"],
+            summary="Rank documents for a query (Cohere/Jina shape)",
+            openapi_extra=request_body("RerankRequest"),
+            responses=RESPONSES
+            | {200: {"model": RerankResponse, "description": "Results, best first"}}
+            | {404: {"model": RESPONSES[400]["model"], "description": "No rerank template"}},
+            operation_id=f"rerank{path.replace('/', '_')}",
         )
-    if path == "/v1/score":
-        payload = parse_json(await body())
-        scored, timings = await service.score_timed(payload, backend)
-        return HttpReply(200, scored, timing_headers(timings))
-    if path in RERANK_ROUTES:
-        ranked, timings = await service.rerank_timed(parse_json(await body()), backend)
-        return HttpReply(200, ranked, timing_headers(timings))
-    if path == "/v1/models":
-        return HttpReply(200, service.models_body())
-    if path == "/health":
+
+    @router.get("/v1/models", summary="The served model", responses={200: {"model": ModelList}})
+    async def models() -> Response:
+        return JSONResponse(service.models_body())
+
+    @router.get("/health", summary="200 once the replicas answer and agree with the ingress")
+    async def healthy() -> Response:
         await health()
-        return HttpReply(200, {"status": "ok", "model": service.info.name})
-    if path == "/v1/stats":
+        return JSONResponse({"status": "ok", "model": service.info.name})
+
+    @router.get("/v1/stats", summary="Counters of one scoring replica")
+    async def counters() -> Response:
         if stats is None:
             raise ScoreRequestError(Reason.NOT_FOUND, "no stats source", status_code=404)
-        return HttpReply(200, await stats())
-    return HttpReply(200, service.openapi())
+        return JSONResponse(await stats())
+
+    return router
+
+
+def _note_scored(request: Request, timings: Timings, items: int, tokens: int) -> None:
+    request.state.timings = timings
+    request.state.items = items
+    request.state.tokens = tokens
+
+
+async def _score_request_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, ScoreRequestError)
+    return error_response(error, request)
+
+
+async def _routing_error(request: Request, error: Exception) -> Response:
+    """Starlette's 404 and 405 as envelopes (405 keeps its ``Allow`` header)."""
+    assert isinstance(error, HTTPException)
+    path = relative_path(request.url.path, request.scope.get("root_path", ""))
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        allowed = headers.get("Allow", "")
+        message = f"{path} accepts {allowed}"
+        body = error_body(Reason.METHOD_NOT_ALLOWED, message, None, 405)
+        request.state.reason = str(Reason.METHOD_NOT_ALLOWED)
+        return JSONResponse(body, status_code=405, headers=headers)
+    status = error.status_code
+    reason = Reason.NOT_FOUND if status == 404 else Reason.INVALID_REQUEST
+    message = f"no route {path}" if status == 404 else str(error.detail)
+    return error_response(ScoreRequestError(reason, message, None, status), request)
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """The middleware every request passes: id, keys, envelope, total time, log, metrics.
+    Never raises: an unexpected error is a 500 envelope (and logged with its traceback)."""
+
+    keys: frozenset[str]
+    recorder: Recorder | None
+    set_request_id: bool
+
+    async def __call__(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        start = time.perf_counter()
+        request_id = request_id_for(request.headers.get("x-request-id"))
+        path = relative_path(request.url.path, request.scope.get("root_path", ""))
+        try:
+            check_access(path, request.headers.get("authorization"), self.keys)
+            response = await call_next(request)
+        except ScoreRequestError as error:
+            response = error_response(error, request)
+        except Exception:
+            logger.exception("request %s: unexpected error answering %s", request_id, path)
+            request.state.reason = str(Reason.INTERNAL)
+            response = JSONResponse(error_body(Reason.INTERNAL, "internal error", None, 500), 500)
+        elapsed_s = time.perf_counter() - start
+        reason = getattr(request.state, "reason", "") if response.status_code != 200 else ""
+        access_log.info(
+            "request %s %s %s -> %d %s %.1f ms%s", request_id, request.method, path,
+            response.status_code, reason, elapsed_s * 1e3, _timing_note(response.headers),
+        )  # fmt: skip
+        response.headers["x-total-time"] = f"{elapsed_s * 1e3:.0f}"
+        if self.set_request_id:
+            response.headers["x-request-id"] = request_id
+        if self.recorder is not None:
+            self.recorder(_outcome(request, path, response.status_code, reason, elapsed_s))
+        return response
+
+
+def _outcome(request: Request, path: str, status: int, reason: str, total_s: float) -> Outcome:
+    """``route``: the matched route's template, else the path; "unmatched" for a 404 (so a
+    scan of random paths cannot grow the metrics' label sets)."""
+    route = getattr(request.scope.get("route"), "path", None)
+    state = request.state
+    return Outcome(
+        route=route or (path if status != 404 else "unmatched"),
+        method=request.method,
+        status=status,
+        reason=reason,
+        total_s=total_s,
+        timings=getattr(state, "timings", None),
+        items=getattr(state, "items", None),
+        tokens=getattr(state, "tokens", None),
+    )
+
+
+def _timing_note(headers: Any) -> str:
+    names = ("x-tokenization-time", "x-queue-time", "x-inference-time")
+    parts = [f"{name[2:-5]} {headers[name]} ms" for name in names if name in headers]
+    return f" ({', '.join(parts)})" if parts else ""

@@ -1,6 +1,7 @@
 """ScoreIngress: the CPU Serve deployment in front of the scoring replicas.
 
-HTTP: ``POST /v1/score``, ``GET /v1/models``, ``GET /health``, ``GET /openapi.json``.
+HTTP (app.http's FastAPI app through ``@serve.ingress``): ``POST /v1/score``, ``/v1/rerank``,
+``GET /v1/models``, ``/health``, ``/v1/stats``, ``/openapi.json``, ``/docs``.
 Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` returns the
 same body as the HTTP route (and raises ScoreRequestError, whose ``body`` is the HTTP error).
 Never imports jax; only token ids go to the replicas.
@@ -15,16 +16,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from fastapi import FastAPI
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, RayServeException
 from ray.serve.handle import DeploymentHandle
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from app.access import load_api_keys
 from app.errors import Reason, ScoreRequestError
-from app.http import Caller, handle, read_limited, relative_path
+from app.http import build_api
+from app.metrics import IngressMetrics
 from app.service import ScoringService
 from replicas.admission import QueueEstimate, admit
 from replicas.contract import ModelInfo, ScoredWork, ScoreWork
@@ -52,6 +53,7 @@ def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
 
 
 @serve.deployment(name="ScoreIngress", max_ongoing_requests=256)
+@serve.ingress()
 class ScoreIngress:
     def __init__(
         self, replica: DeploymentHandle, settings: ReplicaSettings | Mapping[str, Any]
@@ -61,36 +63,24 @@ class ScoreIngress:
         self._service = ScoringService.from_settings(self._settings)
         self._replica = replica
         self._queue = QueueEstimate()  # calls to the replicas in flight, recent completions
+        self._metrics = IngressMetrics()
 
     @property
     def info(self) -> ModelInfo:
         return self._service.info
 
-    async def __call__(self, request: Request) -> Response:
-        path = relative_path(request.url.path, request.scope.get("root_path", ""))
-
-        async def body() -> bytes:
-            return await read_limited(request.stream())
-
-        caller = Caller(
-            authorization=request.headers.get("authorization"),
-            request_id=request.headers.get("x-request-id"),
-            keys=self._keys,
-        )
-        reply = await handle(
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """Serve calls this after ``__init__``: the FastAPI app of app.http (routes,
+        generated OpenAPI and /docs) over this replica's service and handles."""
+        return build_api(
             self._service,
-            request.method,
-            path,
-            body,
             self._call_replica,
             self._check_replica,
             self._replica_stats,
-            caller,
+            keys=self._keys,
+            recorder=self._metrics.record,
+            set_request_id=False,
         )
-        # Serve's proxy passes its request id in (the client's x-request-id, else its own)
-        # and sets it on the response itself: not a second time here.
-        headers = {k: v for k, v in reply.headers.items() if k != "x-request-id"}
-        return JSONResponse(reply.body, status_code=reply.status, headers=headers)
 
     async def score(
         self,

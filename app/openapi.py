@@ -1,4 +1,5 @@
-"""GET /openapi.json: an OpenAPI 3.1 document built from the pydantic models of the edge.
+"""GET /openapi.json: the OpenAPI 3.1 document FastAPI generates from the routes of app.http
+and the pydantic models of the edge, with the served model's rules added to ScoreRequest.
 
 The ScoreRequest schema starts from the pydantic model (fields, types, required fields,
 ``additionalProperties: false``) and then states every rule of app.validation that JSON
@@ -12,19 +13,17 @@ is always a 400. ``tests/test_app_fuzz.py`` checks both directions with schemath
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from app.schema import (
-    ErrorResponse,
-    ModelList,
-    RerankRequest,
-    RerankResponse,
-    ScoreRequest,
-    ScoreResponse,
-)
+from app.schema import ErrorResponse, RerankRequest, ScoreRequest
 from replicas.contract import ModelInfo
+
+if TYPE_CHECKING:
+    from app.service import ScoringService
 
 _REF = "#/components/schemas/{model}"
 
@@ -47,28 +46,19 @@ def _schemas(*models: type[BaseModel]) -> dict[str, Any]:
     return schemas
 
 
-def _json(name: str, description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": _REF.format(model=name)}}},
-    }
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Error envelope (OpenAI/SGLang) with a reason"},
+    401: {"model": ErrorResponse, "description": "API keys are configured and none matched"},
+    503: {"model": ErrorResponse, "description": "Overloaded or no replica; see Retry-After"},
+}
 
 
-def _post(
-    summary: str,
-    request: str,
-    ok: dict[str, Any],
-    error: dict[str, Any],
-    unauthorized: dict[str, Any],
-    not_found: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A POST operation taking the JSON schema ``request``."""
-    body = {"application/json": {"schema": {"$ref": _REF.format(model=request)}}}
-    responses = {"200": ok, "400": error, "401": unauthorized, "503": error}
-    if not_found:
-        responses["404"] = not_found
-    operation = {"summary": summary, "requestBody": {"required": True, "content": body}}
-    return {"post": operation | {"responses": responses}}
+def request_body(model: str) -> dict[str, Any]:
+    """A route's ``openapi_extra``: a required JSON body of the schema ``model`` (read and
+    checked by app.validation, so FastAPI documents it but does not parse it)."""
+    schema = {"$ref": _REF.format(model=model)}
+    content = {"application/json": {"schema": schema}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def longest_query(info: ModelInfo) -> int:
@@ -136,66 +126,16 @@ def score_request_schema(
     return schema
 
 
-def openapi_document(
-    info: ModelInfo | None = None,
-    text_query_min_length: int = 0,
-    title: str = "scorejax",
-    version: str = "0.1.0",
-) -> dict[str, Any]:
-    """The document for the served model (``info``); without one, only model-free rules."""
-    error = _json("ErrorResponse", "Error envelope (OpenAI/SGLang) with a machine reason")
-    unauthorized = _json("ErrorResponse", "API keys are configured and none matched")
-    schemas = _schemas(
-        ScoreRequest, ScoreResponse, RerankRequest, RerankResponse, ErrorResponse, ModelList
-    )
-    schemas["ScoreRequest"] = score_request_schema(info, text_query_min_length)
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": title, "version": version},
-        "paths": {
-            "/v1/score": _post(
-                "Score label tokens after query + item for every item",
-                "ScoreRequest",
-                _json("ScoreResponse", "Scores, one row per item"),
-                error,
-                unauthorized,
-            ),
-            **{
-                path: _post(
-                    "Rank documents for a query (Cohere/Jina shape)",
-                    "RerankRequest",
-                    _json("RerankResponse", "Results, best first"),
-                    error,
-                    unauthorized,
-                    not_found=error,
-                )
-                for path in ("/v1/rerank", "/rerank", "/v2/rerank")
-            },
-            "/v1/models": {
-                "get": {
-                    "summary": "The served model",
-                    "responses": {
-                        "200": _json("ModelList", "One entry: the served model"),
-                        "401": unauthorized,
-                    },
-                }
-            },
-            "/health": {
-                "get": {
-                    "summary": "200 once the replicas answer and agree with the ingress",
-                    "responses": {"200": {"description": "healthy"}, "503": error},
-                }
-            },
-            "/v1/stats": {
-                "get": {
-                    "summary": "Counters of one scoring replica: requests, batches, compile_count",
-                    "responses": {
-                        "200": {"description": "replica counters"},
-                        "401": unauthorized,
-                        "503": error,
-                    },
-                }
-            },
-        },
-        "components": {"schemas": schemas},
-    }
+def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
+    """The document FastAPI generates from ``api``'s routes and their response models, with
+    the request schemas the routes take: RerankRequest as pydantic states it, ScoreRequest
+    with the served model's rules (``score_request_schema``). Built once per app."""
+    if api.openapi_schema is None:
+        document = get_openapi(
+            title=api.title, version=api.version, summary=api.summary, routes=api.routes
+        )
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        schemas.update(_schemas(RerankRequest))
+        schemas["ScoreRequest"] = score_request_schema(service.info, service.text_query_min_length)
+        api.openapi_schema = document
+    return api.openapi_schema

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 
 from app.errors import Reason, ScoreRequestError
-from app.openapi import openapi_document
 from app.rerank import Reranker, reranker_for
 from app.schema import ScoreRequest
 from app.scores import to_scores
@@ -176,10 +175,6 @@ class ScoringService:
     def text_query_min_length(self) -> int:
         """1 when "" encodes to no tokens (no BOS), so an empty text query is empty_query."""
         return 0 if len(self.tokenizer("", add_special_tokens=True)["input_ids"]) else 1
-
-    def openapi(self) -> dict[str, Any]:
-        """The OpenAPI document with this model's rules (GET /openapi.json)."""
-        return openapi_document(self.info, self.text_query_min_length)
 
     def models_body(self) -> dict[str, Any]:
         info = self.info

@@ -1,6 +1,6 @@
 """An in-process scorejax ingress for fuzzing: the real routing, validation and tokenizer.
 
-``in_process_app`` serves ``app.http.handle`` as an ASGI application, as ScoreIngress does
+``in_process_app`` is the FastAPI app of ``app.http.build_api``, as ScoreIngress serves it
 inside Serve, with a ``CheckingBackend`` in place of the scoring replicas. The backend
 re-checks every rule a replica relies on (ids inside the vocabulary, no delimiter in the
 content, the shared limits) and raises on a breach, so a request that slips past the
@@ -9,22 +9,15 @@ ingress's validation is answered 500 and counted as a 5xx by the fuzz runner.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from fastapi import FastAPI
 
-from app.http import Caller, handle, read_limited, relative_path
+from app.http import build_api
 from app.service import ScoringService
 from replicas.contract import ModelInfo, ScoreWork, check_limits
-
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class UnsoundWork(AssertionError):
@@ -65,8 +58,9 @@ class CheckingBackend:
 
 def in_process_app(
     service: ScoringService, backend: CheckingBackend, keys: frozenset[str] = frozenset()
-) -> ASGIApp:
-    """An ASGI app answering every route the way ScoreIngress does (lifespan included)."""
+) -> FastAPI:
+    """The ingress's FastAPI app (app.http.build_api), as ScoreIngress serves it inside
+    Serve, over ``backend`` instead of the scoring replicas."""
 
     async def health() -> None:
         return None
@@ -74,27 +68,4 @@ def in_process_app(
     async def stats() -> dict[str, Any]:
         return {"requests": backend.calls, "compile_count": 0}
 
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                kind = message["type"].removeprefix("lifespan.")
-                await send({"type": f"lifespan.{kind}.complete"})
-                if kind == "shutdown":
-                    return
-        request = Request(scope, receive)
-
-        async def body() -> bytes:
-            return await read_limited(request.stream())
-
-        caller = Caller(
-            authorization=request.headers.get("authorization"),
-            request_id=request.headers.get("x-request-id"),
-            keys=keys,
-        )
-        path = relative_path(request.url.path, scope.get("root_path", ""))
-        reply = await handle(service, request.method, path, body, backend, health, stats, caller)
-        response = JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
-        await response(scope, receive, send)
-
-    return app
+    return build_api(service, backend, health, stats, keys)

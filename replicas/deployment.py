@@ -28,6 +28,7 @@ from replicas.contract import (
     ScoringLimitError,
     check_limits,
 )
+from replicas.metrics import ReplicaMetrics
 from replicas.settings import ReplicaSettings, SettingsError, check_delimiter_in_vocab
 from replicas.sources import ModelSourceError, load_hf_config, resolve_model_source
 
@@ -141,6 +142,7 @@ class ScoringReplica:
         self._last_error = ""
         self._queue = QueueEstimate()  # works queued or in a step, recent completions
         self._shed = {"overloaded": 0, "expired": 0}
+        self._metrics = ReplicaMetrics()
         vocab_size = check_model_settings(self._settings)
         if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
             engine_factory = GROUP_ENGINE
@@ -275,4 +277,6 @@ class ScoringReplica:
             return [ReplicaRejected("unavailable", message, 1)] * len(works)
         self._failed_batches_in_a_row = 0
         seconds = time.perf_counter() - start
+        engine_stats = getattr(self._engine, "stats", None)
+        self._metrics.after_step(len(works), seconds, engine_stats() if engine_stats else {})
         return [ScoredWork(np.asarray(array, dtype=np.float32), seconds) for array in arrays]

@@ -48,6 +48,7 @@ def wait_for(
 @dataclass(frozen=True)
 class ServeCluster:
     http_url: str
+    metrics_url: str = ""  # the node's Prometheus endpoint (Ray's metrics export port)
 
     def client(self, timeout_s: float = 60.0) -> httpx.Client:
         return httpx.Client(base_url=self.http_url, timeout=timeout_s)
@@ -108,15 +109,18 @@ def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> 
         "TRANSFORMERS_OFFLINE": "1",
         **(env_vars or {}),
     }
+    metrics_port = free_port()
     ray.init(
         num_cpus=num_cpus,
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": env},
+        _metrics_export_port=metrics_port,
     )
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    return ServeCluster(http_url=f"http://127.0.0.1:{port}")
+    node_ip = ray.util.get_node_ip_address()
+    return ServeCluster(f"http://127.0.0.1:{port}", f"http://{node_ip}:{metrics_port}/metrics")
 
 
 def stop_cluster() -> None:

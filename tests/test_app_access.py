@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from pathlib import Path
@@ -11,10 +10,11 @@ import numpy as np
 import pytest
 
 from app.access import key_matches, load_api_keys
-from app.http import ACCESS_LOG, Caller, handle
+from app.http import ACCESS_LOG, build_api
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.fake_engine import fake_logprobs
+from tests.http_support import ask as ask_api
 from tests.test_app_http import SERVICE
 
 KEYS = frozenset({"sk-first", "sk-second"})
@@ -32,11 +32,10 @@ def ask(path: str, authorization: str | None, request_id: str | None = None, met
     async def health() -> None:
         return None
 
-    async def read() -> bytes:
-        return BODY
-
-    caller = Caller(authorization=authorization, request_id=request_id, keys=KEYS)
-    reply = asyncio.run(handle(SERVICE, method, path, read, backend, health, None, caller))
+    headers = {"authorization": authorization, "x-request-id": request_id}
+    headers = {name: value for name, value in headers.items() if value is not None}
+    api = build_api(SERVICE, backend, health, keys=KEYS)
+    reply = ask_api(api, method, path, BODY if method == "POST" else b"", headers)
     return reply, works
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from app.errors import ScoreRequestError
-from app.openapi import longest_item, longest_query
+from app.openapi import longest_item, longest_query, score_request_schema
 from app.service import ScoringService
 from loadtest import fuzz
 from loadtest.fuzz_run import Agreement, Tally, in_process, run_all, run_strategy, split, table
-from loadtest.fuzz_server import CheckingBackend
+from loadtest.fuzz_server import CheckingBackend, in_process_app
 from loadtest.fuzz_strategies import Served, encode, valid_bodies
 from replicas.contract import ModelInfo, ScoringLimits
 
@@ -86,7 +86,7 @@ def test_a_validation_hole_shows_up_as_5xx() -> None:
 
 
 def test_openapi_states_the_served_rules() -> None:
-    document = service_for().openapi()
+    document = in_process_app(service_for(), CheckingBackend(INFO)).openapi()
     request = document["components"]["schemas"]["ScoreRequest"]
     props = request["properties"]
     assert set(request["required"]) == {"query", "items", "label_token_ids"}
@@ -109,9 +109,7 @@ def test_openapi_states_the_served_rules() -> None:
 
 
 def test_the_document_without_a_model_has_the_model_free_rules() -> None:
-    from app.openapi import openapi_document
-
-    props = openapi_document()["components"]["schemas"]["ScoreRequest"]["properties"]
+    props = score_request_schema()["properties"]
     assert props["label_token_ids"]["items"] == {"type": "integer", "minimum": 0}
     assert "maxItems" not in props["items"]
 
@@ -145,7 +143,7 @@ def test_longest_query_and_item_are_exact(delimiter: int | None, seq_len: int, r
 
 
 def test_agreement_rules() -> None:
-    agreement = Agreement(service_for().openapi())
+    agreement = Agreement(in_process_app(service_for(), CheckingBackend(INFO)).openapi())
     good = {"query": [1, 2], "items": [[3]], "label_token_ids": [4]}
     assert not agreement.disagrees(encode(good), 200, None)
     assert agreement.disagrees(encode(good), 400, "invalid_request")

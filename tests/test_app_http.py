@@ -13,11 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.errors import Reason, ScoreRequestError
-from app.http import HttpReply, handle, read_limited, relative_path
+from app.http import build_api, read_limited, relative_path
 from app.service import ScoringService
 from loadtest.fuzz_strategies import json_values
 from replicas.contract import ModelInfo, ScoredWork, ScoreWork, ScoringLimits
 from tests.fake_engine import fake_logprobs
+from tests.http_support import Reply, ask
 
 
 class WordTokenizer:
@@ -43,7 +44,7 @@ def call(
     path: str,
     body: bytes = b"",
     healthy: bool = True,
-) -> tuple[HttpReply, list[ScoreWork]]:
+) -> tuple[Reply, list[ScoreWork]]:
     works: list[ScoreWork] = []
 
     async def backend(work: ScoreWork) -> np.ndarray:
@@ -54,11 +55,7 @@ def call(
         if not healthy:
             raise ScoreRequestError(Reason.UNAVAILABLE, "down", None, 503)
 
-    async def read() -> bytes:
-        return body
-
-    reply = asyncio.run(handle(SERVICE, method, path, read, backend, health))
-    json.dumps(reply.body, allow_nan=False)  # every answer is strict JSON
+    reply = ask(build_api(SERVICE, backend, health), method, path, body)
     return reply, works
 
 
@@ -113,13 +110,10 @@ def test_stats_come_from_the_stats_source_and_are_404_without_one() -> None:
     async def health() -> None:
         return None
 
-    async def read() -> bytes:
-        return b""
-
     async def backend(work: ScoreWork) -> np.ndarray:
         raise AssertionError("stats must not score")
 
-    reply = asyncio.run(handle(SERVICE, "GET", "/v1/stats", read, backend, health, stats))
+    reply = ask(build_api(SERVICE, backend, health, stats), "GET", "/v1/stats")
     assert (reply.status, reply.body) == (200, {"compile_count": 3})
     assert call("GET", "/v1/stats")[0].status == 404
 
@@ -134,13 +128,11 @@ def test_unexpected_errors_are_500_envelopes() -> None:
     async def explode(work: ScoreWork) -> np.ndarray:
         raise KeyError("bug")
 
-    async def read() -> bytes:
-        return json.dumps({"query": "a", "items": ["b"], "label_token_ids": [1]}).encode()
-
     async def health() -> None:
         return None
 
-    reply = asyncio.run(handle(SERVICE, "POST", "/v1/score", read, explode, health))
+    body = json.dumps({"query": "a", "items": ["b"], "label_token_ids": [1]}).encode()
+    reply = ask(build_api(SERVICE, explode, health), "POST", "/v1/score", body)
     assert (reply.status, reply.body["reason"]) == (500, "internal_error")
 
 
@@ -250,13 +242,10 @@ def test_a_scored_request_says_where_its_time_went_in_tei_headers() -> None:
         await asyncio.sleep(0.3)  # waiting for a step: everything but the step is queue time
         return ScoredWork(fake_logprobs(work), inference_s=0.25)
 
-    async def read() -> bytes:
-        return body
-
     async def health() -> None:
         return None
 
-    reply = asyncio.run(handle(SERVICE, "POST", "/v1/score", read, backend, health))
+    reply = ask(build_api(SERVICE, backend, health), "POST", "/v1/score", body)
     times = {name: int(reply.headers[f"x-{name}-time"]) for name in TIMED}
     assert times["inference"] == 250
     assert 30 <= times["queue"] <= 200  # 300 ms waited - 250 ms of step, plus scheduling

@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 
 from app.errors import ScoreRequestError
-from app.http import handle
+from app.http import build_api
 from app.rerank import Reranker, RerankTemplate, reranker_for
 from app.service import ScoringService
 from replicas.contract import ModelInfo, ScoreWork, ScoringLimits
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.fake_engine import fake_logprobs
+from tests.http_support import ask
 
 DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "France: Paris.", "x"]
 
@@ -37,6 +38,10 @@ def service(tokenizer: Any) -> ScoringService:
 
 async def backend(work: ScoreWork) -> np.ndarray:
     return fake_logprobs(work)
+
+
+async def health_ok() -> None:
+    return None
 
 
 def rerank(service: ScoringService, **payload: Any) -> dict[str, Any]:
@@ -106,17 +111,15 @@ def test_bad_requests_are_400s_naming_the_field(service, payload, param):
 def test_the_http_routes_and_a_model_without_a_template(service):
     body = json.dumps({"query": "q", "documents": DOCS[:2]}).encode()
 
-    async def read() -> bytes:
-        return body
-
     async def health() -> None:
         return None
 
+    api = build_api(service, backend, health)
     for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
-        reply = asyncio.run(handle(service, "POST", path, read, backend, health))
+        reply = ask(api, "POST", path, body)
         assert reply.status == 200 and len(reply.body["results"]) == 2
     bare = ScoringService(info=service.info, tokenizer=service.tokenizer)
-    reply = asyncio.run(handle(bare, "POST", "/v1/rerank", read, backend, health))
+    reply = ask(build_api(bare, backend, health), "POST", "/v1/rerank", body)
     assert reply.status == 404 and "rerank_template" in reply.body["message"]
 
 
@@ -132,12 +135,13 @@ def test_a_wrong_template_stops_start_up_naming_the_setting(tokenizer):
 
 
 def test_the_answer_is_what_the_published_document_says(service):
-    from app.openapi import openapi_document
     from app.schema import RerankResponse
 
     body = rerank(service, query="q", documents=DOCS, return_documents=True, top_n=3)
     RerankResponse.model_validate(body)  # strict: no field beyond the published ones
-    paths = openapi_document(service.info)["paths"]
+    document = build_api(service, backend, health_ok).openapi()
+    assert "RerankRequest" in document["components"]["schemas"]
+    paths = document["paths"]
     for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
         schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert schema == {"$ref": "#/components/schemas/RerankRequest"}

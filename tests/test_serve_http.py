@@ -23,7 +23,12 @@ from ray import serve
 from app.builder import scoring_app
 from app.errors import ScoreRequestError
 from replicas.settings import ReplicaSettings
-from tests.serve_support import ServeCluster, replica_stats, serve_cluster  # noqa: F401
+from tests.serve_support import (  # noqa: F401
+    ServeCluster,
+    replica_stats,
+    serve_cluster,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -380,3 +385,46 @@ def test_the_cohere_sdk_reranks_against_the_app_as_v1_score_scores(
         assert abs(result.relevance_score - p_yes[result.index]) <= 1e-5
     (best,) = sdk.rerank(model=model, query=QUERY, documents=docs, top_n=1).results
     assert best.index == ranked.results[0].index
+
+
+def scorejax_samples(metrics_url: str) -> dict[str, list[Any]]:
+    """The node's Prometheus text, parsed: scorejax samples by name (Ray adds ``ray_``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(metrics_url, timeout=10).text
+    samples: dict[str, list[Any]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name.startswith("ray_scorejax_"):
+                samples.setdefault(sample.name, []).append(sample)
+    return samples
+
+
+def test_prometheus_scrapes_scorejax_metrics_from_the_ray_node(
+    cluster: ServeCluster, client: httpx.Client
+) -> None:
+    body = {"query": QUERY, "items": ITEMS, "label_token_ids": LABELS}
+    assert post(client, body).status_code == 200
+    assert post(client, {**body, "label_token_ids": []}).status_code == 400
+
+    def exported() -> dict[str, list[Any]] | None:
+        samples = scorejax_samples(cluster.metrics_url)
+        requests = samples.get("ray_scorejax_requests_total", [])
+        refused = [s for s in requests if s.labels.get("reason") == "empty_label_token_ids"]
+        steps = samples.get("ray_scorejax_step_seconds_count", [])
+        return samples if refused and steps else None
+
+    samples = wait_for(exported, 60, "scorejax metrics on the metrics export port", 1.0)
+    scored = [
+        s
+        for s in samples["ray_scorejax_requests_total"]
+        if s.labels["route"] == "/v1/score" and s.labels["status"] == "200"
+    ]
+    assert scored and sum(s.value for s in scored) >= 1
+    assert {"application", "deployment"} <= set(scored[0].labels)
+    stages = {s.labels["stage"] for s in samples["ray_scorejax_latency_seconds_count"]}
+    assert {"total", "tokenize", "queue", "inference"} <= stages
+    for name in ("batch_size", "padding_ratio", "items_per_request", "tokens_per_request"):
+        assert samples.get(f"ray_scorejax_{name}_count"), name
+    compiles = samples["ray_scorejax_compiles_total"]
+    assert sum(s.value for s in compiles if s.labels["source"] == "warmup") >= 1
