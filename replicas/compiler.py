@@ -35,6 +35,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from replicas.memory import release_free_heap
+
 logger = logging.getLogger(__name__)
 
 
@@ -141,6 +143,8 @@ class StepCompiler:
                 self._local.source = outer
             self._store(key, executable, source, keep)
             self._remember(key)
+            if outer is None and source != "warmup":  # start-up trims once, at its end
+                release_free_heap()
 
     def _store(self, key: Key, executable: Any, source: str | None, keep: bool) -> None:
         evicted: list[Key] = []

@@ -28,6 +28,7 @@ from replicas.contract import ModelInfo, ScoreWork, check_limits
 from replicas.layouts.packed_reference import PackedReferenceLayout
 from replicas.layouts.shared_prefix import SharedPrefixLayout
 from replicas.layouts.single_item import SingleItemLayout
+from replicas.memory import release_free_heap
 from replicas.model import CausalLM, Params
 from replicas.query_cache import QueryCache
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
@@ -241,6 +242,7 @@ class ScoringEngine:
         configured = set(self._configured_keys())
         for kind, dims in keys:
             self._compiler.ensure(kind, dims, "warmup", keep=(kind, dims) in configured)
+        release_free_heap()  # the compiles' transient memory (replicas/memory.py)
         return self.compile_count - before
 
     def held_signatures(self) -> list[tuple[str, Any]]:

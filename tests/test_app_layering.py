@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import json, sys
 import app.builder, app.errors, app.http, app.ingress, app.openapi, app.schema
-import app.scores, app.service, app.tokenization, app.validation
+import app.metrics, app.scores, app.service, app.tokenization, app.validation
 from app.service import ScoringService
 from replicas.settings import ReplicaSettings
 service = ScoringService.from_settings(ReplicaSettings(model=sys.argv[1]))
