@@ -104,10 +104,9 @@ def timing_headers(timings: Timings) -> dict[str, str]:
     return {name: f"{seconds * 1e3:.0f}" for name, seconds in parts.items() if seconds is not None}
 
 
-def error_response(error: ScoreRequestError, request: Request | None = None) -> JSONResponse:
+def error_response(error: ScoreRequestError, request: Request) -> JSONResponse:
     """The envelope of ``error``; notes its reason on the request for the frame."""
-    if request is not None:
-        request.state.reason = str(error.reason)
+    request.state.reason = str(error.reason)
     return JSONResponse(error.body, status_code=error.status_code, headers=error.headers)
 
 

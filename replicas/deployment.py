@@ -191,14 +191,13 @@ class ScoringReplica:
     def stats(self) -> dict[str, Any]:
         """Replica counters plus the engine's (compiles by source, steps, tokens computed
         vs useful, engine seconds, query cache) when it reports them."""
-        engine_stats = getattr(self._engine, "stats", None)
         return {
             "requests": self._requests,
             "works": self._works,
             "batches": self._batches,
             "largest_batch": self._largest_batch,
             "compile_count": self._engine.compile_count,
-            **(engine_stats() if callable(engine_stats) else {}),
+            **self._engine_counters(),
             "max_batch_size": self._settings.max_batch_size,
             "batch_wait_timeout_s": self._settings.batch_wait_timeout_s,
             "queued_works": self._queue.in_flight,
@@ -206,6 +205,11 @@ class ScoringReplica:
             "rejected_overloaded": self._shed["overloaded"],
             "dropped_expired": self._shed["expired"],
         }
+
+    def _engine_counters(self) -> dict[str, Any]:
+        """The engine's counters (``stats()``), or none for an engine that keeps none."""
+        engine_stats = getattr(self._engine, "stats", None)
+        return engine_stats() if callable(engine_stats) else {}
 
     async def score(self, work: ScoreWork) -> np.ndarray:
         """Log-probabilities ``[n_items, n_labels]`` of one request (float32)."""
@@ -283,8 +287,7 @@ class ScoringReplica:
             return [ReplicaRejected("unavailable", message, 1)] * len(works)
         self._failed_batches_in_a_row = 0
         seconds = time.perf_counter() - start
-        engine_stats = getattr(self._engine, "stats", None)
-        self._metrics.after_step(len(works), seconds, engine_stats() if engine_stats else {})
+        self._metrics.after_step(len(works), seconds, self._engine_counters())
         if time.monotonic() - self._trimmed_at >= TRIM_INTERVAL_S:
             self._trimmed_at = time.monotonic()
             await asyncio.to_thread(release_free_heap)

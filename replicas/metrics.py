@@ -55,6 +55,8 @@ METRICS = (
 )  # fmt: skip
 SPECS = {spec.name: spec for spec in METRICS}
 COMPILE_SOURCES = ("warmup", "request_path", "background")
+# engine.stats() counters recorded as scorejax_<name> by how much each step grew them
+STEP_COUNTERS = ("query_cache_hits", "query_cache_misses", "computed_tokens", "useful_tokens")
 
 
 class MetricSink(Protocol):
@@ -96,8 +98,7 @@ class RaySink:
 
 def step_deltas(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, int]:
     """How much each engine counter grew between two ``engine.stats()`` snapshots."""
-    names = [f"{source}_compiles" for source in COMPILE_SOURCES]
-    names += ["query_cache_hits", "query_cache_misses", "computed_tokens", "useful_tokens"]
+    names = [f"{source}_compiles" for source in COMPILE_SOURCES] + list(STEP_COUNTERS)
     return {name: int(after.get(name, 0)) - int(before.get(name, 0)) for name in names}
 
 
@@ -129,7 +130,7 @@ class ReplicaMetrics:
         self._last = dict(stats)
         for source in COMPILE_SOURCES:
             sink.count("scorejax_compiles", grown.get(f"{source}_compiles", 0), {"source": source})
-        for name in ("query_cache_hits", "query_cache_misses", "computed_tokens", "useful_tokens"):
+        for name in STEP_COUNTERS:
             sink.count(f"scorejax_{name}", grown.get(name, 0))
         computed = grown.get("computed_tokens", 0)
         if computed > 0:
