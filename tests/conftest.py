@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.serve_support import ServeCluster
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -73,3 +78,25 @@ def smollm2_loaded():
     from replicas.loading import load_model
 
     return load_model("SmolLM2-135M-Instruct", build_mesh((1, 1)))
+
+
+# --- Ray Serve (tests/serve_support.py) ---
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``ray_serve`` modules last, in their collected order: one cluster serves them in
+    turn, and no other test runs while it is up."""
+    items.sort(key=lambda item: item.get_closest_marker("ray_serve") is not None)
+
+
+@pytest.fixture(scope="session")
+def ray_serve_session() -> Iterator[ServeCluster]:
+    """One local Ray cluster with Serve started, for the whole session (modules take it in
+    turn through ``tests.serve_support.serve_cluster``)."""
+    from tests.serve_support import start_cluster, stop_cluster
+
+    cluster = start_cluster()
+    try:
+        yield cluster
+    finally:
+        stop_cluster()

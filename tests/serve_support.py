@@ -1,7 +1,10 @@
 """Helpers for tests against a real, in-process Ray Serve: start, deploy, poll, stop.
 
-One small local Ray cluster per test module (``serve_cluster``); everything it started is shut
-down when the module ends. Readiness is always polled, never slept for.
+One small local Ray cluster per test session (``ray_serve_session`` in conftest.py: a start costs
+about 15 s), used by one module at a time through ``serve_cluster``, which deletes every app the
+module deployed when it ends. The modules that use it carry ``RAY_SERVE``; conftest.py runs them
+after every other test, so the rest of the suite never sees a Ray cluster (``build_app`` checks
+placement against one when it is up). Readiness is always polled, never slept for.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
+RAY_SERVE = pytest.mark.ray_serve  # the modules of the session's cluster (conftest.py)
 
 
 def free_port() -> int:
@@ -133,13 +137,21 @@ def stop_cluster() -> None:
         ray.shutdown()
 
 
+def delete_apps() -> None:
+    """Delete every Serve application (blocking until its replicas are gone)."""
+    from ray import serve
+
+    for name in list(serve.status().applications):
+        serve.delete(name)
+
+
 @pytest.fixture(scope="module")
-def serve_cluster() -> Iterator[ServeCluster]:
-    cluster = start_cluster()
+def serve_cluster(ray_serve_session: ServeCluster) -> Iterator[ServeCluster]:
+    """The session's cluster for one module; the module's apps are deleted when it ends."""
     try:
-        yield cluster
+        yield ray_serve_session
     finally:
-        stop_cluster()
+        delete_apps()
 
 
 def replica_stats(app_name: str) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from cluster.host_group import HostGroupError, check_placement_fits, free_port
 from replicas.contract import ScoreWork
 from replicas.settings import SettingsError
 from tests.serve_support import (  # noqa: F401
+    RAY_SERVE,
     ServeCluster,
     app_status,
     replica_stats,
@@ -45,7 +46,7 @@ from tests.serve_support import (  # noqa: F401
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_SERVE]
 ROOT = Path(__file__).resolve().parents[1]
 PARIS, LONDON, BERLIN = 7042, 4528, 11452
 

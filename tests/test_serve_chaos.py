@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,12 +24,17 @@ import pytest
 import ray
 from ray import serve
 
-from app.builder import scoring_app
+from app.builder import replica_placement, scoring_app
 from replicas.settings import ReplicaSettings
 from tests.chaos_engine import MARKER_ENV
-from tests.serve_support import ServeCluster, start_cluster, stop_cluster, wait_for
+from tests.serve_support import (  # noqa: F401
+    RAY_SERVE,
+    ServeCluster,
+    serve_cluster,
+    wait_for,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_SERVE]
 
 APP = "chaos"
 PAYLOAD = {"query": [5, 6, 7, 8], "items": [[9, 10], [11]], "label_token_ids": [3, 10]}
@@ -76,25 +80,28 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cluster(marker: Path, tiny_llama_dir: Path) -> Iterator[ServeCluster]:
-    started = start_cluster(env_vars={MARKER_ENV: str(marker)})
-    try:
-        settings = ReplicaSettings(
-            model=str(tiny_llama_dir),
-            multi_item_scoring_delimiter=0,
-            warmup_shapes=((4, 2, 2, 2),),
-            max_queue_wait_s=0,  # the faults, not admission, decide the answers here
-        )
-        app = scoring_app(
-            settings,
-            engine_factory="tests.chaos_engine:MarkedFailingEngine",
-            replica_options={"health_check_period_s": 1, "health_check_timeout_s": 30},
-            ingress_options={"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.1}},
-        )
-        started.deploy(app, APP, "/")
-        yield started
-    finally:
-        stop_cluster()
+def cluster(serve_cluster: ServeCluster, marker: Path, tiny_llama_dir: Path) -> ServeCluster:  # noqa: F811
+    settings = ReplicaSettings(
+        model=str(tiny_llama_dir),
+        multi_item_scoring_delimiter=0,
+        warmup_shapes=((4, 2, 2, 2),),
+        max_queue_wait_s=0,  # the faults, not admission, decide the answers here
+    )
+    # The marker's path reaches the replicas (and their replacements) in their environment.
+    actor = replica_placement(settings)["ray_actor_options"]
+    actor = {**actor, "runtime_env": {"env_vars": {MARKER_ENV: str(marker)}}}
+    app = scoring_app(
+        settings,
+        engine_factory="tests.chaos_engine:MarkedFailingEngine",
+        replica_options={
+            "ray_actor_options": actor,
+            "health_check_period_s": 1,
+            "health_check_timeout_s": 30,
+        },
+        ingress_options={"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.1}},
+    )
+    serve_cluster.deploy(app, APP, "/")
+    return serve_cluster
 
 
 @pytest.fixture()

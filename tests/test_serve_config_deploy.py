@@ -19,6 +19,7 @@ from ray import serve
 
 from replicas.deployment import ScoringReplica
 from tests.serve_support import (  # noqa: F401
+    RAY_SERVE,
     ServeCluster,
     app_status,
     replica_stats,
@@ -26,7 +27,7 @@ from tests.serve_support import (  # noqa: F401
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_SERVE]
 
 CONFIG = Path(__file__).resolve().parents[1] / "serve_config.yaml"
 PAYLOAD = {"query": "The capital of France is", "items": ["", " Paris"], "label_token_ids": [1, 2]}

@@ -24,13 +24,14 @@ from app.builder import scoring_app
 from app.errors import ScoreRequestError
 from replicas.settings import ReplicaSettings
 from tests.serve_support import (  # noqa: F401
+    RAY_SERVE,
     ServeCluster,
     replica_stats,
     serve_cluster,
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_SERVE]
 
 QUERY = "The capital of France is"
 PARIS, LONDON, BERLIN = 7042, 4528, 11452

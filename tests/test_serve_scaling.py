@@ -22,6 +22,7 @@ from app.builder import scoring_app
 from replicas.settings import ReplicaSettings
 from tests.fake_engine import fake_logprob
 from tests.serve_support import (  # noqa: F401
+    RAY_SERVE,
     ServeCluster,
     replica_stats,
     running_replicas,
@@ -29,7 +30,7 @@ from tests.serve_support import (  # noqa: F401
     wait_for,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_SERVE]
 
 SLOW = "tests.fake_engine:SlowFakeEngine"
 FAST = "tests.fake_engine:FakeEngine"

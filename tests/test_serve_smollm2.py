@@ -11,9 +11,9 @@ import pytest
 from app.builder import scoring_app
 from replicas.settings import ReplicaSettings
 from tests.conftest import smollm2_package_dir
-from tests.serve_support import ServeCluster, serve_cluster  # noqa: F401
+from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, RAY_SERVE]
 
 PARIS, LONDON, BERLIN = 7042, 4528, 11452  # " Paris", " London", " Berlin"
 
