@@ -23,7 +23,9 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 serve: $(STAMP)
-	$(VENV)/bin/serve run serve_config.yaml
+	# Ray's workers otherwise run at niceness 15 and yield the CPU to any busy process
+	# (cluster/niceness.py).
+	RAY_worker_niceness=0 $(VENV)/bin/serve run serve_config.yaml
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -27,6 +27,7 @@ from app.errors import Reason, ScoreRequestError
 from app.http import build_api
 from app.metrics import IngressMetrics
 from app.service import ScoringService
+from cluster.niceness import warn_if_niced
 from replicas.admission import QueueEstimate, admit
 from replicas.contract import ModelInfo, ScoredWork, ScoreWork
 from replicas.deployment import ReplicaRejected, coerce_settings
@@ -59,6 +60,7 @@ class ScoreIngress:
         self, replica: DeploymentHandle, settings: ReplicaSettings | Mapping[str, Any]
     ) -> None:
         self._settings = coerce_settings(settings)
+        warn_if_niced("ingress", logger)
         self._keys = load_api_keys(self._settings)  # start-up error names the setting
         self._service = ScoringService.from_settings(self._settings)
         self._replica = replica

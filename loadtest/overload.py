@@ -8,6 +8,11 @@
    capacity, each waiting at most ``--timeout-s``.
 3. Afterwards: ``/health`` and one request must answer 200.
 
+``--contention-at S --contention-s D`` starts ``--contention-procs`` busy-looping processes S
+seconds into the overload for D seconds: the machine gets slower under the server, as when a
+neighbour takes the cores, and the summary splits rejections and successes by whether they
+were sent in that window.
+
 Prints answered / 200 / 503 overloaded (with Retry-After) / anything else, the p50 and p99 of
 rejections and of successes, and timeouts; exits 1 when a request got anything but 200 or an
 enveloped 503 with Retry-After, timed out, or the server was not healthy afterwards.
@@ -18,10 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from urllib.parse import urlparse
 
 import httpx
@@ -38,6 +46,7 @@ class Outcome:
     seconds: float
     reason: str
     retry_after: str | None
+    sent_s: float = 0.0  # when it was sent, seconds into the overload phase
 
 
 def body(rng: random.Random, items: int) -> dict:
@@ -79,10 +88,63 @@ async def capacity(client: httpx.AsyncClient, args: argparse.Namespace) -> float
 async def overload(client: httpx.AsyncClient, rate: float, args: argparse.Namespace) -> list:
     rng = random.Random(2)
     tasks = []
+    start = time.perf_counter()
+
+    async def sent_at(moment: float, payload: dict) -> Outcome:
+        return replace(await send(client, payload), sent_s=round(moment, 3))
+
     for _ in range(args.requests):
-        tasks.append(asyncio.create_task(send(client, body(rng, args.items))))
+        payload = body(rng, args.items)
+        tasks.append(asyncio.create_task(sent_at(time.perf_counter() - start, payload)))
         await asyncio.sleep(rng.expovariate(rate))
     return list(await asyncio.gather(*tasks))
+
+
+@contextmanager
+def contention(args: argparse.Namespace) -> Iterator[None]:
+    """``--contention-procs`` processes that wait ``--contention-at`` s, then spin for
+    ``--contention-s`` s (none when ``--contention-s`` is 0)."""
+    if args.contention_s <= 0:
+        yield
+        return
+    spin = multiprocessing.get_context("spawn")
+    procs = [
+        spin.Process(target=delayed_busy_loop, args=(args.contention_at, args.contention_s))
+        for _ in range(args.contention_procs)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.join()
+
+
+def delayed_busy_loop(delay_s: float, seconds: float) -> None:
+    time.sleep(delay_s)  # a time into the run, not a wait for a server
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def split_by_window(outcomes: list[Outcome], start: float, seconds: float) -> dict:
+    """p99 of rejections and successes sent inside and outside ``[start, start + seconds)``."""
+    inside = [o for o in outcomes if start <= o.sent_s < start + seconds]
+    outside = [o for o in outcomes if o not in inside]
+    return {
+        name: {
+            "sent": len(group),
+            "p99_rejection_s": round(percentile(seconds_of(group, 503), 0.99), 3),
+            "p99_success_s": round(percentile(seconds_of(group, 200), 0.99), 3),
+        }
+        for name, group in (("in_contention", inside), ("outside", outside))
+    }
+
+
+def seconds_of(outcomes: list[Outcome], status: int) -> list[float]:
+    return [o.seconds for o in outcomes if o.status == status]
 
 
 def summary(outcomes: list[Outcome], rate: float, cap: float) -> dict:
@@ -111,8 +173,12 @@ async def run(args: argparse.Namespace) -> dict:
     limits = httpx.Limits(max_connections=args.requests + 16)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout_s, limits=limits) as c:
         cap = await capacity(c, args)
-        outcomes = await overload(c, cap * args.factor, args)
+        with contention(args):
+            outcomes = await overload(c, cap * args.factor, args)
         result = summary(outcomes, cap * args.factor, cap)
+        if args.contention_s > 0:
+            window = (args.contention_at, args.contention_s)
+            result["contention"] = split_by_window(outcomes, *window)
         healthy = (await c.get("/health")).status_code == 200
         after = await send(c, body(random.Random(3), args.items))
         result["healthy_after"] = healthy and after.status == 200
@@ -130,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--timeout-s", type=float, default=320.0)
     parser.add_argument("--json", help="write every outcome here")
+    parser.add_argument("--contention-at", type=float, default=60.0)
+    parser.add_argument("--contention-s", type=float, default=0.0, help="0: no contention")
+    parser.add_argument("--contention-procs", type=int, default=2)
     args = parser.parse_args(argv)
     if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):
         parser.error("--url must be a loopback address")

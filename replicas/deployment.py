@@ -19,6 +19,7 @@ import numpy as np
 from ray import serve
 
 from cluster.host_group import load_factory
+from cluster.niceness import warn_if_niced, worker_niceness
 from replicas.admission import QueueEstimate, admit
 from replicas.contract import (
     EngineUnavailable,
@@ -138,6 +139,7 @@ class ScoringReplica:
         engine_factory: str = DEFAULT_ENGINE,
     ) -> None:
         self._settings = coerce_settings(settings)
+        warn_if_niced("scoring replica", logger)
         self._ready = False
         self._requests = 0
         self._works = 0
@@ -204,6 +206,7 @@ class ScoringReplica:
             "expected_wait_s": round(self._queue.expected_wait_s(), 3),
             "rejected_overloaded": self._shed["overloaded"],
             "dropped_expired": self._shed["expired"],
+            "worker_niceness": worker_niceness(),
         }
 
     def _engine_counters(self) -> dict[str, Any]:

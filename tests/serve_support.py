@@ -120,6 +120,7 @@ def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> 
         log_to_driver=False,
         runtime_env={"env_vars": env},
         _metrics_export_port=metrics_port,
+        _system_config={"worker_niceness": 0},  # as make serve starts Ray (cluster/niceness.py)
     )
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -17,6 +17,7 @@ import yaml
 from ray.serve.schema import ServeDeploySchema
 
 from app.builder import build_app, replica_placement
+from cluster.niceness import NICENESS_ENV
 from replicas.settings import ReplicaSettings
 from tests.test_serve_config import CONFIG, unknown_keys
 
@@ -87,3 +88,14 @@ def test_every_bundle_fits_a_worker_and_a_group_fits_one_slice(path: Path) -> No
     slice_chips = math.prod(int(n) for n in topology.split("x"))
     assert slice_chips == hosts * node["TPU"]
     assert dict(settings.host_label_selector) == {"ray.io/tpu-pod-type": f"v6e-{slice_chips}"}
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_pod_starts_ray_with_worker_niceness_zero(path: Path) -> None:
+    manifest, _ = load(path)
+    cluster = manifest["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        for container in group["template"]["spec"]["containers"]:
+            env = {item["name"]: item["value"] for item in container.get("env", [])}
+            assert env.get(NICENESS_ENV) == "0", (path.name, container["name"])

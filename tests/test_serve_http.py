@@ -348,6 +348,14 @@ def test_handle_and_replica_agree_on_the_model(client: httpx.Client) -> None:
     assert math.isfinite(replica_stats("multi")["compile_count"])
 
 
+def test_the_replica_runs_at_niceness_zero_where_ray_is_started_like_make_serve(
+    client: httpx.Client,
+) -> None:
+    # start_cluster sets Ray's worker_niceness to 0 as make serve does; Ray's default (15)
+    # made the replica 10-20x slower beside busy processes (cluster/niceness.py).
+    assert replica_stats("multi")["worker_niceness"] == 0
+
+
 def test_every_answer_carries_its_request_id_and_a_scored_one_tei_timings(
     client: httpx.Client,
 ) -> None:
