@@ -22,11 +22,13 @@ and ``GET /v1/stats`` (query cache bytes, compiles). The server is not modified.
 ``--no-fill-cache``) it fills the query cache to 90 % of its bound with distinct long queries:
 the cache grows to its bound by design, which is warm-up, not growth.
 
-Verdict: per worker process (Serve may run two ingress replicas), RSS at warm-up (the first
-sample at or after ``--warmup-s`` that also follows one completed request of every kind)
-against the largest and the final RSS after it; "flat" when both are within
-``--tolerance-pct`` (5 %). Writes every sample and outcome as JSON under ``--out`` and exits
-1 when RSS is not flat, the scoring replica's process was replaced, a valid request got
+Verdict: per worker process (Serve may run two ingress replicas), from warm-up (the first
+sample at or after ``--warmup-s`` that also follows one completed request of every kind) on:
+its floor (smallest RSS sample) in the last 2 minutes against its floor in the first 2;
+"flat" when within ``--tolerance-pct`` (5 %). The warm-up, largest and final samples are
+reported beside it, not judged: a sample taken during a large step includes that step's
+working memory, which the step frees. Writes every sample and outcome as JSON under ``--out``
+and exits 1 when RSS is not flat, the scoring replica's process was replaced, a valid request got
 anything but 200 or the documented refusal (503 ``overloaded`` with ``Retry-After``; the
 client then waits as told, at most 10 s), or a fuzz body got a 5xx other than that refusal
 or no answer. ``replica_less_cache`` (replica RSS minus the query
@@ -227,8 +229,15 @@ def change_pct(base: float, value: float) -> float:
     return round(100.0 * (value - base) / base, 2)
 
 
-def judge(after: list[dict], key: str, tolerance_pct: float) -> dict:
-    """Per process present at warm-up: warm-up, largest and last RSS (while it lived)."""
+def judge(after: list[dict], key: str, tolerance_pct: float, window_s: float = 120.0) -> dict:
+    """Per process present at warm-up: warm-up, largest and last RSS (while it lived), and
+    its floor (smallest sample) in the first and the last ``window_s`` of its samples.
+
+    "Flat" judges the floor: what the process keeps between steps, last window against first.
+    A single sample lands anywhere in a step's working memory (activations freed when the step
+    ends), so the largest sample against the warm-up sample measured when samples happened to
+    fall, not growth; both are still reported. Memory that is kept raises the floor.
+    """
     warm = after[0][key]
     if not warm:
         return {"missing": True, "flat": False}
@@ -236,17 +245,21 @@ def judge(after: list[dict], key: str, tolerance_pct: float) -> dict:
     for pid, base in warm.items():
         seen = [(s["t_s"], s[key][pid]) for s in after if pid in s[key]]
         peak_t, peak = max(seen, key=lambda ts: ts[1])
-        final = seen[-1][1]
+        first = min(mib for t, mib in seen if t < seen[0][0] + window_s)
+        last = min(mib for t, mib in seen if t > seen[-1][0] - window_s)
         gone = after[-1][key].get(pid) is None
         entry["processes"][pid] = {
             "warmup_mib": base,
             "max_mib": peak,
             "max_at_s": peak_t,
-            "final_mib": final,
+            "final_mib": seen[-1][1],
             "max_change_pct": change_pct(base, peak),
-            "final_change_pct": change_pct(base, final),
+            "final_change_pct": change_pct(base, seen[-1][1]),
+            "floor_first_mib": first,
+            "floor_last_mib": last,
+            "floor_change_pct": change_pct(first, last),
             "gone_at_s": seen[-1][0] if gone else None,
-            "flat": max(abs(change_pct(base, peak)), abs(change_pct(base, final))) <= tolerance_pct,
+            "flat": abs(change_pct(first, last)) <= tolerance_pct,
         }
     born = sorted({pid for s in after for pid in s[key]} - set(warm))
     entry["started_after_warmup"] = born
@@ -412,7 +425,9 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{role} pid {pid}: warm-up {r['warmup_mib']} MiB, max {r['max_mib']} MiB "
                 f"({r['max_change_pct']:+.2f} %), end {r['final_mib']} MiB "
-                f"({r['final_change_pct']:+.2f} %): {'flat' if r['flat'] else 'NOT flat'}"
+                f"({r['final_change_pct']:+.2f} %); floor {r['floor_first_mib']} -> "
+                f"{r['floor_last_mib']} MiB ({r['floor_change_pct']:+.2f} %): "
+                f"{'flat' if r['flat'] else 'NOT flat'}"
                 + (f", gone at {r['gone_at_s']} s" if r["gone_at_s"] is not None else "")
                 + (" (diagnostic)" if role == "replica_less_cache" else "")
             )
