@@ -4,7 +4,7 @@ Ray starts its worker processes (Serve's proxy, the ingress and the scoring repl
 niceness 15 unless the cluster is started with ``RAY_worker_niceness=0``. Linux then gives a
 niceness-0 process about 28 times their CPU share (weights 1024 against 36), so anything else
 on the host (a load generator, a build, a neighbour) takes their cores first. Measured on the
-2-core machine (docs/operations.md, "Overload under a busy neighbour"): two busy-looping
+2-core machine (docs/operations.md, "A busy neighbour"): two busy-looping
 processes made a replica's request take 12-22 s instead of 0.8 s at niceness 15, and 2 s at
 niceness 0. ``make serve`` and the cluster manifests start Ray with the variable; the ingress
 and the replica warn at start-up when they run niced anyway.

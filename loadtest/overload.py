@@ -132,7 +132,7 @@ def delayed_busy_loop(delay_s: float, seconds: float) -> None:
 def split_by_window(outcomes: list[Outcome], start: float, seconds: float) -> dict:
     """p99 of rejections and successes sent inside and outside ``[start, start + seconds)``."""
     inside = [o for o in outcomes if start <= o.sent_s < start + seconds]
-    outside = [o for o in outcomes if o not in inside]
+    outside = [o for o in outcomes if not start <= o.sent_s < start + seconds]
     return {
         name: {
             "sent": len(group),
