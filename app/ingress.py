@@ -28,9 +28,9 @@ from app.http import build_api
 from app.metrics import IngressMetrics
 from app.service import ScoringService
 from cluster.niceness import warn_if_niced
-from replicas.admission import QueueEstimate, admit
 from replicas.contract import ModelInfo, ScoredWork, ScoreWork
-from replicas.deployment import ReplicaRejected, coerce_settings
+from replicas.serving.admission import QueueEstimate, admit
+from replicas.serving.deployment import ReplicaRejected, coerce_settings
 from replicas.settings import ReplicaSettings
 
 logger = logging.getLogger(__name__)

@@ -1,9 +1,9 @@
-"""What the ingress records per HTTP answer (replicas.metrics holds the table of metrics)."""
+"""What the ingress records per HTTP answer (``replicas.serving.metrics`` holds the table)."""
 
 from __future__ import annotations
 
 from app.http import Outcome
-from replicas.metrics import MetricSink, RaySink
+from replicas.serving.metrics import MetricSink, RaySink
 
 NAMES = (
     "scorejax_requests",

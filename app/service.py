@@ -29,10 +29,10 @@ from app.validation import (
     is_text_request,
     validate_request,
 )
+from replicas.checkpoints.sources import load_hf_config, load_tokenizer, resolve_model_source
 from replicas.contract import ModelInfo, ScoredWork, ScoreWork
-from replicas.deployment import model_vocab_size
+from replicas.serving.deployment import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
-from replicas.sources import load_hf_config, load_tokenizer, resolve_model_source
 
 # A replica's answer: the log-probabilities, or ScoredWork (they and the engine step's seconds).
 Backend = Callable[[ScoreWork], Awaitable[np.ndarray | ScoredWork]]

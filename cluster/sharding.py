@@ -1,6 +1,6 @@
 """The one table that maps logical axis names to mesh axes, and what follows from it.
 
-Every parameter and activation names its axes logically (``replicas.params``); this table
+Every parameter and activation names its axes logically (``replicas.model.params``); this table
 alone decides where each lands on the (data, model) mesh. A dimension that a mesh axis does
 not divide is replicated instead (documented fallback, see docs/models.md), so odd head
 counts such as SmolLM2's 9 heads never crash deep inside XLA.

@@ -55,7 +55,7 @@ def load_hf_model(name: str = MODEL) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from replicas.sources import resolve_model_source
+    from replicas.checkpoints.sources import resolve_model_source
 
     torch.set_num_threads(os.cpu_count() or 1)
     source = resolve_model_source(name)

@@ -30,10 +30,10 @@ from loadtest.bench_common import (
     timed,
     write_section,
 )
+from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
-from replicas.engine import ScoringEngine
-from replicas.flops import multi_item_flops
-from replicas.loading import load_model
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.model.flops import multi_item_flops
 from replicas.settings import ReplicaSettings
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "serve_config.yaml"

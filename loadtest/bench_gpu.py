@@ -4,8 +4,9 @@ A 300-token query with 10 items of 10 tokens, ``B`` such requests per step for B
 items/s of the engine's shared-prefix multi-item step, of its own single-item path, and of
 PyTorch transformers batched single-item scoring of the same weights on the same GPU, in one
 run. The weights are random (``Qwen3ForCausalLM`` initialised from a seed), saved once as
-bf16 safetensors and loaded by ``replicas.loading`` like any local checkpoint, so both sides
-compute the same function; needs no download. Runs where jax sees a GPU (the device tool):
+bf16 safetensors and loaded by ``replicas.checkpoints.loading`` like any local checkpoint, so
+both sides compute the same function; needs no download.
+Runs where jax sees a GPU (the device tool):
 
     python -m loadtest.bench_gpu [--batches 1,2,4,8,16,32,64] [--output FILE]
 
@@ -31,11 +32,11 @@ import numpy as np
 from cluster.mesh import build_mesh
 from loadtest.bench_common import LABELS, write_section
 from loadtest.bench_engine import SERVE_CONFIG, make_work, shipped_settings
-from replicas.catalog import HF_CONFIGS
+from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
-from replicas.engine import ScoringEngine
-from replicas.flops import multi_item_flops, single_item_flops
-from replicas.loading import load_model
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.model.catalog import HF_CONFIGS
+from replicas.model.flops import multi_item_flops, single_item_flops
 
 # config.json values less the keys Qwen3Config takes from its own class.
 QWEN3_0_6B = {

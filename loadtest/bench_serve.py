@@ -58,9 +58,9 @@ from loadtest.bench_serve_report import (
     targets_table,
     total,
 )
-from replicas.config import ModelConfig
 from replicas.contract import ScoreWork
-from replicas.flops import multi_item_flops
+from replicas.model.config import ModelConfig
+from replicas.model.flops import multi_item_flops
 
 SLOW_FROM = 100  # own single-item and transformers cases run once from this many items on
 JSON_HEADERS = {"content-type": "application/json"}
@@ -260,8 +260,8 @@ class Bench:
 
 def model_config(name: str) -> ModelConfig:
     """The model's config without jax (from config.json or GGUF metadata via transformers)."""
-    from replicas.config import config_from_hf
-    from replicas.sources import load_hf_config, resolve_model_source
+    from replicas.checkpoints.sources import load_hf_config, resolve_model_source
+    from replicas.model.config import config_from_hf
 
     return config_from_hf(load_hf_config(resolve_model_source(name)))
 

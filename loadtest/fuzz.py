@@ -1,7 +1,6 @@
 """Malformed and hostile /v1/score bodies: every one must get a 4xx, never a 5xx.
 
-``fuzz_bodies`` (fixed cases + seeded mutations) feeds ``make loadtest``. Run as a module it
-is the fuzz runner (``make fuzz``): N generated bodies from every generator of
+The fuzz runner (``make fuzz``): N generated bodies from every generator of
 ``loadtest.fuzz_run`` against the in-process ingress (the real validation and tokenizer of
 ``--config``'s model, replicas replaced by a checking backend) or, with ``--url``, a running
 server; prints a table of answers by status and exits non-zero on any 5xx or any answer that
@@ -13,73 +12,17 @@ disagrees with the published OpenAPI document.
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-if TYPE_CHECKING:  # imported lazily: loadtest.load imports this module for fuzz_bodies only
+from loadtest.fuzz_run import Target, in_process, over_http, run_all, table
+
+if TYPE_CHECKING:
     from app.service import ScoringService
-
-VALID = {"query": "The capital of France is", "items": [" Paris"], "label_token_ids": [7042]}
-
-FIXED_CASES: tuple[bytes, ...] = (
-    b"",
-    b"{",
-    b"null",
-    b"[]",
-    b'"text"',
-    b"123",
-    b"\xff\xfe\x00garbage",
-    b'{"query": "a"}',
-    json.dumps({**VALID, "label_token_ids": []}).encode(),
-    json.dumps({**VALID, "label_token_ids": [-1]}).encode(),
-    json.dumps({**VALID, "label_token_ids": [10**30]}).encode(),
-    json.dumps({**VALID, "label_token_ids": ["1"]}).encode(),
-    json.dumps({**VALID, "label_token_ids": [1.5]}).encode(),
-    json.dumps({**VALID, "label_token_ids": [True]}).encode(),
-    json.dumps({**VALID, "query": [1, 2], "items": ["text"]}).encode(),
-    json.dumps({**VALID, "query": ""}).encode(),
-    json.dumps({**VALID, "query": []}).encode(),
-    json.dumps({**VALID, "query": [10**30]}).encode(),
-    json.dumps({**VALID, "query": [-5]}).encode(),
-    json.dumps({**VALID, "items": [[1, [2]]]}).encode(),
-    json.dumps({**VALID, "items": {"a": 1}}).encode(),
-    json.dumps({**VALID, "items": [" x"] * 100_000}).encode(),
-    json.dumps({**VALID, "query": "word " * 20_000}).encode(),
-    json.dumps({**VALID, "apply_softmax": "yes"}).encode(),
-    json.dumps({**VALID, "item_first": 2}).encode(),
-    json.dumps({**VALID, "unknown_field": 1}).encode(),
-    json.dumps({**VALID, "query": "<|endoftext|> inside"}).encode(),
-    b'{"query": "a", "items": [' + b"[" * 5000 + b"]" * 5000 + b'], "label_token_ids": [1]}',
-)
-
-_NASTY_VALUES = (None, True, -1, 0, 2**63, 10**30, 1e308, -0.0, "", "\u0000", [], {}, [[]], [None])
-
-
-def _mutations(rng: random.Random) -> Iterator[bytes]:
-    while True:
-        body = json.loads(json.dumps(VALID))
-        key = rng.choice([*body.keys(), "apply_softmax", "item_first", "model", "extra"])
-        body[key] = rng.choice(_NASTY_VALUES)
-        text = json.dumps(body)
-        if rng.random() < 0.3:  # also break the JSON itself
-            cut = rng.randrange(len(text))
-            text = text[:cut] + rng.choice(["", "}", "]", "\\", '"', ","]) + text[cut + 1 :]
-        yield text.encode()
-
-
-def fuzz_bodies(count: int, seed: int = 0) -> list[bytes]:
-    """The fixed cases followed by seeded random mutations of a valid body."""
-    rng = random.Random(seed)
-    mutated = _mutations(rng)
-    return list(FIXED_CASES) + [next(mutated) for _ in range(max(count - len(FIXED_CASES), 0))]
-
 
 SERVE_CONFIG = Path(__file__).resolve().parent.parent / "serve_config.yaml"
 LOOPBACK = ("127.", "localhost", "[::1]", "::1")  # as loadtest.load: hostile bodies stay local
@@ -97,8 +40,6 @@ def _service(config: Path) -> ScoringService:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from loadtest.fuzz_run import Target, in_process, over_http, run_all, table
-
     parser = argparse.ArgumentParser(description="Fuzz POST /v1/score with generated bodies.")
     parser.add_argument("--count", type=int, default=600, help="bodies in all (default 600)")
     parser.add_argument("--seed", type=int, default=0)

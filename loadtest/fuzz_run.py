@@ -1,6 +1,6 @@
 """Send generated /v1/score bodies to the in-process ingress or a running server; count answers.
 
-Generators: the fixed hostile cases and seeded mutations of ``loadtest.fuzz``, three
+Generators: the fixed hostile cases and seeded mutations of ``loadtest.fuzz_cases``, three
 Hypothesis strategies (``loadtest.fuzz_strategies``) and schemathesis driven from the
 server's own ``/openapi.json`` (positive: bodies the document accepts; negative: bodies it
 rejects). Every answer is also checked against that document (``Agreement``): a body the
@@ -29,7 +29,7 @@ from app.errors import ScoreRequestError
 from app.http import ACCESS_LOG
 from app.service import ScoringService
 from app.validation import parse_json
-from loadtest.fuzz import fuzz_bodies
+from loadtest.fuzz_cases import fuzz_bodies
 from loadtest.fuzz_server import CheckingBackend, in_process_app
 from loadtest.fuzz_strategies import (
     Served,

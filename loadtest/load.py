@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from loadtest.fuzz import fuzz_bodies
+from loadtest.fuzz_cases import fuzz_bodies
 
 LABELS = [7042, 4528, 11452]
 JSON = {"content-type": "application/json"}

@@ -1,6 +1,6 @@
 """``python -m loadtest.tpu_table``: the TPU projection table of docs/tpu.md.
 
-Runs ``cluster.tpu_check`` (one process each: libtpu's environment is set before jax is
+Runs ``planning.tpu_check`` (one process each: libtpu's environment is set before jax is
 imported) for every model x topology and writes the "Projection table" section of
 docs/tpu.md: whether the plan fits, memory per chip, and the roofline-projected items/s at
 RFC-008's workload. ``--signatures smallest`` compiles one signature per step kind (minutes);
@@ -32,7 +32,7 @@ GIB = 1024**3
 def run_check(topology: str, model: str, signatures: str) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "plan.json"
-        command = [sys.executable, "-m", "cluster.tpu_check", "--topology", topology]
+        command = [sys.executable, "-m", "planning.tpu_check", "--topology", topology]
         command += ["--model", model, "--signatures", signatures, "--json", str(out)]
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if not out.exists():

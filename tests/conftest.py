@@ -32,7 +32,7 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from replicas.sources import load_tokenizer, resolve_model_source
+    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 
     directory = tmp_path_factory.mktemp("tiny-llama")
     torch.manual_seed(0)
@@ -75,7 +75,7 @@ def smollm2_loaded():
     """The real SmolLM2-135M-Instruct (packaged GGUF) loaded on a 1x1 mesh, once per session."""
     smollm2_package_dir()
     from cluster.mesh import build_mesh
-    from replicas.loading import load_model
+    from replicas.checkpoints.loading import load_model
 
     return load_model("SmolLM2-135M-Instruct", build_mesh((1, 1)))
 

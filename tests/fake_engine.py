@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from replicas.checkpoints.sources import load_hf_config, resolve_model_source
 from replicas.contract import ModelInfo, ScoreWork, check_limits
 from replicas.settings import ReplicaSettings
-from replicas.sources import load_hf_config, resolve_model_source
 
 
 def fake_logprob(label: int, query_len: int, item_len: int) -> float:

@@ -45,7 +45,7 @@ def works(vocab: int, bench: bool = False) -> list[ScoreWork]:
 
 
 def run(model: str, repeats: int, bench: bool) -> dict:
-    from replicas.engine import ScoringEngine
+    from replicas.engine.scoring_engine import ScoringEngine
     from replicas.settings import ReplicaSettings
 
     out: dict = {}
@@ -79,7 +79,7 @@ def main(argv: list[str]) -> None:
         initialize_host(f"127.0.0.1:{port}", hosts, process, 120)
     import jax
 
-    from replicas.group_engine import check_mesh_spans_hosts
+    from replicas.engine.group_engine import check_mesh_spans_hosts
     from replicas.settings import ReplicaSettings, SettingsError
 
     try:  # a mesh that does not hold every device of every host is refused by name

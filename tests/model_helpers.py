@@ -113,7 +113,7 @@ def our_logprobs(
     import jax
     import jax.numpy as jnp
 
-    from replicas.model import AttentionSpec
+    from replicas.model.causal_lm import AttentionSpec
 
     model, width = loaded.model, tokens.shape[1]
 
@@ -146,7 +146,7 @@ def write_gguf(model_dir: Path, path: Path, qtype_name: str = "F32") -> Path:
     from safetensors.numpy import load_file
     from transformers import AutoConfig
 
-    from replicas.gguf_loading import permute_qk
+    from replicas.checkpoints.gguf_loading import permute_qk
 
     config = AutoConfig.from_pretrained(str(model_dir))
     arch_name = config.model_type

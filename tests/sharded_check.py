@@ -19,10 +19,10 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from cluster.mesh import build_mesh
+from replicas.checkpoints.loading import LoadedModel, load_model
 from replicas.contract import ScoreWork
-from replicas.engine import ScoringEngine
-from replicas.loading import LoadedModel, load_model
-from replicas.model import AttentionSpec
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.model.causal_lm import AttentionSpec
 from replicas.settings import ReplicaSettings
 from tests.model_helpers import batch
 

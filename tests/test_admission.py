@@ -1,8 +1,8 @@
-"""Admission control arithmetic (replicas/admission.py) with a hand-driven clock."""
+"""Admission control arithmetic (replicas/serving/admission.py) with a hand-driven clock."""
 
 from __future__ import annotations
 
-from replicas.admission import QueueEstimate, admit, retry_after_seconds
+from replicas.serving.admission import QueueEstimate, admit, retry_after_seconds
 
 
 class Clock:

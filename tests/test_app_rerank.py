@@ -24,7 +24,7 @@ DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "France: Paris
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from replicas.sources import load_tokenizer, resolve_model_source
+    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 
     return load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct"))
 

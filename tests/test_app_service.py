@@ -38,7 +38,7 @@ class Backend:
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_llama_dir: Path) -> Any:
-    from replicas.sources import load_tokenizer, resolve_model_source
+    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 
     return load_tokenizer(resolve_model_source(tiny_llama_dir))
 

@@ -9,10 +9,10 @@ SCRIPT = textwrap.dedent(
     """
     import sys, jax
     from cluster.mesh import build_mesh
-    from replicas.config import ModelConfig
+    from replicas.model.config import ModelConfig
     from replicas.contract import ScoreWork
-    from replicas.engine import ScoringEngine, configure_compilation_cache
-    from replicas.model import CausalLM
+    from replicas.engine.scoring_engine import ScoringEngine, configure_compilation_cache
+    from replicas.model.causal_lm import CausalLM
     from replicas.settings import ReplicaSettings
 
     settings = ReplicaSettings(compilation_cache_dir=sys.argv[1], multi_item_scoring_delimiter=0)

@@ -4,7 +4,7 @@ engine's compiles are covered in tests/test_engine_compiles.py)."""
 import json
 from dataclasses import astuple, dataclass
 
-from replicas.compiler import StepCompiler
+from replicas.engine.compiler import StepCompiler
 
 
 @dataclass(frozen=True, order=True)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
-from replicas.attention import cudnn_dense_attention, with_attention
-from replicas.config import ModelConfig, config_from_hf
-from replicas.layers import attend_item_stream
-from replicas.masks import PAD, QUERY, segment_mask
-from replicas.model import AttentionSpec, CausalLM, CausalSpec, masked_attention
+from replicas.model.attention import cudnn_dense_attention, with_attention
+from replicas.model.causal_lm import AttentionSpec, CausalLM, CausalSpec, masked_attention
+from replicas.model.config import ModelConfig, config_from_hf
+from replicas.model.layers import attend_item_stream
+from replicas.model.masks import PAD, QUERY, segment_mask
 from replicas.settings import SettingsError
 from tests.model_helpers import tiny_hf_config
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
-from replicas.config import ModelConfig
 from replicas.contract import ScoreWork, ScoringLimitError
-from replicas.engine import ScoringEngine, ScoringInputError
-from replicas.model import CausalLM
+from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
+from replicas.model.causal_lm import CausalLM
+from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings, SettingsError
 
 VOCAB = 300

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
-from replicas.config import ModelConfig
 from replicas.contract import ScoreWork, ScoringLimitError
-from replicas.engine import ScoringEngine
-from replicas.layouts.dense import DenseDims
-from replicas.model import CausalLM
-from replicas.query_cache import QueryCache
+from replicas.engine.layouts.dense import DenseDims
+from replicas.engine.query_cache import QueryCache
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.model.causal_lm import CausalLM
+from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings, SettingsError
 
 VOCAB = 300

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
+from replicas.checkpoints.loading import load_model
+from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 from replicas.contract import ScoreWork
-from replicas.engine import ScoringEngine
-from replicas.loading import load_model
+from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
-from replicas.sources import load_tokenizer, resolve_model_source
 
 MODEL = "SmolLM2-135M-Instruct"
 PARIS, LONDON, BERLIN = 7042, 4528, 11452

@@ -131,8 +131,8 @@ def test_two_hosts_over_http_equal_one_process_single_item(
     group: ServeCluster, tiny_llama_dir: Path
 ) -> None:
     from cluster.mesh import build_mesh
-    from replicas.engine import ScoringEngine
-    from replicas.loading import load_model
+    from replicas.checkpoints.loading import load_model
+    from replicas.engine.scoring_engine import ScoringEngine
     from replicas.settings import ReplicaSettings
 
     with group.client(120) as http:

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
-from replicas.config import UnsupportedModelError
-from replicas.loading import CheckpointError, load_model
-from replicas.params import param_shapes
-from replicas.sources import ModelSourceError
+from replicas.checkpoints.loading import CheckpointError, load_model
+from replicas.checkpoints.sources import ModelSourceError
+from replicas.model.config import UnsupportedModelError
+from replicas.model.params import param_shapes
 from tests.model_helpers import (
     batch,
     copy_gguf,

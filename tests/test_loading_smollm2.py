@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from replicas.demo import next_token_logprobs, rank_candidates
-from replicas.sources import convert_gguf_metadata, load_tokenizer
+from replicas.checkpoints.demo import next_token_logprobs, rank_candidates
+from replicas.checkpoints.sources import convert_gguf_metadata, load_tokenizer
 from tests.model_helpers import our_logprobs
 
 pytestmark = pytest.mark.slow

@@ -3,7 +3,7 @@
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.masks import DELIMITER, PAD, QUERY, own_item_mask, segment_mask, window_blocks
+from replicas.model.masks import DELIMITER, PAD, QUERY, own_item_mask, segment_mask, window_blocks
 
 
 def test_packed_reference_mask_is_shared_prefix_plus_block_diagonal_without_delimiters():

@@ -1,4 +1,4 @@
-"""replicas.memory.release_free_heap returns a fragmented heap's free pages to the OS."""
+"""replicas.engine.memory.release_free_heap returns a fragmented heap's free pages to the OS."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 
 PROBE = """
 import os
-from replicas.memory import release_free_heap
+from replicas.engine.memory import release_free_heap
 
 def rss_mib():
     with open("/proc/self/statm") as f:

@@ -15,7 +15,7 @@ from app.http import Outcome, build_api
 from app.metrics import IngressMetrics
 from app.service import Timings
 from replicas.contract import ScoredWork, ScoreWork
-from replicas.metrics import METRICS, SPECS, ReplicaMetrics, step_deltas
+from replicas.serving.metrics import METRICS, SPECS, ReplicaMetrics, step_deltas
 from tests.fake_engine import fake_logprobs
 from tests.http_support import ask
 from tests.test_app_http import SERVICE

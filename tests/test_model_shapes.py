@@ -10,12 +10,12 @@ from jax.sharding import AbstractMesh, PartitionSpec
 
 from cluster.mesh import build_mesh
 from cluster.sharding import partition_spec
-from replicas.catalog import model_config
-from replicas.config import config_from_hf
-from replicas.loading import load_model
-from replicas.model import CausalLM
-from replicas.name_map import tensor_mappings
-from replicas.params import param_logical_axes, param_shapes, param_shardings
+from replicas.checkpoints.loading import load_model
+from replicas.checkpoints.name_map import tensor_mappings
+from replicas.model.catalog import model_config
+from replicas.model.causal_lm import CausalLM
+from replicas.model.config import config_from_hf
+from replicas.model.params import param_logical_axes, param_shapes, param_shardings
 from tests.model_helpers import TINY_VARIANTS, batch, our_logprobs, tiny_hf_config
 
 PRODUCTION = ("Qwen3-0.6B", "Llama-3.2-1B")

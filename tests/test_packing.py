@@ -4,11 +4,22 @@ import numpy as np
 import pytest
 
 from replicas.contract import ScoreWork
-from replicas.layouts.common import BucketOverflowError, bucket_for, label_bucket, step_capacity
-from replicas.layouts.packed_reference import split_rows
-from replicas.layouts.shared_prefix import chunk_items
-from replicas.layouts.single_item import group_rows, rows_per_step, single_item_row
-from replicas.layouts.stream import PrefixEntry, StreamDims, exact_dims, pack_stream, window_for
+from replicas.engine.layouts.common import (
+    BucketOverflowError,
+    bucket_for,
+    label_bucket,
+    step_capacity,
+)
+from replicas.engine.layouts.packed_reference import split_rows
+from replicas.engine.layouts.shared_prefix import chunk_items
+from replicas.engine.layouts.single_item import group_rows, rows_per_step, single_item_row
+from replicas.engine.layouts.stream import (
+    PrefixEntry,
+    StreamDims,
+    exact_dims,
+    pack_stream,
+    window_for,
+)
 from replicas.settings import ReplicaSettings, bucket_ladder
 
 WORK = ScoreWork(query_ids=(11, 12, 13), item_ids=((21, 22), (), (31,)), label_ids=(5, 6, 7))

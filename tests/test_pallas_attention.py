@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from replicas.layers import attend_item_stream
-from replicas.pallas_attention import attention_part, item_stream_attention, merge_parts
+from replicas.model.layers import attend_item_stream
+from replicas.model.pallas_attention import attention_part, item_stream_attention, merge_parts
 
 reference = jax.jit(attend_item_stream, static_argnames="window")
 LIBTPU = Path(sys.prefix) / "libtpu" / "libtpu" / "libtpu.so"
@@ -174,7 +174,7 @@ def test_tpu_blocks_must_be_lane_multiples():
 COMPILE_SCRIPT = """
 import jax, jax.numpy as jnp
 from jax.experimental import topologies
-from replicas.pallas_attention import item_stream_attention
+from replicas.model.pallas_attention import item_stream_attention
 topo = topologies.get_topology_desc(platform="tpu", topology_name={topology!r})
 sharding = jax.sharding.SingleDeviceSharding(topo.devices[0])
 def spec(shape, dtype=jnp.float32):

@@ -13,7 +13,7 @@ import pytest
 
 from app.service import ScoringService
 from replicas.contract import ScoreWork
-from replicas.engine import ScoringEngine
+from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
 
 QUERY = "Which city is the capital of France?"

@@ -25,7 +25,7 @@ from ray.serve.schema import (
 
 from app.builder import build_app
 from app.ingress import ScoreIngress
-from replicas.deployment import RECONFIGURABLE, ScoringReplica, apply_user_config
+from replicas.serving.deployment import RECONFIGURABLE, ScoringReplica, apply_user_config
 from replicas.settings import ReplicaSettings, SettingsError
 
 CONFIG = Path(__file__).resolve().parents[1] / "serve_config.yaml"
@@ -182,7 +182,7 @@ def test_bad_args_fail_naming_the_setting() -> None:
 
 
 def test_the_delimiter_is_a_special_token_ordinary_text_never_produces() -> None:
-    from replicas.sources import load_tokenizer, resolve_model_source
+    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 
     (app,) = load()["applications"]
     settings = ReplicaSettings.from_mapping(app["args"])

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from ray import serve
 
-from replicas.deployment import ScoringReplica
+from replicas.serving.deployment import ScoringReplica
 from tests.serve_support import (  # noqa: F401
     RAY_SERVE,
     ServeCluster,

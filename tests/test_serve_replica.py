@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from replicas.admission import QueueEstimate
 from replicas.contract import ScoreWork
-from replicas.deployment import (
+from replicas.serving.admission import QueueEstimate
+from replicas.serving.deployment import (
     RECONFIGURABLE,
     ReplicaRejected,
     ScoringReplica,

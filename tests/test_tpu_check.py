@@ -1,4 +1,4 @@
-"""cluster.tpu_check: TPU serve plans compiled here with compile-only libtpu, no TPU.
+"""planning.tpu_check: TPU serve plans compiled here with compile-only libtpu, no TPU.
 
 The shipped TPU configs (cluster/manifests) compile for their slices with production model
 configs, every step within HBM, the Pallas item attention included (the default on TPU); a
@@ -18,20 +18,20 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cluster.tpu_check import DEFAULT_CONFIGS, serve_args
-from cluster.tpu_projection import project_step, step_flops
 from cluster.tpu_topology import GIB, ChipSpec, axes_crossing_hosts, libtpu_path
-from replicas.catalog import model_config
-from replicas.flops import multi_item_flops, token_flops
-from replicas.layouts.shared_prefix import PrefixDims
-from replicas.layouts.stream import StreamDims
+from planning.tpu_check import DEFAULT_CONFIGS, serve_args
+from planning.tpu_projection import project_step, step_flops
+from replicas.engine.layouts.shared_prefix import PrefixDims
+from replicas.engine.layouts.stream import StreamDims
+from replicas.model.catalog import model_config
+from replicas.model.flops import multi_item_flops, token_flops
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_check(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
     out = tmp_path / "plan.json"
-    command = [sys.executable, "-m", "cluster.tpu_check", *args, "--json", str(out)]
+    command = [sys.executable, "-m", "planning.tpu_check", *args, "--json", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     return done, json.loads(out.read_text()) if out.exists() else None
 
@@ -44,7 +44,7 @@ def test_libtpu_is_installed_by_the_set_up() -> None:
     ("topology", "model", "crossing"),
     [
         # Each slice of the two manifests once, each model family once (a pair is ~20 s of
-        # the suite's budget; `python -m cluster.tpu_check` checks any other by hand).
+        # the suite's budget; `python -m planning.tpu_check` checks any other by hand).
         ("v6e:2x2", "Qwen3-0.6B", []),
         ("v6e:4x4", "Llama-3.2-1B", ["data"]),
     ],
@@ -74,7 +74,7 @@ def test_the_shipped_tpu_configs_compile_for_their_slices(
 def parameter_count(config) -> int:
     import jax
 
-    from replicas.model import CausalLM
+    from replicas.model.causal_lm import CausalLM
 
     shapes = jax.eval_shape(CausalLM(config).init_params, jax.random.key(0))
     return sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(shapes))

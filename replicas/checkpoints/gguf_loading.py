@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from replicas.config import ModelConfig, UnsupportedModelError
-from replicas.name_map import CheckpointError
+from replicas.checkpoints.name_map import CheckpointError
+from replicas.model.config import ModelConfig, UnsupportedModelError
 
 PERMUTED_ARCHITECTURES = ("llama",)
 

@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from replicas.memory import release_free_heap
+from replicas.engine.memory import release_free_heap
 
 logger = logging.getLogger(__name__)
 

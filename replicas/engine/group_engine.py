@@ -20,10 +20,10 @@ import numpy as np
 
 from cluster.host_group import HostGroup, HostGroupError
 from replicas.contract import EngineUnavailable, ModelInfo, ScoreWork
-from replicas.engine import ScoringEngine
+from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings, SettingsError
 
-FOLLOWER_FACTORY = "replicas.group_engine:FollowerEngine"
+FOLLOWER_FACTORY = "replicas.engine:FollowerEngine"
 Key = tuple[str, Any]
 
 

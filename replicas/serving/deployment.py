@@ -20,7 +20,7 @@ from ray import serve
 
 from cluster.host_group import load_factory
 from cluster.niceness import warn_if_niced, worker_niceness
-from replicas.admission import QueueEstimate, admit
+from replicas.checkpoints.sources import ModelSourceError, load_hf_config, resolve_model_source
 from replicas.contract import (
     EngineUnavailable,
     ModelInfo,
@@ -29,26 +29,26 @@ from replicas.contract import (
     ScoringLimitError,
     check_limits,
 )
-from replicas.memory import release_free_heap
-from replicas.metrics import ReplicaMetrics
+from replicas.engine.memory import release_free_heap
+from replicas.serving.admission import QueueEstimate, admit
+from replicas.serving.metrics import ReplicaMetrics
 from replicas.settings import ReplicaSettings, SettingsError, check_delimiter_in_vocab
-from replicas.sources import ModelSourceError, load_hf_config, resolve_model_source
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ENGINE = "replicas.engine:ScoringEngine"
-GROUP_ENGINE = "replicas.group_engine:GroupEngine"  # the default when hosts_per_replica > 1
+GROUP_ENGINE = "replicas.engine:GroupEngine"  # the default when hosts_per_replica > 1
 # Settings that change how requests are batched, not what is loaded or compiled.
 RECONFIGURABLE = frozenset({"max_batch_size", "batch_wait_timeout_s"})
 UNHEALTHY_AFTER_FAILED_BATCHES = 3
 # Steps free and allocate step buffers and query-cache entries of many sizes; glibc keeps the
 # freed pages, and a 10-minute soak's replica RSS crept up 8 % with the cache at its bound.
-# At most this often after a step, malloc_trim hands them back (replicas/memory.py).
+# At most this often after a step, malloc_trim hands them back (replicas/engine/memory.py).
 TRIM_INTERVAL_S = 10.0
 
 
 class Engine(Protocol):
-    """What the replica needs of replicas.engine.ScoringEngine."""
+    """What the replica needs of replicas.engine.scoring_engine.ScoringEngine."""
 
     @property
     def info(self) -> ModelInfo: ...

@@ -1,6 +1,6 @@
 """Production model architectures by name, as their Hugging Face ``config.json`` values.
 
-Written by hand (no download): shapes for deviceless compiles (``cluster.tpu_check``),
+Written by hand (no download): shapes for deviceless compiles (``planning.tpu_check``),
 benchmarks on random weights and shape tests. ``model_config`` also reads any local
 ``config.json``.
 """
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from replicas.config import ModelConfig, config_from_hf
+from replicas.model.config import ModelConfig, config_from_hf
 
 _QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0}
 _LLAMA3 = {

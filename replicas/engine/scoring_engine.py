@@ -22,15 +22,15 @@ from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
 from cluster.sharding import replicated
-from replicas.attention import with_attention
-from replicas.compiler import StepCompiler
 from replicas.contract import ModelInfo, ScoreWork, check_limits
-from replicas.layouts.packed_reference import PackedReferenceLayout
-from replicas.layouts.shared_prefix import SharedPrefixLayout
-from replicas.layouts.single_item import SingleItemLayout
-from replicas.memory import release_free_heap
-from replicas.model import CausalLM, Params
-from replicas.query_cache import QueryCache
+from replicas.engine.compiler import StepCompiler
+from replicas.engine.layouts.packed_reference import PackedReferenceLayout
+from replicas.engine.layouts.shared_prefix import SharedPrefixLayout
+from replicas.engine.layouts.single_item import SingleItemLayout
+from replicas.engine.memory import release_free_heap
+from replicas.engine.query_cache import QueryCache
+from replicas.model.attention import with_attention
+from replicas.model.causal_lm import CausalLM, Params
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 RECORD_FILE = "scorejax-signatures.json"
@@ -95,7 +95,7 @@ class ScoringEngine:
     def from_settings(cls, settings: ReplicaSettings, warm: bool = True) -> ScoringEngine:
         """Load the configured model onto its mesh (every visible device of every host when
         ``hosts_per_replica`` > 1) and, with ``warm``, compile the configured shapes."""
-        from replicas.loading import load_model
+        from replicas.checkpoints.loading import load_model
 
         configure_compilation_cache(settings.compilation_cache_dir)
         mesh = build_mesh(settings.mesh_shape)
@@ -135,7 +135,7 @@ class ScoringEngine:
 
     def executables(self) -> dict[tuple[str, Any], Any]:
         """Compiled steps by ``(kind, dims)`` (``jax.stages.Compiled``: memory and cost
-        analysis for deviceless checks, ``cluster.tpu_check``)."""
+        analysis for deviceless checks, ``planning.tpu_check``)."""
         return self._compiler.executables()
 
     def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
@@ -242,7 +242,7 @@ class ScoringEngine:
         configured = set(self._configured_keys())
         for kind, dims in keys:
             self._compiler.ensure(kind, dims, "warmup", keep=(kind, dims) in configured)
-        release_free_heap()  # the compiles' transient memory (replicas/memory.py)
+        release_free_heap()  # the compiles' transient memory (replicas/engine/memory.py)
         return self.compile_count - before
 
     def held_signatures(self) -> list[tuple[str, Any]]:

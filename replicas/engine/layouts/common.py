@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replicas.contract import ScoreWork
-from replicas.model import CausalLM, Params
+from replicas.model.causal_lm import CausalLM, Params
 from replicas.settings import ReplicaSettings
 
 Array = jax.Array

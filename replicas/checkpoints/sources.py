@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 NO_TOKENIZER = "no-tokenizer.txt"  # in a converted GGUF metadata directory: none to load
 
 # Known names -> (package holding the file, file name). Found with find_spec; never imported.

@@ -1,10 +1,10 @@
 """Explicit checkpoint name maps: which file tensor fills which leaf of the parameter tree.
 
-Every leaf of ``replicas.params.param_logical_axes`` has exactly one ``TensorMapping``: its
+Every leaf of ``replicas.model.params.param_logical_axes`` has exactly one ``TensorMapping``: its
 Hugging Face name, its GGUF name and the layout change from the Hugging Face layout
 (``nn.Linear`` weights are ``[out, in]``) to ours. GGUF tensors are first brought to the
 Hugging Face layout (ggml order reversed, llama q/k rows un-permuted, see
-``replicas.gguf_loading``), so one layout table serves both formats.
+``replicas.checkpoints.gguf_loading``), so one layout table serves both formats.
 
 The three families share the Llama names; Qwen2 adds q/k/v biases and Qwen3 per-head q/k
 RMSNorm. Shapes below: D hidden, H query heads, K key/value heads, Dh head dim, F MLP width,
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from replicas.config import ModelConfig
+from replicas.model.config import ModelConfig
 
 LAYER = "{layer}"
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from replicas.contract import ScoreWork, packed_length
-from replicas.layouts.common import (
+from replicas.engine.layouts.common import (
     RowSlot,
     bucket_for,
     label_bucket,
@@ -24,10 +24,10 @@ from replicas.layouts.common import (
     score_capacity,
     unpack,
 )
-from replicas.layouts.dense import DenseDims, compile_dense
-from replicas.layouts.runner import Runner
-from replicas.masks import DELIMITER, PAD, QUERY
-from replicas.model import CausalLM
+from replicas.engine.layouts.dense import DenseDims, compile_dense
+from replicas.engine.layouts.runner import Runner
+from replicas.model.causal_lm import CausalLM
+from replicas.model.masks import DELIMITER, PAD, QUERY
 
 Array = jax.Array
 

@@ -11,7 +11,7 @@ from typing import Any
 from jax.sharding import Mesh
 
 from cluster.sharding import tree_shardings
-from replicas.config import ModelConfig
+from replicas.model.config import ModelConfig
 
 Axes = tuple[str | None, ...]
 

@@ -1,7 +1,7 @@
 """Paper projections of a step's time on a TPU chip: a roofline from analytic FLOPs and bytes.
 
 XLA's ``cost_analysis`` counts the body of the layer scan once, so the FLOPs here are
-analytic (``replicas.flops``), for the padded shapes a step really computes. A step's time is
+analytic (``replicas.model.flops``), for the padded shapes a step really computes. A step's time is
 ``max(FLOPs / peak, bytes / bandwidth)`` per chip: the model axis splits the work, the data
 axis repeats it (step inputs are replicated). It leaves out collectives over ICI, kernel
 efficiency and host overhead, so it is a lower bound on step time, not a measurement.
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from cluster.tpu_topology import ChipSpec
-from replicas.config import ModelConfig
-from replicas.flops import lm_head_flops, matmul_params_per_token
+from replicas.model.config import ModelConfig
+from replicas.model.flops import lm_head_flops, matmul_params_per_token
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from replicas.config import ModelConfig
+from replicas.model.config import ModelConfig
 
 
 def matmul_params_per_token(c: ModelConfig) -> int:

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replicas.contract import ScoreWork
-from replicas.layouts.common import (
+from replicas.engine.layouts.common import (
     BucketDims,
     RowSlot,
     bucket_for,
@@ -28,7 +28,7 @@ from replicas.layouts.common import (
     score_capacity,
     score_rows,
 )
-from replicas.model import CausalLM, CausalSpec, ItemStreamSpec, Params
+from replicas.model.causal_lm import CausalLM, CausalSpec, ItemStreamSpec, Params
 
 Array = jax.Array
 MIN_WINDOW = 4

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from cluster.sharding import partition_spec
-from replicas.layers import attend_item_stream
-from replicas.model import CausalLM, CausalSpec, DenseSpec, masked_attention
-from replicas.pallas_attention import item_stream_attention
+from replicas.model.causal_lm import CausalLM, CausalSpec, DenseSpec, masked_attention
+from replicas.model.layers import attend_item_stream
+from replicas.model.pallas_attention import item_stream_attention
 from replicas.settings import SettingsError
 
 Array = jax.Array

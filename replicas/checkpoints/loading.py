@@ -1,7 +1,7 @@
 """Load a checkpoint (Hugging Face safetensors directory or GGUF file) onto a device mesh.
 
 ``load_model`` resolves the source, builds the ``ModelConfig`` from the same transformers
-config the tokenizer side sees, checks every tensor against ``replicas.params.param_shapes``
+config the tokenizer side sees, checks every tensor against ``replicas.model.params.param_shapes``
 before reading any data, then builds one parameter leaf at a time on the host (all layers
 stacked, already in the target dtype) and places it straight into its ``NamedSharding``:
 each device receives only its own shard, nothing is first replicated on device.
@@ -25,10 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
-from replicas.config import ModelConfig, config_from_hf
-from replicas.gguf_loading import GGUFTensors, gguf_config_overrides, open_gguf
-from replicas.model import CausalLM, Params
-from replicas.name_map import (
+from replicas.checkpoints.gguf_loading import GGUFTensors, gguf_config_overrides, open_gguf
+from replicas.checkpoints.name_map import (
     CheckpointError,
     get_path,
     hf_shape,
@@ -36,8 +34,10 @@ from replicas.name_map import (
     tensor_mappings,
     to_our_layout,
 )
-from replicas.params import param_shapes, param_shardings
-from replicas.sources import ModelSource, load_hf_config, resolve_model_source
+from replicas.checkpoints.sources import ModelSource, load_hf_config, resolve_model_source
+from replicas.model.causal_lm import CausalLM, Params
+from replicas.model.config import ModelConfig, config_from_hf
+from replicas.model.params import param_shapes, param_shardings
 
 logger = logging.getLogger(__name__)
 

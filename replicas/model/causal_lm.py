@@ -18,8 +18,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from replicas.config import ModelConfig
-from replicas.layers import MLP, Attention, RMSNorm, attend_dense, attend_item_stream
+from replicas.model.config import ModelConfig
+from replicas.model.layers import MLP, Attention, RMSNorm, attend_dense, attend_item_stream
 
 Array = jax.Array
 Params = dict[str, Any]
@@ -74,8 +74,8 @@ class ItemStreamSpec:
 class DecoderLayer(nn.Module):
     config: ModelConfig
     dtype: Any = jnp.float32
-    stream_attention: Callable[..., Array] = attend_item_stream  # see replicas.attention
-    dense_attention: Callable[..., Array] = masked_attention  # see replicas.attention
+    stream_attention: Callable[..., Array] = attend_item_stream  # see replicas.model.attention
+    dense_attention: Callable[..., Array] = masked_attention  # see replicas.model.attention
 
     def setup(self) -> None:
         eps = self.config.rms_norm_eps
@@ -115,7 +115,7 @@ class CausalLM:
     config: ModelConfig
     dtype: Any = jnp.float32
     # The item stream's attention (layers.attend_item_stream, or the Pallas kernels that
-    # replicas.attention selects for the mesh's platform); parameters do not depend on it.
+    # replicas.model.attention selects for the mesh's platform); parameters do not depend on it.
     stream_attention: Callable[..., Array] = attend_item_stream
     # Dense rows' attention (``masked_attention``, or a fused causal kernel on GPU).
     dense_attention: Callable[..., Array] = masked_attention

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.config import ModelConfig
-from replicas.masks import own_item_mask, window_blocks
+from replicas.model.config import ModelConfig
+from replicas.model.masks import own_item_mask, window_blocks
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)

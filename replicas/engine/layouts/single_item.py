@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from replicas.contract import ScoreWork
-from replicas.layouts.common import (
+from replicas.engine.layouts.common import (
     RowSlot,
     bucket_for,
     label_bucket,
@@ -25,9 +25,9 @@ from replicas.layouts.common import (
     step_capacity,
     unpack,
 )
-from replicas.layouts.dense import DenseDims, compile_dense
-from replicas.layouts.runner import Runner
-from replicas.model import CausalLM
+from replicas.engine.layouts.dense import DenseDims, compile_dense
+from replicas.engine.layouts.runner import Runner
+from replicas.model.causal_lm import CausalLM
 
 Pair = tuple[int, int]  # (work, item)
 
