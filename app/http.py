@@ -62,6 +62,7 @@ class Outcome:
 
 
 Recorder = Callable[[Outcome], None]
+Gate = Callable[[], None]  # raises ScoreRequestError (503 overloaded) to refuse a request
 
 
 async def read_limited(chunks: AsyncIterator[bytes], limit: int = MAX_BODY_BYTES) -> bytes:
@@ -118,9 +119,12 @@ def build_api(
     keys: frozenset[str] = frozenset(),
     recorder: Recorder | None = None,
     set_request_id: bool = True,
+    gate: Gate | None = None,
 ) -> FastAPI:
     """The ASGI app of the ingress. ``set_request_id=False`` inside Serve, whose proxy
-    passes its request id in (the client's, else its own) and sets it on the response."""
+    passes its request id in (the client's, else its own) and sets it on the response.
+    ``gate`` runs first on every scoring route, before the body is read: the admission
+    verdict, so a refusal costs no parsing or tokenization (it raises the 503)."""
     api = FastAPI(
         title="scorejax",
         version="0.1.0",
@@ -131,12 +135,20 @@ def build_api(
     api.add_exception_handler(ScoreRequestError, _score_request_error)
     api.add_exception_handler(HTTPException, _routing_error)
     api.middleware("http")(_Frame(keys, recorder, set_request_id))
-    api.include_router(_routes(service, backend, health, stats))
+    api.include_router(_routes(service, backend, health, stats, gate or _admit_all))
     return api
 
 
+def _admit_all() -> None:
+    """The gate of an app without admission control."""
+
+
 def _routes(
-    service: ScoringService, backend: Backend, health: HealthCheck, stats: StatsSource | None
+    service: ScoringService,
+    backend: Backend,
+    health: HealthCheck,
+    stats: StatsSource | None,
+    gate: Gate,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -147,12 +159,14 @@ def _routes(
         responses=RESPONSES | {200: {"model": ScoreResponse, "description": "One row per item"}},
     )
     async def score(request: Request) -> Response:
+        gate()
         payload = parse_json(await read_limited(request.stream()))
         body, timings = await service.score_timed(payload, backend)
         _note_scored(request, timings, len(body["scores"]), body["usage"]["prompt_tokens"])
         return JSONResponse(body, headers=timing_headers(timings))
 
     async def rerank(request: Request) -> Response:
+        gate()
         payload = parse_json(await read_limited(request.stream()))
         body, timings = await service.rerank_timed(payload, backend)
         _note_scored(request, timings, len(payload["documents"]), body["usage"]["prompt_tokens"])

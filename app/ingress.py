@@ -28,7 +28,7 @@ from app.http import build_api
 from app.metrics import IngressMetrics
 from app.service import ScoringService
 from cluster.niceness import warn_if_niced
-from replicas.contract import ModelInfo, ScoredWork, ScoreWork
+from replicas.contract import ModelInfo, ScoredWork, ScoreWork, work_cost
 from replicas.serving.admission import QueueEstimate, admit
 from replicas.serving.deployment import ReplicaRejected, coerce_settings
 from replicas.settings import ReplicaSettings
@@ -64,7 +64,7 @@ class ScoreIngress:
         self._keys = load_api_keys(self._settings)  # start-up error names the setting
         self._service = ScoringService.from_settings(self._settings)
         self._replica = replica
-        self._queue = QueueEstimate()  # calls to the replicas in flight, recent completions
+        self._queue = QueueEstimate()  # work sent to the replicas (tokens), recent work rate
         self._metrics = IngressMetrics()
 
     @property
@@ -82,6 +82,7 @@ class ScoreIngress:
             keys=self._keys,
             recorder=self._metrics.record,
             set_request_id=False,
+            gate=self._admit,
         )
 
     async def score(
@@ -125,12 +126,9 @@ class ScoreIngress:
     async def _call_replica(self, work: ScoreWork) -> ScoredWork:
         """Admission control, then the replica call bounded by the request's deadline."""
         settings = self._settings
-        verdict = admit(self._queue, settings.max_queue_wait_s)
-        if not verdict.admitted:
-            message = verdict.refusal("ingress")
-            raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
+        self._admit()  # again: requests admitted since the route's gate may now be ahead
         work = dataclasses.replace(work, deadline=time.time() + settings.request_deadline_s)
-        self._queue.started()
+        ticket = self._queue.started(work_cost(work, self._settings.multi_item))
         served = False
         try:
             result = await asyncio.wait_for(self._replica_answer(work), settings.request_deadline_s)
@@ -140,7 +138,14 @@ class ScoreIngress:
             message = f"no answer within the request deadline ({settings.request_deadline_s} s)"
             raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, 1) from None
         finally:
-            self._queue.finished(served)
+            self._queue.finished(ticket, served)
+
+    def _admit(self) -> None:
+        """Refuse (503 overloaded, Retry-After) when the work ahead exceeds the allowed wait."""
+        verdict = admit(self._queue, self._settings.max_queue_wait_s)
+        if not verdict.admitted:
+            message = verdict.refusal("ingress")
+            raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
 
     async def _replica_answer(self, work: ScoreWork) -> ScoredWork:
         try:

@@ -1,11 +1,11 @@
 """``python -m loadtest.overload``: open-loop overload against a running server (loopback only).
 
-    python -m loadtest.overload --url http://127.0.0.1:8000 [--factor 4] [--requests 400]
+    python -m loadtest.overload --url http://127.0.0.1:8000 [--factor 4 | --rate R] [--requests 400]
 
 1. Capacity: a closed loop of ``--concurrency`` clients sends ``--capacity-requests`` requests
    of ``--items`` items; capacity = completed requests per second.
 2. Overload: ``--requests`` requests arrive open-loop (Poisson, seeded) at ``--factor`` x
-   capacity, each waiting at most ``--timeout-s``.
+   capacity (or at ``--rate`` requests/s), each waiting at most ``--timeout-s``.
 3. Afterwards: ``/health`` and one request must answer 200.
 
 ``--contention-at S --contention-s D`` starts ``--contention-procs`` busy-looping processes S
@@ -173,9 +173,10 @@ async def run(args: argparse.Namespace) -> dict:
     limits = httpx.Limits(max_connections=args.requests + 16)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout_s, limits=limits) as c:
         cap = await capacity(c, args)
+        rate = args.rate or cap * args.factor
         with contention(args):
-            outcomes = await overload(c, cap * args.factor, args)
-        result = summary(outcomes, cap * args.factor, cap)
+            outcomes = await overload(c, rate, args)
+        result = summary(outcomes, rate, cap)
         if args.contention_s > 0:
             window = (args.contention_at, args.contention_s)
             result["contention"] = split_by_window(outcomes, *window)
@@ -193,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--capacity-requests", type=int, default=40)
     parser.add_argument("--factor", type=float, default=4.0)
+    parser.add_argument("--rate", type=float, default=0.0, help="requests/s (0: factor x cap)")
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--timeout-s", type=float, default=320.0)
     parser.add_argument("--json", help="write every outcome here")

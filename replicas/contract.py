@@ -88,6 +88,19 @@ def longest_row(query_len: int, item_lens: Sequence[int]) -> int:
     return query_len + max(item_lens, default=0)
 
 
+CALL_OVERHEAD_TOKENS = 32  # a call's fixed cost (routing, a batch slot, unpacking), in tokens
+
+
+def work_cost(work: ScoreWork, multi_item: bool) -> int:
+    """What admission counts for ``work`` (semantics 16): the tokens a replica computes for
+    it (the query once when its items share it as a prefix, else once per item row) plus a
+    call's fixed cost."""
+    items = sum(len(item) for item in work.item_ids)
+    if multi_item and not work.item_first:
+        return CALL_OVERHEAD_TOKENS + len(work.query_ids) + items
+    return CALL_OVERHEAD_TOKENS + items + len(work.query_ids) * work.num_items
+
+
 class ScoringLimitError(ValueError):
     """A request breaks a configured limit; ``reason`` is the machine-readable code."""
 

@@ -3,7 +3,8 @@
 logprob(label, query, item) = -(label % 7) - 0.1 * (len(query) + len(item))
 
 Used by the CPU-side unit tests and by the Serve tests that are about serving (autoscaling,
-overload), not about the model. ``SlowFakeEngine`` takes a fixed time per batch.
+overload), not about the model. ``SlowFakeEngine`` takes a fixed time per batch,
+``WorkFakeEngine`` a time that grows with the batch's tokens.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from replicas.checkpoints.sources import load_hf_config, resolve_model_source
-from replicas.contract import ModelInfo, ScoreWork, check_limits
+from replicas.contract import ModelInfo, ScoreWork, check_limits, work_cost
 from replicas.settings import ReplicaSettings
 
 
@@ -36,7 +37,8 @@ class FakeEngine:
     settings: ReplicaSettings
     model_info: ModelInfo
     batches: int = 0
-    delay_s: float = 0.0
+    delay_s: float = 0.0  # per batch
+    delay_per_token_s: float = 0.0  # per cost unit of the batch's works (admission's count)
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings) -> FakeEngine:
@@ -62,8 +64,9 @@ class FakeEngine:
         self.batches += 1
         for work in works:
             check_limits(work, self.model_info.limits, self.settings.multi_item)
-        if self.delay_s:
-            time.sleep(self.delay_s)
+        tokens = sum(work_cost(work, self.settings.multi_item) for work in works)
+        if self.delay_s or self.delay_per_token_s:
+            time.sleep(self.delay_s + self.delay_per_token_s * tokens)
         return [fake_logprobs(work) for work in works]
 
 
@@ -72,3 +75,13 @@ class SlowFakeEngine(FakeEngine):
     def from_settings(cls, settings: ReplicaSettings) -> FakeEngine:
         engine = FakeEngine.from_settings(settings)
         return cls(settings=engine.settings, model_info=engine.model_info, delay_s=0.25)
+
+
+class WorkFakeEngine(FakeEngine):
+    """20 ms per batch plus 0.2 ms per token: a 128-item request takes about 0.6 s, a
+    2-item one about 30 ms, as a real step's cost grows with its tokens."""
+
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> FakeEngine:
+        engine = FakeEngine.from_settings(settings)
+        return cls(engine.settings, engine.model_info, delay_s=0.02, delay_per_token_s=2e-4)

@@ -117,11 +117,10 @@ def test_an_overloaded_replica_refuses_before_batching(settings: ReplicaSettings
     replica = Replica(settings.replace(max_queue_wait_s=2.0), "tests.fake_engine:FakeEngine")
     now = [0.0]
     replica._queue = QueueEstimate(clock=lambda: now[0])
-    for _ in range(14):
-        replica._queue.started()
-    for _ in range(4):  # 4 completions in 2 s: 10 queued works wait 5 s
+    tickets = [replica._queue.started() for _ in range(14)]
+    for ticket in tickets[:4]:  # 4 units served in 2 s: the 10 queued units wait 5 s
         now[0] += 0.5
-        replica._queue.finished()
+        replica._queue.finished(ticket)
     with pytest.raises(ReplicaRejected) as caught:
         asyncio.run(replica.score(work()))
     assert caught.value.reason == "overloaded" and caught.value.retry_after_s == 3

@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.slow, RAY_SERVE]
 
 SLOW = "tests.fake_engine:SlowFakeEngine"
 FAST = "tests.fake_engine:FakeEngine"
+WORK = "tests.fake_engine:WorkFakeEngine"
 CPU = {"num_cpus": 0.1}
 PAYLOAD = {"query": [5, 6, 7], "items": [[8], [9, 10]], "label_token_ids": [3, 10]}
 
@@ -179,7 +180,7 @@ def test_an_expected_wait_beyond_max_queue_wait_is_refused_at_once_with_retry_af
     cluster: ServeCluster, tiny_llama_dir: Path
 ) -> None:
     # 0.25 s per single-request batch: ~4 requests/s. Queue limits are wide, so only
-    # admission control (expected wait = in flight / recent rate, semantics 12) can refuse.
+    # admission control (expected wait = work ahead / recent work rate) can refuse.
     app = scoring_app(
         settings(tiny_llama_dir, max_queue_wait_s=0.6),
         engine_factory=SLOW,
@@ -209,6 +210,34 @@ def test_an_expected_wait_beyond_max_queue_wait_is_refused_at_once_with_retry_af
     with httpx.Client(timeout=60) as http:  # healthy afterwards
         assert http.post(url, json=PAYLOAD).status_code == 200
     serve.delete("admit")
+
+
+def test_a_burst_of_small_requests_after_a_large_one_is_admitted(
+    cluster: ServeCluster, tiny_llama_dir: Path
+) -> None:
+    # Semantics 16: step time grows with tokens (WorkFakeEngine: 20 ms + 0.2 ms per token).
+    # One 128-item request (~0.6 s), then 12 small ones at once (~30 ms each, 0.4 s in all).
+    # Counted in calls, 5 calls in ~0.7 busy s put the 12th 1.6 s back, past the 1 s bound;
+    # counted in work, the burst's tokens drain in well under a second.
+    app = scoring_app(
+        settings(tiny_llama_dir, max_queue_wait_s=1.0),
+        engine_factory=WORK,
+        replica_options={"ray_actor_options": CPU},
+        ingress_options={"ray_actor_options": CPU},
+    )
+    cluster.deploy(app, "burst", "/burst")
+    url = f"{cluster.http_url}/burst/v1/score"
+    large = {"query": list(range(5, 305)), "items": [[8] * 20] * 128, "label_token_ids": [3]}
+    with httpx.Client(timeout=60) as http:  # a work rate to estimate from, then the large one
+        assert all(http.post(url, json=PAYLOAD).status_code == 200 for _ in range(4))
+        assert http.post(url, json=large).status_code == 200
+    results = fire(url, 12)
+    assert [status for status, _, _ in results] == [200] * 12, [r[::2] for r in results]
+    for _, _, body in results:
+        assert np.allclose(body["scores"], expected_scores())
+    stats = replica_stats("burst")
+    assert stats["rejected_overloaded"] == 0 and stats["queued_tokens"] == 0
+    serve.delete("burst")
 
 
 def test_bad_settings_fail_the_deployment_naming_the_setting(

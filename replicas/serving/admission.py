@@ -1,23 +1,28 @@
-"""Admission control (semantics 12): answer overload at once instead of queueing it.
+"""Admission control (semantics 12 and 16): answer overload at once, counting work.
 
-``QueueEstimate`` turns a queue depth and the recent service rate into an expected wait; a
-request whose expected wait exceeds ``max_queue_wait_s`` is refused with 503 ``overloaded``
-and a ``Retry-After``. The ingress keeps one over its calls to the replicas (depth: calls in
-flight; rate: served calls per busy second, Little's law); each replica keeps one over its
-own works (queued for a batch or in the step). Pure Python with an injected
-clock, so the arithmetic is tested without servers.
+``QueueEstimate`` keeps the work queued ahead (cost units: tokens to compute plus a call's
+fixed cost, ``replicas.contract.work_cost``) and the recent work rate (units served per busy
+second). The expected wait of a new request is the work ahead of it, less what the oldest
+call has already drained, over that rate; a request whose expected wait exceeds
+``max_queue_wait_s`` is refused with 503 ``overloaded`` and a ``Retry-After``. Counting work,
+not calls, admits a burst of small requests after a large one and refuses a small one stuck
+behind a giant. The ingress keeps one over its calls to the replicas; each replica keeps one
+over its own works (queued for a batch or in the step). Pure Python with an injected clock,
+so the arithmetic is tested without servers.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 RECENT_COMPLETIONS = 32
 MIN_COMPLETIONS = 4  # fewer is no basis (the first calls may include compiles): admit
+MIN_RATE_SPAN_S = 0.1  # the rate's busy span is at least this long (no rate from an instant)
 MAX_RETRY_AFTER_S = 60
 
 
@@ -28,58 +33,90 @@ def retry_after_seconds(expected_wait_s: float, max_wait_s: float) -> int:
 
 @dataclass
 class QueueEstimate:
-    """Calls in flight and the service rate; ``expected_wait_s`` for one more call.
+    """Work in flight and the work rate; ``expected_wait_s`` for one more call.
 
-    The rate counts only busy time (some call in flight), so idle minutes do not make a
-    fresh burst look slow, and spans the last ``recent`` completions plus the gap before
-    them, so a batch finishing many calls at one instant is not mistaken for a fast queue.
+    ``started(cost)`` returns a ticket that ``finished`` hands back. The rate counts only
+    busy time (some call in flight), so idle minutes do not make a fresh burst look slow;
+    it spans the last ``recent`` completions plus the gap before them, so a batch finishing
+    many calls at one instant is not mistaken for a fast queue, and ends at the last
+    completion: a long call still running is credited with what it has drained (at most its
+    cost) instead of diluting the rate.
     """
 
     recent: int = RECENT_COMPLETIONS
     clock: Callable[[], float] = time.monotonic
-    in_flight: int = 0
+    _ahead: dict[int, float] = field(default_factory=dict)  # ticket -> cost, oldest first
+    _tickets: Iterator[int] = field(default_factory=itertools.count)
     _busy_total: float = 0.0  # busy seconds before the current busy period
     _busy_since: float = 0.0  # wall time the current busy period began
-    _completions: deque[float] = field(default_factory=deque)  # busy-clock times
+    _head_since: float = 0.0  # busy clock since which the oldest call in flight has drained
+    _completions: deque[tuple[float, float]] = field(default_factory=deque)  # (busy clock, cost)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._ahead)
+
+    @property
+    def queued_work(self) -> float:
+        """Cost units of every call in flight."""
+        return sum(self._ahead.values())
 
     def busy_clock(self) -> float:
         """Seconds during which at least one call was in flight."""
-        if self.in_flight:
+        if self._ahead:
             return self._busy_total + self.clock() - self._busy_since
         return self._busy_total
 
-    def started(self) -> None:
-        if not self.in_flight:
+    def started(self, cost: float = 1.0) -> int:
+        """One call of ``cost`` units joins the queue; returns its ticket."""
+        if not self._ahead:
             self._busy_since = self.clock()
-        self.in_flight += 1
+            self._head_since = self._busy_total
+        ticket = next(self._tickets)
+        self._ahead[ticket] = float(cost)
+        return ticket
 
-    def finished(self, served: bool = True) -> None:
-        """One call left the queue; only served calls count toward the service rate (a
+    def finished(self, ticket: int, served: bool = True) -> None:
+        """The call of ``ticket`` left the queue; only served calls count toward the rate (a
         fast refusal says nothing about how fast the queue drains)."""
+        if ticket not in self._ahead:
+            return
+        now = self.busy_clock()
+        cost = self._ahead.pop(ticket)
         if served:
-            self._completions.append(self.busy_clock())
+            self._completions.append((now, cost))
             while len(self._completions) > self.recent + 1:
                 self._completions.popleft()
-        if self.in_flight == 1:
+        if not self._ahead:
             self._busy_total += self.clock() - self._busy_since
-        self.in_flight = max(self.in_flight - 1, 0)
+        self._head_since = now  # the next oldest call drains from here
 
-    def completion_rate(self) -> float | None:
-        """Served calls per busy second; None before ``MIN_COMPLETIONS`` (no basis yet:
+    def work_rate(self) -> float | None:
+        """Cost units served per busy second; None before ``MIN_COMPLETIONS`` (no basis yet:
         admit)."""
         times = self._completions
         if len(times) < MIN_COMPLETIONS:
             return None
         if len(times) > self.recent:  # the oldest kept marks where the others' span began
-            count, since = len(times) - 1, times[0]
+            since, served = times[0][0], sum(cost for _, cost in itertools.islice(times, 1, None))
         else:
-            count, since = len(times), 0.0
-        return count / max(self.busy_clock() - since, 1.0)
+            since, served = 0.0, sum(cost for _, cost in times)
+        # Up to the last completion: the call in progress since is credited by work_ahead.
+        return served / max(times[-1][0] - since, MIN_RATE_SPAN_S)
+
+    def work_ahead(self, rate: float) -> float:
+        """Units still to serve before a new call: all in flight, less what the oldest call
+        has drained at ``rate`` since it became the oldest (at most its own cost)."""
+        if not self._ahead:
+            return 0.0
+        head = next(iter(self._ahead.values()))
+        drained = min(rate * (self.busy_clock() - self._head_since), head)
+        return max(self.queued_work - drained, 0.0)
 
     def expected_wait_s(self) -> float:
-        """Little's law: a new call waits for the calls ahead of it at the service rate."""
-        rate = self.completion_rate()
-        return 0.0 if rate is None else self.in_flight / rate
+        """The work ahead of a new call over the recent work rate (0 with no basis)."""
+        rate = self.work_rate()
+        return 0.0 if rate is None else self.work_ahead(rate) / rate
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from replicas.contract import (
     ScoreWork,
     ScoringLimitError,
     check_limits,
+    work_cost,
 )
 from replicas.engine.memory import release_free_heap
 from replicas.serving.admission import QueueEstimate, admit
@@ -147,7 +148,7 @@ class ScoringReplica:
         self._largest_batch = 0
         self._failed_batches_in_a_row = 0
         self._last_error = ""
-        self._queue = QueueEstimate()  # works queued or in a step, recent completions
+        self._queue = QueueEstimate()  # works queued or in a step (tokens), recent work rate
         self._shed = {"overloaded": 0, "expired": 0}
         self._metrics = ReplicaMetrics()
         self._trimmed_at = time.monotonic()
@@ -203,6 +204,7 @@ class ScoringReplica:
             "max_batch_size": self._settings.max_batch_size,
             "batch_wait_timeout_s": self._settings.batch_wait_timeout_s,
             "queued_works": self._queue.in_flight,
+            "queued_tokens": round(self._queue.queued_work),
             "expected_wait_s": round(self._queue.expected_wait_s(), 3),
             "rejected_overloaded": self._shed["overloaded"],
             "dropped_expired": self._shed["expired"],
@@ -231,12 +233,12 @@ class ScoringReplica:
             self._shed["overloaded"] += 1
             message = verdict.refusal("scoring replica")
             raise ReplicaRejected("overloaded", message, verdict.retry_after_s)
-        self._queue.started()
+        ticket = self._queue.started(work_cost(work, self._settings.multi_item))
         result: Any = None
         try:
             result = await self._score_batched(work)
         finally:
-            self._queue.finished(isinstance(result, ScoredWork))
+            self._queue.finished(ticket, isinstance(result, ScoredWork))
         if isinstance(result, BaseException):
             raise result
         return result

@@ -1,0 +1,71 @@
+"""``python -m loadtest.burst``: a burst of small requests right after a large one (semantics 16).
+
+    python -m loadtest.burst --url http://127.0.0.1:8000 [--large-items 128] [--burst 12]
+
+Warms the server with a few small requests (a work rate to go on), then sends one request of
+``--large-items`` items (60-word query, 3-8-word items) and, ``--delay-s`` later while it
+runs, ``--burst`` concurrent requests of ``--small-items`` items. Admission that counts
+work admits the whole burst when its work fits in ``max_queue_wait_s``; counting calls it
+refused part of it. Prints each answer's status and time; exits 1 unless all are 200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from urllib.parse import urlparse
+
+import httpx
+
+from loadtest.load import LOOPBACK
+from loadtest.overload import body
+
+
+async def timed(client: httpx.AsyncClient, payload: dict) -> dict:
+    start = time.perf_counter()
+    response = await client.post("/v1/score", json=payload)
+    answer = {"status": response.status_code, "seconds": round(time.perf_counter() - start, 3)}
+    if response.status_code != 200:
+        answer["reason"] = response.json().get("reason", "")
+    return answer
+
+
+async def run(args: argparse.Namespace) -> dict:
+    rng = random.Random(0)
+    async with httpx.AsyncClient(base_url=args.url, timeout=300) as client:
+        for _ in range(4):
+            await timed(client, body(rng, args.small_items))
+        large = asyncio.create_task(timed(client, body(rng, args.large_items)))
+        await asyncio.sleep(args.delay_s)  # the burst arrives while the large one runs
+        small = [body(rng, args.small_items) for _ in range(args.burst)]
+        burst = await asyncio.gather(*(timed(client, payload) for payload in small))
+        stats = (await client.get("/v1/stats")).json()
+        return {
+            "large": await large,
+            "burst": burst,
+            "all_200": all(a["status"] == 200 for a in [*burst, await large]),
+            "replica_rejected_overloaded": stats.get("rejected_overloaded"),
+        }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--large-items", type=int, default=128)
+    parser.add_argument("--small-items", type=int, default=2)
+    parser.add_argument("--burst", type=int, default=12)
+    parser.add_argument("--delay-s", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):
+        parser.error("--url must be a loopback address")
+    result = asyncio.run(run(args))
+    print(json.dumps(result, indent=1))
+    return 0 if result["all_200"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
