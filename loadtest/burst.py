@@ -3,10 +3,11 @@
     python -m loadtest.burst --url http://127.0.0.1:8000 [--large-items 128] [--burst 12]
 
 Warms the server with a few small requests (a work rate to go on), then sends one request of
-``--large-items`` items (60-word query, 3-8-word items) and, ``--delay-s`` later while it
-runs, ``--burst`` concurrent requests of ``--small-items`` items. Admission that counts
-work admits the whole burst when its work fits in ``max_queue_wait_s``; counting calls it
-refused part of it. Prints each answer's status and time; exits 1 unless all are 200.
+``--large-items`` items (60-word query, 3-8-word items) and, once it is answered (or
+``--during-s`` seconds after it was sent), ``--burst`` concurrent requests of
+``--small-items`` items. Admission that counts work admits the whole burst when its work
+fits in ``max_queue_wait_s``; counting calls it refused part of it. Prints each answer's
+status and time; exits 1 unless all are 200.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ async def timed(client: httpx.AsyncClient, payload: dict) -> dict:
     answer = {"status": response.status_code, "seconds": round(time.perf_counter() - start, 3)}
     if response.status_code != 200:
         answer["reason"] = response.json().get("reason", "")
+        answer["message"] = response.json().get("message", "")
     return answer
 
 
@@ -40,7 +42,10 @@ async def run(args: argparse.Namespace) -> dict:
         for _ in range(4):
             await timed(client, body(rng, args.small_items))
         large = asyncio.create_task(timed(client, body(rng, args.large_items)))
-        await asyncio.sleep(args.delay_s)  # the burst arrives while the large one runs
+        if args.during_s is None:
+            await large
+        else:
+            await asyncio.sleep(args.during_s)  # the burst arrives while the large one runs
         small = [body(rng, args.small_items) for _ in range(args.burst)]
         burst = await asyncio.gather(*(timed(client, payload) for payload in small))
         stats = (await client.get("/v1/stats")).json()
@@ -58,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large-items", type=int, default=128)
     parser.add_argument("--small-items", type=int, default=2)
     parser.add_argument("--burst", type=int, default=12)
-    parser.add_argument("--delay-s", type=float, default=0.5)
+    parser.add_argument("--during-s", type=float, help="send the burst this long after the large")
     args = parser.parse_args(argv)
     if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):
         parser.error("--url must be a loopback address")
