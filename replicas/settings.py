@@ -76,8 +76,9 @@ class ReplicaSettings:
     # background; False compiles on the request path instead.
     background_compile: bool = True
     # Signatures compiled after the configured warm-up (traffic's own shapes) kept at most
-    # (about 4 MiB each on CPU; 0 = unbounded): at the bound a background compile starts
-    # only in place of the least recently used one, once it has been idle for 10 minutes.
+    # (about 4 MiB each on CPU; 0 = unbounded), the least valuable (decayed uses x compute
+    # saved over the covering signature) dropped first; a shape compiles once it recurs, and
+    # at the bound only when it runs >= 1.25x padded and is worth 2x the least valuable.
     max_traffic_signatures: int = 32
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN

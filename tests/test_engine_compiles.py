@@ -60,6 +60,8 @@ def test_uncompiled_signature_runs_on_a_covering_one_while_it_compiles_in_backgr
     engine.warmup()
     warm = engine.stats()
     (covered,) = engine.score_batch([work(1)])  # its own signature: T=16, S=16, W=4
+    assert engine.stats()["declined_one_off"] >= 1  # seen once: nothing compiles yet
+    engine.score_batch([work(1)])  # it recurs: its own signature compiles behind it
     assert engine.stats()["request_path_compiles"] == 0
     assert engine.wait_for_background_compiles(300)
     stats = engine.stats()
@@ -170,6 +172,7 @@ def test_single_item_rows_run_in_pieces_on_a_covering_signature_with_fewer_rows(
     engine._compiler.counts["request_path"] = 0
     many = work(12, query=10, item_lens=(3, 4, 2, 5))  # 4 rows of <= 15 tokens: 4 x 16 exact
     (scores,) = engine.score_batch([many])
+    engine.score_batch([many])  # it recurs: its own signature compiles behind it
     assert engine.stats()["request_path_compiles"] == 0  # ran as 4 pieces of 1 x 64
     assert engine.wait_for_background_compiles(300)
     (exact,) = engine.score_batch([many])

@@ -63,6 +63,19 @@ def test_a_replica_records_each_step_and_what_the_engine_counters_grew_by() -> N
     assert sink.total("scorejax_computed_tokens") == 300
 
 
+def test_declined_compiles_and_evicted_signatures_are_counted_by_reason() -> None:
+    sink = Recorded()
+    metrics = ReplicaMetrics(sink)
+    metrics.after_step(1, 0.1, {"declined_one_off": 2, "evicted_low_value": 0})
+    metrics.after_step(
+        1, 0.1, {"declined_one_off": 5, "declined_low_value": 1, "evicted_low_value": 1}
+    )
+    assert sink.total("scorejax_declined_compiles", reason="one_off") == 5
+    assert sink.total("scorejax_declined_compiles", reason="low_value") == 1
+    assert sink.total("scorejax_declined_compiles", reason="small_padding") == 0
+    assert sink.total("scorejax_evicted_signatures", reason="low_value") == 1
+
+
 def test_an_engine_without_counters_still_records_batch_and_step() -> None:
     sink = Recorded()
     ReplicaMetrics(sink).after_step(4, 1.5, {})

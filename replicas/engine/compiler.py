@@ -1,22 +1,23 @@
 """Compiled steps by signature: exact look-up, covering fallback, background compiles.
 
-A signature is a layout's frozen dims dataclass (``covers``, ``cost``, ``astuple``). After
-warm-up a request never waits for a compile when a compiled signature covers its own: it runs
-on the cheapest covering one while its exact signature compiles in a background thread, one
-at a time. Only a request that nothing compiled covers compiles on the request path, and
-that is counted (target 0). With a record file (in the persistent compilation cache's
-directory) every signature ever compiled is compiled again at the next start-up, where the
-persistent cache makes it a load, so padding stays converged across restarts.
+A signature is a layout's frozen dims dataclass (``covers``, ``cost``, ``cost_for``,
+``astuple``). After warm-up a request never waits for a compile when a compiled signature
+covers its own: it runs on the cheapest covering one, and its exact signature compiles in a
+background thread (one at a time) once the shape recurs. Only a request that nothing
+compiled covers compiles on the request path, and that is counted (target 0).
 
-Traffic's signatures are bounded: at most ``max_traffic`` signatures compiled after the
-configured warm-up (background, request path, or replayed from the record) are kept, the least
-recently used dropped first, with its record entry, so neither memory (about 4 MiB of
-executable each on CPU) nor start-up time grows with the variety of traffic. Warm-up
-signatures, and the ones another compile needed (a stream step's prefix step), are kept.
-Once the bound is reached, a background compile (an optimisation: a covering signature
-already serves the request) only starts when the least recently used one has not run for
-``idle_s``; otherwise traffic with more shapes than the bound would compile without end,
-each compile taking seconds of the same CPU that scores.
+Traffic's signatures (compiled after the configured warm-up) are kept by their value
+(``signature_record``: decayed uses times the compute the cheapest covering alternative
+would waste on them), at most ``max_traffic`` of them, the least valuable dropped first, so
+neither memory (about 4 MiB of executable each on CPU) nor start-up time grows with the
+variety of traffic. A new shape compiles when it recurs (two uses within a half-life); at
+the bound only when its requests run at least ``PADDING_TO_COMPILE`` padded and it is worth
+``REPLACE_MARGIN`` times the least valuable kept signature, which it then replaces (the
+margin keeps two shapes of similar worth from replacing each other without end). One-off
+shapes never compile and decay to nothing. Warm-up signatures, and the ones another compile
+needed (a stream step's prefix step), are kept. With a record file (in the persistent compilation
+cache's directory) the most valuable signatures compile again at the next start-up, where
+the persistent cache makes it a load, with the uses they had.
 
 Gated (a host group, several JAX processes stepping in lock-step): a background compile is
 held, not used, until ``publish`` names it. The leader publishes a signature once every host
@@ -25,7 +26,6 @@ holds it, at the same step on every host, so every host resolves every step the 
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
@@ -36,8 +36,18 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from replicas.engine.memory import release_free_heap
+from replicas.engine.signature_record import Entry, Key, SignatureRecord, Usage
 
 logger = logging.getLogger(__name__)
+
+PADDING_TO_COMPILE = 1.25  # at the bound, a new shape must run at least this padded
+RECURS_AT = 1.5  # decayed uses at which a shape recurs: a second use within a half-life
+REPLACE_MARGIN = 2.0  # ... and be worth this many times the least valuable kept one
+UNCOVERED_SAVING = 4.0  # a signature nothing else covers saves this many times its cost
+SEEN_LIMIT = 256  # uncompiled shapes whose uses are kept
+PERSIST_EVERY_S = 60.0  # uses reach the record at most this often
+DECLINE_REASONS = ("one_off", "small_padding", "low_value")
+EVICT_REASONS = ("one_off", "low_value")
 
 
 class Dims(Protocol):
@@ -49,9 +59,6 @@ class Dims(Protocol):
     def cost(self) -> int: ...
 
     def cost_for(self, exact: Any) -> int: ...
-
-
-Key = tuple[str, Any]
 
 
 class StepCompiler:
@@ -66,27 +73,29 @@ class StepCompiler:
         record: Path | None = None,
         gated: bool = False,
         max_traffic: int = 0,
-        idle_s: float = 600.0,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._compile_fn = compile_fn
-        self._dims_types = dict(dims_types)
         self._background = background
-        self._record = record
+        self._record = SignatureRecord(record, dims_types)
+        self._history = {entry.key: entry for entry in self._record.read()}  # last run's
         self._executables: dict[Key, Any] = {}
         self._gated = gated
         self._held: dict[Key, Any] = {}  # gated background compiles not yet published
         self._max_traffic = max_traffic  # 0: unbounded
-        # Evictable signatures -> when each last ran, least recently used first.
-        self._traffic: OrderedDict[Key, float] = OrderedDict()
-        self._idle_s, self._clock = idle_s, clock
+        self._traffic: dict[Key, Usage] = {}  # evictable signatures and their uses
+        self._seen: OrderedDict[Key, Usage] = OrderedDict()  # uncompiled shapes' uses
+        self._clock = clock  # wall-clock seconds: uses persist across restarts
+        self._persisted_at = clock()
         self._lock = threading.Condition()  # guards the dicts and counters
         self._compile_lock = threading.RLock()  # one compile at a time (nested: same thread)
         self._local = threading.local()  # the source a nested compile is counted under
         self._queue: queue.Queue[Key] = queue.Queue()
         self._pending: set[Key] = set()
         self._worker: threading.Thread | None = None
-        self.counts = {"warmup": 0, "request_path": 0, "background": 0, "evicted": 0, "declined": 0}
+        self.counts = {"warmup": 0, "request_path": 0, "background": 0, "evicted": 0}
+        self.counts |= {"declined": 0} | {f"declined_{r}": 0 for r in DECLINE_REASONS}
+        self.counts |= {f"evicted_{r}": 0 for r in EVICT_REASONS}
 
     def __len__(self) -> int:
         return len(self._executables)
@@ -142,51 +151,88 @@ class StepCompiler:
             finally:
                 self._local.source = outer
             self._store(key, executable, source, keep)
-            self._remember(key)
             if outer is None and source != "warmup":  # start-up trims once, at its end
                 release_free_heap()
 
     def _store(self, key: Key, executable: Any, source: str | None, keep: bool) -> None:
-        evicted: list[Key] = []
         with self._lock:
             if self._gated and source == "background":
                 self._held[key] = executable
             else:
                 self._executables[key] = executable
-                evicted = self._admit(key, keep)
+                self._admit(key, keep, replayed=source == "warmup")
+                self._persist()
             if source:
                 self.counts[source] += 1
             self._pending.discard(key)
             self._lock.notify_all()
-        self._forget(evicted)
 
-    def _admit(self, key: Key, keep: bool) -> list[Key]:
-        """Count ``key`` as traffic's unless kept; drop the least recently used beyond the
+    def _admit(self, key: Key, keep: bool, replayed: bool) -> None:
+        """Count ``key`` as traffic's unless kept, with the uses it had (recorded ones on a
+        replay, else those seen while it ran covered); drop the least valuable beyond the
         bound (called under the lock)."""
         if keep or not self._max_traffic:
             self._traffic.pop(key, None)
-            return []
-        self._traffic[key] = self._clock()
-        evicted = []
+            self._seen.pop(key, None)
+            return
+        now = self._clock()
+        recorded = self._history.get(key)
+        seen = self._seen.pop(key, None)
+        if replayed and recorded is not None:
+            self._traffic[key] = recorded.usage
+        else:
+            self._traffic[key] = seen or Usage().used(now)
         while len(self._traffic) > self._max_traffic:
-            victim, _ = self._traffic.popitem(last=False)
+            victim = min(
+                (k for k in self._traffic if k != key),
+                key=lambda k: (self._value(k, now), self._traffic[k].last),
+            )
+            uses = self._traffic.pop(victim).at(now)
             del self._executables[victim]
-            evicted.append(victim)
+            reason = "one_off" if uses < RECURS_AT else "low_value"
             self.counts["evicted"] += 1
-        return evicted
+            self.counts[f"evicted_{reason}"] += 1
+
+    def _saving(self, key: Key) -> float:
+        """Cost units per use that ``key`` saves over the cheapest other compiled signature
+        covering it (called under the lock)."""
+        kind, dims = key
+        others = [
+            d.cost_for(dims)
+            for k, d in self._executables
+            if k == kind and d != dims and d.covers(dims)
+        ]
+        return min(others) - dims.cost if others else UNCOVERED_SAVING * dims.cost
+
+    def _value(self, key: Key, now: float) -> float:
+        return self._traffic[key].at(now) * self._saving(key)
 
     def _touch(self, key: Key) -> None:
         if key in self._traffic:
-            self._traffic[key] = self._clock()
-            self._traffic.move_to_end(key)
+            self._traffic[key] = self._traffic[key].used(self._clock())
+            if self._clock() - self._persisted_at >= PERSIST_EVERY_S:
+                self._persist()
 
-    def _has_room(self) -> bool:
-        """Whether a background compile may start: below the bound, or the least recently
-        used signature has been idle for ``idle_s`` (called under the lock)."""
+    def _decline(self, key: Key, chosen: Any) -> str | None:
+        """Why the uncompiled ``key``, run on ``chosen``, is not compiled now; None: compile
+        it (called under the lock)."""
+        now = self._clock()
+        usage = self._seen.pop(key, Usage()).used(now)
+        self._seen[key] = usage
+        while len(self._seen) > SEEN_LIMIT:
+            self._seen.popitem(last=False)
+        if usage.at(now) < RECURS_AT:
+            return "one_off"
         if not self._max_traffic or len(self._traffic) < self._max_traffic:
-            return True
-        oldest = next(iter(self._traffic.values()))
-        return self._clock() - oldest >= self._idle_s
+            return None
+        dims = key[1]
+        padded = chosen.cost_for(dims)
+        if padded < PADDING_TO_COMPILE * dims.cost:
+            return "small_padding"
+        worth = usage.at(now) * (padded - dims.cost)
+        if worth <= REPLACE_MARGIN * min(self._value(k, now) for k in self._traffic):
+            return "low_value"
+        return None
 
     def held(self) -> list[Key]:
         """Background compiles finished on this host and not yet published (gated mode)."""
@@ -201,23 +247,25 @@ class StepCompiler:
 
     def resolve(self, kind: str, dims: Any) -> Any:
         """The signature to run ``dims`` on: itself if compiled, else the cheapest compiled
-        one covering it (compiling ``dims`` in the background), else ``dims`` compiled now.
-        A covering signature may hold fewer independent rows; the layout then runs the step
-        in pieces."""
+        one covering it (compiling ``dims`` in the background once it recurs and is worth
+        it), else ``dims`` compiled now. A covering signature may hold fewer independent
+        rows; the layout then runs the step in pieces."""
+        key = (kind, dims)
         with self._lock:
-            if (kind, dims) in self._executables:
-                self._touch((kind, dims))
+            if key in self._executables:
+                self._touch(key)
                 return dims
             covers = [d for k, d in self._executables if k == kind and d.covers(dims)]
             if covers and self._background:
                 chosen = min(covers, key=lambda d: d.cost_for(dims))
                 self._touch((kind, chosen))
-                room = self._has_room()
-                if not room:
+                reason = None if key in self._pending else self._decline(key, chosen)
+                if reason is not None:
                     self.counts["declined"] += 1
+                    self.counts[f"declined_{reason}"] += 1
         if covers and self._background:
-            if room:
-                self._schedule((kind, dims))
+            if reason is None:
+                self._schedule(key)
             return chosen
         self.ensure(kind, dims, "request_path")
         return dims
@@ -228,8 +276,10 @@ class StepCompiler:
             return self._lock.wait_for(lambda: not self._pending, timeout_s)
 
     def recorded(self) -> list[Key]:
-        """The signatures the record lists (compiled again at start-up)."""
-        return self._read_record()
+        """The recorded signatures (compiled again at start-up), most valuable first."""
+        now = self._clock()
+        entries = sorted(self._history.values(), key=lambda e: -e.value(now))
+        return [entry.key for entry in entries]
 
     # -- background -------------------------------------------------------------------
 
@@ -258,46 +308,11 @@ class StepCompiler:
 
     # -- record -------------------------------------------------------------------------
 
-    def _read_record(self) -> list[Key]:
-        """The recorded signatures this engine knows how to build (stale entries, e.g. from
-        an older version or another layout, are skipped)."""
-        if self._record is None or not self._record.exists():
-            return []
-        try:
-            entries = json.loads(self._record.read_text())
-        except (OSError, ValueError):
-            logger.warning("ignoring unreadable compile record %s", self._record)
-            return []
-        keys = []
-        for entry in entries if isinstance(entries, list) else []:
-            try:
-                dims_type = self._dims_types[entry["kind"]]
-                keys.append((entry["kind"], dims_type(*entry["dims"])))
-            except (KeyError, TypeError):
-                continue
-        return keys
-
-    def _remember(self, key: Key) -> None:
-        if self._record is None:
-            return
-        keys = self._read_record()
-        if key not in keys:
-            self._write_record([*keys, key])
-
-    def _forget(self, evicted: list[Key]) -> None:
-        if self._record is None or not evicted:
-            return
-        keys = self._read_record()
-        kept = [k for k in keys if k not in evicted]
-        if len(kept) < len(keys):
-            self._write_record(kept)
-
-    def _write_record(self, keys: list[Key]) -> None:
-        entries = [{"kind": kind, "dims": list(dims.astuple())} for kind, dims in keys]
-        try:
-            self._record.parent.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
-            tmp = self._record.with_suffix(".tmp")  # type: ignore[union-attr]
-            tmp.write_text(json.dumps(entries))
-            tmp.replace(self._record)  # type: ignore[arg-type]
-        except OSError:
-            logger.warning("cannot write compile record %s", self._record)
+    def _persist(self) -> None:
+        """Rewrite the record: every usable signature with its uses and saving (kept ones
+        with none), in compile order (called under the lock)."""
+        self._persisted_at = self._clock()
+        self._record.write(
+            Entry(key, self._traffic.get(key, Usage()), self._saving(key))
+            for key in self._executables
+        )

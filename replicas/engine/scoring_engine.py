@@ -127,6 +127,7 @@ class ScoringEngine:
             "background_compiles": counts["background"],
             "evicted_signatures": counts["evicted"],
             "declined_background_compiles": counts["declined"],
+            **{name: n for name, n in counts.items() if name.startswith(("evicted_", "declined_"))},
             "background_pending": self._compiler.pending,
             **self._counters,
             "engine_seconds": round(self._engine_seconds, 6),
@@ -204,14 +205,14 @@ class ScoringEngine:
     def warmup_keys(
         self, shapes: Sequence[tuple[int, int, int, int]] | None = None
     ) -> list[tuple[str, Any]]:
-        """The most recent ``max_traffic_signatures`` recorded signatures, then every
+        """The ``max_traffic_signatures`` most valuable recorded signatures, then every
         signature that synthetic work of each (query_tokens, items, item_tokens, labels)
         shape would run, once per ``warmup_batch_sizes`` entry (multi-item mode: also its
         ``item_first`` form)."""
         configured = self._configured_keys(shapes)
         recorded = [key for key in self._compiler.recorded() if key not in configured]
         limit = self._settings.max_traffic_signatures
-        return list(dict.fromkeys(recorded[-limit if limit else 0 :] + configured))
+        return list(dict.fromkeys(recorded[: limit or None] + configured))
 
     def _configured_keys(
         self, shapes: Sequence[tuple[int, int, int, int]] | None = None

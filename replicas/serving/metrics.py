@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from replicas.engine.compiler import DECLINE_REASONS, EVICT_REASONS
+
 logger = logging.getLogger(__name__)
 
 SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -48,6 +50,10 @@ METRICS = (
     MetricSpec("scorejax_padding_ratio", "histogram",
                "Share of an engine step's computed tokens that are padding", (), RATIOS),
     MetricSpec("scorejax_compiles", "counter", "XLA compiles by source", ("source",)),
+    MetricSpec("scorejax_declined_compiles", "counter",
+               "Uncompiled shapes left on a covering signature, by reason", ("reason",)),
+    MetricSpec("scorejax_evicted_signatures", "counter",
+               "Compiled signatures dropped at max_traffic_signatures, by reason", ("reason",)),
     MetricSpec("scorejax_query_cache_hits", "counter", "Query prefix cache hits"),
     MetricSpec("scorejax_query_cache_misses", "counter", "Query prefix cache misses"),
     MetricSpec("scorejax_computed_tokens", "counter", "Tokens computed, padding included"),
@@ -55,6 +61,11 @@ METRICS = (
 )  # fmt: skip
 SPECS = {spec.name: spec for spec in METRICS}
 COMPILE_SOURCES = ("warmup", "request_path", "background")
+# engine.stats() counters recorded by reason: (metric, counter prefix, reasons)
+BY_REASON = (
+    ("scorejax_declined_compiles", "declined_", DECLINE_REASONS),
+    ("scorejax_evicted_signatures", "evicted_", EVICT_REASONS),
+)
 # engine.stats() counters recorded as scorejax_<name> by how much each step grew them
 STEP_COUNTERS = ("query_cache_hits", "query_cache_misses", "computed_tokens", "useful_tokens")
 
@@ -99,6 +110,7 @@ class RaySink:
 def step_deltas(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, int]:
     """How much each engine counter grew between two ``engine.stats()`` snapshots."""
     names = [f"{source}_compiles" for source in COMPILE_SOURCES] + list(STEP_COUNTERS)
+    names += [prefix + reason for _, prefix, reasons in BY_REASON for reason in reasons]
     return {name: int(after.get(name, 0)) - int(before.get(name, 0)) for name in names}
 
 
@@ -110,6 +122,8 @@ class ReplicaMetrics:
         "scorejax_step_seconds",
         "scorejax_padding_ratio",
         "scorejax_compiles",
+        "scorejax_declined_compiles",
+        "scorejax_evicted_signatures",
         "scorejax_query_cache_hits",
         "scorejax_query_cache_misses",
         "scorejax_computed_tokens",
@@ -132,6 +146,9 @@ class ReplicaMetrics:
             sink.count("scorejax_compiles", grown.get(f"{source}_compiles", 0), {"source": source})
         for name in STEP_COUNTERS:
             sink.count(f"scorejax_{name}", grown.get(name, 0))
+        for metric, prefix, reasons in BY_REASON:
+            for reason in reasons:
+                sink.count(metric, grown.get(prefix + reason, 0), {"reason": reason})
         computed = grown.get("computed_tokens", 0)
         if computed > 0:
             sink.observe("scorejax_padding_ratio", 1 - grown["useful_tokens"] / computed)
