@@ -6,6 +6,7 @@ Every rejected request gets the same body shape, over HTTP and through a Deploym
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
@@ -92,3 +93,12 @@ def error_body(
         "code": status_code,
         "reason": str(Reason(reason)),
     }
+
+
+# The admission verdict: raises ScoreRequestError (503 overloaded) to refuse a request. It
+# runs after the body's schema checks and before tokenization (a refusal costs no more).
+Gate = Callable[[], None]
+
+
+def admit_all() -> None:
+    """The gate of a service without admission control."""

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from app.access import check_access
-from app.errors import Reason, ScoreRequestError, error_body
+from app.errors import Gate, Reason, ScoreRequestError, admit_all, error_body
 from app.openapi import RESPONSES, request_body, served_openapi
 from app.schema import ModelList, RerankResponse, ScoreResponse
 from app.service import Backend, ScoringService, Timings
@@ -62,7 +62,6 @@ class Outcome:
 
 
 Recorder = Callable[[Outcome], None]
-Gate = Callable[[], None]  # raises ScoreRequestError (503 overloaded) to refuse a request
 
 
 async def read_limited(chunks: AsyncIterator[bytes], limit: int = MAX_BODY_BYTES) -> bytes:
@@ -119,12 +118,12 @@ def build_api(
     keys: frozenset[str] = frozenset(),
     recorder: Recorder | None = None,
     set_request_id: bool = True,
-    gate: Gate | None = None,
+    gate: Gate = admit_all,
 ) -> FastAPI:
     """The ASGI app of the ingress. ``set_request_id=False`` inside Serve, whose proxy
     passes its request id in (the client's, else its own) and sets it on the response.
-    ``gate`` runs first on every scoring route, before the body is read: the admission
-    verdict, so a refusal costs no parsing or tokenization (it raises the 503)."""
+    ``gate`` is the admission verdict of every scoring route: it runs after the body's
+    schema checks (bad input stays a 400) and before tokenization (it raises the 503)."""
     api = FastAPI(
         title="scorejax",
         version="0.1.0",
@@ -135,12 +134,8 @@ def build_api(
     api.add_exception_handler(ScoreRequestError, _score_request_error)
     api.add_exception_handler(HTTPException, _routing_error)
     api.middleware("http")(_Frame(keys, recorder, set_request_id))
-    api.include_router(_routes(service, backend, health, stats, gate or _admit_all))
+    api.include_router(_routes(service, backend, health, stats, gate))
     return api
-
-
-def _admit_all() -> None:
-    """The gate of an app without admission control."""
 
 
 def _routes(
@@ -159,16 +154,14 @@ def _routes(
         responses=RESPONSES | {200: {"model": ScoreResponse, "description": "One row per item"}},
     )
     async def score(request: Request) -> Response:
-        gate()
         payload = parse_json(await read_limited(request.stream()))
-        body, timings = await service.score_timed(payload, backend)
+        body, timings = await service.score_timed(payload, backend, gate)
         _note_scored(request, timings, len(body["scores"]), body["usage"]["prompt_tokens"])
         return JSONResponse(body, headers=timing_headers(timings))
 
     async def rerank(request: Request) -> Response:
-        gate()
         payload = parse_json(await read_limited(request.stream()))
-        body, timings = await service.rerank_timed(payload, backend)
+        body, timings = await service.rerank_timed(payload, backend, gate)
         _note_scored(request, timings, len(payload["documents"]), body["usage"]["prompt_tokens"])
         return JSONResponse(body, headers=timing_headers(timings))
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import Reason, ScoreRequestError
+from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.schema import RerankRequest
 from app.tokenization import TextTokenizer, encode_text
 from app.validation import check_item_count, check_model_name, check_work, validate_body
@@ -86,12 +86,16 @@ class Reranker:
         template = RerankTemplate.from_pairs(pairs)
         return cls(template, tokenizer, template.label_ids(tokenizer))
 
-    def prepare(self, payload: Any, info: ModelInfo) -> tuple[RerankRequest, ScoreWork, int]:
-        """Validate and tokenize; returns the request, its work and its prompt tokens."""
+    def prepare(
+        self, payload: Any, info: ModelInfo, gate: Gate = admit_all
+    ) -> tuple[RerankRequest, ScoreWork, int]:
+        """Validate and tokenize; returns the request, its work and its prompt tokens.
+        ``gate`` (admission) runs once the body's schema checks passed, before tokenization."""
         request = validate_body(payload, RerankRequest)
         check_model_name(request.model, info)
         texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
         check_item_count(len(texts), info)
+        gate()
         if request.max_tokens_per_doc is not None:
             texts = self._cut(texts, request.max_tokens_per_doc)
         template = self.template

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import Reason, ScoreRequestError
+from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.rerank import Reranker, reranker_for
 from app.schema import ScoreRequest
 from app.scores import to_scores
@@ -81,8 +81,9 @@ class ScoringService:
         tokenizer = load_tokenizer(source)
         return cls(info=info, tokenizer=tokenizer, reranker=reranker_for(settings, tokenizer))
 
-    def prepare(self, payload: Any) -> Prepared:
-        """Every validation rule, in a fixed order; raises ScoreRequestError on the first."""
+    def prepare(self, payload: Any, gate: Gate = admit_all) -> Prepared:
+        """Every validation rule, in a fixed order; raises ScoreRequestError on the first.
+        ``gate`` runs once the body's schema checks passed, before tokenization."""
         request = validate_request(payload)
         check_model_name(request.model, self.info)
         check_labels(request.label_token_ids, self.info.vocab_size)
@@ -90,9 +91,11 @@ class ScoringService:
         check_item_count(len(request.items), self.info)
         if text:
             check_text_encodable(request)
+            gate()
             tokenized = encode_text(self.tokenizer, request.query, request.items)  # type: ignore[arg-type]
         else:
             check_token_inputs(request, self.info.vocab_size)
+            gate()
             tokenized = pass_tokens(request.query, request.items)  # type: ignore[arg-type]
         work = ScoreWork(
             query_ids=tokenized.query_ids,
@@ -108,10 +111,12 @@ class ScoringService:
         body, _ = await self.score_timed(payload, backend)
         return body
 
-    async def score_timed(self, payload: Any, backend: Backend) -> tuple[dict[str, Any], Timings]:
+    async def score_timed(
+        self, payload: Any, backend: Backend, gate: Gate = admit_all
+    ) -> tuple[dict[str, Any], Timings]:
         """``score``, and where its time went."""
         start = time.perf_counter()
-        prepared = self.prepare(payload)
+        prepared = self.prepare(payload, gate)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         scores: list[list[float]] = []
         if prepared.work.num_items:
@@ -131,7 +136,9 @@ class ScoringService:
         }
         return body, timings
 
-    async def rerank_timed(self, payload: Any, backend: Backend) -> tuple[dict[str, Any], Timings]:
+    async def rerank_timed(
+        self, payload: Any, backend: Backend, gate: Gate = admit_all
+    ) -> tuple[dict[str, Any], Timings]:
         """The /v1/rerank response body for ``payload`` (app.rerank), and its timings."""
         if self.reranker is None:
             raise ScoreRequestError(
@@ -140,7 +147,7 @@ class ScoringService:
                 status_code=404,
             )
         start = time.perf_counter()
-        request, work, prompt_tokens = self.reranker.prepare(payload, self.info)
+        request, work, prompt_tokens = self.reranker.prepare(payload, self.info, gate)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         logprobs = np.zeros((0, 2), np.float32)
         if work.num_items:

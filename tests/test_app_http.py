@@ -263,3 +263,38 @@ def test_a_refusal_or_a_bare_array_gets_only_the_times_the_ingress_knows() -> No
 
 
 TIMED = ("tokenization", "queue", "inference", "total")
+
+
+class CountingTokenizer(WordTokenizer):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, text: Any, *, add_special_tokens: bool = True) -> dict[str, Any]:
+        self.calls += 1
+        return super().__call__(text, add_special_tokens=add_special_tokens)
+
+
+def test_an_overloaded_gate_refuses_before_tokenization_and_bad_input_stays_a_400() -> None:
+    tokenizer = CountingTokenizer()
+    service = ScoringService(SERVICE.info, tokenizer, clock=lambda: 0.0)
+    works: list[ScoreWork] = []
+
+    async def backend(work: ScoreWork) -> np.ndarray:
+        works.append(work)
+        return fake_logprobs(work)
+
+    async def health() -> None:
+        return None
+
+    def refuse() -> None:
+        raise ScoreRequestError(Reason.OVERLOADED, "ingress overloaded", None, 503, 7)
+
+    app = build_api(service, backend, health, gate=refuse)
+    good = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": [1]}).encode()
+    reply = ask(app, "POST", "/v1/score", good)
+    assert reply.status == 503 and reply.body["reason"] == "overloaded"
+    assert reply.headers["retry-after"] == "7"
+    assert tokenizer.calls == 0 and works == []  # refused before any tokenization
+    bad = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": []}).encode()
+    assert ask(app, "POST", "/v1/score", bad).body["reason"] == "empty_label_token_ids"
+    assert ask(app, "POST", "/v1/score", b"{").status == 400
