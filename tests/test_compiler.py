@@ -196,3 +196,20 @@ def test_a_restart_replays_by_value_with_the_recorded_history(tmp_path):
         second.ensure(kind, dims, "warmup", keep=False)
     history = second._traffic[("items", Width(200))]
     assert history.last < clock.now - 59 and 7.9 < history.uses < 8.0  # not "used now"
+
+
+def test_a_held_compile_is_not_scheduled_again_before_it_is_published():
+    built = []
+
+    def build(kind, dims):
+        built.append(dims.tokens)
+        return f"{kind}{dims.tokens}"
+
+    compiler = StepCompiler(build, {"items": Width}, gated=True, clock=Clock())
+    compiler.ensure("items", Width(1000), "warmup")
+    for _ in range(4):  # recurs, compiles once, then stays held until the leader publishes
+        assert compiler.resolve("items", Width(10)) == Width(1000)
+        assert compiler.wait_idle(30)
+    assert compiler.held() == [("items", Width(10))] and compiler.pending == 0
+    compiler.publish(compiler.held())
+    assert compiler.resolve("items", Width(10)) == Width(10) and built == [1000, 10]

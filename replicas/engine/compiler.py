@@ -259,12 +259,14 @@ class StepCompiler:
             if covers and self._background:
                 chosen = min(covers, key=lambda d: d.cost_for(dims))
                 self._touch((kind, chosen))
-                reason = None if key in self._pending else self._decline(key, chosen)
+                # Queued, compiling, or compiled and held until published (gated): wait.
+                waiting = key in self._pending or key in self._held
+                reason = None if waiting else self._decline(key, chosen)
                 if reason is not None:
                     self.counts["declined"] += 1
                     self.counts[f"declined_{reason}"] += 1
         if covers and self._background:
-            if reason is None:
+            if reason is None and not waiting:
                 self._schedule(key)
             return chosen
         self.ensure(kind, dims, "request_path")
