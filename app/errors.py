@@ -23,6 +23,8 @@ class Reason(StrEnum):
     EMPTY_QUERY = "empty_query"
     TOO_MANY_ITEMS = "too_many_items"
     SEQUENCE_TOO_LONG = "sequence_too_long"
+    TOO_MANY_LABELS = "too_many_labels"
+    TOO_MANY_TOKENS = "too_many_tokens"
     DELIMITER_IN_CONTENT = "delimiter_in_content"
     UNKNOWN_MODEL = "unknown_model"
     NOT_FOUND = "not_found"

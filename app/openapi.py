@@ -32,7 +32,10 @@ NOT_EXPRESSIBLE = (
     "tokenizes to nothing (empty_query), text whose tokens include the multi-item delimiter "
     "(delimiter_in_content), text that is not valid Unicode (lone surrogates), the packed "
     "length query + items + delimiters (or query + item with item_first) over "
-    "max_multi_item_seq_len (sequence_too_long), and JSON numbers with a fraction or exponent "
+    "max_multi_item_seq_len (sequence_too_long), with limit_to_warmup a query, item or label "
+    "count that no warm-up envelope admits together (sequence_too_long, too_many_labels), "
+    "more computed tokens than max_request_tokens (too_many_tokens), "
+    "and JSON numbers with a fraction or exponent "
     "(1.0 is not a token id). Bodies over 16 MiB are refused."
 )
 
@@ -61,13 +64,19 @@ def request_body(model: str) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": content}}
 
 
+def _warm_row(info: ModelInfo) -> int:
+    """The longest query + item row a warm-up envelope admits (no bound without them)."""
+    envelopes = info.limits.envelopes
+    return max((e.query_tokens + e.item_tokens for e in envelopes), default=1 << 62)
+
+
 def longest_query(info: ModelInfo) -> int:
     """The most query tokens any request can have (items=[], whichever path serves it)."""
     limits = info.limits
     longest = min(limits.max_multi_item_seq_len, limits.max_row_tokens)  # per-item rows
     if info.multi_item_scoring_delimiter is not None:  # query<d>: one more token packed
         longest = max(longest, min(limits.max_multi_item_seq_len - 1, limits.max_row_tokens))
-    return longest
+    return min(longest, _warm_row(info))
 
 
 def longest_item(info: ModelInfo) -> int:
@@ -76,7 +85,7 @@ def longest_item(info: ModelInfo) -> int:
     longest = min(limits.max_multi_item_seq_len, limits.max_row_tokens) - 1
     if info.multi_item_scoring_delimiter is not None:  # q<d>item<d>: packed length l + 3
         longest = max(longest, min(limits.max_multi_item_seq_len - 3, limits.max_row_tokens))
-    return max(longest, 0)
+    return max(min(longest, _warm_row(info) - 1), 0)
 
 
 def _token_id(info: ModelInfo | None, content: bool) -> dict[str, Any]:
@@ -110,6 +119,8 @@ def score_request_schema(
     props["query"]["anyOf"] = [text, query_ids]
     props["items"]["items"]["anyOf"] = [{"type": "string"}, item_ids]
     props["label_token_ids"]["minItems"] = 1
+    if info is not None and info.limits.envelopes:
+        props["label_token_ids"]["maxItems"] = max(e.labels for e in info.limits.envelopes)
     props["label_token_ids"]["items"] = _token_id(info, content=False)
     # All text or all token ids (mixed_input_types): the query's kind decides the items'.
     schema["oneOf"] = [

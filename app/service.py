@@ -7,6 +7,7 @@ fake in unit tests) and returns the response body, or raises ScoreRequestError.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -197,6 +198,8 @@ class ScoringService:
                     "multi_item_scoring_delimiter": info.multi_item_scoring_delimiter,
                     "max_items_per_request": info.limits.max_items_per_request,
                     "max_multi_item_seq_len": info.limits.max_multi_item_seq_len,
+                    # limit_to_warmup: a request fits one (query, longest item, labels).
+                    "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
                 }
             ],
         }

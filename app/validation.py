@@ -174,7 +174,8 @@ def check_work(work: ScoreWork, info: ModelInfo) -> None:
     try:
         check_limits(work, info.limits, multi_item=delimiter is not None)
     except ScoringLimitError as error:
-        param = "items" if error.reason == Reason.TOO_MANY_ITEMS else None
+        params = {Reason.TOO_MANY_ITEMS: "items", Reason.TOO_MANY_LABELS: "label_token_ids"}
+        param = params.get(Reason(error.reason))
         raise ScoreRequestError(error.reason, str(error), param=param) from None
 
 

@@ -48,12 +48,17 @@ def make_work(num_items: int, query_len: int, item_len: int, seed: int = 0) -> S
 
 def shipped_settings(config: Path = SERVE_CONFIG) -> ReplicaSettings:
     """The replica settings of the shipped serve_config.yaml (its first application's args),
-    without its warm-up (the benchmark warms each case with one untimed call), disk cache or
-    query cache (each case repeats one request, which the cache would answer warm; the HTTP
-    benchmark measures the cache)."""
+    without its warm-up (the benchmark warms each case with one untimed call; so without
+    ``limit_to_warmup`` either), disk cache or query cache (each case repeats one request,
+    which the cache would answer warm; the HTTP benchmark measures the cache)."""
     (app, *_) = yaml.safe_load(config.read_text())["applications"]
     settings = ReplicaSettings.from_mapping(app["args"])
-    return settings.replace(warmup_shapes=(), compilation_cache_dir=None, query_cache_bytes=0)
+    return settings.replace(
+        warmup_shapes=(),
+        limit_to_warmup=False,
+        compilation_cache_dir=None,
+        query_cache_bytes=0,
+    )
 
 
 def timed_steady(engine: ScoringEngine, work: ScoreWork, repeats: int) -> float:

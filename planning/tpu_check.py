@@ -99,6 +99,7 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
     if args.signatures != "all":  # one batch size: the largest, or the smallest
         sizes = values.get("warmup_batch_sizes", [1])
         values["warmup_batch_sizes"] = [max(sizes) if args.signatures == "largest" else min(sizes)]
+        values["limit_to_warmup"] = False  # a subset of the warm-up is checked, not served
     return ReplicaSettings.from_mapping(values)
 
 

@@ -46,6 +46,29 @@ class ScoredWork:
 
 
 @dataclass(frozen=True)
+class Envelope:
+    """A warm-up shape's reach: requests whose query, every item and label count are within
+    it run on signatures compiled at start-up (a single-item row ``query + item`` within
+    ``query_tokens + item_tokens``)."""
+
+    query_tokens: int
+    item_tokens: int
+    labels: int
+
+    def admits(self, query: int, longest_item: int, labels: int, shared: bool) -> bool:
+        if labels > self.labels:
+            return False
+        if shared:
+            return query <= self.query_tokens and longest_item <= self.item_tokens
+        return query + longest_item <= self.query_tokens + self.item_tokens
+
+    def describe(self, shared: bool) -> str:
+        if shared:
+            return f"queries <= {self.query_tokens} tokens with items <= {self.item_tokens}"
+        return f"query + item rows <= {self.query_tokens + self.item_tokens} tokens"
+
+
+@dataclass(frozen=True)
 class ScoringLimits:
     """Request limits shared by the ingress (400s) and the engine (exceptions)."""
 
@@ -53,6 +76,12 @@ class ScoringLimits:
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
     # The longest query, item or single-item row one step holds.
     max_row_tokens: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
+    # With ``limit_to_warmup``: a request must fit one of these (warmup_shapes), so it never
+    # waits for a compile. Empty: no such limit (uncovered shapes compile on the request path).
+    envelopes: tuple[Envelope, ...] = ()
+    # The most tokens one request may ask a replica to compute (``computed_tokens``); None:
+    # no bound. Keeps the largest valid request within the proxy's timeout.
+    max_request_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_items_per_request < 1:
@@ -91,14 +120,19 @@ def longest_row(query_len: int, item_lens: Sequence[int]) -> int:
 CALL_OVERHEAD_TOKENS = 32  # a call's fixed cost (routing, a batch slot, unpacking), in tokens
 
 
-def work_cost(work: ScoreWork, multi_item: bool) -> int:
-    """What admission counts for ``work`` (semantics 16): the tokens a replica computes for
-    it (the query once when its items share it as a prefix, else once per item row) plus a
-    call's fixed cost."""
+def computed_tokens(work: ScoreWork, multi_item: bool) -> int:
+    """The tokens a replica computes for ``work``: the query once when its items share it as
+    a prefix, else once per item row, plus every item."""
     items = sum(len(item) for item in work.item_ids)
     if multi_item and not work.item_first:
-        return CALL_OVERHEAD_TOKENS + len(work.query_ids) + items
-    return CALL_OVERHEAD_TOKENS + items + len(work.query_ids) * work.num_items
+        return len(work.query_ids) + items
+    return items + len(work.query_ids) * work.num_items
+
+
+def work_cost(work: ScoreWork, multi_item: bool) -> int:
+    """What admission counts for ``work`` (semantics 16): its computed tokens plus a call's
+    fixed cost."""
+    return CALL_OVERHEAD_TOKENS + computed_tokens(work, multi_item)
 
 
 class ScoringLimitError(ValueError):
@@ -144,3 +178,35 @@ def check_limits(work: ScoreWork, limits: ScoringLimits, multi_item: bool) -> No
             f"a {what} of {row} tokens exceeds the longest row a step holds "
             f"({limits.max_row_tokens} tokens)",
         )
+    _check_envelopes(work, limits.envelopes, shared)
+    tokens = computed_tokens(work, multi_item)
+    if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
+        how = "" if shared else " (without a shared prefix the query counts once per item)"
+        raise ScoringLimitError(
+            "too_many_tokens",
+            f"the request needs {tokens} tokens computed{how}, over max_request_tokens="
+            f"{limits.max_request_tokens}",
+        )
+
+
+def _check_envelopes(work: ScoreWork, envelopes: Sequence[Envelope], shared: bool) -> None:
+    """Work that no warm envelope admits would wait for a compile: refuse it instead."""
+    query, labels = len(work.query_ids), len(work.label_ids)
+    longest = max((len(item) for item in work.item_ids), default=0)
+    if not envelopes or any(e.admits(query, longest, labels, shared) for e in envelopes):
+        return
+    most_labels = max(e.labels for e in envelopes)
+    if labels > most_labels:
+        raise ScoringLimitError(
+            "too_many_labels",
+            f"{labels} label_token_ids exceed the {most_labels} this deployment serves "
+            "(warmup_shapes)",
+        )
+    served = "; ".join(dict.fromkeys(e.describe(shared) for e in envelopes))
+    what = f"a {query}-token query with items up to {longest} tokens"
+    if not shared:
+        what = f"a query + item row of {query + longest} tokens"
+    raise ScoringLimitError(
+        "sequence_too_long",
+        f"{what} is beyond what this deployment serves without a compile (warmup_shapes: {served})",
+    )

@@ -14,6 +14,7 @@ from typing import Any
 from replicas.contract import (
     DEFAULT_MAX_ITEMS_PER_REQUEST,
     DEFAULT_MAX_MULTI_ITEM_SEQ_LEN,
+    Envelope,
     ScoringLimits,
 )
 
@@ -82,6 +83,9 @@ class ReplicaSettings:
     max_traffic_signatures: int = 32
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
+    # The most tokens one request may ask a replica to compute (the query once plus its
+    # items when they share it, else query + item per item); None: no bound.
+    max_request_tokens: int | None = None
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.005
     # Admission control (semantics 12): a request whose expected wait (Little's law over
@@ -104,6 +108,12 @@ class ReplicaSettings:
     # Each warm-up shape is also scored as a step of this many concurrent requests, so the
     # batch buckets that cross-request batching reaches are compiled before traffic.
     warmup_batch_sizes: tuple[int, ...] = (1,)
+    # True: the limits are what warm-up covers. A request that no warmup_shapes entry admits
+    # (query, longest item and labels within it) is refused with a 400, and start-up refuses
+    # envelopes whose full steps (the largest batch bucket, items up to the step's capacity)
+    # no warm signature covers; so no request ever waits for a compile. False: such a request
+    # compiles its signature on the request path.
+    limit_to_warmup: bool = False
     # Host groups (cluster/host_group.py): one replica spans this many hosts (JAX processes),
     # each in its own placement-group bundle of ``host_resources``; the mesh spans them all.
     hosts_per_replica: int = 1
@@ -187,6 +197,12 @@ class ReplicaSettings:
                     "warmup_shapes: each entry is [query_tokens>=1, items, item_tokens, "
                     f"labels>=1], got {list(shape)}"
                 )
+        if self.max_request_tokens is not None and self.max_request_tokens < 1:
+            raise SettingsError(
+                f"max_request_tokens: must be >= 1 (or null), got {self.max_request_tokens}"
+            )
+        if self.limit_to_warmup and not self.warmup_shapes:
+            raise SettingsError("limit_to_warmup: needs warmup_shapes (the shapes it limits to)")
         if not self.warmup_batch_sizes or not all(
             1 <= b <= self.batch_buckets[-1] for b in self.warmup_batch_sizes
         ):
@@ -220,9 +236,21 @@ class ReplicaSettings:
 
     @property
     def limits(self) -> ScoringLimits:
-        """The request limits; a query, an item or a single-item row is at most one bucket."""
+        """The request limits; a query, an item or a single-item row is at most one bucket
+        (with ``limit_to_warmup``, within one warm-up envelope too)."""
         longest = min(self.token_buckets[-1], self.item_token_buckets[-1])
-        return ScoringLimits(self.max_items_per_request, self.max_multi_item_seq_len, longest)
+        envelopes = tuple(
+            Envelope(query, item_tokens, labels)
+            for query, _, item_tokens, labels in self.warmup_shapes
+            if self.limit_to_warmup
+        )
+        return ScoringLimits(
+            self.max_items_per_request,
+            self.max_multi_item_seq_len,
+            longest,
+            envelopes,
+            self.max_request_tokens,
+        )
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> ReplicaSettings:

@@ -102,7 +102,13 @@ def group_config(**args: Any) -> dict[str, Any]:
     config = host_group_variant(2, (1, 4), host_cpus=0.5, cpu_devices=2)
     (app,) = config["applications"]
     # No warm-up: the first request compiles its two steps (the suite's time budget).
-    app["args"].update(warmup_shapes=[], compilation_cache_dir=None, host_timeout_s=60, **args)
+    app["args"].update(
+        warmup_shapes=[],
+        limit_to_warmup=False,
+        compilation_cache_dir=None,
+        host_timeout_s=60,
+        **args,
+    )
     for deployment in app["deployments"]:
         if deployment["name"] == "ScoreIngress":
             deployment["ray_actor_options"]["num_cpus"] = 0.1

@@ -29,6 +29,7 @@ from replicas.engine.layouts.shared_prefix import SharedPrefixLayout
 from replicas.engine.layouts.single_item import SingleItemLayout
 from replicas.engine.memory import release_free_heap
 from replicas.engine.query_cache import QueryCache
+from replicas.engine.warm_coverage import check_warm_coverage, covered, full_step_keys
 from replicas.model.attention import with_attention
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
@@ -90,6 +91,8 @@ class ScoringEngine:
             gated=settings.hosts_per_replica > 1,
             max_traffic=settings.max_traffic_signatures,
         )
+        if settings.limit_to_warmup:  # before minutes of compiles, not after
+            check_warm_coverage(settings, self.plan, self._configured_keys())
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings, warm: bool = True) -> ScoringEngine:
@@ -220,6 +223,8 @@ class ScoringEngine:
         keys: list[tuple[str, Any]] = []
         for batch_size in self._settings.warmup_batch_sizes:
             keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
+        if self._settings.limit_to_warmup and not shapes:
+            keys += [k for k in full_step_keys(self._settings, self.plan) if not covered(k, keys)]
         return list(dict.fromkeys(keys))
 
     def workload_keys(
@@ -229,11 +234,14 @@ class ScoringEngine:
         requests of each shape would run; nothing is compiled or scored."""
         keys: list[tuple[str, Any]] = []
         for work in self._warmup_works(shapes):
-            works = [work] * batch_size
-            multi, pairs = self._route(works)
-            keys += self._multi.plan(works, multi) if multi else []
-            keys += self._single.plan(works, pairs) if pairs else []
+            keys += self.plan([work] * batch_size)
         return keys
+
+    def plan(self, works: Sequence[ScoreWork]) -> list[tuple[str, Any]]:
+        """The exact signatures scoring ``works`` as one batch would run."""
+        multi, pairs = self._route(works)
+        keys = self._multi.plan(works, multi) if multi else []
+        return keys + (self._single.plan(works, pairs) if pairs else [])
 
     def compile_keys(self, keys: Sequence[tuple[str, Any]]) -> int:
         """Compile ``(kind, dims)`` signatures at start-up (nothing is scored). The configured

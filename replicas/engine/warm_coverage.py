@@ -1,0 +1,94 @@
+"""Warm-up that covers every request the limits admit (``limit_to_warmup``).
+
+With ``limit_to_warmup`` a request is admitted only within one warm-up envelope (query,
+longest item and labels within one ``warmup_shapes`` entry; ``replicas.contract.Envelope``).
+That promise holds only if every step such a request can produce is covered by a signature
+warm-up compiles. Signatures cover field by field, so an envelope's largest steps decide:
+requests whose item streams fill a step exactly (items of the envelope's length, the
+remainder as one shorter item) and single-item rows ``query + item`` at full length. Warm-up
+compiles those its envelopes' own signatures do not cover, and start-up refuses settings
+whose largest batch bucket is not warm. Pure planning here: nothing is compiled or scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from replicas.contract import Envelope, ScoreWork, packed_length
+from replicas.engine.layouts.common import step_capacity
+from replicas.settings import ReplicaSettings, SettingsError
+
+Key = tuple[str, Any]
+
+
+def full_step_items(envelope: Envelope, settings: ReplicaSettings) -> list[int]:
+    """Item lengths of the largest stream step an envelope admits: items of
+    ``item_tokens`` up to the step's capacity, the remainder as one shorter item, trimmed to
+    ``max_items_per_request`` and ``max_multi_item_seq_len``."""
+    capacity, length = step_capacity(settings), max(envelope.item_tokens, 1)
+    lengths = [length] * max(capacity // length, 1)
+    if length < capacity and capacity % length:
+        lengths.append(capacity % length)
+    lengths = lengths[: settings.max_items_per_request]
+    while len(lengths) > 1 and (
+        packed_length(envelope.query_tokens, lengths) > settings.max_multi_item_seq_len
+    ):
+        lengths.pop()
+    return lengths
+
+
+def extreme_works(settings: ReplicaSettings) -> list[tuple[Envelope, ScoreWork, bool]]:
+    """Per envelope, the work whose steps dominate every admitted request's, and whether its
+    items share the query as a prefix (multi-item mode: also its ``item_first`` form)."""
+    token = 1 if settings.multi_item_scoring_delimiter != 1 else 2
+    works = []
+    for envelope in settings.limits.envelopes:
+        items = tuple((token,) * n for n in full_step_items(envelope, settings))
+        work = ScoreWork(
+            query_ids=(token,) * envelope.query_tokens,
+            item_ids=items,
+            label_ids=tuple(range(envelope.labels)),
+        )
+        works.append((envelope, work, settings.multi_item))
+        if settings.multi_item:
+            works.append((envelope, ScoreWork(work.query_ids, items, work.label_ids, True), False))
+    return works
+
+
+def covered(key: Key, warm: Sequence[Key]) -> bool:
+    kind, dims = key
+    return any(k == kind and d.covers(dims) for k, d in warm)
+
+
+def full_step_keys(
+    settings: ReplicaSettings, plan: Callable[[Sequence[ScoreWork]], list[Key]]
+) -> list[Key]:
+    """The envelopes' largest steps at each ``warmup_batch_sizes`` entry; warm-up compiles
+    those that no envelope's own signatures cover."""
+    keys: list[Key] = []
+    for batch in settings.warmup_batch_sizes:
+        for _, work, _ in extreme_works(settings):
+            keys += plan([work] * batch)
+    return list(dict.fromkeys(keys))
+
+
+def check_warm_coverage(
+    settings: ReplicaSettings,
+    plan: Callable[[Sequence[ScoreWork]], list[Key]],
+    warm: Sequence[Key],
+) -> None:
+    """Raise SettingsError naming the setting to change when a full step of some envelope
+    at the largest batch bucket (what cross-request batching can reach) is covered by no
+    ``warm`` key."""
+    batch = settings.batch_buckets[-1]
+    for envelope, work, shared in extreme_works(settings):
+        for kind, dims in plan([work] * batch):
+            if covered((kind, dims), warm):
+                continue
+            raise SettingsError(
+                f"warmup_batch_sizes: limit_to_warmup admits {envelope.describe(shared)} and "
+                f"<= {envelope.labels} labels, but their largest step ({kind} {dims}, "
+                f"{batch} requests) is covered by no warm-up signature; add {batch} to "
+                f"warmup_batch_sizes"
+            )
