@@ -27,6 +27,7 @@ TPU_KEYS = {
     "mesh_shape",
     "batch_buckets",
     "warmup_batch_sizes",
+    "max_request_tokens",
     "host_resources",
     "hosts_per_replica",
     "placement_group_strategy",
