@@ -42,6 +42,7 @@ from loadtest.fuzz_strategies import (
 JSON = {"content-type": "application/json"}
 # Rules the document cannot state (tokenization, the packed-length sum): a schema-valid body
 # may still get these 400s.
+CLIENT_TIMEOUT_S = 300  # the shipped proxy's request_timeout_s: the server answers by then
 UNSTATED = frozenset(
     {"empty_query", "delimiter_in_content", "sequence_too_long", "too_many_tokens"}
 )
@@ -179,9 +180,11 @@ def in_process(
 @contextmanager
 def over_http(url: str) -> Iterator[Target]:
     """A running server at ``url``."""
-    with httpx.Client(base_url=url, timeout=300) as client:
+    with httpx.Client(base_url=url, timeout=CLIENT_TIMEOUT_S) as client:
         schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
-        yield Target(client, schema, {"base_url": url})
+        # schemathesis sends its own cases: the same patience (its default gives up sooner
+        # than a valid 1000-item body takes on 2 CPU cores).
+        yield Target(client, schema, {"base_url": url, "timeout": CLIENT_TIMEOUT_S})
 
 
 @contextmanager
