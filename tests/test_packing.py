@@ -16,6 +16,7 @@ from replicas.engine.layouts.single_item import group_rows, rows_per_step, singl
 from replicas.engine.layouts.stream import (
     PrefixEntry,
     StreamDims,
+    StreamUnit,
     exact_dims,
     pack_stream,
     window_for,
@@ -45,17 +46,40 @@ def test_bucket_ladder_is_geometric_aligned_and_pads_little():
 def test_item_stream_runs_items_end_to_end_with_positions_after_the_query():
     (unit,) = chunk_items(WORK, 0, tokens_per_step=64)
     dims = StreamDims(batch=2, prefix=4, tokens=8, window=4, labels=4)
-    batch = pack_stream([unit.__class__(unit.runs, unit.items, unit.offset, PREFIX)], [WORK], dims)
+    unit = unit.__class__(unit.runs, unit.items, unit.offset, PREFIX)
+    batch = pack_stream([unit], [WORK], dims, groups=1)
     np.testing.assert_array_equal(batch.tokens, [[21, 22, 31, 0, 0, 0, 0, 0], [0] * 8])
     np.testing.assert_array_equal(batch.positions[0], [3, 4, 3, 0, 0, 0, 0, 0])
     np.testing.assert_array_equal(batch.item_ids[0], [0, 0, 2, -1, -1, -1, -1, -1])
     np.testing.assert_array_equal(batch.prefix_valid, [[1, 1, 1, 0], [0, 0, 0, 0]])
     # Score rows: item 0 at stream 1, empty item 1 at the prefix's last hidden state
     # (after the B * S stream states, slot 0), item 2 at stream 2.
-    np.testing.assert_array_equal(batch.rows[:3], [1, 2 * 8 + 0, 2])
-    assert batch.count == 3 and len(batch.rows) == 32  # one LM-head chunk
-    np.testing.assert_array_equal(batch.labels[:3], [[5, 6, 7, 0]] * 3)
+    np.testing.assert_array_equal(batch.rows[0, :3], [1, 2 * 8 + 0, 2])
+    assert batch.count == 3 and batch.rows.shape == (1, 32)  # one group, one LM-head chunk
+    np.testing.assert_array_equal(batch.labels[0, :3], [[5, 6, 7, 0]] * 3)
     assert batch.useful_tokens == 3 and len(batch.prefixes) == 2
+
+
+def test_a_data_axis_gives_each_shard_its_own_rows_and_score_indices():
+    (first,) = chunk_items(WORK, 0, tokens_per_step=64)
+    second = StreamUnit(((1, 0, 1),), ((41,),), 3, PREFIX)
+    dims = StreamDims(batch=2, prefix=4, tokens=8, window=4, labels=4)
+    first = first.__class__(first.runs, first.items, first.offset, PREFIX)
+    batch = pack_stream([first, second], [WORK, WORK], dims, groups=2)
+    # One row per group; each group scores its own 8 stream states plus its one prefix last.
+    np.testing.assert_array_equal(batch.tokens, [[21, 22, 31, 0, 0, 0, 0, 0], [41] + [0] * 7])
+    np.testing.assert_array_equal(batch.rows[0, :3], [1, 8 + 0, 2])
+    np.testing.assert_array_equal(batch.rows[1, :1], [0])
+    assert batch.rows.shape == (2, 32) and batch.count == 3  # the fuller group: 3 rows
+    assert [slot.first_row for slot in batch.slots] == [0, 32]  # flat rows: g * Rg + r
+
+
+def test_a_request_spreads_over_at_least_the_data_axis_behind_one_query():
+    work = ScoreWork((1, 2), tuple((5,) * 3 for _ in range(10)), (1,))
+    assert len(chunk_items(work, 0, tokens_per_step=64)) == 1  # no data axis: one row
+    spread = chunk_items(work, 0, tokens_per_step=64, spread=4)
+    assert len(spread) >= 4 and [i for u in spread for i in u.items] == list(work.item_ids)
+    assert len(chunk_items(ScoreWork((1,), ((5,),) * 3, (1,)), 0, 64, spread=4)) == 3
 
 
 def test_exact_dims_bucket_every_axis_and_window_covers_the_longest_item():

@@ -13,6 +13,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
-from cluster.sharding import replicated
+from cluster.sharding import named_sharding, replicated
 from replicas.contract import ModelInfo, ScoreWork, check_limits
 from replicas.engine.compiler import StepCompiler
 from replicas.engine.layouts.packed_reference import PackedReferenceLayout
@@ -291,8 +292,13 @@ class ScoringEngine:
     def replicated(self) -> Any:
         return self._replicated
 
-    def spec(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=self._replicated)
+    @property
+    def groups(self) -> int:
+        return int(self._mesh.shape["data"])
+
+    def spec(self, shape: tuple[int, ...], dtype: Any, axes: tuple[str | None, ...] | None) -> Any:
+        sharding = self._replicated if axes is None else named_sharding(axes, shape, self._mesh)
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
     def lower(self, step: Callable[..., Any], specs: tuple[Any, ...]) -> Any:
         return step.lower(self._params, *specs).compile()
@@ -305,7 +311,8 @@ class ScoringEngine:
 
     def run_device(self, kind: str, dims: Any, args: tuple[Any, ...]) -> Any:
         executable = self._compiler.executable(kind, dims)
-        placed = jax.tree.map(self._place, args)
+        (_, *shardings), _ = executable.input_shardings  # params first
+        placed = jax.tree.map(partial(place, fallback=self._replicated), args, tuple(shardings))
         self._counters["steps"] += 1
         self.last_signatures.append((kind, dims))
         return executable(self._params, *placed)
@@ -317,7 +324,12 @@ class ScoringEngine:
         self._counters["computed_tokens"] += computed
         self._counters["useful_tokens"] += useful
 
-    def _place(self, value: Any) -> Any:
-        if isinstance(value, np.ndarray):
-            return jax.device_put(value, self._replicated)
-        return value
+
+def place(value: Any, sharding: Any, fallback: Any) -> Any:
+    """A host array onto the mesh as the executable expects it; each process puts only the
+    shards its own devices hold (a host group's hosts each place their part). An argument the
+    compiled step never reads reports no sharding; it is placed replicated."""
+    if isinstance(value, np.ndarray):
+        where = sharding if isinstance(sharding, jax.sharding.Sharding) else fallback
+        return jax.make_array_from_callback(value.shape, where, lambda index: value[index])
+    return value

@@ -9,8 +9,9 @@ of any compiled shape and the LM head costs what the real rows need, never the p
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,8 @@ from replicas.settings import ReplicaSettings
 
 Array = jax.Array
 SCORE_CHUNK = 32
+# An abstract step argument: (shape, dtype, logical axes or None for a whole copy per device).
+Spec = Callable[[tuple[int, ...], Any, tuple[str | None, ...] | None], Any]
 
 
 class BucketOverflowError(ValueError):
@@ -53,26 +56,97 @@ def score_capacity(rows: int) -> int:
     return -(-max(rows, 1) // SCORE_CHUNK) * SCORE_CHUNK
 
 
+def data_multiple(size: int, groups: int) -> int:
+    """``size`` rounded up to a multiple of the data axis (a batch or row bucket), so the
+    axis divides it and every data shard gets its own rows."""
+    return -(-max(size, 1) // groups) * groups
+
+
+def spread_row(i: int, rows: int, groups: int) -> int:
+    """Where the i-th real row of a step goes: round-robin over the ``groups`` blocks of
+    ``rows // groups`` rows, so a step with fewer real rows than ``rows`` still keeps every
+    data shard busy."""
+    return (i % groups) * (rows // groups) + i // groups
+
+
+def data_buckets(buckets: Sequence[int], groups: int) -> tuple[int, ...]:
+    """Batch (or row) buckets as multiples of the data axis."""
+    return tuple(sorted({data_multiple(b, groups) for b in buckets}))
+
+
 def score_rows(
     model: CausalLM,
     params: Params,
-    hidden: Array,  # [X, D]
-    rows: Array,  # [R] int32 indices into hidden, R a multiple of SCORE_CHUNK
-    labels: Array,  # [R, C] int32
-    count: Array,  # [] int32: real rows, the rest is padding
+    hidden: Array,  # [G, X, D]: G = data shards, each group's own hidden states
+    rows: Array,  # [G, Rg] int32 indices into each group's X, Rg a multiple of SCORE_CHUNK
+    labels: Array,  # [G, Rg, C] int32
+    count: Array,  # [] int32: real rows in the fullest group, the rest is padding
 ) -> Array:
-    """Label log-probabilities ``[R, C]`` float32 of the first ``count`` rows (rest zeros)."""
+    """Label log-probabilities ``[G, Rg, C]`` float32 of the first ``count`` rows of every
+    group (rest zeros). Each group reads only its own hidden states, so with G sharded over
+    ``data`` the LM head runs on every shard at once with no gather across shards."""
+    groups = hidden.shape[0]
 
     def chunk(i: Array, out: Array) -> Array:
         start = i * SCORE_CHUNK
-        index = jax.lax.dynamic_slice_in_dim(rows, start, SCORE_CHUNK)  # [CH]
-        chunk_labels = jax.lax.dynamic_slice_in_dim(labels, start, SCORE_CHUNK)  # [CH, C]
-        picked = jnp.take(hidden, index, axis=0)  # [CH, D]
-        scores = model.label_logprobs(params, picked, chunk_labels)  # [CH, C]
-        return jax.lax.dynamic_update_slice_in_dim(out, scores, start, axis=0)
+        index = jax.lax.dynamic_slice_in_dim(rows, start, SCORE_CHUNK, axis=1)  # [G, CH]
+        chunk_labels = jax.lax.dynamic_slice_in_dim(labels, start, SCORE_CHUNK, axis=1)
+        picked = jnp.take_along_axis(hidden, index[..., None], axis=1)  # [G, CH, D]
+        flat = picked.reshape(groups * SCORE_CHUNK, -1)  # [G * CH, D]
+        scores = model.label_logprobs(params, flat, chunk_labels.reshape(flat.shape[0], -1))
+        scores = scores.reshape(groups, SCORE_CHUNK, -1)  # [G, CH, C]
+        return jax.lax.dynamic_update_slice_in_dim(out, scores, start, axis=1)
 
     trips = (count + SCORE_CHUNK - 1) // SCORE_CHUNK
     return jax.lax.fori_loop(0, trips, chunk, jnp.zeros(labels.shape, jnp.float32))
+
+
+def grouped(hidden: Array, groups: int) -> Array:
+    """``[N, L, D]`` -> ``[G, N / G * L, D]``: consecutive rows per data shard."""
+    n, length, d = hidden.shape
+    return hidden.reshape(groups, n // groups * length, d)
+
+
+class ScoreIndex:
+    """Host-side score rows of a step whose ``units`` rows (each ``width`` hidden states)
+    are split into ``groups`` consecutive blocks, one per data shard: ``rows [G, Rg]``
+    holds indices into each block's own hidden states, and the step's output ``[G, Rg, C]``
+    flattens to row ``g * Rg + r``."""
+
+    def __init__(self, groups: int, units: int, width: int) -> None:
+        self.groups, self.per_group, self.width = groups, units // groups, width
+        self.rows = np.zeros((groups, score_capacity(self.per_group * width)), np.int32)
+        self._next = [0] * groups
+
+    def add(self, unit: int, offset: int) -> int:
+        """Score hidden state ``offset`` of ``unit``; returns its flat output row."""
+        group, local = divmod(unit, self.per_group)
+        return self._put(group, local * self.width + offset)
+
+    def add_extra(self, unit: int) -> int:
+        """Score ``unit``'s extra state, appended after its block's ``per_group * width``
+        (the stream's prefix last states, one per unit); returns its flat output row."""
+        group, local = divmod(unit, self.per_group)
+        return self._put(group, self.per_group * self.width + local)
+
+    def first_row(self, unit: int) -> int:
+        """The flat output row the next score of ``unit`` gets."""
+        group = unit // self.per_group
+        return group * self.rows.shape[1] + self._next[group]
+
+    def _put(self, group: int, index: int) -> int:
+        row = self._next[group]
+        self.rows[group, row] = index
+        self._next[group] += 1
+        return group * self.rows.shape[1] + row
+
+    @property
+    def count(self) -> np.ndarray:
+        return np.asarray(max(self._next), np.int32)
+
+    @property
+    def flat_rows(self) -> int:
+        return self.rows.size
 
 
 class BucketDims:

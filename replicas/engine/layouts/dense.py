@@ -2,14 +2,13 @@
 
 ``causal_step`` runs the single-item layout (each ``query + item`` row causal on its own,
 ``lengths`` real tokens then padding: what a fused causal kernel computes); ``dense_step``
-the packed reference layout (RFC-008's packed row, a mask from segment ids). Score rows index
-the flattened ``[R * T]`` hidden states, so the number of scored positions is no compiled
-dimension.
+the packed reference layout (RFC-008's packed row, a mask from segment ids). Rows are split
+into one block per data shard; score rows index each block's flattened hidden states, so the
+number of scored positions is no compiled dimension and no shard reads another's rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from replicas.engine.layouts.common import BucketDims, score_capacity, score_rows
+from replicas.engine.layouts.common import BucketDims, Spec, grouped, score_capacity, score_rows
 from replicas.model.causal_lm import AttentionSpec, CausalLM, CausalSpec, DenseSpec, Params
 from replicas.model.masks import segment_mask
 
@@ -51,13 +50,12 @@ def _scored(
     tokens: Array,  # [R, T]
     positions: Array,  # [R, T]
     spec: DenseSpec,
-    rows: Array,  # [Rs] indices into the flattened [R * T] hidden states
-    labels: Array,  # [Rs, C]
+    rows: Array,  # [G, Rg] indices into each group's [R / G * T] hidden states
+    labels: Array,  # [G, Rg, C]
     count: Array,  # []
 ) -> Array:
-    hidden = model.hidden_states(params, tokens, positions, spec)
-    flat = hidden.reshape(-1, hidden.shape[-1])  # [R * T, D]
-    return score_rows(model, params, flat, rows, labels, count)
+    hidden = model.hidden_states(params, tokens, positions, spec)  # [R, T, D]
+    return score_rows(model, params, grouped(hidden, rows.shape[0]), rows, labels, count)
 
 
 def dense_step(
@@ -74,23 +72,22 @@ def causal_step(
     return _scored(model, params, tokens, positions, CausalSpec(lengths), *score)
 
 
-def dense_specs(
-    spec: Callable[[tuple[int, ...], Any], Any], dims: DenseDims, causal: bool = False
-) -> tuple[Any, ...]:
-    """Abstract arguments (after params) of a dense (or causal) step of ``dims``."""
+def dense_specs(spec: Spec, dims: DenseDims, groups: int, causal: bool = False) -> tuple[Any, ...]:
+    """Abstract arguments (after params) of a dense (or causal) step of ``dims``: rows
+    split over ``data`` by the logical-axis table."""
     r, t = dims.rows, dims.tokens
-    rows = score_capacity(r * t)
+    rows = score_capacity(r // groups * t)
     return (
-        spec((r, t), np.int32),
-        spec((r, t), np.int32),
-        spec((r,) if causal else (r, t), np.int32),
-        spec((rows,), np.int32),
-        spec((rows, dims.labels), np.int32),
-        spec((), np.int32),
+        spec((r, t), np.int32, ("batch", "seq")),
+        spec((r, t), np.int32, ("batch", "seq")),
+        spec((r,), np.int32, ("batch",)) if causal else spec((r, t), np.int32, ("batch", "seq")),
+        spec((groups, rows), np.int32, ("batch", None)),
+        spec((groups, rows, dims.labels), np.int32, ("batch", None, None)),
+        spec((), np.int32, None),
     )
 
 
 def compile_dense(model: CausalLM, runner: Any, dims: DenseDims, causal: bool = False) -> Any:
     """The dense (or causal) step of ``dims``, compiled ahead of time through the runner."""
     step = jax.jit(partial(causal_step if causal else dense_step, model))
-    return runner.lower(step, dense_specs(runner.spec, dims, causal))
+    return runner.lower(step, dense_specs(runner.spec, dims, runner.groups, causal))

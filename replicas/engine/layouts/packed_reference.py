@@ -18,10 +18,12 @@ import numpy as np
 from replicas.contract import ScoreWork, packed_length
 from replicas.engine.layouts.common import (
     RowSlot,
+    ScoreIndex,
     bucket_for,
+    data_buckets,
     label_bucket,
     labels_by_row,
-    score_capacity,
+    spread_row,
     unpack,
 )
 from replicas.engine.layouts.dense import DenseDims, compile_dense
@@ -98,12 +100,12 @@ class PackedReferenceLayout:
         settings = self._runner.settings
         delimiter = settings.multi_item_scoring_delimiter
         rows = [r for i in indices for r in split_rows(works[i], i, settings.token_buckets[-1])]
-        per_step = settings.batch_buckets[-1]
-        for start in range(0, len(rows), per_step):
-            step_rows = rows[start : start + per_step]
+        buckets = data_buckets(settings.batch_buckets, self._runner.groups)
+        for start in range(0, len(rows), buckets[-1]):
+            step_rows = rows[start : start + buckets[-1]]
             packed = [_packed(works[r.work], r, delimiter) for r in step_rows]
             dims = DenseDims(
-                bucket_for(len(step_rows), settings.batch_buckets, "batch_buckets"),
+                bucket_for(len(step_rows), buckets, "batch_buckets"),
                 bucket_for(max(len(p[0]) for p in packed), settings.token_buckets, "token_buckets"),
                 label_bucket(max(len(works[r.work].label_ids) for r in step_rows)),
             )
@@ -120,15 +122,19 @@ class PackedReferenceLayout:
         tokens = np.zeros((dims.rows, dims.tokens), np.int32)
         positions = np.zeros_like(tokens)
         segments = np.full_like(tokens, PAD)
-        index = np.zeros((score_capacity(dims.rows * dims.tokens),), np.int32)
-        slots, cursor = [], 0
-        for r, (row, (tok, pos, seg, scored)) in enumerate(zip(rows, packed, strict=True)):
+        groups = self._runner.groups
+        index = ScoreIndex(groups, dims.rows, dims.tokens)
+        slots = []
+        for i, (row, (tok, pos, seg, scored)) in enumerate(zip(rows, packed, strict=True)):
+            r = spread_row(i, dims.rows, groups)
             tokens[r, : len(tok)], positions[r, : len(pos)], segments[r, : len(seg)] = tok, pos, seg
-            index[cursor : cursor + len(scored)] = np.asarray(scored) + r * dims.tokens
-            slots.append(RowSlot(row.work, row.first, row.count, cursor))
-            cursor += len(scored)
-        labels = labels_by_row(works, slots, (len(index), dims.labels))
+            slots.append(RowSlot(row.work, row.first, row.count, index.first_row(r)))
+            for position in scored:
+                index.add(r, position)
+        labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
+        labels = labels.reshape(*index.rows.shape, dims.labels)
         useful = sum(len(p[0]) for p in packed)
         self._runner.count_tokens(dims.rows * dims.tokens, useful)
-        args = (tokens, positions, segments, index, labels, np.asarray(cursor, np.int32))
-        unpack(self._runner.run("dense", dims, args), slots, works, results)
+        args = (tokens, positions, segments, index.rows, labels, index.count)
+        outputs = self._runner.run("dense", dims, args)
+        unpack(outputs.reshape(-1, outputs.shape[-1]), slots, works, results)

@@ -21,8 +21,14 @@ class Runner(Protocol):
     @property
     def replicated(self) -> Any: ...
 
-    def spec(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """An abstract argument of ``shape``, replicated on the mesh."""
+    @property
+    def groups(self) -> int:
+        """Data shards (the mesh's ``data`` size): a step's rows split into this many."""
+        ...
+
+    def spec(self, shape: tuple[int, ...], dtype: Any, axes: tuple[str | None, ...] | None) -> Any:
+        """An abstract argument of ``shape``: placed by its logical ``axes`` through the one
+        table (cluster.sharding), or whole on every device (None)."""
         ...
 
     def lower(self, step: Callable[..., Any], specs: tuple[Any, ...]) -> Any:

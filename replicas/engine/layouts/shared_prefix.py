@@ -18,7 +18,13 @@ import jax
 import numpy as np
 
 from replicas.contract import ScoreWork
-from replicas.engine.layouts.common import BucketDims, bucket_for, step_capacity, unpack
+from replicas.engine.layouts.common import (
+    BucketDims,
+    bucket_for,
+    data_buckets,
+    step_capacity,
+    unpack,
+)
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import (
     PrefixEntry,
@@ -50,19 +56,25 @@ class PrefixDims(BucketDims):
         return super().covers(other) and self.tokens == other.tokens  # type: ignore[attr-defined]
 
 
-def chunk_items(work: ScoreWork, index: int, tokens_per_step: int) -> list[StreamUnit]:
+def chunk_items(
+    work: ScoreWork, index: int, tokens_per_step: int, spread: int = 1
+) -> list[StreamUnit]:
     """Consecutive items of one work, each unit at most ``tokens_per_step`` slots (a longer
-    single item gets a unit of its own)."""
-    units: list[StreamUnit] = []
+    single item gets a unit of its own), in at least ``spread`` units when it has as many
+    items: with a data axis, one request's items fill every data shard's rows."""
+    slots = sum(max(len(item), 1) for item in work.item_ids)
+    units = max(-(-slots // tokens_per_step), min(spread, work.num_items))
+    limit = tokens_per_step if units <= 1 or spread <= 1 else -(-slots // units)
+    chunks: list[StreamUnit] = []
     start, size = 0, 0
     for n, item in enumerate(work.item_ids):
         cost = max(len(item), 1)
-        if n > start and size + cost > tokens_per_step:
-            units.append(_unit(work, index, start, n))
+        if n > start and size + cost > limit:
+            chunks.append(_unit(work, index, start, n))
             start, size = n, 0
         size += cost
-    units.append(_unit(work, index, start, work.num_items))
-    return units
+    chunks.append(_unit(work, index, start, work.num_items))
+    return chunks
 
 
 def _unit(work: ScoreWork, index: int, start: int, end: int) -> StreamUnit:
@@ -83,14 +95,17 @@ class SharedPrefixLayout:
 
     def compile(self, kind: str, dims: Any) -> Any:
         runner = self._runner
-        if kind == "prefix":
+        if kind == "prefix":  # queries split over data; each entry whole on every device
             step = jax.jit(partial(prefix_step, self._model), out_shardings=runner.replicated)
             shape = (dims.batch, dims.tokens)
-            specs = (runner.spec(shape, np.int32), runner.spec((dims.batch,), np.int32))
+            specs = (
+                runner.spec(shape, np.int32, ("batch", "seq")),
+                runner.spec((dims.batch,), np.int32, ("batch",)),
+            )
             return runner.lower(step, specs)
         runner.ensure("prefix", PrefixDims(dims.batch, dims.prefix))
         step = jax.jit(partial(stream_step, self._model, dims.window))
-        return runner.lower(step, stream_specs(self._model, runner.spec, dims))
+        return runner.lower(step, stream_specs(self._model, runner.spec, dims, runner.groups))
 
     # -- scoring ------------------------------------------------------------------------
 
@@ -108,18 +123,19 @@ class SharedPrefixLayout:
                 dataclasses.replace(u, prefix=prefixes[(query, dims.prefix)])
                 for u, query in zip(units, queries, strict=True)
             ]
-            batch = pack_stream(units, works, dims)
+            batch = pack_stream(units, works, dims, self._runner.groups)
             self._runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
-            outputs = self._runner.run("items", dims, batch_arguments(batch))
-            unpack(outputs, batch.slots, works, results)
+            outputs = self._runner.run("items", dims, batch_arguments(batch))  # [G, Rg, C]
+            unpack(outputs.reshape(-1, outputs.shape[-1]), batch.slots, works, results)
 
     def _steps(
         self, works: Sequence[ScoreWork], indices: Sequence[int]
     ) -> Iterator[tuple[StreamDims, list[StreamUnit]]]:
         """Units grouped by query bucket, up to the largest batch bucket per step."""
-        settings = self._runner.settings
-        capacity, per_step = step_capacity(settings), settings.batch_buckets[-1]
-        units = [u for i in indices for u in chunk_items(works[i], i, capacity)]
+        settings, groups = self._runner.settings, self._runner.groups
+        buckets = data_buckets(settings.batch_buckets, groups)
+        capacity, per_step = step_capacity(settings), buckets[-1]
+        units = [u for i in indices for u in chunk_items(works[i], i, capacity, groups)]
 
         def query_bucket(unit: StreamUnit) -> int:
             query = works[unit.runs[0][0]].query_ids
@@ -130,9 +146,7 @@ class SharedPrefixLayout:
             group_units = list(group)
             for start in range(0, len(group_units), per_step):
                 step_units = group_units[start : start + per_step]
-                dims = exact_dims(
-                    step_units, works, bucket, settings.batch_buckets, settings.item_token_buckets
-                )
+                dims = exact_dims(step_units, works, bucket, buckets, settings.item_token_buckets)
                 yield dims, step_units
 
     def _fill_prefixes(
@@ -152,7 +166,7 @@ class SharedPrefixLayout:
                 missing.append(query)
             else:
                 local[key] = entry
-        per_step = self._runner.settings.batch_buckets[-1]
+        per_step = data_buckets(self._runner.settings.batch_buckets, self._runner.groups)[-1]
         for start in range(0, len(missing), per_step):
             chunk = missing[start : start + per_step]
             for query, entry in zip(chunk, self._compute_prefixes(chunk, width), strict=False):
@@ -162,7 +176,7 @@ class SharedPrefixLayout:
     def _compute_prefixes(
         self, queries: Sequence[tuple[int, ...]], width: int
     ) -> list[PrefixEntry]:
-        buckets = self._runner.settings.batch_buckets
+        buckets = data_buckets(self._runner.settings.batch_buckets, self._runner.groups)
         exact = PrefixDims(bucket_for(len(queries), buckets, "batch_buckets"), width)
         dims = self._runner.resolve("prefix", exact)
         tokens = np.zeros((dims.batch, width), np.int32)  # [B, T]

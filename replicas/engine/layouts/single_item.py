@@ -18,10 +18,12 @@ import numpy as np
 from replicas.contract import ScoreWork
 from replicas.engine.layouts.common import (
     RowSlot,
+    ScoreIndex,
     bucket_for,
+    data_multiple,
     label_bucket,
     labels_by_row,
-    score_capacity,
+    spread_row,
     step_capacity,
     unpack,
 )
@@ -76,8 +78,7 @@ class SingleItemLayout:
         for exact, rows in self._steps(works, pairs):
             dims = self._runner.resolve("rows", exact)
             for start in range(0, len(rows), dims.rows):  # pieces if dims holds fewer rows
-                piece = rows[start : start + dims.rows]
-                unpack(self._run(works, piece, dims), self._slots(piece), works, results)
+                unpack(*self._run(works, rows[start : start + dims.rows], dims), works, results)
 
     def _steps(
         self, works: Sequence[ScoreWork], pairs: Sequence[Pair]
@@ -87,24 +88,26 @@ class SingleItemLayout:
         capacity = step_capacity(settings) * settings.batch_buckets[-1]
         for length, rows in group_rows(works, pairs, settings.token_buckets, capacity):
             count = 1 << (len(rows) - 1).bit_length()  # a power of two >= the rows
+            count = data_multiple(count, self._runner.groups)
             labels = label_bucket(max(len(works[w].label_ids) for w, _ in rows))
             yield DenseDims(count, length, labels), rows
 
-    @staticmethod
-    def _slots(rows: list[Pair]) -> list[RowSlot]:
-        return [RowSlot(work, item, 1, r) for r, (work, item) in enumerate(rows)]
-
-    def _run(self, works: Sequence[ScoreWork], rows: list[Pair], dims: DenseDims) -> np.ndarray:
+    def _run(self, works: Sequence[ScoreWork], rows: list[Pair], dims: DenseDims) -> tuple:
+        """The step's output ``[G * Rg, C]`` and the slots that read it."""
         tokens = np.zeros((dims.rows, dims.tokens), np.int32)
         lengths = np.ones((dims.rows,), np.int32)  # padding rows: one token, never read
-        index = np.zeros((score_capacity(dims.rows * dims.tokens),), np.int32)
-        for r, (work, item) in enumerate(rows):
-            row = single_item_row(works[work], item)
+        groups = self._runner.groups
+        index = ScoreIndex(groups, dims.rows, dims.tokens)
+        slots = []
+        for i, (work, item) in enumerate(rows):
+            row, r = single_item_row(works[work], item), spread_row(i, dims.rows, groups)
             tokens[r, : len(row)] = row
             lengths[r] = len(row)
-            index[r] = r * dims.tokens + len(row) - 1
+            slots.append(RowSlot(work, item, 1, index.add(r, len(row) - 1)))
         positions = np.broadcast_to(np.arange(dims.tokens, dtype=np.int32), tokens.shape).copy()
-        labels = labels_by_row(works, self._slots(rows), (len(index), dims.labels))
+        labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
+        labels = labels.reshape(*index.rows.shape, dims.labels)
         self._runner.count_tokens(dims.rows * dims.tokens, int(lengths[: len(rows)].sum()))
-        count = np.asarray(len(rows), np.int32)
-        return self._runner.run("rows", dims, (tokens, positions, lengths, index, labels, count))
+        args = (tokens, positions, lengths, index.rows, labels, index.count)
+        outputs = self._runner.run("rows", dims, args)
+        return outputs.reshape(-1, outputs.shape[-1]), slots

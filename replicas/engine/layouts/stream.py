@@ -10,7 +10,7 @@ searching token ids.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,11 +22,15 @@ from replicas.contract import ScoreWork
 from replicas.engine.layouts.common import (
     BucketDims,
     RowSlot,
+    ScoreIndex,
+    Spec,
     bucket_for,
+    grouped,
     label_bucket,
     labels_by_row,
     score_capacity,
     score_rows,
+    spread_row,
 )
 from replicas.model.causal_lm import CausalLM, CausalSpec, ItemStreamSpec, Params
 
@@ -130,26 +134,32 @@ class StreamBatch:
     tokens: np.ndarray  # [B, S] int32
     positions: np.ndarray  # [B, S] int32
     item_ids: np.ndarray  # [B, S] int32, -1 padding
-    rows: np.ndarray  # [R] int32 into [B * S + B] hidden states (items, then prefix lasts)
-    labels: np.ndarray  # [R, C] int32
+    rows: np.ndarray  # [G, Rg] int32 into each group's [B / G * S + B / G] hidden states
+    labels: np.ndarray  # [G, Rg, C] int32
     count: np.ndarray  # [] int32
     slots: tuple[RowSlot, ...]
     useful_tokens: int
 
 
 def pack_stream(
-    units: Sequence[StreamUnit], works: Sequence[ScoreWork], dims: StreamDims
+    units: Sequence[StreamUnit], works: Sequence[ScoreWork], dims: StreamDims, groups: int
 ) -> StreamBatch:
+    """Units in rows ``0..len(units)``; rows split into ``groups`` blocks (data shards),
+    each scoring its own items: an item's last token, or an empty item's prefix last
+    state (appended after its block's tokens)."""
     b, s = dims.batch, dims.tokens
     tokens = np.zeros((b, s), np.int32)
     positions = np.zeros((b, s), np.int32)
     item_ids = np.full((b, s), -1, np.int32)
     prefix_valid = np.zeros((b, dims.prefix), bool)
-    rows = np.zeros((score_capacity(b * s),), np.int32)
-    slots, row = [], 0
-    for u, unit in enumerate(units):
+    index = ScoreIndex(groups, b, s)
+    slots = []
+    prefixes = [units[0].prefix] * b  # padding rows repeat one
+    for i, unit in enumerate(units):
+        u = spread_row(i, b, groups)
+        prefixes[u] = unit.prefix
         prefix_valid[u, : unit.prefix.length if unit.prefix else 0] = True
-        first = row
+        first = index.first_row(u)
         for work, first_item, num_items in unit.runs:
             slots.append(RowSlot(work, first_item, num_items, first))
             first += num_items
@@ -159,16 +169,16 @@ def pack_stream(
             tokens[u, cursor:end] = item
             positions[u, cursor:end] = unit.offset + np.arange(len(item))
             item_ids[u, cursor:end] = n
-            rows[row] = u * s + end - 1 if item else b * s + u
-            row, cursor = row + 1, end
-    prefixes = tuple(unit.prefix for unit in units)
-    prefixes += (prefixes[0],) * (b - len(units))
-    labels = labels_by_row(works, slots, (len(rows), dims.labels))
+            if item:
+                index.add(u, end - 1)
+            else:
+                index.add_extra(u)
+            cursor = end
+    labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
     useful = sum(unit.tokens for unit in units)
-    count = np.asarray(row, np.int32)
     return StreamBatch(
-        prefixes, prefix_valid, tokens, positions, item_ids, rows, labels, count, tuple(slots),
-        useful,
+        tuple(prefixes), prefix_valid, tokens, positions, item_ids, index.rows,
+        labels.reshape(*index.rows.shape, dims.labels), index.count, tuple(slots), useful,
     )  # fmt: skip
 
 
@@ -183,17 +193,20 @@ def stream_step(
     tokens: Array,  # [B, S]
     positions: Array,  # [B, S]
     item_ids: Array,  # [B, S]
-    rows: Array,  # [R]
-    labels: Array,  # [R, C]
+    rows: Array,  # [G, Rg]
+    labels: Array,  # [G, Rg, C]
     count: Array,  # []
 ) -> Array:
-    """Label log-probs ``[R, C]`` of every item of the stream (rows past ``count``: zeros)."""
+    """Label log-probs ``[G, Rg, C]`` of every item of the stream (rows past ``count``:
+    zeros). Rows are independent, so with B sharded over ``data`` each shard runs its own."""
     keys = jnp.concatenate(prefix_keys, axis=1)  # [layers, B, T, K, Dh]
     values = jnp.concatenate(prefix_values, axis=1)
     spec = ItemStreamSpec(prefix_valid=prefix_valid, item_ids=item_ids, window=window)
     hidden = model.stream_hidden(params, tokens, positions, spec, keys, values)  # [B, S, D]
-    flat = jnp.concatenate([hidden.reshape(-1, hidden.shape[-1]), *prefix_lasts], axis=0)
-    return score_rows(model, params, flat, rows, labels, count)
+    groups = rows.shape[0]
+    lasts = jnp.concatenate(prefix_lasts, axis=0)[:, None]  # [B, 1, D]
+    states = jnp.concatenate([grouped(hidden, groups), grouped(lasts, groups)], axis=1)
+    return score_rows(model, params, states, rows, labels, count)
 
 
 def prefix_step(
@@ -229,24 +242,23 @@ def batch_arguments(batch: StreamBatch) -> tuple[Any, ...]:
     )
 
 
-def stream_specs(
-    model: CausalLM, spec: Callable[[tuple[int, ...], Any], Any], dims: StreamDims
-) -> tuple[Any, ...]:
-    """Abstract arguments (after params) of an item-stream step of ``dims``."""
+def stream_specs(model: CausalLM, spec: Spec, dims: StreamDims, groups: int) -> tuple[Any, ...]:
+    """Abstract arguments (after params) of an item-stream step of ``dims``: per-row inputs
+    split over ``data`` by the logical-axis table, prefix entries whole."""
     c = model.config
     b, t, s = dims.batch, dims.prefix, dims.tokens
-    kv = spec((c.num_layers, 1, t, c.num_kv_heads, c.head_dim), model.dtype)
-    last = spec((1, c.hidden_size), model.dtype)
-    rows = score_capacity(b * s)
+    kv = spec((c.num_layers, 1, t, c.num_kv_heads, c.head_dim), model.dtype, None)
+    last = spec((1, c.hidden_size), model.dtype, None)
+    rows = score_capacity(b // groups * s)
     return (
         (kv,) * b,
         (kv,) * b,
         (last,) * b,
-        spec((b, t), np.bool_),
-        spec((b, s), np.int32),
-        spec((b, s), np.int32),
-        spec((b, s), np.int32),
-        spec((rows,), np.int32),
-        spec((rows, dims.labels), np.int32),
-        spec((), np.int32),
+        spec((b, t), np.bool_, ("batch", "seq")),
+        spec((b, s), np.int32, ("batch", "seq")),
+        spec((b, s), np.int32, ("batch", "seq")),
+        spec((b, s), np.int32, ("batch", "seq")),
+        spec((groups, rows), np.int32, ("batch", None)),
+        spec((groups, rows, dims.labels), np.int32, ("batch", None, None)),
+        spec((), np.int32, None),
     )
