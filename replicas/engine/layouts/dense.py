@@ -89,5 +89,7 @@ def dense_specs(spec: Spec, dims: DenseDims, groups: int, causal: bool = False) 
 
 def compile_dense(model: CausalLM, runner: Any, dims: DenseDims, causal: bool = False) -> Any:
     """The dense (or causal) step of ``dims``, compiled ahead of time through the runner."""
-    step = jax.jit(partial(causal_step if causal else dense_step, model))
+    step = jax.jit(
+        partial(causal_step if causal else dense_step, model), out_shardings=runner.replicated
+    )  # scores gathered once, readable by every host of a group
     return runner.lower(step, dense_specs(runner.spec, dims, runner.groups, causal))

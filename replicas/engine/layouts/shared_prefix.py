@@ -104,7 +104,9 @@ class SharedPrefixLayout:
             )
             return runner.lower(step, specs)
         runner.ensure("prefix", PrefixDims(dims.batch, dims.prefix))
-        step = jax.jit(partial(stream_step, self._model, dims.window))
+        step = jax.jit(  # scores gathered once, readable by every host of a group
+            partial(stream_step, self._model, dims.window), out_shardings=runner.replicated
+        )
         return runner.lower(step, stream_specs(self._model, runner.spec, dims, runner.groups))
 
     # -- scoring ------------------------------------------------------------------------

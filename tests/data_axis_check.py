@@ -1,0 +1,138 @@
+"""Run as ``python -m tests.data_axis_check DIR`` with 4 host devices (XLA_FLAGS set).
+
+Scores the same works with every layout on meshes ``[1, 1]``, ``[2, 1]``, ``[1, 2]`` and
+``[2, 2]`` (``[data, model]``), the query cache and a many-item request included, and reads
+each compiled step's per-device FLOPs from XLA (``cost_analysis`` of the partitioned
+executable). Prints one JSON line: per mesh and layout the scores, and per step signature
+compiled on a mesh with ``data`` = 2 its FLOPs beside the same signature on the mesh with
+``data`` = 1 and the same model axis. The XLA flag must be set before jax initializes,
+hence a separate process.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from replicas.contract import ScoreWork
+
+MESHES = ((1, 1), (2, 1), (1, 2), (2, 2))
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "shared_prefix": {"multi_item_scoring_delimiter": 3},
+    "packed_reference": {"multi_item_scoring_delimiter": 3, "layout": "packed_reference"},
+    "single_item": {"multi_item_scoring_delimiter": None},
+}
+
+
+def rounds(vocab: int) -> list[list[ScoreWork]]:
+    """Three calls: a batch of requests of 1 to 40 items, one item-first; the same queries
+    with fresh items (query cache hits); one request alone with 3 items."""
+    rng = np.random.default_rng(0)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(10, vocab, n))
+
+    queries = [ids(20), ids(9), ids(31)]
+    labels = ((5, 7, 9), (4, 8), (11,))
+
+    def batch() -> list[ScoreWork]:
+        return [
+            ScoreWork(queries[0], tuple(ids(n) for n in (5, 1, 7, 3)), labels[0]),
+            ScoreWork(queries[1], tuple(ids(2 + i % 5) for i in range(40)), labels[1]),
+            ScoreWork(queries[2], (ids(4),), labels[2]),
+            ScoreWork(ids(6), (ids(3), ids(5)), labels[0], item_first=True),
+        ]
+
+    return [batch(), batch(), [ScoreWork(ids(12), (ids(2), ids(8), ids(1)), labels[0])]]
+
+
+def flops(compiled: Any) -> float:
+    cost = compiled.cost_analysis() or {}
+    cost = cost[0] if isinstance(cost, list) else cost
+    return float(cost.get("flops", 0.0))
+
+
+def score_chunk_flops(loaded: Any, labels: int) -> float:
+    """Per-device FLOPs XLA counts for one chunk of the LM head loop (``SCORE_CHUNK`` rows per
+    data shard on either mesh). XLA counts a loop body once, whatever its trip count (the
+    real rows of the fullest shard, a run-time value that the data axis divides), so the
+    comparison leaves this constant out of both sides."""
+    import jax
+    import jax.numpy as jnp
+
+    from replicas.engine.layouts.common import SCORE_CHUNK
+
+    mesh = loaded.params["embed"].sharding.mesh
+    whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    width = loaded.config.hidden_size
+    hidden = jax.ShapeDtypeStruct((SCORE_CHUNK, width), jnp.float32, sharding=whole)
+    ids = jax.ShapeDtypeStruct((SCORE_CHUNK, labels), jnp.int32, sharding=whole)
+    step = jax.jit(loaded.model.label_logprobs)
+    return flops(step.lower(loaded.params, hidden, ids).compile())
+
+
+def engine_for(loaded: Any, overrides: dict[str, Any]) -> Any:
+    from replicas.engine.scoring_engine import ScoringEngine
+    from replicas.settings import ReplicaSettings
+
+    settings = ReplicaSettings(
+        batch_buckets=(1, 2, 4),
+        token_buckets=(16, 32, 64),
+        item_token_buckets=(16, 32, 64),
+        max_multi_item_seq_len=256,
+        background_compile=False,
+        **overrides,
+    )
+    mesh = loaded.params["embed"].sharding.mesh
+    return ScoringEngine(loaded.model, loaded.params, mesh, settings, "tiny")
+
+
+def run(directory: Path) -> dict[str, Any]:
+    from cluster.mesh import build_mesh
+    from replicas.checkpoints.loading import load_model
+
+    loaded = {mesh: load_model(directory, build_mesh(mesh)) for mesh in MESHES}
+    scores: dict[str, Any] = {}
+    costs: list[dict[str, Any]] = []
+    for name, overrides in LAYOUTS.items():
+        engines = {mesh: engine_for(loaded[mesh], overrides) for mesh in MESHES}
+        for mesh, engine in engines.items():
+            vocab = engine.info.vocab_size
+            calls = [engine.score_batch(works) for works in rounds(vocab)]
+            scores[f"{mesh[0]}x{mesh[1]}/{name}"] = {
+                "scores": [[s.tolist() for s in call] for call in calls],
+                "cache_hits": engine.stats()["query_cache_hits"],
+            }
+        for split, whole in (((2, 1), (1, 1)), ((2, 2), (1, 2))):
+            for key, compiled in engines[split].executables().items():
+                engines[whole].compile_keys([key])
+                scored = key[0] != "prefix"  # every other step ends in the LM head loop
+                loop = score_chunk_flops(loaded[whole], key[1].labels) if scored else 0.0
+                costs.append(
+                    {
+                        "layout": name,
+                        "mesh": list(split),
+                        "kind": key[0],
+                        "dims": list(key[1].astuple()),
+                        "flops": flops(compiled),
+                        "flops_data_1": flops(engines[whole].executables()[key]),
+                        "score_loop_flops": loop,
+                    }
+                )
+    return {"scores": scores, "costs": costs}
+
+
+def main(argv: list[str]) -> None:
+    import jax
+
+    result = run(Path(argv[0]))
+    result["devices"] = jax.device_count()
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
