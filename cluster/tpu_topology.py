@@ -22,22 +22,26 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class ChipSpec:
-    """Published per-chip figures: HBM bytes, dense bf16 FLOP/s, HBM bytes/s."""
+    """Published per-chip figures: HBM bytes, dense bf16 FLOP/s, HBM bytes/s, and the
+    chip's bidirectional inter-chip interconnect (ICI) bytes/s."""
 
     name: str
     hbm_bytes: int
     peak_flops: float
     hbm_bandwidth: float
+    ici_bandwidth: float
 
 
 # Keyed by the device_kind libtpu reports. Peaks: Google Cloud's TPU pages (v6e 918 bf16
 # TFLOP/s, 1640 GB/s; v5e 197 TFLOP/s, 819 GB/s; v5p 459 TFLOP/s, 2765 GB/s; v4 275 TFLOP/s,
-# 1228 GB/s).
+# 1228 GB/s). ICI, the same pages' "bidirectional inter-chip interconnect bandwidth (per
+# chip)": v6e 800 GB/s, v5e 400 GB/s, v5p 1200 GB/s; v4 states none per chip, its pod's
+# all-reduce bandwidth (1.1 PB/s over 4096 chips) gives 268 GB/s.
 CHIPS: dict[str, ChipSpec] = {
-    "TPU v6 lite": ChipSpec("v6e", 32 * GIB, 918e12, 1640e9),
-    "TPU v5 lite": ChipSpec("v5e", 16 * GIB, 197e12, 819e9),
-    "TPU v5": ChipSpec("v5p", 95 * GIB, 459e12, 2765e9),
-    "TPU v4": ChipSpec("v4", 32 * GIB, 275e12, 1228e9),
+    "TPU v6 lite": ChipSpec("v6e", 32 * GIB, 918e12, 1640e9, 800e9),
+    "TPU v5 lite": ChipSpec("v5e", 16 * GIB, 197e12, 819e9, 400e9),
+    "TPU v5": ChipSpec("v5p", 95 * GIB, 459e12, 2765e9, 1200e9),
+    "TPU v4": ChipSpec("v4", 32 * GIB, 275e12, 1228e9, 268e9),
 }
 
 

@@ -44,23 +44,26 @@ def table_row(plan: dict[str, Any]) -> str:
     steps = plan["steps"]
     peak = max((s["step_bytes"] for s in steps), default=0)
     need = plan["param_bytes"] + plan["cache_bytes"] + peak
-    projection = {row["batch"]: row for row in plan["projection"]}
+    rfc = {row["batch"]: row for row in plan["projection"] if row["shape"][1] == 10}
     rates = " / ".join(
-        f"{projection[b]['items_per_s']:,.0f} ({projection[b]['items_per_s_cached_query']:,.0f})"
-        for b in sorted(projection)
+        f"{rfc[b]['items_per_s']:,.0f} ({rfc[b]['items_per_s_cached_query']:,.0f})"
+        for b in sorted(rfc)
     )
+    ranking = [row for row in plan["projection"] if row["shape"][1] == 1000]
+    latency = f"{ranking[0]['latency_s'] * 1e3:.2f}" if ranking else "-"
     return (
         f"| {plan['model']} | {plan['topology']} | {list(plan['mesh'])} | "
         f"{', '.join(plan['crossing']) or '-'} | {'yes' if plan['fits'] else '**no**'} | "
         f"{plan['param_bytes'] / GIB:.2f} | {need / GIB:.2f} of {plan['hbm_bytes'] / GIB:.0f} | "
-        f"{rates or '-'} |"
+        f"{rates or '-'} | {latency} |"
     )
 
 
 HEADER = (
     "| model | topology | mesh [data, model] | axis across hosts | fits | parameters GiB/chip "
-    "| needed GiB/chip of HBM | projected items/s, 1 / 16 requests per step (query cached) |\n"
-    "|---|---|---|---|---|---:|---:|---:|"
+    "| needed GiB/chip of HBM | projected items/s, 1 / 16 requests per step (query cached) "
+    "| projected ms, one request of 1000 items |\n"
+    "|---|---|---|---|---|---:|---:|---:|---:|"
 )
 
 

@@ -33,7 +33,6 @@ DEFAULT_CONFIGS = {
     "v6e:2x2": MANIFESTS / "rayservice-v6e-4.yaml",
     "v6e:4x4": MANIFESTS / "rayservice-v6e-16.yaml",
 }
-WORKLOAD = (300, 10, 10, 2)  # RFC-008: query tokens, items, item tokens, labels
 
 
 @dataclass
@@ -173,37 +172,20 @@ def compile_steps(engine: Any, keys: list[tuple[str, Any]], plan: Plan) -> None:
                 print(format_step(plan.steps[-1], plan.hbm_bytes), flush=True)
 
 
-def project(engine: Any, settings: Any, chip: Any, plan: Plan) -> None:
-    """RFC-008's workload (multi-item, query first) at batch 1 and at the largest batch
-    bucket: its item-stream steps and the prefix step each needs, cold and cached."""
-    from planning.tpu_projection import items_per_second, project_step
-    from replicas.engine.layouts.shared_prefix import PrefixDims
-
-    itemsize = 2 if settings.dtype == "bfloat16" else 4
-    for batch in sorted({1, settings.batch_buckets[-1]}):
-        items = WORKLOAD[1] * batch
-        streams = [d for k, d in engine.workload_keys([WORKLOAD], batch) if k == "items"]
-        keys = [("prefix", PrefixDims(d.batch, d.prefix)) for d in streams]
-        keys += [("items", d) for d in streams]
-        costs = {
-            (kind, dims): project_step(
-                engine.model.config, kind, dims, items if kind == "items" else 0, chip,
-                settings.mesh_shape[1], plan.param_bytes, itemsize,
-            )
-            for kind, dims in keys
-        }  # fmt: skip
-        warm = [cost for (kind, _), cost in costs.items() if kind == "items"]
-        plan.projection.append(
-            {
-                "batch": batch,
-                "steps": [
-                    [kind, list(dims.astuple()), round(cost.seconds * 1e3, 3)]
-                    for (kind, dims), cost in costs.items()
-                ],
-                "items_per_s": round(items_per_second(items, list(costs.values())), 1),
-                "items_per_s_cached_query": round(items_per_second(items, warm), 1),
-            }
-        )
+def format_projection(row: dict[str, Any]) -> str:
+    query, items, item_tokens, _ = row["shape"]
+    steps = ", ".join(
+        f"{step['runs']}x {step['kind']} {tuple(step['dims'])} {step['ms']:.3f} ms "
+        f"({step['flops_per_chip']:.3g} FLOP, {step['hbm_bytes_per_chip']:.3g} B, "
+        f"collectives {step['collective_ms']:.3f} ms per chip)"
+        for step in row["steps"]
+    )
+    return (
+        f"  projected, {row['batch']} request(s) of a {query}-token query + {items} items of "
+        f"{item_tokens} tokens per step: {row['items_per_s']:.0f} items/s cold, "
+        f"{row['items_per_s_cached_query']:.0f} with the query cached, "
+        f"{row['latency_s'] * 1e3:.2f} ms per step set; {steps}"
+    )
 
 
 def format_step(row: dict[str, Any], hbm: int) -> str:
@@ -222,6 +204,7 @@ def check(args: argparse.Namespace) -> Plan:
 
     from cluster.mesh import build_mesh
     from cluster.tpu_topology import axes_crossing_hosts, chip_spec, topology_devices
+    from planning.tpu_projection import project
     from replicas.checkpoints.loading import DTYPES
     from replicas.engine.scoring_engine import ScoringEngine
     from replicas.model.catalog import model_config
@@ -242,7 +225,8 @@ def check(args: argparse.Namespace) -> Plan:
         return plan
     engine = ScoringEngine(model, params, mesh, settings, name=args.model)
     compile_steps(engine, chosen_keys(engine, args.signatures), plan)
-    project(engine, settings, chip, plan)
+    if args.projection:
+        plan.projection = project(engine, mesh, chip, abstract_params)
     return plan
 
 
@@ -278,6 +262,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
     parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")
     parser.add_argument("--json", help="write the plan as JSON here")
+    parser.add_argument(
+        "--projection",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="project RFC-008's workload and a 1000-item request (compiles each step twice more)",
+    )
     return parser.parse_args(argv)
 
 
@@ -290,11 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tpu_check: {error}", file=sys.stderr)
         return 2
     for row in plan.projection:
-        print(
-            f"  projected at RFC-008's workload, {row['batch']} request(s) per step: "
-            f"{row['items_per_s']:.0f} items/s cold, {row['items_per_s_cached_query']:.0f} "
-            f"items/s with the query cached; steps (kind, dims, ms): {row['steps']}"
-        )
+        print(format_projection(row), flush=True)
     print(verdict(plan))
     if args.json:
         Path(args.json).write_text(json.dumps(vars(plan) | {"fits": plan.fits}, indent=1))

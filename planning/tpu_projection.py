@@ -1,39 +1,32 @@
-"""Paper projections of a step's time on a TPU chip: a roofline from analytic FLOPs and bytes.
+"""Projections of a workload on a TPU slice from the steps XLA compiled for it.
 
-XLA's ``cost_analysis`` counts the body of the layer scan once, so the FLOPs here are
-analytic (``replicas.model.flops``), for the padded shapes a step really computes. A step's time is
-``max(FLOPs / peak, bytes / bandwidth)`` per chip: the model axis splits the work, the data
-axis repeats it (step inputs are replicated). It leaves out collectives over ICI, kernel
-efficiency and host overhead, so it is a lower bound on step time, not a measurement.
+Each step the workload runs is compiled for the slice (deviceless) for a 1-layer and a
+2-layer model of the same shapes with the layer scan unrolled, and its per-chip FLOPs, HBM
+bytes and collective bytes are read from the executables (``planning.compiled_cost``). A
+step's time is ``max(FLOPs / peak, bytes / HBM bandwidth) + collective bytes / ICI
+bandwidth`` per chip: a bound from published chip figures, not a measurement; it leaves out
+kernel efficiency, host overhead and batching delays. The analytic FLOPs below are the
+independent reference the tests hold the compiled counts to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import dataclasses
+from collections import Counter
 from typing import Any
 
 from cluster.tpu_topology import ChipSpec
+from planning.compiled_cost import ChipCost, all_layers, executable_cost
 from replicas.model.config import ModelConfig
 from replicas.model.flops import lm_head_flops, matmul_params_per_token
 
-
-@dataclass(frozen=True)
-class StepCost:
-    """One chip's share of a step: FLOPs, HBM bytes moved, and the roofline time."""
-
-    flops: float
-    bytes: float
-    seconds: float
+WORKLOAD = (300, 10, 10, 2)  # RFC-008: query tokens, items, item tokens, labels
+RANKING = (300, 1000, 10, 2)  # one request of 1000 candidates behind RFC-008's query
 
 
 def attention_flops(c: ModelConfig, tokens: int, keys: int) -> int:
     """QK^T and PV of ``tokens`` queries over ``keys`` keys, every layer."""
     return 4 * tokens * keys * c.num_heads * c.head_dim * c.num_layers
-
-
-def kv_bytes(c: ModelConfig, tokens: int, itemsize: int) -> int:
-    return 2 * c.num_layers * tokens * c.num_kv_heads * c.head_dim * itemsize
 
 
 def step_flops(c: ModelConfig, kind: str, dims: Any, rows: int) -> int:
@@ -52,31 +45,86 @@ def step_flops(c: ModelConfig, kind: str, dims: Any, rows: int) -> int:
     return tokens * dense + attention_flops(c, tokens, dims.tokens) + rows * lm_head_flops(c)
 
 
-def step_bytes(c: ModelConfig, kind: str, dims: Any, param_bytes: int, itemsize: int) -> int:
-    """Weights read once per step, plus the prefix keys/values written (prefix) or read
-    (items), per chip before the model-axis split of the KV part."""
-    if kind == "prefix":
-        return param_bytes + kv_bytes(c, dims.batch * dims.tokens, itemsize)
-    if kind == "items":
-        return param_bytes + kv_bytes(c, dims.batch * dims.prefix, itemsize)
-    return param_bytes
+def layer_engines(engine: Any, mesh: Any, abstract_params: Any) -> list[Any]:
+    """The engine's layouts and settings on 1-layer and 2-layer models, scan unrolled."""
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    engines = []
+    for layers in (1, 2):
+        config = dataclasses.replace(engine.model.config, num_layers=layers)
+        model = dataclasses.replace(engine.model, config=config, unroll_layers=True)
+        params, _ = abstract_params(model, mesh)
+        engines.append(ScoringEngine(model, params, mesh, engine.settings, f"{layers} layers"))
+    return engines
 
 
-def project_step(
-    c: ModelConfig,
-    kind: str,
-    dims: Any,
-    rows: int,
-    chip: ChipSpec,
-    model_axis: int,
-    param_bytes_per_chip: int,
-    itemsize: int,
-) -> StepCost:
-    flops = step_flops(c, kind, dims, rows) / model_axis
-    kv = step_bytes(c, kind, dims, 0, itemsize) / model_axis
-    moved = param_bytes_per_chip + kv
-    return StepCost(flops, moved, max(flops / chip.peak_flops, moved / chip.hbm_bandwidth))
+def step_cost(engines: list[Any], key: tuple[str, Any], layers: int) -> ChipCost:
+    """Per-chip cost of the step ``key`` with every layer."""
+    costs = []
+    for engine in engines:
+        engine.compile_keys([key])
+        costs.append(executable_cost(engine.executables()[key]))
+    return all_layers(costs[0], costs[1], layers)
 
 
-def items_per_second(items: int, costs: Sequence[StepCost]) -> float:
-    return items / sum(cost.seconds for cost in costs)
+def step_row(key: tuple[str, Any], cost: ChipCost, chip: ChipSpec, runs: int) -> dict[str, Any]:
+    kind, dims = key
+    return {
+        "kind": kind,
+        "dims": list(dims.astuple()),
+        "runs": runs,
+        "ms": round(cost.seconds(chip) * 1e3, 4),
+        "flops_per_chip": cost.flops,
+        "hbm_bytes_per_chip": cost.hbm_bytes,
+        "ici_bytes_per_chip": cost.ici_bytes,
+        "collective_ms": round(cost.collective_seconds(chip) * 1e3, 4),
+    }
+
+
+def workload_steps(engine: Any, shape: tuple[int, int, int, int], batch: int) -> Counter:
+    """The steps ``batch`` requests of ``shape`` (distinct queries, query first) run on the
+    shared-prefix path: the item-stream steps the engine plans, and the prefix steps that
+    compute their queries, batched as the layout batches them."""
+    from replicas.contract import ScoreWork
+    from replicas.engine.layouts.common import bucket_for, data_buckets
+    from replicas.engine.layouts.shared_prefix import PrefixDims
+
+    query, items, item_tokens, labels = shape
+    token = 2 if engine.settings.multi_item_scoring_delimiter == 1 else 1
+    work = ScoreWork((token,) * query, ((token,) * item_tokens,) * items, tuple(range(labels)))
+    runs = Counter(key for key in engine.plan([work] * batch) if key[0] == "items")
+    buckets = data_buckets(engine.settings.batch_buckets, engine.groups)
+    width = next(iter(runs))[1].prefix
+    for start in range(0, batch, buckets[-1]):
+        queries = min(buckets[-1], batch - start)
+        runs[("prefix", PrefixDims(bucket_for(queries, buckets, "batch_buckets"), width))] += 1
+    return runs
+
+
+def project_workload(
+    engines: list[Any], engine: Any, chip: ChipSpec, shape: tuple[int, int, int, int], batch: int
+) -> dict[str, Any]:
+    """``batch`` concurrent requests of ``shape``: every step they run, cold and cached."""
+    layers = engine.model.config.num_layers
+    runs = workload_steps(engine, shape, batch)
+    costs = {key: step_cost(engines, key, layers) for key in runs}
+    seconds = sum(costs[key].seconds(chip) * n for key, n in runs.items())
+    warm = sum(costs[key].seconds(chip) * n for key, n in runs.items() if key[0] != "prefix")
+    items = shape[1] * batch
+    return {
+        "shape": list(shape),
+        "batch": batch,
+        "steps": [step_row(key, costs[key], chip, n) for key, n in runs.items()],
+        "latency_s": seconds,
+        "items_per_s": round(items / seconds, 1),
+        "items_per_s_cached_query": round(items / warm, 1),
+    }
+
+
+def project(engine: Any, mesh: Any, chip: ChipSpec, abstract_params: Any) -> list[dict]:
+    """RFC-008's workload at 1 request per step and at the largest batch bucket, and one
+    request of 1000 items (a ranking request's latency)."""
+    engines = layer_engines(engine, mesh, abstract_params)
+    batches = sorted({1, engine.settings.batch_buckets[-1]})
+    rows = [project_workload(engines, engine, chip, WORKLOAD, batch) for batch in batches]
+    return [*rows, project_workload(engines, engine, chip, RANKING, 1)]

@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from cluster.tpu_topology import GIB, ChipSpec, axes_crossing_hosts, libtpu_path
+from planning.compiled_cost import ChipCost, all_layers, ici_bytes
 from planning.tpu_check import DEFAULT_CONFIGS, serve_args
-from planning.tpu_projection import project_step, step_flops
+from planning.tpu_projection import step_flops
 from replicas.engine.layouts.shared_prefix import PrefixDims
 from replicas.engine.layouts.stream import StreamDims
 from replicas.model.catalog import model_config
@@ -40,23 +41,47 @@ def test_libtpu_is_installed_by_the_set_up() -> None:
     assert libtpu_path().name == "libtpu.so"
 
 
+CHECKS = {
+    # Each slice of the two manifests, each model family once; Qwen3-0.6B on both slices
+    # with the projection (its steps compiled twice more), to compare them.
+    ("v6e:2x2", "Qwen3-0.6B"): ["--projection"],
+    ("v6e:4x4", "Qwen3-0.6B"): ["--projection"],
+    ("v6e:4x4", "Llama-3.2-1B"): ["--no-projection"],
+}
+
+
+@pytest.fixture(scope="module")
+def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[str, dict]]:
+    """The three checks, run side by side (each its own compile-only libtpu process)."""
+    folder = tmp_path_factory.mktemp("plans")
+    running = {}
+    for (topology, model), extra in CHECKS.items():
+        out = folder / f"{topology}-{model}.json"
+        command = [sys.executable, "-m", "planning.tpu_check", "--topology", topology]
+        command += ["--model", model, "--signatures", "smallest", "--json", str(out), *extra]
+        running[(topology, model)] = (out, subprocess.Popen(command, cwd=ROOT, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+    results = {}
+    for key, (out, process) in running.items():
+        stdout, _ = process.communicate(timeout=900)
+        assert process.returncode == 0, stdout
+        results[key] = (stdout, json.loads(out.read_text()))
+    return results
+
+
 @pytest.mark.parametrize(
     ("topology", "model", "crossing"),
     [
-        # Each slice of the two manifests once, each model family once (a pair is ~20 s of
-        # the suite's budget; `python -m planning.tpu_check` checks any other by hand).
         ("v6e:2x2", "Qwen3-0.6B", []),
+        ("v6e:4x4", "Qwen3-0.6B", ["data"]),
         ("v6e:4x4", "Llama-3.2-1B", ["data"]),
     ],
 )
 def test_the_shipped_tpu_configs_compile_for_their_slices(
-    tmp_path: Path, topology: str, model: str, crossing: list[str]
+    plans: dict, topology: str, model: str, crossing: list[str]
 ) -> None:
-    done, plan = run_check(
-        tmp_path, "--topology", topology, "--model", model, "--signatures", "smallest"
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert plan is not None and plan["fits"]
+    stdout, plan = plans[(topology, model)]
+    assert plan["fits"]
     manifest_mesh = tuple(serve_args(DEFAULT_CONFIGS[topology])["mesh_shape"])
     assert tuple(plan["mesh"]) == manifest_mesh
     assert plan["hosts"] == {"v6e:2x2": 1, "v6e:4x4": 4}[topology]
@@ -68,7 +93,7 @@ def test_the_shipped_tpu_configs_compile_for_their_slices(
     # Parameters really are split four ways on the model axis (bf16, 2 bytes each).
     config = model_config(model)
     assert plan["param_bytes"] < 2 * parameter_count(config) / 3
-    assert "fits: yes" in done.stdout
+    assert "fits: yes" in stdout
 
 
 def parameter_count(config) -> int:
@@ -119,11 +144,61 @@ def test_projected_flops_are_the_model_flops_plus_the_padded_attention() -> None
     assert padded - useful == 4 * extra_keys * c.num_heads * c.head_dim * c.num_layers
 
 
-def test_the_roofline_is_the_slower_of_compute_and_memory() -> None:
+def test_collective_bytes_are_read_from_hlo_lines() -> None:
+    # all-reduce of 4 x 8 f32 (128 B) over groups of 2: a ring sends 2 (n - 1) / n = 1x.
+    reduce = "%ar = f32[4,8]{1,0} all-reduce(%x), replica_groups={{0,1},{2,3}}, to_apply=%add"
+    assert ici_bytes(reduce) == 128
+    # all-gather to 4 x 2 s32 (32 B) over the 4 devices of mesh axis_0: 3/4 of the output.
+    gather = (
+        "%ag = s32[4,2]{1,0} all-gather(%b), channel_id=10, "
+        "replica_groups=mesh['axis_0'=4,'axis_1'=1] {'axis_0'}, dimensions={0}"
+    )
+    assert ici_bytes(gather) == 24
+    # An async start returns (operand, output): the output (8 x 16 bf16, 256 B), iota groups
+    # of 4 -> 3/4 of it; its -done and a fusion that only names an all-reduce count nothing.
+    start = (
+        "%s = (bf16[2,16]{1,0}, bf16[8,16]{1,0}) all-gather-start(%y), "
+        "replica_groups=[2,4]<=[8], dimensions={0}"
+    )
+    done = "%d = bf16[8,16]{1,0} all-gather-done(%s)"
+    fused = "%f = f32[4]{0} fusion(%all-reduce.1), kind=kLoop"
+    assert ici_bytes("\n".join([start, done, fused])) == 192
+
+
+def test_a_step_of_every_layer_is_one_layer_plus_the_difference() -> None:
+    one, two = ChipCost(10.0, 100.0, 4.0), ChipCost(16.0, 130.0, 6.0)
+    assert all_layers(one, two, 28) == ChipCost(10 + 27 * 6, 100 + 27 * 30, 4 + 27 * 2)
+    chip = ChipSpec("x", 16 * GIB, peak_flops=1e12, hbm_bandwidth=1e12, ici_bandwidth=1e11)
+    cost = ChipCost(2e12, 1e12, 1e10)
+    assert cost.seconds(chip) == max(2.0, 1.0) + 0.1
+
+
+def steps_of(plan: dict, items: int, batch: int) -> dict[tuple[str, tuple[int, ...]], dict]:
+    row = next(r for r in plan["projection"] if r["shape"][1] == items and r["batch"] == batch)
+    return {(step["kind"], tuple(step["dims"])): step for step in row["steps"]}
+
+
+def test_compiled_flops_per_chip_add_up_to_the_analytic_flops(plans: dict) -> None:
     config = model_config("Qwen3-0.6B")
-    chip = ChipSpec("x", 16 * GIB, peak_flops=1e12, hbm_bandwidth=1e12)
-    dims = PrefixDims(1, 16)
-    cost = project_step(config, "prefix", dims, 0, chip, 1, 10**9, 2)
-    assert cost.seconds == max(cost.flops / 1e12, cost.bytes / 1e12)
-    halved = project_step(config, "prefix", dims, 0, chip, 2, 10**9, 2)
-    assert halved.flops == cost.flops / 2
+    for topology in ("v6e:2x2", "v6e:4x4"):
+        plan = plans[(topology, "Qwen3-0.6B")][1]
+        chips = plan["mesh"][0] * plan["mesh"][1]
+        for (kind, dims), step in steps_of(plan, 10, 16).items():
+            shaped = StreamDims(*dims) if kind == "items" else PrefixDims(*dims)
+            analytic = step_flops(config, kind, shaped, 160 if kind == "items" else 0)
+            # Every layer counted (unrolled 1- and 2-layer compiles), the Pallas kernels by
+            # their cost estimates; XLA adds norms, softmax and the like on top.
+            assert 0.95 <= step["flops_per_chip"] * chips / analytic <= 1.15, (topology, kind)
+
+
+def test_the_data_axis_divides_each_chips_share_on_a_slice(plans: dict) -> None:
+    """v6e:4x4 [4, 4] against v6e:2x2 [1, 4], the same step signatures: each chip computes
+    a quarter (16 requests per step, and one request of 1000 items spread over the rows)."""
+    four = plans[("v6e:2x2", "Qwen3-0.6B")][1]
+    sixteen = plans[("v6e:4x4", "Qwen3-0.6B")][1]
+    for items, batch in ((10, 16), (1000, 1)):
+        whole, split = steps_of(four, items, batch), steps_of(sixteen, items, batch)
+        shared = [key for key in split if key in whole and not (key[0] == "prefix" and batch == 1)]
+        assert any(kind == "items" for kind, _ in shared)
+        for key in shared:
+            assert split[key]["flops_per_chip"] <= 1.1 / 4 * whole[key]["flops_per_chip"], key

@@ -119,6 +119,9 @@ class CausalLM:
     stream_attention: Callable[..., Array] = attend_item_stream
     # Dense rows' attention (``masked_attention``, or a fused causal kernel on GPU).
     dense_attention: Callable[..., Array] = masked_attention
+    # True: the layer scan is unrolled, so XLA's cost analysis counts every layer (it counts
+    # a loop body once). For planning compiles only: serving keeps one scanned body.
+    unroll_layers: bool = False
 
     @property
     def layer(self) -> DecoderLayer:
@@ -164,7 +167,9 @@ class CausalLM:
             h, k, v = layer.apply({"params": layer_params}, h, positions, spec)
             return h, (k, v)
 
-        x, (keys, values) = jax.lax.scan(step, self._embed(params, tokens), params["layers"])
+        x, (keys, values) = jax.lax.scan(
+            step, self._embed(params, tokens), params["layers"], unroll=self.unroll_layers
+        )
         return self._final_norm(params, x), keys, values
 
     def hidden_states(
@@ -194,7 +199,7 @@ class CausalLM:
             return out, None
 
         scanned = (params["layers"], prefix_k, prefix_v)
-        x, _ = jax.lax.scan(step, self._embed(params, tokens), scanned)
+        x, _ = jax.lax.scan(step, self._embed(params, tokens), scanned, unroll=self.unroll_layers)
         return self._final_norm(params, x)
 
     def logits(self, params: Params, hidden: Array) -> Array:

@@ -95,6 +95,29 @@ def _pad_to(x: Array, length: int, axis: int, value: int = 0) -> Array:
     return jnp.pad(x, pad, constant_values=value)
 
 
+def _blocks_visited(nq: int, nk: int, *, causal: bool, window: int | None, block: int) -> int:
+    """(query block, kv block) pairs the kernel's loops run: what the cost estimate counts."""
+    if not causal:
+        return nq * nk
+    if window is None:
+        return sum(qi + 1 for qi in range(nq))
+    return sum(qi + 1 - max(qi * block - window + 1, 0) // block for qi in range(nq))
+
+
+def _cost(qt, kb, vb, qseg, kvseg, *, causal, window) -> pl.CostEstimate:
+    """What one call computes and moves, so XLA's cost analysis (and the TPU projections
+    read from it) count the kernel instead of a zero-cost custom call."""
+    batch, heads, length, head_dim = qt.shape
+    nk, block = kb.shape[2], kb.shape[3]
+    pairs = _blocks_visited(length // block, nk, causal=causal, window=window, block=block)
+    scores = batch * heads * pairs * block * block
+    moved = sum(x.size * x.dtype.itemsize for x in (qt, kb, vb, qseg, kvseg))
+    moved += qt.size * qt.dtype.itemsize + batch * heads * length * 4  # out, lse
+    return pl.CostEstimate(
+        flops=4 * scores * head_dim, transcendentals=scores, bytes_accessed=int(moved)
+    )
+
+
 def _flash(qt, kb, vb, qseg, kvseg, *, causal, window, interpret):
     """qt [B, H, S', Dh]; kb, vb [B, K, nk, bk, Dh]; qseg [B, S', 128]; kvseg [B, nk, 1, bk]
     -> out [B, H, S', Dh] (q's dtype), lse [B, H, 1, S'] float32."""
@@ -126,6 +149,7 @@ def _flash(qt, kb, vb, qseg, kvseg, *, causal, window, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "parallel")
         ),
+        cost_estimate=_cost(qt, kb, vb, qseg, kvseg, causal=causal, window=window),
         interpret=interpret,
     )(qseg, kvseg, qt, kb, vb)
 

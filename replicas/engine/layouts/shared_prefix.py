@@ -137,7 +137,11 @@ class SharedPrefixLayout:
         settings, groups = self._runner.settings, self._runner.groups
         buckets = data_buckets(settings.batch_buckets, groups)
         capacity, per_step = step_capacity(settings), buckets[-1]
-        units = [u for i in indices for u in chunk_items(works[i], i, capacity, groups)]
+        # Spread a request over several rows only while the call has fewer requests than
+        # data shards: many requests fill the axis with a row each, and every extra row of
+        # one request adds its window padding and the prefix it reads.
+        spread = -(-groups // max(len(indices), 1))
+        units = [u for i in indices for u in chunk_items(works[i], i, capacity, spread)]
 
         def query_bucket(unit: StreamUnit) -> int:
             query = works[unit.runs[0][0]].query_ids
