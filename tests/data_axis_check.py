@@ -29,14 +29,15 @@ LAYOUTS: dict[str, dict[str, Any]] = {
 
 
 def rounds(vocab: int) -> list[list[ScoreWork]]:
-    """Three calls: a batch of requests of 1 to 40 items, one item-first; the same queries
-    with fresh items (query cache hits); one request alone with 3 items."""
+    """Four calls: a batch of requests of 1 to 40 items (an empty one too), one item-first;
+    the same queries with fresh items (query cache hits); twice one request alone with 3
+    items."""
     rng = np.random.default_rng(0)
 
     def ids(n: int) -> tuple[int, ...]:
         return tuple(int(t) for t in rng.integers(10, vocab, n))
 
-    queries = [ids(20), ids(9), ids(31)]
+    queries = [ids(20), ids(9), ids(31), ids(7)]
     labels = ((5, 7, 9), (4, 8), (11,))
 
     def batch() -> list[ScoreWork]:
@@ -44,16 +45,35 @@ def rounds(vocab: int) -> list[list[ScoreWork]]:
             ScoreWork(queries[0], tuple(ids(n) for n in (5, 1, 7, 3)), labels[0]),
             ScoreWork(queries[1], tuple(ids(2 + i % 5) for i in range(40)), labels[1]),
             ScoreWork(queries[2], (ids(4),), labels[2]),
+            ScoreWork(queries[3], (ids(2), ()), labels[1]),
             ScoreWork(ids(6), (ids(3), ids(5)), labels[0], item_first=True),
         ]
 
-    return [batch(), batch(), [ScoreWork(ids(12), (ids(2), ids(8), ids(1)), labels[0])]]
+    def alone() -> list[ScoreWork]:  # one request, its items spread over every data shard
+        return [ScoreWork(ids(12), (ids(2), ids(8), ids(1)), labels[0])]
+
+    return [batch(), batch(), alone(), alone()]
 
 
 def flops(compiled: Any) -> float:
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list) else cost
     return float(cost.get("flops", 0.0))
+
+
+def output_bytes(compiled: Any) -> int:
+    return int(compiled.memory_analysis().output_size_in_bytes)
+
+
+def cache_bytes_per_device(engine: Any) -> int:
+    """The most prefix keys/values bytes the query cache holds on any one device."""
+    per_device: dict[Any, int] = {}
+    for copies in engine.cache.entries():
+        for entry in copies.entries.values():
+            for pieces in (entry.keys, entry.values):
+                for device, piece in pieces.items():
+                    per_device[device] = per_device.get(device, 0) + int(piece.nbytes)
+    return max(per_device.values(), default=0)
 
 
 def score_chunk_flops(loaded: Any, labels: int) -> float:
@@ -106,6 +126,7 @@ def run(directory: Path) -> dict[str, Any]:
             scores[f"{mesh[0]}x{mesh[1]}/{name}"] = {
                 "scores": [[s.tolist() for s in call] for call in calls],
                 "cache_hits": engine.stats()["query_cache_hits"],
+                "cache_bytes_per_device": cache_bytes_per_device(engine),
             }
         for split, whole in (((2, 1), (1, 1)), ((2, 2), (1, 2))):
             for key, compiled in engines[split].executables().items():
@@ -121,6 +142,8 @@ def run(directory: Path) -> dict[str, Any]:
                         "flops": flops(compiled),
                         "flops_data_1": flops(engines[whole].executables()[key]),
                         "score_loop_flops": loop,
+                        "output_bytes": output_bytes(compiled),
+                        "output_bytes_data_1": output_bytes(engines[whole].executables()[key]),
                     }
                 )
     return {"scores": scores, "costs": costs}

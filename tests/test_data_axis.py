@@ -86,3 +86,24 @@ def test_each_device_computes_half_of_every_step(result: dict) -> None:
         step = f"{cost['layout']} {cost['mesh']} {cost['kind']} {cost['dims']}"
         print(f"[data axis] {step}: per-device FLOPs {ratio:.3f} of data = 1")
         assert 0 < ratio <= 1.1 / 2, cost
+
+
+@pytest.mark.parametrize(("split", "whole"), [("2x1", "1x1"), ("2x2", "1x2")])
+def test_each_query_keys_and_values_sit_on_one_data_shard(
+    result: dict, split: str, whole: str
+) -> None:
+    """The query cache after the same calls: the busiest device of a data = 2 mesh holds
+    about half the prefix keys/values of data = 1 (each entry on the block that computed
+    it); and each compiled prefix step leaves half its keys/values per device."""
+    scores = result["scores"]
+    held = scores[f"{split}/shared_prefix"]["cache_bytes_per_device"]
+    reference = scores[f"{whole}/shared_prefix"]["cache_bytes_per_device"]
+    print(
+        f"\n[data axis] cached K/V on the busiest device, {split}: {held} B, {whole}: {reference} B"
+    )
+    assert 0 < held <= 1.1 / 2 * reference
+    mesh = [int(n) for n in split.split("x")]
+    prefixes = [c for c in result["costs"] if c["kind"] == "prefix" and c["mesh"] == mesh]
+    assert prefixes
+    for cost in prefixes:
+        assert cost["output_bytes"] <= 1.1 / 2 * cost["output_bytes_data_1"], cost

@@ -24,7 +24,7 @@ from replicas.engine.layouts.stream import (
 from replicas.settings import ReplicaSettings, bucket_ladder
 
 WORK = ScoreWork(query_ids=(11, 12, 13), item_ids=((21, 22), (), (31,)), label_ids=(5, 6, 7))
-PREFIX = PrefixEntry(keys=np.zeros((1, 1, 4, 1, 1)), values=None, last=None, length=3)
+PREFIX = PrefixEntry(keys={}, values={}, last={}, length=3, width=4, block=0, nbytes=0)
 
 
 def test_bucket_for_picks_the_smallest_fitting_bucket_and_refuses_overflow():

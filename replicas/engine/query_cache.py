@@ -40,6 +40,10 @@ class QueryCache:
         self.hits += 1
         return entry
 
+    def entries(self) -> list[Sized]:
+        """What the cache holds, least recently used first (nothing is counted as used)."""
+        return list(self._entries.values())
+
     def put(self, key: Hashable, entry: Sized) -> bool:
         """Insert (evicting the least recently used); False if it does not fit at all."""
         size = entry.nbytes

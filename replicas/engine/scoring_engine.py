@@ -296,6 +296,13 @@ class ScoringEngine:
     def groups(self) -> int:
         return int(self._mesh.shape["data"])
 
+    @property
+    def mesh(self) -> Mesh:
+        return self._mesh
+
+    def sharding(self, axes: tuple[str | None, ...], shape: tuple[int, ...]) -> Any:
+        return named_sharding(axes, shape, self._mesh)
+
     def spec(self, shape: tuple[int, ...], dtype: Any, axes: tuple[str | None, ...] | None) -> Any:
         sharding = self._replicated if axes is None else named_sharding(axes, shape, self._mesh)
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)

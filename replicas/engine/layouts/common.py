@@ -66,7 +66,12 @@ def spread_row(i: int, rows: int, groups: int) -> int:
     """Where the i-th real row of a step goes: round-robin over the ``groups`` blocks of
     ``rows // groups`` rows, so a step with fewer real rows than ``rows`` still keeps every
     data shard busy."""
-    return (i % groups) * (rows // groups) + i // groups
+    return spread_block(i, groups) * (rows // groups) + i // groups
+
+
+def spread_block(i: int, groups: int) -> int:
+    """The data block (shard) of the i-th real row of a step (``spread_row``)."""
+    return i % groups
 
 
 def data_buckets(buckets: Sequence[int], groups: int) -> tuple[int, ...]:

@@ -22,6 +22,15 @@ class Runner(Protocol):
     def replicated(self) -> Any: ...
 
     @property
+    def mesh(self) -> Any:
+        """The replica's ``[data, model]`` mesh."""
+        ...
+
+    def sharding(self, axes: tuple[str | None, ...], shape: tuple[int, ...]) -> Any:
+        """Where an array of ``shape`` with logical ``axes`` lives (the one table)."""
+        ...
+
+    @property
     def groups(self) -> int:
         """Data shards (the mesh's ``data`` size): a step's rows split into this many."""
         ...

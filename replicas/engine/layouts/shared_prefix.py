@@ -22,17 +22,24 @@ from replicas.engine.layouts.common import (
     BucketDims,
     bucket_for,
     data_buckets,
+    spread_block,
     step_capacity,
     unpack,
 )
+from replicas.engine.layouts.prefix_blocks import (
+    PrefixEntry,
+    assemble,
+    moves_between_blocks,
+    split_entries,
+)
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import (
-    PrefixEntry,
     StreamDims,
     StreamUnit,
     batch_arguments,
     exact_dims,
     pack_stream,
+    prefix_shardings,
     prefix_step,
     stream_specs,
     stream_step,
@@ -90,13 +97,15 @@ class SharedPrefixLayout:
     def __init__(self, model: CausalLM, runner: Runner) -> None:
         self._model = model
         self._runner = runner
+        self._turn = -1  # whose turn to hold a query many blocks read (see _homes)
 
     # -- compiling ----------------------------------------------------------------------
 
     def compile(self, kind: str, dims: Any) -> Any:
         runner = self._runner
-        if kind == "prefix":  # queries split over data; each entry whole on every device
-            step = jax.jit(partial(prefix_step, self._model), out_shardings=runner.replicated)
+        if kind == "prefix":  # queries split over data; each stays on the block computing it
+            shardings = prefix_shardings(self._model, runner.sharding, dims)
+            step = jax.jit(partial(prefix_step, self._model), out_shardings=shardings)
             shape = (dims.batch, dims.tokens)
             specs = (
                 runner.spec(shape, np.int32, ("batch", "seq")),
@@ -116,19 +125,31 @@ class SharedPrefixLayout:
         return [("items", dims) for dims, _ in self._steps(works, indices)]
 
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
-        prefixes: dict[tuple[Any, int], PrefixEntry] = {}
+        local: dict[tuple[Any, int], PrefixCopies] = {}  # this call's prefixes
         for exact, units in self._steps(works, indices):
             dims = self._runner.resolve("items", exact)
-            queries = [works[u.runs[0][0]].query_ids for u in units]
-            self._fill_prefixes(queries, dims.prefix, prefixes)
+            groups = self._runner.groups
+            needs = [  # (query, the data block its row lands on)
+                (works[u.runs[0][0]].query_ids, spread_block(i, groups))
+                for i, u in enumerate(units)
+            ]
+            entries = self._fill_prefixes(needs, dims.prefix, local)
             units = [
-                dataclasses.replace(u, prefix=prefixes[(query, dims.prefix)])
-                for u, query in zip(units, queries, strict=True)
+                dataclasses.replace(u, prefix=entries[need])
+                for u, need in zip(units, needs, strict=True)
             ]
             batch = pack_stream(units, works, dims, self._runner.groups)
+            prefixes = assemble(
+                self._runner.mesh, batch.prefixes, self._model.dtype, self._kv_shape, dims.prefix
+            )
             self._runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
-            outputs = self._runner.run("items", dims, batch_arguments(batch))  # [G, Rg, C]
+            outputs = self._runner.run("items", dims, batch_arguments(batch, prefixes))
             unpack(outputs.reshape(-1, outputs.shape[-1]), batch.slots, works, results)
+
+    @property
+    def _kv_shape(self) -> tuple[int, int, int, int]:
+        c = self._model.config
+        return c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size
 
     def _steps(
         self, works: Sequence[ScoreWork], indices: Sequence[int]
@@ -157,42 +178,97 @@ class SharedPrefixLayout:
 
     def _fill_prefixes(
         self,
-        queries: Sequence[tuple[int, ...]],
+        needs: Sequence[tuple[tuple[int, ...], int]],
         width: int,
-        local: dict[tuple[Any, int], PrefixEntry],
-    ) -> None:
-        """Put every query's prefix at ``width`` into ``local``: this call's, cached, or
-        computed, the missing ones batched into as few prefix steps as the batch buckets
-        allow."""
-        missing = []
-        for query in dict.fromkeys(queries):
+        local: dict[tuple[Any, int], PrefixCopies],
+    ) -> dict[tuple[tuple[int, ...], int], PrefixEntry]:
+        """The entry each ``(query, data block)`` reads at ``width``: this call's, cached
+        (moved from another block when it can be), or computed on that block, the missing
+        ones batched into as few prefix steps as the batch buckets allow."""
+        movable = moves_between_blocks(self._runner.mesh)
+        blocks_of: dict[tuple[int, ...], list[int]] = {}
+        for query, block in needs:
+            blocks_of.setdefault(query, []).append(block)
+        found: dict[tuple[tuple[int, ...], int], PrefixEntry] = {}
+        missing: dict[int, list[tuple[int, ...]]] = {}
+        for query, blocks in blocks_of.items():
             key = (query, width)
-            entry = local.get(key) or self._runner.cache.get(key)
-            if entry is None:
-                missing.append(query)
-            else:
-                local[key] = entry
-        per_step = data_buckets(self._runner.settings.batch_buckets, self._runner.groups)[-1]
-        for start in range(0, len(missing), per_step):
-            chunk = missing[start : start + per_step]
-            for query, entry in zip(chunk, self._compute_prefixes(chunk, width), strict=False):
-                local[(query, width)] = entry
-                self._runner.cache.put((query, width), entry)
+            copies = local.get(key) or self._runner.cache.get(key)
+            if copies is not None:
+                local[key] = copies
+            for home in self._homes(query, sorted(set(blocks)), copies, movable):
+                missing.setdefault(home, []).append(query)
+        for (query, _), entry in self._compute_prefixes(missing, width):
+            key = (query, width)
+            local[key] = (local.get(key) or PrefixCopies({})).with_entry(entry)
+            self._runner.cache.put(key, local[key])
+        for query, block in needs:
+            entry = local[(query, width)].on(block, movable)
+            if entry is None:  # _homes computes every block's copy that cannot be moved
+                raise RuntimeError(f"no prefix entry for data block {block}")
+            found[(query, block)] = entry
+        return found
+
+    def _homes(
+        self, query: tuple[int, ...], blocks: list[int], copies: PrefixCopies | None, movable: bool
+    ) -> list[int]:
+        """The blocks to compute ``query`` on: none when a copy serves every block that reads
+        it; with moves, one (the reading blocks take turns being the home of a query many
+        read, so the cache fills every block alike); without, each reading block lacking one."""
+        if movable:
+            if copies is not None and copies.entries:
+                return []
+            self._turn += 1
+            return [blocks[self._turn % len(blocks)]]
+        return [b for b in blocks if copies is None or b not in copies.entries]
 
     def _compute_prefixes(
-        self, queries: Sequence[tuple[int, ...]], width: int
-    ) -> list[PrefixEntry]:
-        buckets = data_buckets(self._runner.settings.batch_buckets, self._runner.groups)
-        exact = PrefixDims(bucket_for(len(queries), buckets, "batch_buckets"), width)
-        dims = self._runner.resolve("prefix", exact)
-        tokens = np.zeros((dims.batch, width), np.int32)  # [B, T]
-        lengths = np.ones((dims.batch,), np.int32)  # padding queries: one token
-        for b, query in enumerate(queries):
-            tokens[b, : len(query)] = query
-            lengths[b] = len(query)
-        keys, values, lasts = self._runner.run_device("prefix", dims, (tokens, lengths))
-        self._runner.count_tokens(dims.batch * width, sum(len(q) for q in queries))
-        return [
-            PrefixEntry(k, v, last, len(query))
-            for k, v, last, query in zip(keys, values, lasts, queries, strict=False)
-        ]
+        self, missing: dict[int, list[tuple[int, ...]]], width: int
+    ) -> Iterator[tuple[tuple[tuple[int, ...], int], PrefixEntry]]:
+        """Each block's missing queries, computed in slots of that block."""
+        groups = self._runner.groups
+        buckets = data_buckets(self._runner.settings.batch_buckets, groups)
+        per_step = buckets[-1] // groups
+        pending = {block: list(queries) for block, queries in missing.items()}
+        while any(pending.values()):
+            chunk = {block: queries[:per_step] for block, queries in pending.items()}
+            pending = {block: queries[per_step:] for block, queries in pending.items()}
+            fullest = max(len(queries) for queries in chunk.values())
+            exact = PrefixDims(bucket_for(fullest * groups, buckets, "batch_buckets"), width)
+            dims = self._runner.resolve("prefix", exact)
+            slots = dims.batch // groups
+            tokens = np.zeros((dims.batch, width), np.int32)  # [B, T]
+            lengths = np.ones((dims.batch,), np.int32)  # padding queries: one token
+            placed = []
+            for block, queries in chunk.items():
+                for i, query in enumerate(queries):
+                    b = block * slots + i
+                    tokens[b, : len(query)] = query
+                    lengths[b] = len(query)
+                    placed.append((b, query, block))
+            outputs = self._runner.run_device("prefix", dims, (tokens, lengths))
+            real = sum(len(query) for _, query, _ in placed)
+            self._runner.count_tokens(dims.batch * width, real)
+            entries = split_entries(self._runner.mesh, *outputs, [int(n) for n in lengths])
+            for b, query, block in placed:
+                yield (query, block), entries[b]
+
+
+@dataclass(frozen=True)
+class PrefixCopies:
+    """A query's prefix entries by data block: what the query cache holds per query."""
+
+    entries: dict[int, PrefixEntry]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(entry.nbytes for entry in self.entries.values())
+
+    def on(self, block: int, movable: bool) -> PrefixEntry | None:
+        """The copy on ``block``, else (when entries can move between blocks) any copy."""
+        if block in self.entries:
+            return self.entries[block]
+        return next(iter(self.entries.values()), None) if movable else None
+
+    def with_entry(self, entry: PrefixEntry) -> PrefixCopies:
+        return PrefixCopies({**self.entries, entry.block: entry})

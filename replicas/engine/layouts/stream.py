@@ -32,29 +32,11 @@ from replicas.engine.layouts.common import (
     score_rows,
     spread_row,
 )
+from replicas.engine.layouts.prefix_blocks import KV_AXES, LAST_AXES, PrefixEntry
 from replicas.model.causal_lm import CausalLM, CausalSpec, ItemStreamSpec, Params
 
 Array = jax.Array
 MIN_WINDOW = 4
-
-
-@dataclass(frozen=True)
-class PrefixEntry:
-    """A prefix's per-layer keys/values ``[layers, 1, T, K, Dh]`` and its last hidden state
-    ``[1, D]`` (the score of an empty item), on device. ``length`` real tokens of ``T``."""
-
-    keys: Array
-    values: Array
-    last: Array
-    length: int
-
-    @property
-    def bucket(self) -> int:
-        return int(self.keys.shape[2])
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.keys.nbytes + self.values.nbytes + self.last.nbytes)
 
 
 @dataclass(frozen=True)
@@ -127,9 +109,10 @@ def exact_dims(
 
 @dataclass(frozen=True)
 class StreamBatch:
-    """Host arrays of one step; ``prefixes`` holds B entries (padding slots repeat one)."""
+    """Host arrays of one step; ``prefixes`` holds the entry each of the B rows reads (None:
+    a padding row)."""
 
-    prefixes: tuple[PrefixEntry, ...]
+    prefixes: tuple[PrefixEntry | None, ...]
     prefix_valid: np.ndarray  # [B, T] bool
     tokens: np.ndarray  # [B, S] int32
     positions: np.ndarray  # [B, S] int32
@@ -154,7 +137,7 @@ def pack_stream(
     prefix_valid = np.zeros((b, dims.prefix), bool)
     index = ScoreIndex(groups, b, s)
     slots = []
-    prefixes = [units[0].prefix] * b  # padding rows repeat one
+    prefixes: list[PrefixEntry | None] = [None] * b
     for i, unit in enumerate(units):
         u = spread_row(i, b, groups)
         prefixes[u] = unit.prefix
@@ -186,9 +169,9 @@ def stream_step(
     model: CausalLM,
     window: int,
     params: Params,
-    prefix_keys: tuple[Array, ...],  # B x [layers, 1, T, K, Dh]
-    prefix_values: tuple[Array, ...],  # B x [layers, 1, T, K, Dh]
-    prefix_lasts: tuple[Array, ...],  # B x [1, D]
+    prefix_keys: Array,  # [layers, B, T, K, Dh]
+    prefix_values: Array,  # [layers, B, T, K, Dh]
+    prefix_lasts: Array,  # [B, D]
     prefix_valid: Array,  # [B, T]
     tokens: Array,  # [B, S]
     positions: Array,  # [B, S]
@@ -199,39 +182,39 @@ def stream_step(
 ) -> Array:
     """Label log-probs ``[G, Rg, C]`` of every item of the stream (rows past ``count``:
     zeros). Rows are independent, so with B sharded over ``data`` each shard runs its own."""
-    keys = jnp.concatenate(prefix_keys, axis=1)  # [layers, B, T, K, Dh]
-    values = jnp.concatenate(prefix_values, axis=1)
     spec = ItemStreamSpec(prefix_valid=prefix_valid, item_ids=item_ids, window=window)
-    hidden = model.stream_hidden(params, tokens, positions, spec, keys, values)  # [B, S, D]
+    hidden = model.stream_hidden(params, tokens, positions, spec, prefix_keys, prefix_values)
     groups = rows.shape[0]
-    lasts = jnp.concatenate(prefix_lasts, axis=0)[:, None]  # [B, 1, D]
+    lasts = prefix_lasts[:, None]  # [B, 1, D]
     states = jnp.concatenate([grouped(hidden, groups), grouped(lasts, groups)], axis=1)
     return score_rows(model, params, states, rows, labels, count)
 
 
 def prefix_step(
     model: CausalLM, params: Params, tokens: Array, lengths: Array
-) -> tuple[tuple[Array, ...], tuple[Array, ...], tuple[Array, ...]]:
-    """Queries ``tokens [B, T]`` (``lengths [B]`` real tokens each, >= 1) -> per query: keys,
-    values [layers, 1, T, K, Dh] and the last real token's hidden state [1, D]; B queries in
-    one forward pass, returned apart so each can be cached and reused on its own."""
+) -> tuple[Array, Array, Array]:
+    """Queries ``tokens [B, T]`` (``lengths [B]`` real tokens each, >= 1) -> keys, values
+    ``[layers, B, T, K, Dh]`` and each query's last real hidden state ``[B, D]``, left on
+    the data shard that computed them (``prefix_blocks.split_entries`` cuts them apart)."""
     batch, width = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32)[None], (batch, width))
     hidden, keys, values = model.hidden_and_kv(params, tokens, positions, CausalSpec(lengths))
-    last = hidden[jnp.arange(batch), lengths - 1]  # [B, D]
-    return (
-        tuple(keys[:, b : b + 1] for b in range(batch)),
-        tuple(values[:, b : b + 1] for b in range(batch)),
-        tuple(last[b : b + 1] for b in range(batch)),
-    )
+    return keys, values, hidden[jnp.arange(batch), lengths - 1]
 
 
-def batch_arguments(batch: StreamBatch) -> tuple[Any, ...]:
-    """The step's arguments after params, in order."""
+def prefix_shardings(model: CausalLM, sharding: Any, dims: Any) -> tuple[Any, Any, Any]:
+    """Where a prefix step of ``dims`` leaves its outputs: batch over ``data``, kv heads
+    over ``model``; ``sharding(axes, shape)`` places by the logical-axis table."""
+    c = model.config
+    kv = sharding(KV_AXES, (c.num_layers, dims.batch, dims.tokens, c.num_kv_heads, c.head_dim))
+    return kv, kv, sharding(LAST_AXES, (dims.batch, c.hidden_size))
+
+
+def batch_arguments(batch: StreamBatch, prefixes: tuple[Array, Array, Array]) -> tuple[Any, ...]:
+    """The step's arguments after params, in order; ``prefixes``: the assembled keys,
+    values and lasts of the batch's rows (``prefix_blocks.assemble``)."""
     return (
-        tuple(p.keys for p in batch.prefixes),
-        tuple(p.values for p in batch.prefixes),
-        tuple(p.last for p in batch.prefixes),
+        *prefixes,
         batch.prefix_valid,
         batch.tokens,
         batch.positions,
@@ -243,17 +226,16 @@ def batch_arguments(batch: StreamBatch) -> tuple[Any, ...]:
 
 
 def stream_specs(model: CausalLM, spec: Spec, dims: StreamDims, groups: int) -> tuple[Any, ...]:
-    """Abstract arguments (after params) of an item-stream step of ``dims``: per-row inputs
-    split over ``data`` by the logical-axis table, prefix entries whole."""
+    """Abstract arguments (after params) of an item-stream step of ``dims``: every per-row
+    input, prefix keys/values included, split over ``data`` by the logical-axis table."""
     c = model.config
     b, t, s = dims.batch, dims.prefix, dims.tokens
-    kv = spec((c.num_layers, 1, t, c.num_kv_heads, c.head_dim), model.dtype, None)
-    last = spec((1, c.hidden_size), model.dtype, None)
+    kv = spec((c.num_layers, b, t, c.num_kv_heads, c.head_dim), model.dtype, KV_AXES)
     rows = score_capacity(b // groups * s)
     return (
-        (kv,) * b,
-        (kv,) * b,
-        (last,) * b,
+        kv,
+        kv,
+        spec((b, c.hidden_size), model.dtype, LAST_AXES),
         spec((b, t), np.bool_, ("batch", "seq")),
         spec((b, s), np.int32, ("batch", "seq")),
         spec((b, s), np.int32, ("batch", "seq")),

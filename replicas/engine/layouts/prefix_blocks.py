@@ -1,0 +1,136 @@
+"""Prefix keys/values on the data shard that reads them, never on every chip.
+
+A prefix step computes B queries with B split over ``data``: query b lands on data block
+``b // (B / G)`` (G data shards), its keys/values split over ``model`` by kv heads as the
+logical-axis table says. Each query's entry keeps the pieces the chips of its block hold,
+device by device (``PrefixEntry.keys``: device -> ``[layers, 1, T, K/M, Dh]``), so the query
+cache holds an entry once per replica, on the chips of one block. An item-stream step's
+prefix input ``[layers, B, T, K, Dh]`` (B over ``data``) is assembled on each chip from the
+entries its own rows read; an entry cached on another block is moved chip to chip (same
+model column) when one process holds both, else computed again on the block that reads it
+(``moves_between_blocks``): a host group whose data axis crosses hosts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+
+from cluster.sharding import named_sharding
+
+Array = jax.Array
+KV_AXES = (None, "batch", None, "kv_heads", None)  # [layers, B, T, K, Dh]
+LAST_AXES = ("batch", None)  # [B, D]
+
+
+@dataclass(frozen=True)
+class PrefixEntry:
+    """One query's keys/values ``[layers, 1, T, K, Dh]`` and last hidden state ``[1, D]``
+    (the score of an empty item), as pieces on the chips of data block ``block`` that this
+    process holds. ``length`` real tokens of ``width``; ``nbytes``: the whole entry's size."""
+
+    keys: dict[Any, Array]
+    values: dict[Any, Array]
+    last: dict[Any, Array]
+    length: int
+    width: int
+    block: int
+    nbytes: int
+
+
+def mesh_position(mesh: Mesh) -> dict[Any, tuple[int, int]]:
+    """Device -> (data block, model column)."""
+    grid = np.asarray(mesh.devices)
+    return {grid[g, m]: (g, m) for g in range(grid.shape[0]) for m in range(grid.shape[1])}
+
+
+def moves_between_blocks(mesh: Mesh) -> bool:
+    """Whether one process holds each model column whole, so an entry can move between data
+    blocks chip to chip (always true in one process)."""
+    grid = np.asarray(mesh.devices)
+    return all(len({d.process_index for d in grid[:, m]}) == 1 for m in range(grid.shape[1]))
+
+
+def _pieces(array: Array, axis: int, per_block: int) -> dict[int, dict[Any, Array]]:
+    """Row b of a batch-sharded array -> {device: its piece with a batch dim of 1}."""
+    out: dict[int, dict[Any, Array]] = {}
+    for shard in array.addressable_shards:
+        start = shard.index[axis].start or 0
+        for i in range(per_block):
+            index = (slice(None),) * axis + (slice(i, i + 1),)
+            out.setdefault(start + i, {})[shard.device] = shard.data[index]
+    return out
+
+
+def split_entries(
+    mesh: Mesh, keys: Array, values: Array, lasts: Array, lengths: Sequence[int]
+) -> list[PrefixEntry]:
+    """A prefix step's outputs (keys, values ``[layers, B, T, K, Dh]``, lasts ``[B, D]``,
+    B over ``data``) -> one entry per real query ``b < len(lengths)``, left where it is."""
+    batch, width = keys.shape[1], keys.shape[2]
+    per_block = batch // mesh.shape["data"]
+    key_pieces = _pieces(keys, 1, per_block)
+    value_pieces = _pieces(values, 1, per_block)
+    last_pieces = _pieces(lasts, 0, per_block)
+    size = (keys.nbytes + values.nbytes + lasts.nbytes) // batch
+    entries = []
+    for b, length in enumerate(lengths):
+        pieces = (key_pieces.get(b, {}), value_pieces.get(b, {}), last_pieces.get(b, {}))
+        entries.append(PrefixEntry(*pieces, length, width, b // per_block, int(size)))
+    return entries
+
+
+def _piece(
+    entry: PrefixEntry | None,
+    name: str,
+    device: Any,
+    grid: Any,
+    column: int,
+    shape: tuple,
+    dtype: Any,
+) -> Array:
+    """``entry``'s keys, values or last on ``device``: its own piece, moved from the chip
+    of the same model column in the entry's block, or zeros for a padding row."""
+    if entry is None:
+        return jnp.zeros(shape, dtype, device=device)
+    pieces = getattr(entry, name)
+    if device in pieces:
+        return pieces[device]
+    return jax.device_put(pieces[grid[entry.block, column]], device)
+
+
+def assemble(
+    mesh: Mesh, entries: Sequence[PrefixEntry | None], dtype: Any, kv_shape: tuple, width: int
+) -> tuple[Array, Array, Array]:
+    """Keys, values ``[layers, B, T, K, Dh]`` and lasts ``[B, D]`` (B over ``data``) of a
+    step whose row r reads ``entries[r]`` (None: a padding row, zeros)."""
+    layers, kv_heads, head_dim, hidden = kv_shape
+    batch = len(entries)
+    kv = named_sharding(KV_AXES, (layers, batch, width, kv_heads, head_dim), mesh)
+    last = named_sharding(LAST_AXES, (batch, hidden), mesh)
+    grid, position = np.asarray(mesh.devices), mesh_position(mesh)
+    per_block = batch // grid.shape[0]
+    blocks: dict[str, list[Array]] = {"keys": [], "values": [], "last": []}
+    for device in kv.addressable_devices_indices_map((layers, batch, width, kv_heads, head_dim)):
+        g, m = position[device]
+        local_kv = kv.shard_shape((layers, batch, width, kv_heads, head_dim))
+        piece_kv = (layers, 1, width, local_kv[3], head_dim)
+        rows = entries[g * per_block : (g + 1) * per_block]
+        for name, shape in (("keys", piece_kv), ("values", piece_kv), ("last", (1, hidden))):
+            parts = [_piece(e, name, device, grid, m, shape, dtype) for e in rows]
+            blocks[name].append(jnp.concatenate(parts, axis=1 if name != "last" else 0))
+    return (
+        jax.make_array_from_single_device_arrays(
+            (layers, batch, width, kv_heads, head_dim), kv, blocks["keys"]
+        ),
+        jax.make_array_from_single_device_arrays(
+            (layers, batch, width, kv_heads, head_dim), kv, blocks["values"]
+        ),
+        jax.make_array_from_single_device_arrays((batch, hidden), last, blocks["last"]),
+    )
