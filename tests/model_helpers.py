@@ -6,6 +6,10 @@ uniform, norm scales and biases are random too, so a wrong layout or permutation
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +217,24 @@ def copy_gguf(
     writer.write_tensors_to_file()
     writer.close()
     return target
+
+
+def json_lines_on_host_devices(module: str, *args: str, timeout: int = 600) -> list[dict]:
+    """Run ``python -m module args`` on 4 CPU devices (XLA_FLAGS must be set before jax
+    initializes, hence a subprocess) and return the JSON lines it prints."""
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+        "HF_HUB_OFFLINE": "1",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]

@@ -10,19 +10,14 @@ signature with ``data`` = 1 and the same model axis.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from tests.data_axis_check import LAYOUTS
+from tests.model_helpers import json_lines_on_host_devices
 
-REPO = Path(__file__).resolve().parent.parent
 # float32 scores are log-probabilities up to ~22 in magnitude here (one unit in the last
 # place: 1.9e-6). A data axis changes each device's matmul shapes and so the order of some
 # sums: measured worst 7.6e-6 against one device (1.4e-5 where the model axis also splits,
@@ -33,23 +28,8 @@ TOLERANCE = 2e-5
 
 @pytest.fixture(scope="module")
 def result(tiny_checkpoint) -> dict[str, Any]:
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-        "JAX_PLATFORMS": "cpu",
-        "HF_HUB_OFFLINE": "1",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.data_axis_check", str(tiny_checkpoint("qwen3"))],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("{"))
-    return json.loads(line)
+    (line,) = json_lines_on_host_devices("tests.data_axis_check", str(tiny_checkpoint("qwen3")))
+    return line
 
 
 def worst_difference(scores: list, reference: list) -> float:

@@ -6,15 +6,10 @@ The 4 CPU devices need XLA_FLAGS before jax initializes, so the check runs in a 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.model_helpers import json_lines_on_host_devices
+
 VARIANTS = ["llama", "llama-kv3", "qwen2", "qwen3"]
 PALLAS_VARIANTS = ["llama", "llama-kv3"]  # the two head layouts (interpret mode is slow)
 
@@ -25,23 +20,8 @@ def sharded_results(tiny_checkpoint) -> dict[str, dict]:
         f"{tiny_checkpoint(variant)}{'+pallas' if variant in PALLAS_VARIANTS else ''}"
         for variant in VARIANTS
     ]
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-        "JAX_PLATFORMS": "cpu",
-        "HF_HUB_OFFLINE": "1",
-    }
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.sharded_check", *directories],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    lines = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-    assert len(lines) == len(VARIANTS), done.stdout
+    lines = json_lines_on_host_devices("tests.sharded_check", *directories, timeout=300)
+    assert len(lines) == len(VARIANTS), lines
     return dict(zip(VARIANTS, lines, strict=True))
 
 
