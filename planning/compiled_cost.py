@@ -1,12 +1,18 @@
 """One chip's share of a compiled step, read from the executable XLA built for it.
 
-``cost_analysis()`` of a partitioned executable is per device: FLOPs (the Pallas kernels'
-own cost estimates included) and HBM bytes accessed. Collectives come from the compiled HLO:
+``cost_analysis()`` of a partitioned executable is per device: FLOPs, the Pallas kernels'
+own cost estimates included. HBM bytes are the serving executable's own memory analysis:
+its arguments (parameters, inputs), outputs and temporaries, each moved at least once (XLA's
+"bytes accessed" was tried and dropped: it swung 4x between compiles of the same step at
+2 and 3 layers, with layout decisions that have nothing to do with a layer). Collectives
+come from the compiled HLO:
 each all-reduce, all-gather, reduce-scatter, all-to-all or collective-permute, with the
 bytes one chip sends for it in a ring over its replica group. XLA counts the body of a loop
-once, and every layer runs in one scanned body, so a step is compiled twice, for a 1-layer
-and a 2-layer model of the same shapes: the difference is one layer, and the whole step
-is ``one + (layers - 1) * (two - one)``.
+once, and every layer runs in one scanned body, so a step is compiled twice with the scan
+unrolled, for a 2-layer and a 3-layer model of the same shapes: the difference is one
+layer, and the whole step is ``two + (layers - 2) * (three - two)``. (Not 1 and 2 layers:
+XLA laid out the tied LM head differently for a 1-layer model on a v6e:4x4 mesh, and that
+one-off difference, multiplied by the layer count, read as 2.5x the HBM bytes.)
 """
 
 from __future__ import annotations
@@ -111,21 +117,33 @@ def executable_cost(compiled: Any) -> ChipCost:
     """Per-chip cost of one compiled executable, loop bodies counted once."""
     cost = compiled.cost_analysis() or {}
     cost = cost[0] if isinstance(cost, list) else cost
-    return ChipCost(
-        float(cost.get("flops", 0.0)),
-        float(cost.get("bytes accessed", 0.0)),
-        ici_bytes(compiled.as_text()),
+    flops = float(cost.get("flops", 0.0))
+    return ChipCost(flops, moved_bytes(compiled), ici_bytes(compiled.as_text()))
+
+
+def moved_bytes(compiled: Any) -> float:
+    """Arguments, outputs and temporaries of an executable, per chip (aliased ones once)."""
+    memory = compiled.memory_analysis()
+    return float(
+        memory.argument_size_in_bytes
+        + memory.output_size_in_bytes
+        + memory.temp_size_in_bytes
+        - memory.alias_size_in_bytes
     )
 
 
-def all_layers(one: ChipCost, two: ChipCost, layers: int) -> ChipCost:
-    """The step of ``layers`` layers from its 1-layer and 2-layer compiles."""
+COMPILED_LAYERS = (2, 3)
+
+
+def all_layers(fewer: ChipCost, more: ChipCost, layers: int) -> ChipCost:
+    """The step of ``layers`` layers from its compiles at ``COMPILED_LAYERS``."""
+    low = COMPILED_LAYERS[0]
 
     def scale(a: float, b: float) -> float:
-        return a + (layers - 1) * max(b - a, 0.0)
+        return a + (layers - low) * max(b - a, 0.0)
 
     return ChipCost(
-        scale(one.flops, two.flops),
-        scale(one.hbm_bytes, two.hbm_bytes),
-        scale(one.ici_bytes, two.ici_bytes),
+        scale(fewer.flops, more.flops),
+        scale(fewer.hbm_bytes, more.hbm_bytes),
+        scale(fewer.ici_bytes, more.ici_bytes),
     )

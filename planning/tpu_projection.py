@@ -1,8 +1,9 @@
 """Projections of a workload on a TPU slice from the steps XLA compiled for it.
 
-Each step the workload runs is compiled for the slice (deviceless) for a 1-layer and a
-2-layer model of the same shapes with the layer scan unrolled, and its per-chip FLOPs, HBM
-bytes and collective bytes are read from the executables (``planning.compiled_cost``). A
+Each step the workload runs is compiled for the slice (deviceless) for a 2-layer and a
+3-layer model of the same shapes with the layer scan unrolled, for its per-chip FLOPs and
+collective bytes, and as served, for the bytes its arguments, outputs and temporaries move
+(``planning.compiled_cost``). A
 step's time is ``max(FLOPs / peak, bytes / HBM bandwidth) + collective bytes / ICI
 bandwidth`` per chip: a bound from published chip figures, not a measurement; it leaves out
 kernel efficiency, host overhead and batching delays. The analytic FLOPs below are the
@@ -16,7 +17,13 @@ from collections import Counter
 from typing import Any
 
 from cluster.tpu_topology import ChipSpec
-from planning.compiled_cost import ChipCost, all_layers, executable_cost
+from planning.compiled_cost import (
+    COMPILED_LAYERS,
+    ChipCost,
+    all_layers,
+    executable_cost,
+    moved_bytes,
+)
 from replicas.model.config import ModelConfig
 from replicas.model.flops import lm_head_flops, matmul_params_per_token
 
@@ -46,11 +53,11 @@ def step_flops(c: ModelConfig, kind: str, dims: Any, rows: int) -> int:
 
 
 def layer_engines(engine: Any, mesh: Any, abstract_params: Any) -> list[Any]:
-    """The engine's layouts and settings on 1-layer and 2-layer models, scan unrolled."""
+    """The engine's layouts and settings at ``COMPILED_LAYERS`` layers, scan unrolled."""
     from replicas.engine.scoring_engine import ScoringEngine
 
     engines = []
-    for layers in (1, 2):
+    for layers in COMPILED_LAYERS:
         config = dataclasses.replace(engine.model.config, num_layers=layers)
         model = dataclasses.replace(engine.model, config=config, unroll_layers=True)
         params, _ = abstract_params(model, mesh)
@@ -58,13 +65,16 @@ def layer_engines(engine: Any, mesh: Any, abstract_params: Any) -> list[Any]:
     return engines
 
 
-def step_cost(engines: list[Any], key: tuple[str, Any], layers: int) -> ChipCost:
-    """Per-chip cost of the step ``key`` with every layer."""
+def step_cost(engines: list[Any], serving: Any, key: tuple[str, Any]) -> ChipCost:
+    """Per-chip cost of the step ``key`` with every layer: FLOPs and collectives from the
+    unrolled compiles, bytes from the serving engine's own executable."""
     costs = []
     for engine in engines:
         engine.compile_keys([key])
         costs.append(executable_cost(engine.executables()[key]))
-    return all_layers(costs[0], costs[1], layers)
+    serving.compile_keys([key])
+    scaled = all_layers(costs[0], costs[1], serving.model.config.num_layers)
+    return dataclasses.replace(scaled, hbm_bytes=moved_bytes(serving.executables()[key]))
 
 
 def step_row(key: tuple[str, Any], cost: ChipCost, chip: ChipSpec, runs: int) -> dict[str, Any]:
@@ -105,9 +115,8 @@ def project_workload(
     engines: list[Any], engine: Any, chip: ChipSpec, shape: tuple[int, int, int, int], batch: int
 ) -> dict[str, Any]:
     """``batch`` concurrent requests of ``shape``: every step they run, cold and cached."""
-    layers = engine.model.config.num_layers
     runs = workload_steps(engine, shape, batch)
-    costs = {key: step_cost(engines, key, layers) for key in runs}
+    costs = {key: step_cost(engines, engine, key) for key in runs}
     seconds = sum(costs[key].seconds(chip) * n for key, n in runs.items())
     warm = sum(costs[key].seconds(chip) * n for key, n in runs.items() if key[0] != "prefix")
     items = shape[1] * batch
