@@ -13,7 +13,7 @@ model column) when one process holds both, else computed again on the block that
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,33 +57,33 @@ def moves_between_blocks(mesh: Mesh) -> bool:
     return all(len({d.process_index for d in grid[:, m]}) == 1 for m in range(grid.shape[1]))
 
 
-def _pieces(array: Array, axis: int, per_block: int) -> dict[int, dict[Any, Array]]:
-    """Row b of a batch-sharded array -> {device: its piece with a batch dim of 1}."""
-    out: dict[int, dict[Any, Array]] = {}
+def _pieces(array: Array, axis: int, rows: Collection[int]) -> dict[int, dict[Any, Array]]:
+    """Each wanted row b of a batch-sharded array -> {device: its piece, batch dim 1}."""
+    out: dict[int, dict[Any, Array]] = {b: {} for b in rows}
     for shard in array.addressable_shards:
         start = shard.index[axis].start or 0
-        for i in range(per_block):
-            index = (slice(None),) * axis + (slice(i, i + 1),)
-            out.setdefault(start + i, {})[shard.device] = shard.data[index]
+        for b in rows:
+            i = b - start
+            if 0 <= i < shard.data.shape[axis]:
+                index = (slice(None),) * axis + (slice(i, i + 1),)
+                out[b][shard.device] = shard.data[index]
     return out
 
 
 def split_entries(
-    mesh: Mesh, keys: Array, values: Array, lasts: Array, lengths: Sequence[int]
-) -> list[PrefixEntry]:
+    mesh: Mesh, keys: Array, values: Array, lasts: Array, lengths: Mapping[int, int]
+) -> dict[int, PrefixEntry]:
     """A prefix step's outputs (keys, values ``[layers, B, T, K, Dh]``, lasts ``[B, D]``,
-    B over ``data``) -> one entry per real query ``b < len(lengths)``, left where it is."""
+    B over ``data``) -> an entry for each real query ``b`` (``lengths``: b -> its real
+    tokens), left where it is."""
     batch, width = keys.shape[1], keys.shape[2]
     per_block = batch // mesh.shape["data"]
-    key_pieces = _pieces(keys, 1, per_block)
-    value_pieces = _pieces(values, 1, per_block)
-    last_pieces = _pieces(lasts, 0, per_block)
-    size = (keys.nbytes + values.nbytes + lasts.nbytes) // batch
-    entries = []
-    for b, length in enumerate(lengths):
-        pieces = (key_pieces.get(b, {}), value_pieces.get(b, {}), last_pieces.get(b, {}))
-        entries.append(PrefixEntry(*pieces, length, width, b // per_block, int(size)))
-    return entries
+    key_pieces = _pieces(keys, 1, lengths.keys())
+    value_pieces = _pieces(values, 1, lengths.keys())
+    last_pieces = _pieces(lasts, 0, lengths.keys())
+    size = int((keys.nbytes + values.nbytes + lasts.nbytes) // batch)
+    pieces = {b: (key_pieces[b], value_pieces[b], last_pieces[b]) for b in lengths}
+    return {b: PrefixEntry(*pieces[b], n, width, b // per_block, size) for b, n in lengths.items()}
 
 
 def _piece(

@@ -196,9 +196,9 @@ class SharedPrefixLayout:
             copies = local.get(key) or self._runner.cache.get(key)
             if copies is not None:
                 local[key] = copies
-            for home in self._homes(query, sorted(set(blocks)), copies, movable):
+            for home in self._homes(sorted(set(blocks)), copies, movable):
                 missing.setdefault(home, []).append(query)
-        for (query, _), entry in self._compute_prefixes(missing, width):
+        for query, entry in self._compute_prefixes(missing, width):
             key = (query, width)
             local[key] = (local.get(key) or PrefixCopies({})).with_entry(entry)
             self._runner.cache.put(key, local[key])
@@ -209,9 +209,7 @@ class SharedPrefixLayout:
             found[(query, block)] = entry
         return found
 
-    def _homes(
-        self, query: tuple[int, ...], blocks: list[int], copies: PrefixCopies | None, movable: bool
-    ) -> list[int]:
+    def _homes(self, blocks: list[int], copies: PrefixCopies | None, movable: bool) -> list[int]:
         """The blocks to compute ``query`` on: none when a copy serves every block that reads
         it; with moves, one (the reading blocks take turns being the home of a query many
         read, so the cache fills every block alike); without, each reading block lacking one."""
@@ -224,7 +222,7 @@ class SharedPrefixLayout:
 
     def _compute_prefixes(
         self, missing: dict[int, list[tuple[int, ...]]], width: int
-    ) -> Iterator[tuple[tuple[tuple[int, ...], int], PrefixEntry]]:
+    ) -> Iterator[tuple[tuple[int, ...], PrefixEntry]]:
         """Each block's missing queries, computed in slots of that block."""
         groups = self._runner.groups
         buckets = data_buckets(self._runner.settings.batch_buckets, groups)
@@ -245,13 +243,14 @@ class SharedPrefixLayout:
                     b = block * slots + i
                     tokens[b, : len(query)] = query
                     lengths[b] = len(query)
-                    placed.append((b, query, block))
+                    placed.append((b, query))
             outputs = self._runner.run_device("prefix", dims, (tokens, lengths))
-            real = sum(len(query) for _, query, _ in placed)
+            real = sum(len(query) for _, query in placed)
             self._runner.count_tokens(dims.batch * width, real)
-            entries = split_entries(self._runner.mesh, *outputs, [int(n) for n in lengths])
-            for b, query, block in placed:
-                yield (query, block), entries[b]
+            real_lengths = {b: len(query) for b, query in placed}
+            entries = split_entries(self._runner.mesh, *outputs, real_lengths)
+            for b, query in placed:
+                yield query, entries[b]
 
 
 @dataclass(frozen=True)
