@@ -181,8 +181,11 @@ def test_text_and_token_inputs_agree(client: httpx.Client, reference: Any) -> No
             "label_token_ids": LABELS,
         },
     )
-    assert text.json()["scores"] == tokens.json()["scores"]
-    assert text.json()["usage"] == tokens.json()["usage"]
+    assert text.json()["usage"] == tokens.json()["usage"]  # the same tokens scored
+    # The same request, but not always the same executable: a background compile of its
+    # exact signature can finish between the two posts (the first ran on a covering one),
+    # and another padding changes the last bits (CI saw 9.5e-7 relative).
+    np.testing.assert_allclose(text.json()["scores"], tokens.json()["scores"], rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("item_first", [False, True])
