@@ -3,14 +3,15 @@
     python -m planning.tpu_check --topology v6e:4x4 --model Qwen3-8B
 
 For a slice topology libtpu knows (v6e:2x2, v6e:4x4, v5e:2x2, v5e:4x4, v5p:2x2x1, ...), a
-production model config (``replicas.model.catalog``) or a ``config.json``, and a TPU serve config
-(by default the shipped KubeRay manifest for that slice, else its settings on a default
-mesh): shape-only bf16 parameters sharded by the one logical-axis table, the mesh a host group
-builds over every host's chips, and every step signature the config's warm-up compiles,
-lowered and compiled for the slice. Prints per step the compile time, per-chip memory against
-HBM, XLA's FLOPs and bytes, and a roofline projection at RFC-008's workload (300-token query,
-10 items of 10 tokens). Exits 1 when the plan does not fit in HBM (before compiling when the
-parameters alone do not), 2 on a bad option.
+production model config (``replicas.model.catalog``) or a ``config.json``, and a TPU serve
+config (by default the shipped serve_config.yaml with ``planning.serve_args.TPU_ARGS``):
+shape-only bf16 parameters sharded by the one logical-axis table, the mesh a host group
+builds over every host's chips (``--mesh``, else ``[hosts, chips per host]``), and every
+step signature the config's warm-up compiles, lowered and compiled for the slice. Prints
+per step the compile time, per-chip memory against HBM, XLA's FLOPs and bytes, and a roofline
+projection at RFC-008's workload (300-token query, 10 items of 10 tokens). Exits 1 when the
+plan does not fit in HBM (before compiling when the parameters alone do not), 2 on a bad
+option.
 """
 
 from __future__ import annotations
@@ -24,15 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from cluster import MANIFESTS
 from cluster.tpu_topology import GIB, TopologyError, prepare_environment
-
-DEFAULT_CONFIGS = {
-    "v6e:2x2": MANIFESTS / "rayservice-v6e-4.yaml",
-    "v6e:4x4": MANIFESTS / "rayservice-v6e-16.yaml",
-}
+from planning.serve_args import base_args
 
 
 @dataclass
@@ -61,17 +55,6 @@ class Plan:
         return self.need_bytes <= self.hbm_bytes
 
 
-def serve_args(path: Path) -> dict[str, Any]:
-    """The scoring app's ``args`` from a serve config or a KubeRay RayService manifest."""
-    data = yaml.safe_load(path.read_text())
-    if data.get("kind") == "RayService":
-        data = yaml.safe_load(data["spec"]["serveConfigV2"])
-    apps = [a for a in data["applications"] if a["import_path"] == "app.builder:build_app"]
-    if len(apps) != 1:
-        raise TopologyError(f"--config: {path} has no single app.builder:build_app application")
-    return dict(apps[0].get("args") or {})
-
-
 def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
     """The config's settings for this model and slice: bf16 unless set, no compilation cache
     (its signature record would add this machine's history), mesh from --mesh, else the
@@ -79,8 +62,8 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
     from cluster.tpu_topology import default_mesh_shape, host_count
     from replicas.settings import ReplicaSettings
 
-    config = Path(args.config) if args.config else DEFAULT_CONFIGS.get(args.topology)
-    values = serve_args(config or DEFAULT_CONFIGS["v6e:2x2"])
+    config = Path(args.config) if args.config else None
+    values = base_args(config)
     if args.mesh:
         mesh = tuple(int(n) for n in args.mesh.split(","))
     elif config and math.prod(values.get("mesh_shape") or [0]) == len(devices):

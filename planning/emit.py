@@ -1,0 +1,186 @@
+"""The planner's winner as a KubeRay RayService manifest, or as a serve config.
+
+The app is the shipped ``serve_config.yaml``'s with the TPU args (``planning.serve_args.TPU_ARGS``)
+and the winner's layout over it: ``mesh_shape``, ``host_resources`` (the replica's chips of a
+host), ``hosts_per_replica`` and, for a host group, ``tpu_slice`` (every host of one slice,
+through Ray's TPU slice placement) and ``placement_group_strategy: STRICT_SPREAD``. The
+scoring replicas autoscale up to what the slices hold. The header names the command that
+wrote the file and the winner's projected figures (a projection, not a measurement).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planning.serve_args import SERVE_CONFIG
+
+GKE_ACCELERATORS = {
+    "v6e": "tpu-v6e-slice",
+    "v5e": "tpu-v5-lite-podslice",
+    "v5p": "tpu-v5p-slice",
+    "v4": "tpu-v4-podslice",
+}
+CORES_PER_CHIP = {"v4": 2, "v5p": 2}  # Ray's pod types count cores: v5p-8 is 4 chips
+POD_CPUS = 8
+REPLICA_CPUS_PER_HOST = 4  # the replicas of one host share these; the rest: Ray, the proxy
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """The slice the manifest runs on."""
+
+    generation: str
+    """``v6e``, ``v5e``, ``v5p``, ``v4``."""
+    shape: str
+    """The topology, e.g. ``4x4``."""
+    hosts: int
+    """TPU VMs (Ray nodes) of one slice."""
+    chips: int
+    """Chips of one slice."""
+
+    @property
+    def chips_per_host(self) -> int:
+        return self.chips // self.hosts
+
+    @property
+    def pod_type(self) -> str:
+        return f"{self.generation}-{self.chips * CORES_PER_CHIP.get(self.generation, 1)}"
+
+
+def layout_args(row: dict[str, Any], tpu: Slice, served_model: str) -> dict[str, Any]:
+    """The args a replica of the winner's layout changes."""
+    from replicas.settings import ReplicaSettings
+
+    hosts = row["hosts_per_replica"]
+    chips = min(row["chips_per_replica"], tpu.chips_per_host)
+    per_host = tpu.chips_per_host // chips
+    args: dict[str, Any] = {
+        "model": served_model,
+        "mesh_shape": row["mesh"],
+        "host_resources": {"TPU": chips, "CPU": max(1, REPLICA_CPUS_PER_HOST // per_host)},
+        "hosts_per_replica": hosts,
+        "placement_group_strategy": "STRICT_SPREAD" if hosts > 1 else "SPREAD",
+        "host_label_selector": {"ray.io/tpu-pod-type": tpu.pod_type},
+    }
+    if hosts > 1 and "tpu_slice" in {f.name for f in dataclasses.fields(ReplicaSettings)}:
+        args["tpu_slice"] = f"{tpu.generation}:{tpu.shape}"
+    return args
+
+
+def serve_config(base: dict[str, Any], row: dict[str, Any], tpu: Slice, slices: int,
+                 served_model: str) -> dict[str, Any]:  # fmt: skip
+    """serve_config.yaml with the winner's app args and replica counts."""
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
+    config["http_options"]["host"] = "0.0.0.0"
+    (app,) = config["applications"]
+    app["args"] = base | layout_args(row, tpu, served_model)
+    replicas = row["replicas_per_slice"] * slices
+    for deployment in app["deployments"]:
+        if deployment["name"] == "ScoringReplica":
+            scaling = deployment["autoscaling_config"]
+            scaling["min_replicas"] = min(replicas, max(1, slices))
+            scaling["max_replicas"] = replicas
+    return config
+
+
+def rayservice(config: dict[str, Any], tpu: Slice, slices: int, name: str) -> dict[str, Any]:
+    niceness = [{"name": "RAY_worker_niceness", "value": "0"}]  # cluster/niceness.py
+    head = {
+        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "2"},
+        "template": {"spec": {"containers": [{
+            "name": "ray-head", "image": "scorejax:latest", "env": niceness,
+            "resources": {"requests": {"cpu": "2", "memory": "8Gi"},
+                          "limits": {"cpu": "2", "memory": "8Gi"}},
+            "ports": [{"containerPort": 6379, "name": "gcs"},
+                      {"containerPort": 8265, "name": "dashboard"},
+                      {"containerPort": 8000, "name": "serve"}],
+        }]}},
+    }  # fmt: skip
+    pod = {"cpu": str(POD_CPUS), "memory": "64Gi", "google.com/tpu": str(tpu.chips_per_host)}
+    workers = {
+        "groupName": f"tpu-{tpu.pod_type}",
+        "replicas": slices,
+        "minReplicas": slices,
+        "maxReplicas": slices,
+        "numOfHosts": tpu.hosts,  # one Ray node per TPU VM of a slice
+        "rayStartParams": {},
+        "template": {"spec": {
+            "nodeSelector": {
+                "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATORS[tpu.generation],
+                "cloud.google.com/gke-tpu-topology": tpu.shape,
+            },
+            "containers": [{"name": "ray-worker", "image": "scorejax:latest", "env": niceness,
+                            "resources": {"requests": pod, "limits": pod}}],
+        }},
+    }  # fmt: skip
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayService",
+        "metadata": {"name": name},
+        "spec": {
+            "serveConfigV2": yaml.safe_dump(config, sort_keys=False, width=100),
+            "rayClusterConfig": {
+                "rayVersion": "2.60.0",
+                "headGroupSpec": head,
+                "workerGroupSpecs": [workers],
+            },
+        },
+    }
+
+
+class _Literal(str):
+    """A string YAML writes as a ``|`` block."""
+
+
+def _literal(dumper: yaml.SafeDumper, value: _Literal) -> Any:
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+
+
+def dump(document: dict[str, Any]) -> str:
+    dumper = type("Dumper", (yaml.SafeDumper,), {})
+    dumper.add_representer(_Literal, _literal)
+    spec = document.get("spec", {})
+    if "serveConfigV2" in spec:
+        spec["serveConfigV2"] = _Literal(spec["serveConfigV2"])
+    return yaml.dump(document, Dumper=dumper, sort_keys=False, width=100)
+
+
+def header(meta: dict[str, Any], row: dict[str, Any], tpu: Slice) -> str:
+    query, items, item_tokens = meta["workload"]
+    hosts = row["hosts_per_replica"]
+    group = f"a host group of {hosts} hosts (one slice)" if hosts > 1 else "within one host"
+    return "\n".join([
+        f"# scorejax serving {meta['model']} on {meta['slices']} TPU {tpu.pod_type} slice(s) "
+        f"({tpu.hosts} host(s) x {tpu.chips_per_host} chips, topology {tpu.shape}).",
+        f"# Written by the planner: {meta['command']}",
+        f"# Winner: {row['chips_per_replica']} chip(s) per replica, {group}, mesh [data, model] "
+        f"= {row['mesh']}, {row['replicas_per_slice']} replica(s) per slice.",
+        f"# Projected (compile-only for {meta['topology']}, published chip figures; not a "
+        f"measurement): {row['items_per_s_per_slice']:.1f} items/s per slice, step latency "
+        f"{row['step_latency_s'] * 1e3:.4f} ms, {row['requests_per_step']} requests per step of "
+        f"a {query}-token query + {items} items of {item_tokens} tokens.",
+        "# The app is the shipped serve_config.yaml's with the TPU args and this layout "
+        "(tests/test_manifests.py checks it).",
+        "# The image is this repository installed (`pip install .` plus the model files); "
+        "replace `scorejax:latest`.",
+        "",
+    ])  # fmt: skip
+
+
+def write_outputs(options: argparse.Namespace, meta: dict[str, Any], row: dict[str, Any],
+                  base: dict[str, Any]) -> None:  # fmt: skip
+    generation, _, shape = options.topology.partition(":")
+    tpu = Slice(generation, shape, meta["hosts"], meta["chips"])
+    served = options.served_model or f"/models/{Path(options.model).name}"
+    config = serve_config(base, row, tpu, options.slices, served)
+    if options.emit_serve:
+        Path(options.emit_serve).write_text(header(meta, row, tpu) + dump(config))
+    if options.emit:
+        name = f"scorejax-{tpu.pod_type}-{Path(options.model).name.lower().replace('.', '-')}"
+        manifest = rayservice(config, tpu, options.slices, name)
+        Path(options.emit).write_text(header(meta, row, tpu) + dump(manifest))

@@ -1,0 +1,362 @@
+"""``python -m planning.plan``: which layout a TPU slice should serve a model with.
+
+    python -m planning.plan --topology v6e:4x4 --model Qwen3-0.6B --json plan.json
+
+Enumerates the layouts of the slice (``planning.layouts``: chips per replica, hosts per
+replica, ``[data, model]`` mesh, replicas per slice), and for each one, deviceless with
+compile-only libtpu: refuses it when the parameters and the query cache do not fit a chip's
+HBM, compiles the most expensive warm-up signature of each step kind and refuses it when
+parameters + query cache + that step do not fit, then projects the workload (RFC-008's
+300-token query with 10 items of 10 tokens unless ``--workload``) at the largest batch
+bucket from the compiled steps, collectives included (``planning.tpu_projection``). Prints
+the layouts ranked by projected items/s per slice (refusals last, with their reason), and
+checks the winner with every warm-up signature compiled. ``--emit`` writes a RayService
+manifest for the winner (``--emit-serve``: a serve config), its header naming the command
+and the projected figures. Projections are bounds from published chip figures, not
+measurements. Exits 1 when no layout fits, 2 on a bad option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster.tpu_topology import GIB, TopologyError, prepare_environment
+from planning.layouts import Layout, enumerate_layouts, parse_mesh, replica_devices
+from planning.serve_args import base_args
+
+RFC_008 = (300, 10, 10)
+
+
+def layout_settings(args: dict[str, Any], model: str, layout: Layout) -> Any:
+    from replicas.settings import ReplicaSettings
+
+    values = dict(args) | {
+        "model": model,
+        "mesh_shape": list(layout.mesh),
+        "hosts_per_replica": layout.hosts_per_replica,
+        "compilation_cache_dir": None,  # its signature record would add this machine's history
+    }
+    return ReplicaSettings.from_mapping(values)
+
+
+def refusal(row: dict[str, Any], reason: str) -> dict[str, Any]:
+    return row | {"fits": False, "reason": reason}
+
+
+def layout_row(layout: Layout) -> dict[str, Any]:
+    return {
+        "chips_per_replica": layout.chips_per_replica,
+        "hosts_per_replica": layout.hosts_per_replica,
+        "mesh": list(layout.mesh),
+        "replicas_per_slice": layout.replicas_per_slice,
+    }
+
+
+class Planner:
+    """What every layout of one slice and model shares: devices, chip, model, settings."""
+
+    def __init__(self, options: argparse.Namespace) -> None:
+        import jax.numpy as jnp
+
+        from cluster.tpu_topology import chip_spec, host_count, topology_devices
+        from replicas.checkpoints.loading import DTYPES
+        from replicas.model.catalog import model_config
+
+        self.options = options
+        self.devices = topology_devices(options.topology)
+        self.chip = chip_spec(self.devices)
+        self.hosts = host_count(self.devices)
+        self.args = base_args(Path(options.config) if options.config else None)
+        self.config = model_config(options.model)
+        self.dtype = jnp.dtype(DTYPES[self.args.get("dtype", "bfloat16")])
+        query, items, item_tokens = options.workload
+        self.workload = (query, items, item_tokens, 2)
+
+    def layouts(self) -> list[Layout]:
+        layouts = enumerate_layouts(len(self.devices), self.hosts)
+        if self.options.mesh:
+            layouts = [layout for layout in layouts if layout.mesh == self.options.mesh]
+            if not layouts:
+                raise ValueError(f"--mesh: {list(self.options.mesh)} is no layout of the slice")
+        return layouts
+
+    def engine(self, layout: Layout) -> tuple[Any, Any, int, Any]:
+        """The layout's engine over shape-only parameters: (engine, mesh, parameter bytes per
+        chip, settings); a ValueError when the weights cannot be sharded so."""
+        from cluster.mesh import build_mesh
+        from planning.tpu_check import abstract_params
+        from replicas.engine.scoring_engine import ScoringEngine
+        from replicas.model.causal_lm import CausalLM
+
+        settings = layout_settings(self.args, self.options.model, layout)
+        mesh = build_mesh(layout.mesh, replica_devices(self.devices, layout))
+        model = CausalLM(self.config, self.dtype)
+        params, param_bytes = abstract_params(model, mesh)
+        engine = ScoringEngine(model, params, mesh, settings, name=self.options.model)
+        return engine, mesh, param_bytes, settings
+
+    def evaluate(self, layout: Layout) -> dict[str, Any]:
+        """One layout's row: refused (with the reason) or projected."""
+        start = time.perf_counter()
+        row = layout_row(layout) | {"hbm_bytes_per_chip": self.chip.hbm_bytes}
+        try:
+            engine, mesh, param_bytes, settings = self.engine(layout)
+        except ValueError as error:  # a model axis the weights' shapes do not divide
+            return refusal(row, f"parameters cannot be sharded so: {error}")
+        cache = settings.query_cache_bytes
+        row |= {"param_bytes_per_chip": param_bytes, "cache_bytes_per_chip": cache}
+        if param_bytes + cache > self.chip.hbm_bytes:
+            need = (param_bytes + cache) / GIB
+            return refusal(row, f"parameters + query cache {need:.1f} GiB per chip > HBM")
+        row = self.fit(engine, row, "largest")
+        if row["fits"]:
+            row |= self.project(engine, mesh, layout)
+        return row | {"plan_s": round(time.perf_counter() - start, 1)}
+
+    def fit(self, engine: Any, row: dict[str, Any], signatures: str) -> dict[str, Any]:
+        """Parameters + query cache + the largest of ``signatures``' steps against HBM."""
+        step = self.largest_step_bytes(engine, row["param_bytes_per_chip"], signatures)
+        need = row["param_bytes_per_chip"] + row["cache_bytes_per_chip"] + step
+        row = row | {"need_bytes_per_chip": need, "signatures": signatures}
+        if need > self.chip.hbm_bytes:
+            reason = f"parameters + query cache + largest step {need / GIB:.1f} GiB per chip > HBM"
+            return refusal(row, reason)
+        return row | {"fits": True, "reason": ""}
+
+    def verify(self, layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
+        """The winner's fit with every warm-up signature compiled."""
+        engine, *_ = self.engine(layout)
+        checked = self.fit(engine, row, "all")
+        return checked if checked["fits"] else checked | {"reason": "winner: " + checked["reason"]}
+
+    def largest_step_bytes(self, engine: Any, param_bytes: int, signatures: str) -> int:
+        from planning.tpu_check import chosen_keys, step_row
+
+        keys = chosen_keys(engine, signatures)
+        engine.compile_keys(keys)
+        compiled = engine.executables().items()
+        return max(step_row(*key, c, None, param_bytes)["step_bytes"] for key, c in compiled)
+
+    def project(self, engine: Any, mesh: Any, layout: Layout) -> dict[str, Any]:
+        """The workload at the largest batch bucket, per replica and per slice."""
+        from planning.tpu_check import abstract_params
+        from planning.tpu_projection import layer_engines, project_workload
+
+        batch = engine.settings.batch_buckets[-1]
+        engines = layer_engines(engine, mesh, abstract_params)
+        projected = project_workload(engines, engine, self.chip, self.workload, batch)
+        per_replica = projected["items_per_s"]
+        return {
+            "requests_per_step": batch,
+            "items_per_s_per_replica": per_replica,
+            "items_per_s_per_slice": round(per_replica * layout.replicas_per_slice, 1),
+            "items_per_s_per_replica_cached_query": projected["items_per_s_cached_query"],
+            "items_per_s_per_slice_cached_query": round(
+                projected["items_per_s_cached_query"] * layout.replicas_per_slice, 1
+            ),
+            "step_latency_s": projected["latency_s"],
+            "steps": projected["steps"],
+        }
+
+
+PER_SLICE = {
+    "items_per_s_per_slice": "items_per_s_per_replica",
+    "items_per_s_per_slice_cached_query": "items_per_s_per_replica_cached_query",
+}
+
+
+class RowCache:
+    """Rows of layouts already planned (``--cache DIR``), keyed by everything a replica's
+    row depends on: chip, model config, mesh, hosts, serve args, workload, signatures. A
+    replica of 4 chips plans the same on a v6e:2x2 slice as on a v6e:4x4 slice."""
+
+    def __init__(self, folder: str | None) -> None:
+        self._folder = Path(folder) if folder else None
+        if self._folder:
+            self._folder.mkdir(parents=True, exist_ok=True)
+
+    def key(self, planner: Planner, layout: Layout, signatures: str) -> str:
+        parts = [planner.chip, repr(planner.config), layout.mesh, layout.hosts_per_replica,
+                 planner.args, planner.workload, signatures]  # fmt: skip
+        return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+    def get(self, key: str, layout: Layout) -> dict[str, Any] | None:
+        path = self._folder / f"{key}.json" if self._folder else None
+        if path is None or not path.exists():
+            return None
+        row = json.loads(path.read_text()) | layout_row(layout)
+        for slice_key, replica_key in PER_SLICE.items():
+            if replica_key in row:
+                row[slice_key] = round(row[replica_key] * layout.replicas_per_slice, 1)
+        return row | {"cached": True}
+
+    def put(self, key: str, row: dict[str, Any]) -> None:
+        if self._folder:
+            (self._folder / f"{key}.json").write_text(json.dumps(row))
+
+
+def ranked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Fitting layouts by items/s per slice (then lower step latency), refusals last."""
+    fitting = [row for row in rows if row["fits"]]
+    fitting.sort(key=lambda r: (-r["items_per_s_per_slice"], r["step_latency_s"]))
+    return fitting + [row for row in rows if not row["fits"]]
+
+
+def format_table(rows: list[dict[str, Any]], slices: int) -> str:
+    lines = [
+        "| rank | chips/replica | hosts/replica | mesh [data, model] | replicas/slice | "
+        "HBM need/chip | items/s per slice | items/s, query cached | step latency | note |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for rank, row in enumerate(rows, start=1):
+        need = row.get("need_bytes_per_chip")
+        common = (
+            f"| {rank if row['fits'] else '-'} | {row['chips_per_replica']} | "
+            f"{row['hosts_per_replica']} | {row['mesh']} | {row['replicas_per_slice']} | "
+            f"{'-' if need is None else f'{need / GIB:.2f} GiB'} |"
+        )
+        if row["fits"]:
+            lines.append(
+                f"{common} {row['items_per_s_per_slice']:,.0f} | "
+                f"{row['items_per_s_per_slice_cached_query']:,.0f} | "
+                f"{row['step_latency_s'] * 1e3:.2f} ms | |"
+            )
+        else:
+            lines.append(f"{common} - | - | - | refused: {row['reason']} |")
+    if slices > 1:
+        lines.append(f"\n{slices} slices: multiply items/s per slice by {slices}.")
+    return "\n".join(lines)
+
+
+def parse_workload(text: str) -> tuple[int, int, int]:
+    try:
+        query, items, item_tokens = (int(n) for n in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected QUERY,ITEMS,ITEM_TOKENS, got {text!r}"
+        ) from None
+    if min(query, items, item_tokens) < 1:
+        raise argparse.ArgumentTypeError(f"every part must be >= 1, got {text!r}")
+    return query, items, item_tokens
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--topology", required=True, help="the slice: v6e:4x4, v6e:2x2, v5e:2x2")
+    parser.add_argument("--model", required=True, help="catalog name or config.json")
+    parser.add_argument(
+        "--workload", type=parse_workload, default=RFC_008, help="QUERY,ITEMS,ITEM_TOKENS"
+    )
+    parser.add_argument("--slices", type=int, default=1, help="slices the deployment holds")
+    parser.add_argument(
+        "--config", help="serve config or manifest (default: serve_config.yaml + TPU args)"
+    )
+    parser.add_argument("--mesh", type=parse_mesh, help="DATA,MODEL: only this layout")
+    parser.add_argument("--verify-winner", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile every warm-up signature of the winner (slow)")  # fmt: skip
+    parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")
+    parser.add_argument("--cache", help="folder of rows already planned, reused and added to")
+    parser.add_argument("--json", help="write the ranked rows here")
+    parser.add_argument("--emit", help="write a RayService manifest for the winner here")
+    parser.add_argument("--emit-serve", help="write a serve config for the winner here")
+    parser.add_argument("--served-model", help="the model arg written (default /models/MODEL)")
+    options = parser.parse_args(argv)
+    if options.slices < 1:
+        parser.error("--slices: must be >= 1")
+    return options
+
+
+def plan(planner: Planner) -> list[dict[str, Any]]:
+    options, cache = planner.options, RowCache(planner.options.cache)
+    layouts = planner.layouts()
+    print(
+        f"{options.model} on {options.topology}: {len(planner.devices)} {planner.chip.name} chips "
+        f"on {planner.hosts} host(s); {len(layouts)} layouts; workload {list(options.workload)} "
+        f"(query, items, item tokens) at the largest batch bucket",
+        flush=True,
+    )
+
+    def planned(layout: Layout, verify: dict[str, Any] | None = None) -> dict[str, Any]:
+        key = cache.key(planner, layout, "all" if verify else "largest")
+        row = cache.get(key, layout)
+        if row is None:
+            row = planner.verify(layout, verify) if verify else planner.evaluate(layout)
+            cache.put(key, row)
+        return row
+
+    rows = []
+    for layout in layouts:
+        rows.append(planned(layout))
+        print(f"  {layout.name}: {summary(rows[-1])}", flush=True)
+    rows = ranked(rows)
+    while options.verify_winner and rows and rows[0]["fits"] and not rows[0].get("verified"):
+        winner = next(layout for layout in layouts if layout_row(layout).items() <= rows[0].items())
+        rows[0] = planned(winner, rows[0]) | {"verified": True}
+        print(f"  winner, every warm-up signature compiled: {summary(rows[0])}", flush=True)
+        rows = ranked(rows)  # a refused winner makes way for the next
+    return rows
+
+
+def summary(row: dict[str, Any]) -> str:
+    if not row["fits"]:
+        return f"refused: {row['reason']}"
+    return (
+        f"{row['items_per_s_per_slice']:,.0f} items/s per slice, step "
+        f"{row['step_latency_s'] * 1e3:.2f} ms, {row['need_bytes_per_chip'] / GIB:.2f} GiB per chip"
+    )
+
+
+def command_line(argv: list[str]) -> str:
+    """The command as a header records it: without where this run wrote its files."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in ("--cache", "--json"):
+            skip = True
+        elif not arg.startswith(("--cache=", "--json=")):
+            kept.append(arg)
+    return " ".join(["python -m planning.plan", *kept])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    options = parse_args(argv)
+    try:
+        prepare_environment(options.topology, options.libtpu)
+        planner = Planner(options)
+        rows = plan(planner)
+    except (TopologyError, ValueError) as error:
+        print(f"plan: {error}", file=sys.stderr)
+        return 2
+    print(format_table(rows, options.slices))
+    meta = {
+        "topology": options.topology,
+        "model": options.model,
+        "chip": planner.chip.name,
+        "chips": len(planner.devices),
+        "hosts": planner.hosts,
+        "slices": options.slices,
+        "workload": list(options.workload),
+        "command": command_line(argv),
+    }
+    if options.json:
+        Path(options.json).write_text(json.dumps(meta | {"rows": rows}, indent=1))
+    if not rows or not rows[0]["fits"]:
+        print("plan: no layout fits this slice", file=sys.stderr)
+        return 1
+    if options.emit or options.emit_serve:
+        from planning.emit import write_outputs
+
+        write_outputs(options, meta, rows[0], planner.args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""The scoring app's args a TPU plan starts from: a serve config's or a manifest's, or the
+shipped ``serve_config.yaml``'s with the TPU args over them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cluster.tpu_topology import TopologyError
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE_CONFIG = ROOT / "serve_config.yaml"
+TPU_ARGS = {
+    # What a TPU replica changes in the shipped serve_config.yaml's args; the rest is kept.
+    "dtype": "bfloat16",
+    "batch_buckets": [1, 2, 4, 8, 16],
+    "warmup_batch_sizes": [1, 16],
+    "max_request_tokens": 1048576,  # tokens one request may ask for (CPU ships 32768)
+}
+
+
+def serve_args(path: Path) -> dict[str, Any]:
+    """The scoring app's ``args`` from a serve config or a KubeRay RayService manifest."""
+    data = yaml.safe_load(path.read_text())
+    if data.get("kind") == "RayService":
+        data = yaml.safe_load(data["spec"]["serveConfigV2"])
+    apps = [a for a in data["applications"] if a["import_path"] == "app.builder:build_app"]
+    if len(apps) != 1:
+        raise TopologyError(f"--config: {path} has no single app.builder:build_app application")
+    return dict(apps[0].get("args") or {})
+
+
+def base_args(config: Path | None) -> dict[str, Any]:
+    """``--config``'s args, else the shipped serve_config.yaml's with ``TPU_ARGS`` over them."""
+    if config is not None:
+        return serve_args(config)
+    return serve_args(SERVE_CONFIG) | TPU_ARGS
