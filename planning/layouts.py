@@ -58,10 +58,42 @@ def enumerate_layouts(chips: int, hosts: int) -> list[Layout]:
 
 
 def replica_devices(devices: Sequence[Any], layout: Layout) -> list[Any]:
-    """The devices one replica of ``layout`` would hold: its first hosts' chips in process
-    order (a replica within a host takes the first chips of host 0)."""
+    """The devices one replica of ``layout`` would hold, from a topology of exactly its
+    hosts (``replica_shape``): its chips in process order (a replica within a host takes
+    the first chips of host 0)."""
     ordered = sorted(devices, key=lambda d: (d.process_index, d.id))
     return ordered[: layout.chips_per_replica]
+
+
+def smaller_shapes(shape: str) -> list[str]:
+    """Topologies inside ``shape`` (``"4x4"``), largest first, by halving one dimension at
+    a time: ``4x4`` -> ``2x4``, ``4x2``, then ``2x2``, ``1x4``, ``4x1``, ..."""
+    frontier, seen, order = [tuple(int(n) for n in shape.split("x"))], set(), []
+    while frontier:
+        dims = frontier.pop(0)
+        for axis, n in enumerate(dims):
+            if n % 2 == 0:
+                half = (*dims[:axis], n // 2, *dims[axis + 1 :])
+                if half not in seen:
+                    seen.add(half)
+                    order.append(half)
+                    frontier.append(half)
+    return ["x".join(str(n) for n in dims) for dims in order]
+
+
+def replica_shape(shape: str, chips: int) -> list[str]:
+    """Topologies of ``chips`` chips inside the slice ``shape``, squarest first: a replica
+    is compiled for the devices of its own hosts. (libtpu refuses a computation over some of
+    a topology's devices whose ids are not 0..n-1: host 0 of a v6e:4x4 holds ids 0, 1, 4, 5.)"""
+    fitting = [s for s in smaller_shapes(shape) if _chips(s) == chips]
+    return sorted(fitting, key=lambda s: max(int(n) for n in s.split("x")))  # squarest first
+
+
+def _chips(shape: str) -> int:
+    total = 1
+    for n in shape.split("x"):
+        total *= int(n)
+    return total
 
 
 def parse_mesh(text: str) -> tuple[int, int]:

@@ -27,7 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from cluster.tpu_topology import GIB, TopologyError, prepare_environment
-from planning.layouts import Layout, enumerate_layouts, parse_mesh, replica_devices
+from planning.layouts import (
+    Layout,
+    enumerate_layouts,
+    parse_mesh,
+    replica_devices,
+    replica_shape,
+)
 from planning.serve_args import base_args
 
 RFC_008 = (300, 10, 10)
@@ -86,6 +92,25 @@ class Planner:
                 raise ValueError(f"--mesh: {list(self.options.mesh)} is no layout of the slice")
         return layouts
 
+    def replica_hosts(self, layout: Layout) -> list[Any]:
+        """The devices of a topology of exactly the replica's hosts: the slice's for a whole
+        slice, else the largest smaller topology libtpu knows with that many hosts."""
+        from cluster.tpu_topology import host_count, topology_devices
+
+        hosts = layout.hosts_per_replica
+        if hosts == self.hosts:
+            return self.devices
+        generation, _, shape = self.options.topology.partition(":")
+        per_host = len(self.devices) // self.hosts
+        for candidate in replica_shape(shape, hosts * per_host):
+            try:
+                devices = topology_devices(f"{generation}:{candidate}")
+            except TopologyError:
+                continue
+            if host_count(devices) == hosts:
+                return devices
+        raise TopologyError(f"--topology: no topology of {hosts} host(s) inside {shape}")
+
     def engine(self, layout: Layout) -> tuple[Any, Any, int, Any]:
         """The layout's engine over shape-only parameters: (engine, mesh, parameter bytes per
         chip, settings); a ValueError when the weights cannot be sharded so."""
@@ -95,7 +120,7 @@ class Planner:
         from replicas.model.causal_lm import CausalLM
 
         settings = layout_settings(self.args, self.options.model, layout)
-        mesh = build_mesh(layout.mesh, replica_devices(self.devices, layout))
+        mesh = build_mesh(layout.mesh, replica_devices(self.replica_hosts(layout), layout))
         model = CausalLM(self.config, self.dtype)
         params, param_bytes = abstract_params(model, mesh)
         engine = ScoringEngine(model, params, mesh, settings, name=self.options.model)

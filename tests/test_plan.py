@@ -14,7 +14,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from planning.layouts import Layout, enumerate_layouts, parse_mesh, replica_devices, replica_sizes
+from planning.layouts import (
+    Layout,
+    enumerate_layouts,
+    parse_mesh,
+    replica_devices,
+    replica_shape,
+    replica_sizes,
+)
 from planning.plan import format_table, ranked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,6 +51,14 @@ def test_a_replica_takes_whole_hosts_or_the_first_chips_of_one() -> None:
     assert [(d.process_index, d.id) for d in two] == [(0, 0), (0, 1)]
     group = replica_devices(devices, Layout(8, 2, (2, 4), 1))
     assert sorted({d.process_index for d in group}) == [0, 1] and len(group) == 8
+
+
+def test_a_replica_compiles_on_a_topology_of_its_own_hosts() -> None:
+    # A v6e:4x4 host holds device ids 0, 1, 4, 5; libtpu refuses a 4-device computation
+    # over those, so a one-host replica compiles on a 2x2 topology (ids 0-3) instead.
+    assert replica_shape("4x4", 8) == ["2x4", "4x2"]
+    assert replica_shape("4x4", 4) == ["2x2", "1x4", "4x1"]
+    assert replica_shape("2x2x2", 4) == ["1x2x2", "2x1x2", "2x2x1"]
 
 
 def test_mesh_option_is_parsed_or_named_in_the_error() -> None:

@@ -1,8 +1,9 @@
 """planning.tpu_check: TPU serve plans compiled here with compile-only libtpu, no TPU.
 
-The shipped app with its TPU args compiles for whole slices with production model configs, every step within HBM, the Pallas item attention included (the default on TPU); a
-plan that cannot fit is refused before compiling. Compiles run in subprocesses: the tool must
-set libtpu's environment before jax is imported. CI compiles each kind's smallest signature
+The shipped app with its TPU args compiles for whole slices with production model configs,
+every step within HBM, the Pallas item attention included (the default on TPU); a plan that
+cannot fit is refused before compiling. Compiles run in subprocesses: the tool must set
+libtpu's environment before jax is imported. CI compiles each kind's smallest signature
 (docs/tpu.md has every signature's figures, from the same tool with ``--signatures all``).
 """
 
