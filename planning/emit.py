@@ -123,7 +123,7 @@ def rayservice(config: dict[str, Any], tpu: Slice, slices: int, name: str) -> di
         "kind": "RayService",
         "metadata": {"name": name},
         "spec": {
-            "serveConfigV2": yaml.safe_dump(config, sort_keys=False, width=100),
+            "serveConfigV2": dump(config),
             "rayClusterConfig": {
                 "rayVersion": "2.60.0",
                 "headGroupSpec": head,
@@ -141,9 +141,16 @@ def _literal(dumper: yaml.SafeDumper, value: _Literal) -> Any:
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
 
 
+def _flow_scalars(dumper: yaml.SafeDumper, value: list) -> Any:
+    """A list of numbers or strings on one line (``[1, 16]``), others as blocks."""
+    flat = all(isinstance(item, int | float | str) for item in value)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flat)
+
+
 def dump(document: dict[str, Any]) -> str:
-    dumper = type("Dumper", (yaml.SafeDumper,), {})
+    dumper = type("Dumper", (yaml.SafeDumper,), {"ignore_aliases": lambda self, data: True})
     dumper.add_representer(_Literal, _literal)
+    dumper.add_representer(list, _flow_scalars)
     spec = document.get("spec", {})
     if "serveConfigV2" in spec:
         spec["serveConfigV2"] = _Literal(spec["serveConfigV2"])
@@ -153,21 +160,21 @@ def dump(document: dict[str, Any]) -> str:
 def header(meta: dict[str, Any], row: dict[str, Any], tpu: Slice) -> str:
     query, items, item_tokens = meta["workload"]
     hosts = row["hosts_per_replica"]
-    group = f"a host group of {hosts} hosts (one slice)" if hosts > 1 else "within one host"
+    group = f"a host group of {hosts} hosts" if hosts > 1 else "within one host"
     return "\n".join([
         f"# scorejax serving {meta['model']} on {meta['slices']} TPU {tpu.pod_type} slice(s) "
         f"({tpu.hosts} host(s) x {tpu.chips_per_host} chips, topology {tpu.shape}).",
         f"# Written by the planner: {meta['command']}",
-        f"# Winner: {row['chips_per_replica']} chip(s) per replica, {group}, mesh [data, model] "
+        f"# Layout: {row['chips_per_replica']} chip(s) per replica, {group}, mesh [data, model] "
         f"= {row['mesh']}, {row['replicas_per_slice']} replica(s) per slice.",
-        f"# Projected (compile-only for {meta['topology']}, published chip figures; not a "
-        f"measurement): {row['items_per_s_per_slice']:.1f} items/s per slice, step latency "
-        f"{row['step_latency_s'] * 1e3:.4f} ms, {row['requests_per_step']} requests per step of "
-        f"a {query}-token query + {items} items of {item_tokens} tokens.",
-        "# The app is the shipped serve_config.yaml's with the TPU args and this layout "
-        "(tests/test_manifests.py checks it).",
-        "# The image is this repository installed (`pip install .` plus the model files); "
-        "replace `scorejax:latest`.",
+        f"# Projected for {meta['topology']} from compile-only executables and published chip "
+        "figures, not measured:",
+        f"#   {row['items_per_s_per_slice']:.1f} items/s per slice, step latency "
+        f"{row['step_latency_s'] * 1e3:.4f} ms, at {row['requests_per_step']} requests per step",
+        f"#   of a {query}-token query + {items} items of {item_tokens} tokens.",
+        "# The app is the shipped serve_config.yaml's with the TPU args and this layout",
+        "# (tests/test_manifests.py re-plans it). The image is this repository installed",
+        "# (`pip install .` plus the model files); replace `scorejax:latest`.",
         "",
     ])  # fmt: skip
 
@@ -183,4 +190,5 @@ def write_outputs(options: argparse.Namespace, meta: dict[str, Any], row: dict[s
     if options.emit:
         name = f"scorejax-{tpu.pod_type}-{Path(options.model).name.lower().replace('.', '-')}"
         manifest = rayservice(config, tpu, options.slices, name)
+        Path(options.emit).parent.mkdir(parents=True, exist_ok=True)
         Path(options.emit).write_text(header(meta, row, tpu) + dump(manifest))

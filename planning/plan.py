@@ -226,11 +226,25 @@ class RowCache:
             (self._folder / f"{key}.json").write_text(json.dumps(row))
 
 
+TIE = 0.01  # projected items/s this close are a tie, broken by the lower step latency
+
+
 def ranked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Fitting layouts by items/s per slice (then lower step latency), refusals last."""
-    fitting = [row for row in rows if row["fits"]]
-    fitting.sort(key=lambda r: (-r["items_per_s_per_slice"], r["step_latency_s"]))
-    return fitting + [row for row in rows if not row["fits"]]
+    """Fitting layouts by items/s per slice, refusals last. Layouts within ``TIE`` of the
+    best of their group rank by step latency: a projection is not that precise, and the
+    faster step is what a request sees."""
+    fitting = sorted((r for r in rows if r["fits"]), key=lambda r: -r["items_per_s_per_slice"])
+    groups: list[list[dict[str, Any]]] = []
+    for row in fitting:
+        if (
+            groups
+            and row["items_per_s_per_slice"] >= (1 - TIE) * groups[-1][0]["items_per_s_per_slice"]
+        ):
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    order = [r for group in groups for r in sorted(group, key=lambda r: r["step_latency_s"])]
+    return order + [row for row in rows if not row["fits"]]
 
 
 def format_table(rows: list[dict[str, Any]], slices: int) -> str:

@@ -85,10 +85,13 @@ def row(mesh: list[int], items: float | None, latency: float = 0.01) -> dict:
     }
 
 
-def test_ranked_by_items_per_second_then_latency_refusals_last() -> None:
+def test_ranked_by_items_per_second_near_ties_by_latency_refusals_last() -> None:
     rows = [row([1, 1], None), row([1, 2], 10.0, 0.02), row([1, 4], 30.0), row([2, 1], 10.0)]
     order = [r["mesh"] for r in ranked(rows)]
     assert order == [[1, 4], [2, 1], [1, 2], [1, 1]]
+    # Within 1% of each other: the faster step first, even with slightly fewer items/s.
+    near = [row([1, 1], 320_635.0, 0.00798), row([2, 1], 320_198.0, 0.0040), row([1, 2], 300.0)]
+    assert [r["mesh"] for r in ranked(near)] == [[2, 1], [1, 1], [1, 2]]
     table = format_table(ranked(rows), slices=1)
     assert table.splitlines()[2].startswith("| 1 | 4 | 1 | [1, 4] | 1 |")
     assert "refused: parameters + query cache" in table.splitlines()[-1]
