@@ -34,10 +34,17 @@ def scoring_app(
     return ScoreIngress.options(**dict(ingress_options or {})).bind(replica, resolved)
 
 
+SLICE_DRIVER = {"num_cpus": 0.25}  # a replica that reserves its TPU slice at start holds no chip
+
+
 def replica_placement(settings: ReplicaSettings) -> dict[str, Any]:
     """The replica's resources from ``host_resources`` (and ``host_label_selector``); with
     ``hosts_per_replica`` H > 1 also a placement group of H such bundles (bundle 0: the replica
-    actor, the leader; bundles 1..H-1: its follower hosts), its strategy and labels."""
+    actor, the leader; bundles 1..H-1: its follower hosts), its strategy and labels. With H > 1
+    and ``tpu_slice`` the replica is a driver that reserves a whole slice when it starts
+    (``cluster/slice_group.py``): no placement group from Serve."""
+    if settings.hosts_per_replica > 1 and settings.tpu_slice:
+        return {"ray_actor_options": dict(SLICE_DRIVER)}
     bundle, labels = settings.host_bundle, dict(settings.host_label_selector)
     single = settings.hosts_per_replica == 1  # else the bundles carry the labels
     actor = actor_resources(bundle) | ({"label_selector": labels} if labels and single else {})

@@ -68,9 +68,13 @@ def host_identity(process_id: int) -> dict[str, Any]:
 
 
 def load_factory(path: str) -> Callable[..., Any]:
-    """``"module:attribute"`` -> the attribute (a class or a function)."""
+    """``"module:attribute"`` -> the attribute (a class or a function); the attribute may
+    be dotted (``"module:Class.from_settings"``)."""
     module_name, _, attribute = path.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
+    target: Any = importlib.import_module(module_name)
+    for name in attribute.split("."):
+        target = getattr(target, name)
+    return target
 
 
 def actor_resources(bundle: Mapping[str, float]) -> dict[str, Any]:

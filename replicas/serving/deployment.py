@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_ENGINE = "replicas.engine:ScoringEngine"
 GROUP_ENGINE = "replicas.engine:GroupEngine"  # the default when hosts_per_replica > 1
+SLICE_ENGINE = "replicas.engine:SliceEngine"  # ... and tpu_slice is set
 # Settings that change how requests are batched, not what is loaded or compiled.
 RECONFIGURABLE = frozenset({"max_batch_size", "batch_wait_timeout_s"})
 UNHEALTHY_AFTER_FAILED_BATCHES = 3
@@ -154,7 +155,7 @@ class ScoringReplica:
         self._trimmed_at = time.monotonic()
         vocab_size = check_model_settings(self._settings)
         if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
-            engine_factory = GROUP_ENGINE
+            engine_factory = SLICE_ENGINE if self._settings.tpu_slice else GROUP_ENGINE
         self._engine = load_engine_factory(engine_factory)(self._settings)
         info = self._engine.info
         if info.vocab_size != vocab_size:
