@@ -1,11 +1,12 @@
 """The planner's winner as a KubeRay RayService manifest, or as a serve config.
 
-The app is the shipped ``serve_config.yaml``'s with the TPU args (``planning.serve_args.TPU_ARGS``)
-and the winner's layout over it: ``mesh_shape``, ``host_resources`` (the replica's chips of a
-host), ``hosts_per_replica`` and, for a host group, ``tpu_slice`` (every host of one slice,
-through Ray's TPU slice placement) and ``placement_group_strategy: STRICT_SPREAD``. The
-scoring replicas autoscale up to what the slices hold. The header names the command that
-wrote the file and the winner's projected figures (a projection, not a measurement).
+The app is the shipped ``serve_config.yaml``'s with the TPU args
+(``planning.serve_args.TPU_ARGS``) and the winner's layout over it: ``mesh_shape``,
+``host_resources`` (the replica's chips of a host), ``hosts_per_replica`` and, for a host
+group of a whole slice, ``tpu_slice`` (every host of one slice, through Ray's TPU slice
+placement) and ``placement_group_strategy: STRICT_SPREAD``. The scoring replicas autoscale up
+to what the slices hold. The header names the command that wrote the file and the winner's
+projected figures (a projection, not a measurement).
 """
 
 from __future__ import annotations
@@ -54,8 +55,6 @@ class Slice:
 
 def layout_args(row: dict[str, Any], tpu: Slice, served_model: str) -> dict[str, Any]:
     """The args a replica of the winner's layout changes."""
-    from replicas.settings import ReplicaSettings
-
     hosts = row["hosts_per_replica"]
     chips = min(row["chips_per_replica"], tpu.chips_per_host)
     per_host = tpu.chips_per_host // chips
@@ -67,7 +66,7 @@ def layout_args(row: dict[str, Any], tpu: Slice, served_model: str) -> dict[str,
         "placement_group_strategy": "STRICT_SPREAD" if hosts > 1 else "SPREAD",
         "host_label_selector": {"ray.io/tpu-pod-type": tpu.pod_type},
     }
-    if hosts > 1 and "tpu_slice" in {f.name for f in dataclasses.fields(ReplicaSettings)}:
+    if hosts > 1 and hosts == tpu.hosts:  # a whole slice: pinned (cluster/slice_group.py)
         args["tpu_slice"] = f"{tpu.generation}:{tpu.shape}"
     return args
 
@@ -179,16 +178,22 @@ def header(meta: dict[str, Any], row: dict[str, Any], tpu: Slice) -> str:
     ])  # fmt: skip
 
 
+def documents(meta: dict[str, Any], row: dict[str, Any], base: dict[str, Any],
+              served_model: str | None = None) -> tuple[str, str]:  # fmt: skip
+    """The winner's serve config and RayService manifest, each with its header."""
+    generation, _, shape = meta["topology"].partition(":")
+    tpu = Slice(generation, shape, meta["hosts"], meta["chips"])
+    model = Path(meta["model"]).name
+    config = serve_config(base, row, tpu, meta["slices"], served_model or f"/models/{model}")
+    name = f"scorejax-{tpu.pod_type}-{model.lower().replace('.', '-')}"
+    manifest = rayservice(config, tpu, meta["slices"], name)
+    return header(meta, row, tpu) + dump(config), header(meta, row, tpu) + dump(manifest)
+
+
 def write_outputs(options: argparse.Namespace, meta: dict[str, Any], row: dict[str, Any],
                   base: dict[str, Any]) -> None:  # fmt: skip
-    generation, _, shape = options.topology.partition(":")
-    tpu = Slice(generation, shape, meta["hosts"], meta["chips"])
-    served = options.served_model or f"/models/{Path(options.model).name}"
-    config = serve_config(base, row, tpu, options.slices, served)
-    if options.emit_serve:
-        Path(options.emit_serve).write_text(header(meta, row, tpu) + dump(config))
-    if options.emit:
-        name = f"scorejax-{tpu.pod_type}-{Path(options.model).name.lower().replace('.', '-')}"
-        manifest = rayservice(config, tpu, options.slices, name)
-        Path(options.emit).parent.mkdir(parents=True, exist_ok=True)
-        Path(options.emit).write_text(header(meta, row, tpu) + dump(manifest))
+    serve, manifest = documents(meta, row, base, options.served_model)
+    for path, text in ((options.emit_serve, serve), (options.emit, manifest)):
+        if path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text)
