@@ -1,0 +1,168 @@
+"""One layout of a slice, planned: fit against HBM, then the workload projected.
+
+``Planner`` holds what every layout of one slice and model shares (devices, chip, model
+config, serve args); ``evaluate`` gives a layout's row (refused with the reason, or
+projected), ``verify`` the winner's fit with every warm-up signature compiled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from cluster.tpu_topology import GIB, TopologyError
+from planning.layouts import Layout, enumerate_layouts, replica_devices, replica_shape
+from planning.serve_args import base_args
+
+
+def layout_settings(args: dict[str, Any], model: str, layout: Layout) -> Any:
+    from replicas.settings import ReplicaSettings
+
+    values = dict(args) | {
+        "model": model,
+        "mesh_shape": list(layout.mesh),
+        "hosts_per_replica": layout.hosts_per_replica,
+        "compilation_cache_dir": None,  # its signature record would add this machine's history
+    }
+    return ReplicaSettings.from_mapping(values)
+
+
+def refusal(row: dict[str, Any], reason: str) -> dict[str, Any]:
+    return row | {"fits": False, "reason": reason}
+
+
+def layout_row(layout: Layout) -> dict[str, Any]:
+    return {
+        "chips_per_replica": layout.chips_per_replica,
+        "hosts_per_replica": layout.hosts_per_replica,
+        "mesh": list(layout.mesh),
+        "replicas_per_slice": layout.replicas_per_slice,
+    }
+
+
+class Planner:
+    """What every layout of one slice and model shares: devices, chip, model, settings."""
+
+    def __init__(self, options: argparse.Namespace) -> None:
+        import jax.numpy as jnp
+
+        from cluster.tpu_topology import chip_spec, host_count, topology_devices
+        from replicas.checkpoints.loading import DTYPES
+        from replicas.model.catalog import model_config
+
+        self.options = options
+        self.devices = topology_devices(options.topology)
+        self.chip = chip_spec(self.devices)
+        self.hosts = host_count(self.devices)
+        self.args = base_args(Path(options.config) if options.config else None)
+        self.config = model_config(options.model)
+        self.dtype = jnp.dtype(DTYPES[self.args.get("dtype", "bfloat16")])
+        query, items, item_tokens = options.workload
+        self.workload = (query, items, item_tokens, 2)
+
+    def layouts(self) -> list[Layout]:
+        layouts = enumerate_layouts(len(self.devices), self.hosts)
+        if self.options.mesh:
+            layouts = [layout for layout in layouts if layout.mesh == self.options.mesh]
+            if not layouts:
+                raise ValueError(f"--mesh: {list(self.options.mesh)} is no layout of the slice")
+        return layouts
+
+    def replica_hosts(self, layout: Layout) -> list[Any]:
+        """The devices of a topology of exactly the replica's hosts: the slice's for a whole
+        slice, else the largest smaller topology libtpu knows with that many hosts."""
+        from cluster.tpu_topology import host_count, topology_devices
+
+        hosts = layout.hosts_per_replica
+        if hosts == self.hosts:
+            return self.devices
+        generation, _, shape = self.options.topology.partition(":")
+        per_host = len(self.devices) // self.hosts
+        for candidate in replica_shape(shape, hosts * per_host):
+            try:
+                devices = topology_devices(f"{generation}:{candidate}")
+            except TopologyError:
+                continue
+            if host_count(devices) == hosts:
+                return devices
+        raise TopologyError(f"--topology: no topology of {hosts} host(s) inside {shape}")
+
+    def engine(self, layout: Layout) -> tuple[Any, Any, int, Any]:
+        """The layout's engine over shape-only parameters: (engine, mesh, parameter bytes per
+        chip, settings); a ValueError when the weights cannot be sharded so."""
+        from cluster.mesh import build_mesh
+        from planning.tpu_check import abstract_params
+        from replicas.engine.scoring_engine import ScoringEngine
+        from replicas.model.causal_lm import CausalLM
+
+        settings = layout_settings(self.args, self.options.model, layout)
+        mesh = build_mesh(layout.mesh, replica_devices(self.replica_hosts(layout), layout))
+        model = CausalLM(self.config, self.dtype)
+        params, param_bytes = abstract_params(model, mesh)
+        engine = ScoringEngine(model, params, mesh, settings, name=self.options.model)
+        return engine, mesh, param_bytes, settings
+
+    def evaluate(self, layout: Layout) -> dict[str, Any]:
+        """One layout's row: refused (with the reason) or projected."""
+        start = time.perf_counter()
+        row = layout_row(layout) | {"hbm_bytes_per_chip": self.chip.hbm_bytes}
+        try:
+            engine, mesh, param_bytes, settings = self.engine(layout)
+        except ValueError as error:  # a model axis the weights' shapes do not divide
+            return refusal(row, f"parameters cannot be sharded so: {error}")
+        cache = settings.query_cache_bytes
+        row |= {"param_bytes_per_chip": param_bytes, "cache_bytes_per_chip": cache}
+        if param_bytes + cache > self.chip.hbm_bytes:
+            need = (param_bytes + cache) / GIB
+            return refusal(row, f"parameters + query cache {need:.1f} GiB per chip > HBM")
+        row = self.fit(engine, row, "largest")
+        if row["fits"]:
+            row |= self.project(engine, mesh, layout)
+        return row | {"plan_s": round(time.perf_counter() - start, 1)}
+
+    def fit(self, engine: Any, row: dict[str, Any], signatures: str) -> dict[str, Any]:
+        """Parameters + query cache + the largest of ``signatures``' steps against HBM."""
+        step = self.largest_step_bytes(engine, row["param_bytes_per_chip"], signatures)
+        need = row["param_bytes_per_chip"] + row["cache_bytes_per_chip"] + step
+        row = row | {"need_bytes_per_chip": need, "signatures": signatures}
+        if need > self.chip.hbm_bytes:
+            reason = f"parameters + query cache + largest step {need / GIB:.1f} GiB per chip > HBM"
+            return refusal(row, reason)
+        return row | {"fits": True, "reason": ""}
+
+    def verify(self, layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
+        """The winner's fit with every warm-up signature compiled."""
+        engine, *_ = self.engine(layout)
+        checked = self.fit(engine, row, "all")
+        return checked if checked["fits"] else checked | {"reason": "winner: " + checked["reason"]}
+
+    def largest_step_bytes(self, engine: Any, param_bytes: int, signatures: str) -> int:
+        from planning.tpu_check import chosen_keys, step_row
+
+        keys = chosen_keys(engine, signatures)
+        engine.compile_keys(keys)
+        compiled = engine.executables().items()
+        return max(step_row(*key, c, None, param_bytes)["step_bytes"] for key, c in compiled)
+
+    def project(self, engine: Any, mesh: Any, layout: Layout) -> dict[str, Any]:
+        """The workload at the largest batch bucket, per replica and per slice."""
+        from planning.tpu_check import abstract_params
+        from planning.tpu_projection import layer_engines, project_workload
+
+        batch = engine.settings.batch_buckets[-1]
+        engines = layer_engines(engine, mesh, abstract_params)
+        projected = project_workload(engines, engine, self.chip, self.workload, batch)
+        per_replica = projected["items_per_s"]
+        return {
+            "requests_per_step": batch,
+            "items_per_s_per_replica": per_replica,
+            "items_per_s_per_slice": round(per_replica * layout.replicas_per_slice, 1),
+            "items_per_s_per_replica_cached_query": projected["items_per_s_cached_query"],
+            "items_per_s_per_slice_cached_query": round(
+                projected["items_per_s_cached_query"] * layout.replicas_per_slice, 1
+            ),
+            "step_latency_s": projected["latency_s"],
+            "steps": projected["steps"],
+        }
