@@ -42,10 +42,10 @@ def test_libtpu_is_installed_by_the_set_up() -> None:
 
 CHECKS = {
     # Qwen3-0.6B on one host and on a whole v6e-16 slice, with the projection (its steps
-    # compiled twice more), to compare them. The Llama family compiles for v6e:4x4 in
-    # tests/test_manifests.py (Llama-3.1-70B's manifest, re-planned).
+    # compiled twice more), to compare them; the Llama family once.
     ("v6e:2x2", "Qwen3-0.6B"): ["--projection"],
     ("v6e:4x4", "Qwen3-0.6B"): ["--projection"],
+    ("v6e:4x4", "Llama-3.2-1B"): ["--no-projection"],
 }
 
 
@@ -73,6 +73,7 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tup
     [
         ("v6e:2x2", "Qwen3-0.6B", []),
         ("v6e:4x4", "Qwen3-0.6B", ["data"]),
+        ("v6e:4x4", "Llama-3.2-1B", ["data"]),
     ],
 )
 def test_the_tpu_config_compiles_for_whole_slices(
