@@ -33,6 +33,15 @@ def refusal(row: dict[str, Any], reason: str) -> dict[str, Any]:
     return row | {"fits": False, "reason": reason}
 
 
+def is_out_of_hbm(error: Exception) -> bool:
+    """The TPU compiler's refusal of a step whose temporaries exceed HBM."""
+    return "RESOURCE_EXHAUSTED" in str(error) and "HBM" in str(error)
+
+
+def first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0].removeprefix("RESOURCE_EXHAUSTED: ")
+
+
 def layout_row(layout: Layout) -> dict[str, Any]:
     return {
         "chips_per_replica": layout.chips_per_replica,
@@ -117,9 +126,14 @@ class Planner:
         if param_bytes + cache > self.chip.hbm_bytes:
             need = (param_bytes + cache) / GIB
             return refusal(row, f"parameters + query cache {need:.1f} GiB per chip > HBM")
-        row = self.fit(engine, row, "largest")
-        if row["fits"]:
-            row |= self.project(engine, mesh, layout)
+        try:
+            row = self.fit(engine, row, "largest")
+            if row["fits"]:
+                row |= self.project(engine, mesh, layout)
+        except Exception as error:  # re-raised unless it is the compiler's own HBM refusal
+            if not is_out_of_hbm(error):
+                raise
+            row = refusal(row, f"the compiler ran out of HBM: {first_line(error)}")
         return row | {"plan_s": round(time.perf_counter() - start, 1)}
 
     def fit(self, engine: Any, row: dict[str, Any], signatures: str) -> dict[str, Any]:

@@ -117,3 +117,33 @@ def test_a_bad_option_names_itself(tmp_path: Path) -> None:
         [*command, "Qwen3-0.6B", "--mesh", "3,3"], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 2 and "--mesh" in done.stderr
+
+
+def test_the_compilers_hbm_refusal_is_a_refused_row_and_other_errors_propagate() -> None:
+    from planning.planner import Planner
+
+    message = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, temporaries (27.90G) exceed (15.75G)."
+    planner = object.__new__(Planner)
+    planner.chip = SimpleNamespace(hbm_bytes=16 * 2**30)
+    planner.engine = lambda layout: (None, None, 2**30, SimpleNamespace(query_cache_bytes=0))
+
+    def fit_out_of_hbm(*_: object) -> None:
+        raise RuntimeError(message)
+
+    planner.fit = fit_out_of_hbm
+    row = planner.evaluate(
+        Layout(chips_per_replica=4, hosts_per_replica=1, mesh=(1, 4), replicas_per_slice=1)
+    )
+    assert row["fits"] is False
+    assert row["reason"] == "the compiler ran out of HBM: " + message.removeprefix(
+        "RESOURCE_EXHAUSTED: "
+    )
+
+    def fit_broken(*_: object) -> None:
+        raise RuntimeError("INTERNAL: something else")
+
+    planner.fit = fit_broken
+    with pytest.raises(RuntimeError, match="INTERNAL"):
+        planner.evaluate(
+            Layout(chips_per_replica=4, hosts_per_replica=1, mesh=(1, 4), replicas_per_slice=1)
+        )
