@@ -35,6 +35,40 @@ class ScoreWork:
         return len(self.item_ids)
 
 
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class PromptWork:
+    """Prompt log-likelihood (semantics 14) in token space: for each prompt, the
+    log-probability of every token after the first given the tokens before it, the
+    ``top_k`` most likely tokens at every position, and the greedy next token after the
+    whole prompt (its top alternatives, at least one). Prompts of one work that share a
+    prefix compute it once; a prefix in the query cache is not computed at all
+    (semantics 15)."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    top_k: int = 0
+    deadline: float | None = None
+
+    @property
+    def num_items(self) -> int:
+        return len(self.prompts)
+
+
+@dataclass(frozen=True)
+class PromptLogprobs:
+    """One prompt's answer. For a prompt of L tokens: ``token_logprobs [L]`` float32 (entry
+    j: log P(token j | tokens < j); entry 0 is NaN, nothing precedes it); ``top_ids``,
+    ``top_logprobs [L + 1, k]`` (row j: the k most likely tokens after tokens < j, best
+    first; row 0 unused, -1 / NaN; row L: after the whole prompt, the greedy next token
+    first). ``k = max(top_k, 1)``."""
+
+    token_logprobs: Any
+    top_ids: Any
+    top_logprobs: Any
+
+
 @dataclass(frozen=True)
 class ScoredWork:
     """A replica's answer to one ScoreWork: log-probabilities ``[n_items, n_labels]``
@@ -120,16 +154,19 @@ def longest_row(query_len: int, item_lens: Sequence[int]) -> int:
 CALL_OVERHEAD_TOKENS = 32  # a call's fixed cost (routing, a batch slot, unpacking), in tokens
 
 
-def computed_tokens(work: ScoreWork, multi_item: bool) -> int:
+def computed_tokens(work: ScoreWork | PromptWork, multi_item: bool) -> int:
     """The tokens a replica computes for ``work``: the query once when its items share it as
-    a prefix, else once per item row, plus every item."""
+    a prefix, else once per item row, plus every item (a PromptWork: every prompt token, the
+    most a shared or cached prefix leaves to compute)."""
+    if isinstance(work, PromptWork):
+        return sum(len(prompt) for prompt in work.prompts)
     items = sum(len(item) for item in work.item_ids)
     if multi_item and not work.item_first:
         return len(work.query_ids) + items
     return items + len(work.query_ids) * work.num_items
 
 
-def work_cost(work: ScoreWork, multi_item: bool) -> int:
+def work_cost(work: ScoreWork | PromptWork, multi_item: bool) -> int:
     """What admission counts for ``work`` (semantics 16): its computed tokens plus a call's
     fixed cost."""
     return CALL_OVERHEAD_TOKENS + computed_tokens(work, multi_item)
@@ -150,8 +187,35 @@ class EngineUnavailable(RuntimeError):
     reason = "unavailable"
 
 
-def check_limits(work: ScoreWork, limits: ScoringLimits, multi_item: bool) -> None:
+def check_prompt_limits(work: PromptWork, limits: ScoringLimits) -> None:
+    """Raise ScoringLimitError if a PromptWork breaks ``limits``: prompts per request as
+    items, each prompt within the longest row a step holds, the computed tokens in all."""
+    if work.num_items > limits.max_items_per_request:
+        raise ScoringLimitError(
+            "too_many_items",
+            f"{work.num_items} prompts exceed max_items_per_request={limits.max_items_per_request}",
+        )
+    longest = max((len(prompt) for prompt in work.prompts), default=0)
+    if longest > limits.max_row_tokens:
+        raise ScoringLimitError(
+            "sequence_too_long",
+            f"a prompt of {longest} tokens exceeds the longest row a step holds "
+            f"({limits.max_row_tokens} tokens)",
+        )
+    tokens = computed_tokens(work, multi_item=True)
+    if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
+        raise ScoringLimitError(
+            "too_many_tokens",
+            f"the prompts hold {tokens} tokens, over max_request_tokens="
+            f"{limits.max_request_tokens}",
+        )
+
+
+def check_limits(work: ScoreWork | PromptWork, limits: ScoringLimits, multi_item: bool) -> None:
     """Raise ScoringLimitError if ``work`` breaks ``limits``; used on both sides of the handle."""
+    if isinstance(work, PromptWork):
+        check_prompt_limits(work, limits)
+        return
     if work.num_items > limits.max_items_per_request:
         raise ScoringLimitError(
             "too_many_items",

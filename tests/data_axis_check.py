@@ -146,7 +146,46 @@ def run(directory: Path) -> dict[str, Any]:
                         "output_bytes_data_1": output_bytes(engines[whole].executables()[key]),
                     }
                 )
-    return {"scores": scores, "costs": costs}
+    return {"scores": scores, "costs": costs, "prompts": prompt_answers(loaded)}
+
+
+def prompt_rounds(vocab: int) -> list[list[Any]]:
+    """Prompt log-likelihood: four choices behind one context with three other requests
+    (some prefixes computed in one step on either data block), then the same prompts again
+    (every prefix read from the query cache)."""
+    from replicas.contract import PromptWork
+
+    rng = np.random.default_rng(1)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(10, vocab, n))
+
+    context = ids(40)
+    works = [
+        PromptWork(tuple(context + ids(n) for n in (2, 5, 1, 9)), top_k=2),
+        PromptWork((ids(35),)),
+        PromptWork((ids(7), ids(20))),
+        PromptWork((ids(50),), top_k=3),
+    ]
+    return [works, works]
+
+
+def answer_lists(answer: Any) -> list[list[Any]]:
+    return [answer.token_logprobs[1:].tolist(), answer.top_logprobs[1:].tolist()]
+
+
+def prompt_answers(loaded: dict[tuple[int, int], Any]) -> dict[str, Any]:
+    """Per mesh: every prompt's token log-probs and top log-probs, and the reused tokens."""
+    out: dict[str, Any] = {}
+    for mesh, model in loaded.items():
+        engine = engine_for(model, {"multi_item_scoring_delimiter": 3})
+        calls = [engine.score_batch(works) for works in prompt_rounds(engine.info.vocab_size)]
+        answers = [[[answer_lists(a) for a in work] for work in call] for call in calls]
+        out[f"{mesh[0]}x{mesh[1]}"] = {
+            "answers": answers,
+            "reused_prefix_tokens": engine.stats()["reused_prefix_tokens"],
+        }
+    return out
 
 
 def main(argv: list[str]) -> None:

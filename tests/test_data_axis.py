@@ -57,6 +57,28 @@ def test_a_data_axis_scores_like_one_device(result: dict, layout: str, mesh: str
         assert sharded["cache_hits"] >= 3  # the second call's queries all came from it
 
 
+@pytest.mark.parametrize("mesh", ["2x1", "1x2", "2x2"])
+def test_prompt_log_probs_on_a_data_axis_equal_one_device(result: dict, mesh: str) -> None:
+    prompts = result["prompts"]
+    reference, sharded = prompts["1x1"], prompts[mesh]
+    worst = 0.0
+    for call, call_reference in zip(sharded["answers"], reference["answers"], strict=True):
+        for work, work_reference in zip(call, call_reference, strict=True):
+            for got, want in zip(work, work_reference, strict=True):
+                for a, b in zip(got, want, strict=True):
+                    worst = max(worst, float(np.nanmax(np.abs(np.subtract(a, b)))))
+    print(f"\n[data axis] prompt log-probs on {mesh}: worst difference {worst:.2g}")
+    assert worst <= TOLERANCE
+    # The second call reads every prefix from the cache: the 32 context tokens 4 times and
+    # the 32- and 48-token prefixes of the 35- and 50-token prompts; the first call shares
+    # the context among its 4 choices (3 reads).
+    assert (
+        sharded["reused_prefix_tokens"]
+        == reference["reused_prefix_tokens"]
+        == 3 * 32 + (4 * 32 + 32 + 48 + 16)
+    )
+
+
 def test_each_device_computes_half_of_every_step(result: dict) -> None:
     costs = result["costs"]
     assert {cost["kind"] for cost in costs} == {"prefix", "items", "rows", "dense"}

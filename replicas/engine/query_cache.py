@@ -40,6 +40,16 @@ class QueryCache:
         self.hits += 1
         return entry
 
+    def peek(self, key: Hashable) -> Sized | None:
+        """The entry under ``key`` without counting or touching it."""
+        return self._entries.get(key)
+
+    def touch(self, key: Hashable) -> None:
+        """Count a hit on ``key`` (a prefix reused from it) and mark it recently used."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+            self.hits += 1
+
     def entries(self) -> list[Sized]:
         """What the cache holds, least recently used first (nothing is counted as used)."""
         return list(self._entries.values())

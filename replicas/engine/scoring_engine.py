@@ -23,9 +23,10 @@ from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
 from cluster.sharding import named_sharding, replicated
-from replicas.contract import ModelInfo, ScoreWork, check_limits
+from replicas.contract import MAX_TOP_LOGPROBS, ModelInfo, PromptWork, ScoreWork, check_limits
 from replicas.engine.compiler import StepCompiler
 from replicas.engine.layouts.packed_reference import PackedReferenceLayout
+from replicas.engine.layouts.prompts import PromptLayout
 from replicas.engine.layouts.shared_prefix import SharedPrefixLayout
 from replicas.engine.layouts.single_item import SingleItemLayout
 from replicas.engine.memory import release_free_heap
@@ -73,7 +74,14 @@ class ScoringEngine:
         self._replicated = replicated(mesh)
         self._cache = QueryCache(settings.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time
-        self._counters = {"steps": 0, "computed_tokens": 0, "useful_tokens": 0}
+        self._counters = {
+            "steps": 0,
+            "computed_tokens": 0,
+            "useful_tokens": 0,
+            "prompt_tokens": 0,  # /v1/completions prompts' tokens:
+            "reused_prefix_tokens": 0,  # read from a shared or cached prefix
+            "computed_prompt_tokens": 0,  # computed (padding not counted)
+        }
         self._engine_seconds = 0.0
         self.last_signatures: list[tuple[str, Any]] = []  # what the last score_batch ran
         self._single = SingleItemLayout(model, self)
@@ -82,7 +90,9 @@ class ScoringEngine:
             if settings.layout == "packed_reference"
             else SharedPrefixLayout(model, self)
         )
-        owners = {kind: layout for layout in (self._single, self._multi) for kind in layout.kinds}
+        self._prompts = PromptLayout(model, self)
+        layouts = (self._single, self._multi, self._prompts)
+        owners = {kind: layout for layout in layouts for kind in layout.kinds}
         directory = settings.compilation_cache_dir
         self._compiler = StepCompiler(
             lambda kind, dims: owners[kind].compile(kind, dims),
@@ -152,9 +162,12 @@ class ScoringEngine:
         """Multi-item layouts serve query-first work; item_first goes through single-item."""
         return self._settings.multi_item and not work.item_first
 
-    def validate(self, work: ScoreWork) -> None:
+    def validate(self, work: ScoreWork | PromptWork) -> None:
         """Raise ScoringInputError / ScoringLimitError for work that must not run."""
         vocab = self._info.vocab_size
+        if isinstance(work, PromptWork):
+            self._validate_prompts(work, vocab)
+            return
         if not work.query_ids:
             raise ScoringInputError("empty_query", "query must contain at least one token")
         if not work.label_ids:
@@ -171,25 +184,42 @@ class ScoringEngine:
                 "delimiter_in_content", f"delimiter token {delimiter} inside query or item"
             )
 
+    def _validate_prompts(self, work: PromptWork, vocab: int) -> None:
+        if any(not prompt for prompt in work.prompts):
+            raise ScoringInputError("empty_prompt", "every prompt must contain at least one token")
+        if any(not 0 <= token < vocab for token in itertools.chain(*work.prompts)):
+            raise ScoringInputError("token_id_exceeds_vocab", f"token ids must be in [0, {vocab})")
+        if not 0 <= work.top_k <= MAX_TOP_LOGPROBS:
+            raise ScoringInputError("invalid_logprobs", f"top_k must be in [0, {MAX_TOP_LOGPROBS}]")
+        check_limits(work, self._info.limits, True)
+
     # -- scoring ------------------------------------------------------------------------
 
-    def _route(self, works: Sequence[ScoreWork]) -> tuple[list[int], list[tuple[int, int]]]:
-        """Works for the multi-item layout, and (work, item) rows for the single-item one."""
-        multi = [i for i, w in enumerate(works) if self.uses_multi_item(w) and w.num_items]
+    def _route(
+        self, works: Sequence[ScoreWork | PromptWork]
+    ) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+        """Works for the multi-item layout, (work, item) rows for the single-item one, and
+        prompt works."""
+        prompts = [i for i, w in enumerate(works) if isinstance(w, PromptWork) and w.num_items]
+        scoring = [(i, w) for i, w in enumerate(works) if isinstance(w, ScoreWork)]
+        multi = [i for i, w in scoring if self.uses_multi_item(w) and w.num_items]
         pairs = [
-            (i, j)
-            for i, w in enumerate(works)
-            if not self.uses_multi_item(w)
-            for j in range(w.num_items)
+            (i, j) for i, w in scoring if not self.uses_multi_item(w) for j in range(w.num_items)
         ]
-        return multi, pairs
+        return multi, pairs, prompts
 
-    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
-        """One float32 ``[items, labels]`` log-prob array per work, in order."""
+    def score_batch(self, works: Sequence[ScoreWork | PromptWork]) -> list[Any]:
+        """Per work, in order: a ScoreWork's float32 ``[items, labels]`` log-probs, a
+        PromptWork's list of PromptLogprobs (one per prompt)."""
         for work in works:
             self.validate(work)
-        results = [np.zeros((w.num_items, len(w.label_ids)), np.float32) for w in works]
-        multi, pairs = self._route(works)
+        results: list[Any] = [
+            []
+            if isinstance(w, PromptWork)
+            else np.zeros((w.num_items, len(w.label_ids)), np.float32)
+            for w in works
+        ]
+        multi, pairs, prompts = self._route(works)
         with self._lock:
             self.last_signatures = []
             start = time.perf_counter()
@@ -198,6 +228,8 @@ class ScoringEngine:
                     self._multi.score(works, multi, results)
                 if pairs:
                     self._single.score(works, pairs, results)
+                if prompts:
+                    self._prompts.score(works, prompts, results)
             finally:
                 self._engine_seconds += time.perf_counter() - start
         return results
@@ -238,10 +270,12 @@ class ScoringEngine:
             keys += self.plan([work] * batch_size)
         return keys
 
-    def plan(self, works: Sequence[ScoreWork]) -> list[tuple[str, Any]]:
-        """The exact signatures scoring ``works`` as one batch would run."""
-        multi, pairs = self._route(works)
+    def plan(self, works: Sequence[ScoreWork | PromptWork]) -> list[tuple[str, Any]]:
+        """The exact signatures scoring ``works`` as one batch would run (prompt works: as
+        if nothing were cached)."""
+        multi, pairs, prompts = self._route(works)
         keys = self._multi.plan(works, multi) if multi else []
+        keys += self._prompts.plan(works, prompts) if prompts else []
         return keys + (self._single.plan(works, pairs) if pairs else [])
 
     def compile_keys(self, keys: Sequence[tuple[str, Any]]) -> int:
@@ -330,6 +364,11 @@ class ScoringEngine:
     def count_tokens(self, computed: int, useful: int) -> None:
         self._counters["computed_tokens"] += computed
         self._counters["useful_tokens"] += useful
+
+    def count_prompt_tokens(self, computed: int, reused: int) -> None:
+        self._counters["prompt_tokens"] += computed + reused
+        self._counters["computed_prompt_tokens"] += computed
+        self._counters["reused_prefix_tokens"] += reused
 
 
 def place(value: Any, sharding: Any, fallback: Any) -> Any:

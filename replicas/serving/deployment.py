@@ -297,4 +297,9 @@ class ScoringReplica:
         if time.monotonic() - self._trimmed_at >= TRIM_INTERVAL_S:
             self._trimmed_at = time.monotonic()
             await asyncio.to_thread(release_free_heap)
-        return [ScoredWork(np.asarray(array, dtype=np.float32), seconds) for array in arrays]
+        return [ScoredWork(_scores(array), seconds) for array in arrays]
+
+
+def _scores(answer: Any) -> Any:
+    """A ScoreWork's log-probs as float32; a PromptWork's PromptLogprobs list as it is."""
+    return answer if isinstance(answer, list) else np.asarray(answer, dtype=np.float32)

@@ -118,9 +118,10 @@ class ScoreIndex:
     holds indices into each block's own hidden states, and the step's output ``[G, Rg, C]``
     flattens to row ``g * Rg + r``."""
 
-    def __init__(self, groups: int, units: int, width: int) -> None:
+    def __init__(self, groups: int, units: int, width: int, rows_per_state: int = 1) -> None:
         self.groups, self.per_group, self.width = groups, units // groups, width
-        self.rows = np.zeros((groups, score_capacity(self.per_group * width)), np.int32)
+        capacity = score_capacity(rows_per_state * self.per_group * width)
+        self.rows = np.zeros((groups, capacity), np.int32)
         self._next = [0] * groups
 
     def add(self, unit: int, offset: int) -> int:

@@ -57,7 +57,7 @@ def moves_between_blocks(mesh: Mesh) -> bool:
     return all(len({d.process_index for d in grid[:, m]}) == 1 for m in range(grid.shape[1]))
 
 
-def _pieces(array: Array, axis: int, rows: Collection[int]) -> dict[int, dict[Any, Array]]:
+def row_pieces(array: Array, axis: int, rows: Collection[int]) -> dict[int, dict[Any, Array]]:
     """Each wanted row b of a batch-sharded array -> {device: its piece, batch dim 1}."""
     out: dict[int, dict[Any, Array]] = {b: {} for b in rows}
     for shard in array.addressable_shards:
@@ -78,9 +78,9 @@ def split_entries(
     tokens), left where it is."""
     batch, width = keys.shape[1], keys.shape[2]
     per_block = batch // mesh.shape["data"]
-    key_pieces = _pieces(keys, 1, lengths.keys())
-    value_pieces = _pieces(values, 1, lengths.keys())
-    last_pieces = _pieces(lasts, 0, lengths.keys())
+    key_pieces = row_pieces(keys, 1, lengths.keys())
+    value_pieces = row_pieces(values, 1, lengths.keys())
+    last_pieces = row_pieces(lasts, 0, lengths.keys())
     size = int((keys.nbytes + values.nbytes + lasts.nbytes) // batch)
     pieces = {b: (key_pieces[b], value_pieces[b], last_pieces[b]) for b in lengths}
     return {b: PrefixEntry(*pieces[b], n, width, b // per_block, size) for b, n in lengths.items()}

@@ -1,0 +1,476 @@
+"""The prompt log-likelihood layout (semantics 14 and 15): every prompt token scored.
+
+A request's prompts are grouped by shared prefix (``prompt_plan``); a group's prefix runs
+once through ``prompt_prefix_step`` (its own tokens scored there) or is read from the query
+cache, matched by the longest cached prefix at block granularity; each prompt's remaining
+tokens run as an item of an item stream behind it (``prompt_stream_step``), scored at every
+token. A cached prefix keeps its keys/values, hidden states at block ends (a prompt sharing
+only its first blocks reads the state there) and the log-probs and top-k of its own tokens,
+so echoing a cached prefix computes nothing of it.
+
+Each unit runs on the data block that holds its prefix, so no prefix moves between chips.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replicas.contract import PromptLogprobs, PromptWork
+from replicas.engine.layouts.common import (
+    BucketDims,
+    ScoreIndex,
+    bucket_for,
+    data_buckets,
+    label_bucket,
+    step_capacity,
+)
+from replicas.engine.layouts.prefix_blocks import PrefixEntry, assemble, row_pieces, split_entries
+from replicas.engine.layouts.prompt_plan import (
+    chunk_members,
+    group_prompts,
+    least_loaded,
+    reuse_pays,
+)
+from replicas.engine.layouts.runner import Runner
+from replicas.engine.layouts.stream import window_for
+from replicas.engine.layouts.token_steps import (
+    PREFIX_BLOCK,
+    prefix_out_shardings,
+    prefix_specs,
+    prompt_prefix_step,
+    prompt_stream_step,
+    stream_token_specs,
+)
+from replicas.engine.prefix_index import PrefixIndex
+from replicas.model.causal_lm import CausalLM
+
+MAX_REMAINDER = 512  # the most tokens of one prompt run behind a prefix (an item)
+
+
+@dataclass(frozen=True, order=True)
+class PromptPrefixDims(BucketDims):
+    """A prompt prefix step: ``batch`` prefixes of ``tokens``, ``top_k`` alternatives."""
+
+    batch: int
+    tokens: int
+    top_k: int
+
+    @property
+    def cost(self) -> int:
+        return self.batch * self.tokens
+
+
+@dataclass(frozen=True, order=True)
+class PromptStreamDims(BucketDims):
+    """A prompt item-stream step (``StreamDims`` with ``top_k`` in place of labels)."""
+
+    batch: int
+    prefix: int
+    tokens: int
+    window: int
+    top_k: int
+
+    @property
+    def cost(self) -> int:
+        return self.batch * (self.tokens + self.prefix) * 64 + self.window + self.top_k
+
+
+@dataclass(frozen=True)
+class CachedPrompt:
+    """A prefix in the query cache: its keys/values on one data block, the hidden states at
+    its block ends (device -> ``[1, n / PREFIX_BLOCK, D]``), and the log-prob of each of its
+    tokens and the top-k after each (row j: after ``tokens[:j]``; row 0 unused)."""
+
+    tokens: tuple[int, ...]
+    entry: PrefixEntry
+    states: dict[Any, jax.Array]
+    token_logprobs: np.ndarray  # [n]
+    top_ids: np.ndarray  # [n, k]
+    top_logprobs: np.ndarray  # [n, k]
+    extra_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.entry.nbytes + self.extra_bytes
+
+    @property
+    def top_k(self) -> int:
+        return self.top_ids.shape[1]
+
+    def read(self, reused: int, width: int) -> PrefixEntry:
+        """The entry a stream row reading the first ``reused`` tokens sees at ``width``."""
+        entry = self.entry
+        keys = {d: fit_width(a, width) for d, a in entry.keys.items()}
+        values = {d: fit_width(a, width) for d, a in entry.values.items()}
+        block = reused // PREFIX_BLOCK - 1
+        last = {d: s[:, block] for d, s in self.states.items()}  # [1, D]
+        return PrefixEntry(keys, values, last, reused, width, entry.block, entry.nbytes)
+
+
+def fit_width(piece: jax.Array, width: int) -> jax.Array:
+    """Keys or values ``[layers, 1, T, K, Dh]`` cut or zero-padded to ``width`` tokens."""
+    have = piece.shape[2]
+    if have >= width:
+        return piece[:, :, :width]
+    return jnp.pad(piece, [(0, 0), (0, 0), (0, width - have), (0, 0), (0, 0)])
+
+
+@dataclass(frozen=True)
+class Unit:
+    """Prompts of one work behind one prefix, run in one stream row on ``block``."""
+
+    work: int
+    members: tuple[int, ...]
+    items: tuple[tuple[int, ...], ...]
+    reused: int
+    block: int
+    top_k: int
+    source: CachedPrompt | None = None
+    prefix: tuple[int, ...] = ()  # a prefix to compute (when source is None and reused > 0)
+
+    @property
+    def size(self) -> int:
+        return sum(len(item) for item in self.items)
+
+
+class PromptLayout:
+    """Packs, runs and unpacks PromptWork through prompt prefix and item-stream steps."""
+
+    kinds: ClassVar[dict[str, type]] = {
+        "prompt_prefix": PromptPrefixDims,
+        "prompt_items": PromptStreamDims,
+    }
+
+    def __init__(self, model: CausalLM, runner: Runner) -> None:
+        self._model = model
+        self._runner = runner
+        self._index = PrefixIndex(PREFIX_BLOCK)
+
+    # -- compiling ----------------------------------------------------------------------
+
+    def compile(self, kind: str, dims: Any) -> Any:
+        runner, groups = self._runner, self._runner.groups
+        whole = runner.replicated
+        if kind == "prompt_prefix":
+            placed = prefix_out_shardings(self._model, runner.sharding, dims.batch, dims.tokens)
+            step = jax.jit(
+                partial(prompt_prefix_step, self._model, dims.top_k),
+                out_shardings=(*placed, whole, whole, whole),
+            )
+            return runner.lower(step, prefix_specs(runner.spec, dims.batch, dims.tokens, groups))
+        step = jax.jit(
+            partial(prompt_stream_step, self._model, dims.window, dims.top_k), out_shardings=whole
+        )
+        specs = stream_token_specs(
+            self._model, runner.spec, dims.batch, dims.prefix, dims.tokens, groups
+        )
+        return runner.lower(step, specs)
+
+    # -- planning -----------------------------------------------------------------------
+
+    def plan(self, works: Sequence[PromptWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
+        """The signatures a cold call (nothing cached) would run."""
+        units = self._units(works, indices, use_cache=False)
+        keys = [("prompt_prefix", dims) for dims, _ in self._prefix_steps(units)]
+        return keys + [("prompt_items", dims) for dims, _ in self._stream_steps(units)]
+
+    def _units(
+        self, works: Sequence[PromptWork], indices: Sequence[int], use_cache: bool
+    ) -> list[Unit]:
+        capacity = step_capacity(self._runner.settings)
+        limit = min(MAX_REMAINDER, capacity)
+        load = [0] * self._runner.groups
+        units: list[Unit] = []
+        for w in indices:
+            work = works[w]
+            top_k = label_bucket(max(work.top_k, 1))
+            for group in group_prompts(work.prompts, PREFIX_BLOCK, limit):
+                prompts = [work.prompts[i] for i in group.members]
+                reused, source = self._lookup(prompts, group.prefix_length, top_k, use_cache)
+                prefix: tuple[int, ...] = ()
+                if source is None:
+                    reused = group.prefix_length
+                    prefix = tuple(prompts[0][:reused])
+                block = source.entry.block if source is not None else least_loaded(load)
+                items = [tuple(p[reused:]) for p in prompts]
+                for start, end in chunk_members(items, capacity):
+                    members = group.members[start:end]
+                    chunk = tuple(items[start:end])
+                    units.append(Unit(w, members, chunk, reused, block, top_k, source, prefix))
+                    load[block] += 1
+        return units
+
+    def _lookup(
+        self, prompts: Sequence[Sequence[int]], prefix: int, top_k: int, use_cache: bool
+    ) -> tuple[int, CachedPrompt | None]:
+        """The cached prefix worth reading for a group (how many tokens), or (0, None)."""
+        if not use_cache or prefix == 0 or self._runner.cache.capacity_bytes == 0:
+            return 0, None
+        reused, found = self._index.longest(prompts[0], prefix, self._find(top_k))
+        remainders_fit = all(len(p) - reused <= MAX_REMAINDER for p in prompts)
+        if found is None or not remainders_fit or not reuse_pays(reused, prefix, len(prompts)):
+            return 0, None
+        self._runner.cache.touch(("prompt", found.tokens))
+        return reused, found
+
+    def _find(self, top_k: int) -> Any:
+        def find(key: Any) -> CachedPrompt | None:
+            entry = self._runner.cache.peek(key)
+            return entry if isinstance(entry, CachedPrompt) and entry.top_k >= top_k else None
+
+        return find
+
+    # -- steps --------------------------------------------------------------------------
+
+    def _prefix_steps(
+        self, units: Sequence[Unit]
+    ) -> Iterator[tuple[PromptPrefixDims, list[tuple[int, tuple[int, ...], int]]]]:
+        """Prefixes to compute, one per (tokens, block), in steps of one width: (dims,
+        [(block, tokens, top_k)])."""
+        settings, groups = self._runner.settings, self._runner.groups
+        buckets = data_buckets(settings.batch_buckets, groups)
+        wanted: dict[tuple[tuple[int, ...], int], int] = {}
+        for unit in units:
+            if unit.source is None and unit.prefix:
+                key = (unit.prefix, unit.block)
+                wanted[key] = max(wanted.get(key, 1), unit.top_k)
+        by_width: dict[int, list[tuple[int, tuple[int, ...], int]]] = {}
+        for (tokens, block), top_k in wanted.items():
+            width = bucket_for(len(tokens), settings.token_buckets, "token_buckets")
+            by_width.setdefault(width, []).append((block, tokens, top_k))
+        per_block = buckets[-1] // groups
+        for width, needs in sorted(by_width.items()):
+            for chunk in _block_chunks(needs, groups, per_block):
+                fullest = max(_per_block_counts(chunk, groups))
+                batch = bucket_for(fullest * groups, buckets, "batch_buckets")
+                top_k = max(k for *_, k in chunk)
+                yield PromptPrefixDims(batch, width, top_k), chunk
+
+    def _stream_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PromptStreamDims, list[Unit]]]:
+        """Units in steps of one prefix bucket, at most a batch bucket's rows per block."""
+        settings, groups = self._runner.settings, self._runner.groups
+        buckets = data_buckets(settings.batch_buckets, groups)
+        smallest = settings.token_buckets[0]
+
+        def width(unit: Unit) -> int:
+            return bucket_for(max(unit.reused, smallest), settings.token_buckets, "token_buckets")
+
+        by_width: dict[int, list[Unit]] = {}
+        for unit in sorted(units, key=lambda u: (width(u), u.size)):
+            by_width.setdefault(width(unit), []).append(unit)
+        per_block = buckets[-1] // groups
+        for prefix, group in by_width.items():
+            for chunk in _block_chunks(group, groups, per_block, block_of=lambda u: u.block):
+                fullest = max(_per_block_counts(chunk, groups, block_of=lambda u: u.block))
+                tokens = bucket_for(
+                    max(u.size for u in chunk), settings.item_token_buckets, "item_token_buckets"
+                )
+                longest = max(len(item) for u in chunk for item in u.items)
+                yield (
+                    PromptStreamDims(
+                        batch=bucket_for(fullest * groups, buckets, "batch_buckets"),
+                        prefix=prefix,
+                        tokens=tokens,
+                        window=window_for(longest, tokens),
+                        top_k=max(u.top_k for u in chunk),
+                    ),
+                    chunk,
+                )
+
+    # -- scoring ------------------------------------------------------------------------
+
+    def score(self, works: Sequence[PromptWork], indices: Sequence[int], results: list) -> None:
+        """Fill ``results[w]`` with one PromptLogprobs per prompt of each work."""
+        units = self._units(works, indices, use_cache=True)
+        for w in indices:
+            results[w] = [_empty(len(p), max(works[w].top_k, 1)) for p in works[w].prompts]
+        computed: dict[tuple[tuple[int, ...], int], CachedPrompt] = {}
+        for exact, chunk in self._prefix_steps(units):
+            computed |= self._run_prefixes(exact, chunk)
+        units = [
+            dataclasses.replace(unit, source=computed[(unit.prefix, unit.block)])
+            if unit.source is None and unit.prefix
+            else unit
+            for unit in units
+        ]
+        self._count_reuse(units)
+        for unit in units:
+            self._fill_cached(unit, works, results)
+        for exact, chunk in self._stream_steps(units):
+            self._run_stream(exact, chunk, works, results)
+
+    def _count_reuse(self, units: Sequence[Unit]) -> None:
+        seen: set[tuple[tuple[int, ...], int]] = set()
+        reused = computed = 0
+        for unit in units:
+            for item in unit.items:
+                fresh = unit.prefix and (unit.prefix, unit.block) not in seen
+                if fresh:
+                    seen.add((unit.prefix, unit.block))
+                    computed += unit.reused
+                else:
+                    reused += unit.reused
+                computed += len(item)
+        self._runner.count_prompt_tokens(computed, reused)
+
+    def _run_prefixes(
+        self, exact: PromptPrefixDims, chunk: Sequence[tuple[int, tuple[int, ...], int]]
+    ) -> dict[tuple[tuple[int, ...], int], CachedPrompt]:
+        runner, groups = self._runner, self._runner.groups
+        dims = runner.resolve("prompt_prefix", exact)
+        slots = dims.batch // groups
+        tokens = np.zeros((dims.batch, dims.tokens), np.int32)
+        lengths = np.ones((dims.batch,), np.int32)
+        index = ScoreIndex(groups, dims.batch, dims.tokens)
+        targets = np.zeros(index.rows.shape, np.int32).reshape(-1)
+        placed: list[tuple[int, tuple[int, ...], list[int]]] = []
+        used = [0] * groups
+        for block, prefix, _ in chunk:
+            b = block * slots + used[block]
+            used[block] += 1
+            tokens[b, : len(prefix)] = prefix
+            lengths[b] = len(prefix)
+            rows = []
+            for position in range(len(prefix) - 1):
+                row = index.add(b, position)
+                targets[row] = prefix[position + 1]
+                rows.append(row)
+            placed.append((b, prefix, rows))
+        args = (tokens, lengths, index.rows, targets.reshape(index.rows.shape), index.count)
+        keys, values, lasts, blocks, lp, best, ids = runner.run_device("prompt_prefix", dims, args)
+        runner.count_tokens(dims.batch * dims.tokens, sum(len(p) for _, p, _ in placed))
+        lp, best, ids = (np.asarray(a).reshape(-1, *a.shape[2:]) for a in (lp, best, ids))
+        real = {b: len(prefix) for b, prefix, _ in placed}
+        entries = split_entries(runner.mesh, keys, values, lasts, real)
+        states = row_pieces(blocks, 0, real.keys())
+        out = {}
+        for b, prefix, rows in placed:
+            n = len(prefix)
+            token_lp = np.full((n,), np.nan, np.float32)
+            top_ids = np.full((n, dims.top_k), -1, np.int32)
+            top_lp = np.full((n, dims.top_k), np.nan, np.float32)
+            token_lp[1:], top_ids[1:], top_lp[1:] = lp[rows], ids[rows], best[rows]
+            extra = token_lp.nbytes + top_ids.nbytes + top_lp.nbytes
+            extra += int(blocks.nbytes // dims.batch)
+            cached = CachedPrompt(prefix, entries[b], states[b], token_lp, top_ids, top_lp, extra)
+            out[(prefix, entries[b].block)] = cached
+            self._remember(cached)
+        return out
+
+    def _remember(self, cached: CachedPrompt) -> None:
+        cache = self._runner.cache
+        if cache.put(("prompt", cached.tokens), cached):
+            if self._index.full:
+                live = [(e.tokens, ("prompt", e.tokens)) for e in cache.entries()
+                        if isinstance(e, CachedPrompt)]  # fmt: skip
+                self._index.rebuild(live)
+            self._index.add(cached.tokens, ("prompt", cached.tokens))
+
+    def _fill_cached(self, unit: Unit, works: Sequence[PromptWork], results: list) -> None:
+        """Rows 1..reused-1 of each member: the prefix's own tokens, from its entry."""
+        if unit.source is None or unit.reused < 2:
+            return
+        k = max(works[unit.work].top_k, 1)
+        source, r = unit.source, unit.reused
+        for member in unit.members:
+            out = results[unit.work][member]
+            out.token_logprobs[1:r] = source.token_logprobs[1:r]
+            out.top_ids[1:r] = source.top_ids[1:r, :k]
+            out.top_logprobs[1:r] = source.top_logprobs[1:r, :k]
+
+    def _run_stream(
+        self, exact: PromptStreamDims, chunk: Sequence[Unit], works: Sequence[PromptWork],
+        results: list,
+    ) -> None:  # fmt: skip
+        runner, groups = self._runner, self._runner.groups
+        dims = runner.resolve("prompt_items", exact)
+        slots = dims.batch // groups
+        b, s = dims.batch, dims.tokens
+        tokens = np.zeros((b, s), np.int32)
+        positions = np.zeros((b, s), np.int32)
+        item_ids = np.full((b, s), -1, np.int32)
+        prefix_valid = np.zeros((b, dims.prefix), bool)
+        entries: list[PrefixEntry | None] = [None] * b
+        index = ScoreIndex(groups, b, s, rows_per_state=2)
+        targets = np.zeros(index.rows.size, np.int32)
+        wanted: list[tuple[int, int, int, int]] = []  # (flat row, work, member, j)
+        used = [0] * groups
+        for unit in chunk:
+            u = unit.block * slots + used[unit.block]
+            used[unit.block] += 1
+            if unit.source is not None:
+                entries[u] = unit.source.read(unit.reused, dims.prefix)
+                prefix_valid[u, : unit.reused] = True
+            cursor = 0
+            for n, (member, item) in enumerate(zip(unit.members, unit.items, strict=True)):
+                end = cursor + len(item)
+                tokens[u, cursor:end] = item
+                positions[u, cursor:end] = unit.reused + np.arange(len(item))
+                item_ids[u, cursor:end] = n
+                if unit.reused:
+                    row = index.add_extra(u)
+                    targets[row] = item[0]
+                    wanted.append((row, unit.work, member, unit.reused))
+                for k in range(len(item)):
+                    row = index.add(u, cursor + k)
+                    targets[row] = item[k + 1] if k + 1 < len(item) else 0
+                    wanted.append((row, unit.work, member, unit.reused + k + 1))
+                cursor = end
+        kv_shape = _kv_shape(self._model)
+        prefixes = assemble(runner.mesh, entries, self._model.dtype, kv_shape, dims.prefix)
+        args = (*prefixes, prefix_valid, tokens, positions, item_ids, index.rows,
+                targets.reshape(index.rows.shape), index.count)  # fmt: skip
+        runner.count_tokens(b * s, sum(u.size for u in chunk))
+        lp, best, ids = (np.asarray(a) for a in runner.run_device("prompt_items", dims, args))
+        lp, best, ids = lp.reshape(-1), best.reshape(-1, dims.top_k), ids.reshape(-1, dims.top_k)
+        for row, w, member, j in wanted:
+            out, k = results[w][member], max(works[w].top_k, 1)
+            if j < len(out.token_logprobs):
+                out.token_logprobs[j] = lp[row]
+            out.top_ids[j], out.top_logprobs[j] = ids[row, :k], best[row, :k]
+
+
+def _kv_shape(model: CausalLM) -> tuple[int, int, int, int]:
+    c = model.config
+    return c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size
+
+
+def _empty(length: int, k: int) -> PromptLogprobs:
+    return PromptLogprobs(
+        np.full((length,), np.nan, np.float32),
+        np.full((length + 1, k), -1, np.int32),
+        np.full((length + 1, k), np.nan, np.float32),
+    )
+
+
+def _per_block_counts(chunk: Sequence[Any], groups: int, block_of: Any = None) -> list[int]:
+    counts = [0] * groups
+    for need in chunk:
+        counts[block_of(need) if block_of else need[0]] += 1
+    return counts
+
+
+def _block_chunks(
+    needs: Sequence[Any], groups: int, per_block: int, block_of: Any = None
+) -> Iterator[list[Any]]:
+    """``needs`` in steps holding at most ``per_block`` of each data block's."""
+    pending = list(needs)
+    while pending:
+        counts, step, rest = [0] * groups, [], []
+        for need in pending:
+            block = block_of(need) if block_of else need[0]
+            if counts[block] < per_block:
+                counts[block] += 1
+                step.append(need)
+            else:
+                rest.append(need)
+        yield step
+        pending = rest

@@ -1,0 +1,143 @@
+"""Prompt log-likelihood (semantics 14, 15) on a tiny random-weight model: every prompt
+token's log-prob and top-k against a plain causal forward pass of each prompt alone, with
+prompts of one request sharing a prefix, the query cache's longest-prefix reuse (whole and
+in part), and the counters of reused and computed tokens."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from cluster.mesh import build_mesh
+from replicas.contract import PromptWork, ScoreWork, ScoringLimitError
+from replicas.engine.layouts.prompt_plan import group_prompts
+from replicas.engine.layouts.token_steps import PREFIX_BLOCK
+from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
+from replicas.model.causal_lm import CausalLM, CausalSpec
+from replicas.model.config import ModelConfig
+from replicas.settings import ReplicaSettings
+
+VOCAB = 300
+SMALL = {
+    "token_buckets": (16, 32, 64, 128, 256, 512),
+    "item_token_buckets": (16, 32, 64, 128, 512),
+    "max_multi_item_seq_len": 512,
+    "background_compile": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    config = ModelConfig(
+        family="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2,
+        num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    model = CausalLM(config)
+    return model, model.init_params(jax.random.PRNGKey(0)), build_mesh((1, 1))
+
+
+def make_engine(tiny, **overrides) -> ScoringEngine:
+    model, params, mesh = tiny
+    settings = ReplicaSettings(**{**SMALL, "multi_item_scoring_delimiter": 0, **overrides})
+    return ScoringEngine(model, params, mesh, settings, "tiny")
+
+
+def reference(tiny, prompt: tuple[int, ...]) -> np.ndarray:
+    """Log-softmax ``[L, V]`` after each prefix of ``prompt`` (row j: after tokens <= j)."""
+    model, params, _ = tiny
+    tokens = jnp.asarray([prompt], jnp.int32)
+    positions = jnp.arange(len(prompt), dtype=jnp.int32)[None]
+    spec = CausalSpec(jnp.asarray([len(prompt)], jnp.int32))
+    hidden = model.hidden_states(params, tokens, positions, spec)
+    return np.asarray(jax.nn.log_softmax(model.logits(params, hidden[0]), axis=-1))
+
+
+def check(tiny, prompt, answer, top_k: int, atol: float = 2e-5) -> None:
+    ref = reference(tiny, prompt)  # [L, V]
+    own = [ref[j - 1, prompt[j]] for j in range(1, len(prompt))]
+    assert np.isnan(answer.token_logprobs[0])
+    np.testing.assert_allclose(answer.token_logprobs[1:], own, atol=atol)
+    k = max(top_k, 1)
+    for j in range(1, len(prompt) + 1):
+        best = np.sort(ref[j - 1])[::-1][:k]
+        np.testing.assert_allclose(answer.top_logprobs[j], best, atol=atol)
+        assert answer.top_ids[j, 0] == int(np.argmax(ref[j - 1]))
+    assert (answer.top_ids[0] == -1).all()
+
+
+def ids(rng, n: int) -> tuple[int, ...]:
+    return tuple(int(t) for t in rng.integers(1, VOCAB, n))
+
+
+def test_choices_behind_one_context_equal_each_prompt_alone(tiny) -> None:
+    rng = np.random.default_rng(0)
+    engine = make_engine(tiny, query_cache_bytes=0)
+    context = ids(rng, 70)
+    prompts = tuple(context + ids(rng, n) for n in (3, 9, 1, 20))
+    [answers] = engine.score_batch([PromptWork(prompts, top_k=3)])
+    for prompt, answer in zip(prompts, answers, strict=True):
+        check(tiny, prompt, answer, 3)
+    stats = engine.stats()
+    assert stats["prompt_tokens"] == sum(len(p) for p in prompts)
+    assert stats["reused_prefix_tokens"] == 3 * 64  # the context's whole blocks, 3 times
+    assert stats["computed_prompt_tokens"] == stats["prompt_tokens"] - 3 * 64
+
+
+def test_mixed_lengths_short_prompts_and_other_work_in_one_batch(tiny) -> None:
+    rng = np.random.default_rng(1)
+    engine = make_engine(tiny)
+    prompts = (ids(rng, 1), ids(rng, 5), ids(rng, 16), ids(rng, 17), ids(rng, 140))
+    score = ScoreWork(ids(rng, 20), (ids(rng, 4), ids(rng, 2)), (5, 6))
+    out = engine.score_batch([PromptWork(prompts[:3]), score, PromptWork(prompts[3:], 20)])
+    for prompt, answer in zip(prompts[:3], out[0], strict=True):
+        check(tiny, prompt, answer, 0)
+    for prompt, answer in zip(prompts[3:], out[2], strict=True):
+        check(tiny, prompt, answer, 20)
+    alone = make_engine(tiny).score_batch([score])[0]
+    np.testing.assert_allclose(out[1], alone, atol=1e-6)
+
+
+def test_a_cached_prefix_is_reused_whole_or_by_its_first_blocks(tiny) -> None:
+    rng = np.random.default_rng(2)
+    engine = make_engine(tiny)
+    cold = make_engine(tiny, query_cache_bytes=0)
+    context = ids(rng, 100)
+    first = context + ids(rng, 12)  # computes a 96-token prefix (whole blocks) and caches it
+    engine.score_batch([PromptWork((first,), 2)])
+    assert engine.stats()["reused_prefix_tokens"] == 0
+    again = (first, context + ids(rng, 30), context[:40] + ids(rng, 3))
+    warm = engine.score_batch([PromptWork((p,), 2) for p in again])
+    # The same prompt reads all 96 tokens, the second shares 6 blocks and the third 2.
+    assert engine.stats()["reused_prefix_tokens"] == 96 + 96 + 32
+    reference_answers = cold.score_batch([PromptWork((p,), 2) for p in again])
+    for prompt, [hot], [plain] in zip(again, warm, reference_answers, strict=True):
+        check(tiny, prompt, hot, 2)
+        np.testing.assert_allclose(hot.token_logprobs[1:], plain.token_logprobs[1:], atol=1e-6)
+        np.testing.assert_allclose(hot.top_logprobs[1:], plain.top_logprobs[1:], atol=1e-6)
+
+
+def test_prompts_group_by_whole_shared_blocks() -> None:
+    base = tuple(range(1, 41))
+    prompts = [(*base, 7, 8), (9,) * 5, (*base, 1), base[:20] + (3,) * 30]
+    groups = group_prompts(prompts, PREFIX_BLOCK, max_remainder=64)
+    by_members = {g.members: g.prefix_length for g in groups}
+    # Sorted, 3 < 2 < 0 < 1. Prompts 0 and 2 share 40 tokens, prompt 3 shares 20 with them:
+    # all three behind one whole block (16 tokens), each remainder within 64; prompt 1
+    # shares nothing and is shorter than a block, so it runs whole, behind no prefix.
+    assert by_members == {(3, 2, 0): 16, (1,): 0}
+    tight = group_prompts(prompts, PREFIX_BLOCK, max_remainder=30)
+    assert {g.members: g.prefix_length for g in tight} == {(3,): 48, (2, 0): 32, (1,): 0}
+
+
+def test_bad_prompt_work_is_refused_by_reason(tiny) -> None:
+    engine = make_engine(tiny, max_items_per_request=2)
+    with pytest.raises(ScoringInputError) as empty:
+        engine.score_batch([PromptWork(((),))])
+    assert empty.value.reason == "empty_prompt"
+    with pytest.raises(ScoringInputError) as error:
+        engine.score_batch([PromptWork(((VOCAB,),))])
+    assert error.value.reason == "token_id_exceeds_vocab"
+    with pytest.raises(ScoringLimitError) as limit:
+        engine.score_batch([PromptWork(((1,), (2,), (3,)))])
+    assert limit.value.reason == "too_many_items"
