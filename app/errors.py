@@ -26,6 +26,8 @@ class Reason(StrEnum):
     TOO_MANY_LABELS = "too_many_labels"
     TOO_MANY_TOKENS = "too_many_tokens"
     DELIMITER_IN_CONTENT = "delimiter_in_content"
+    EMPTY_PROMPT = "empty_prompt"
+    GENERATION_NOT_SUPPORTED = "generation_not_supported"
     UNKNOWN_MODEL = "unknown_model"
     NOT_FOUND = "not_found"
     UNAUTHORIZED = "unauthorized"

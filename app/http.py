@@ -178,6 +178,32 @@ def _routes(
             operation_id=f"rerank{path.replace('/', '_')}",
         )
 
+    @router.post(
+        "/v1/completions",
+        summary="Prompt log-probabilities (OpenAI completions shape, prefill-only)",
+        openapi_extra=request_body("CompletionRequest"),
+        responses=RESPONSES | {200: {"description": "One choice per prompt"}},
+    )
+    async def completions(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        body, timings = await service.complete_timed(payload, backend, gate)
+        _note_scored(request, timings, len(body["choices"]), body["usage"]["prompt_tokens"])
+        return JSONResponse(body, headers=timing_headers(timings))
+
+    @router.post("/tokenize", summary="Text -> token ids with the served tokenizer")
+    async def tokenize(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        return JSONResponse(service.served_tokenizer().tokenize(payload))
+
+    @router.post("/detokenize", summary="Token ids -> text with the served tokenizer")
+    async def detokenize(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        return JSONResponse(service.served_tokenizer().detokenize(payload))
+
+    @router.get("/tokenizer_info", summary="The served tokenizer's special tokens and template")
+    async def tokenizer_info() -> Response:
+        return JSONResponse(service.served_tokenizer().tokenizer_info())
+
     @router.get("/v1/models", summary="The served model", responses={200: {"model": ModelList}})
     async def models() -> Response:
         return JSONResponse(service.models_body())

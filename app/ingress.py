@@ -1,7 +1,8 @@
 """ScoreIngress: the CPU Serve deployment in front of the scoring replicas.
 
 HTTP (app.http's FastAPI app through ``@serve.ingress``): ``POST /v1/score``, ``/v1/rerank``,
-``GET /v1/models``, ``/health``, ``/v1/stats``, ``/openapi.json``, ``/docs``.
+``/v1/completions``, ``/tokenize``, ``/detokenize``, ``GET /tokenizer_info``, ``/v1/models``,
+``/health``, ``/v1/stats``, ``/openapi.json``, ``/docs``.
 Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` returns the
 same body as the HTTP route (and raises ScoreRequestError, whose ``body`` is the HTTP error).
 Never imports jax; only token ids go to the replicas.
@@ -28,7 +29,7 @@ from app.http import build_api
 from app.metrics import IngressMetrics
 from app.service import ScoringService
 from cluster.niceness import warn_if_niced
-from replicas.contract import ModelInfo, ScoredWork, ScoreWork, work_cost
+from replicas.contract import ModelInfo, PromptWork, ScoredWork, ScoreWork, work_cost
 from replicas.serving.admission import QueueEstimate, admit
 from replicas.serving.deployment import ReplicaRejected, coerce_settings
 from replicas.settings import ReplicaSettings
@@ -120,10 +121,25 @@ class ScoreIngress:
         body, _ = await self._service.rerank_timed(payload | {"model": model}, self._call_replica)
         return body
 
+    async def completions(
+        self,
+        prompt: str | list[str] | list[int] | list[list[int]],
+        echo: bool = False,
+        logprobs: int | None = None,
+        max_tokens: int | None = None,
+        temperature: float | None = None,
+        model: str | None = None,
+    ) -> dict[str, Any]:
+        """The /v1/completions body for these fields; raises ScoreRequestError like a 400/503."""
+        payload = {"prompt": prompt, "echo": echo, "logprobs": logprobs}
+        payload |= {"max_tokens": max_tokens, "temperature": temperature, "model": model}
+        body, _ = await self._service.complete_timed(payload, self._call_replica)
+        return body
+
     async def describe(self) -> ModelInfo:
         return self._service.info
 
-    async def _call_replica(self, work: ScoreWork) -> ScoredWork:
+    async def _call_replica(self, work: ScoreWork | PromptWork) -> ScoredWork:
         """Admission control, then the replica call bounded by the request's deadline."""
         settings = self._settings
         self._admit()  # again: requests admitted since the route's gate may now be ahead
@@ -147,7 +163,7 @@ class ScoreIngress:
             message = verdict.refusal("ingress")
             raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
 
-    async def _replica_answer(self, work: ScoreWork) -> ScoredWork:
+    async def _replica_answer(self, work: ScoreWork | PromptWork) -> ScoredWork:
         try:
             return await self._replica.score_timed.remote(work)
         except Exception as raw:

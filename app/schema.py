@@ -151,3 +151,53 @@ class ModelList(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[ModelCard]
+
+
+class CompletionRequest(BaseModel):
+    """POST /v1/completions: OpenAI's legacy completions shape, served prefill-only
+    (semantics 14): prompt log-probabilities and at most one greedy token."""
+
+    model_config = _STRICT
+
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(
+        description="A text, texts, token ids, or token-id lists (a batch of prompts). Text "
+        "is encoded with the tokenizer's special tokens; token ids are taken as they are."
+    )
+    model: StrictStr | None = Field(default=None, description="Served model name; optional.")
+    echo: StrictBool = Field(
+        default=False, description="Return the prompt's tokens with their log-probs."
+    )
+    logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=20, description="Top alternatives per position (0-20)."
+    )
+    max_tokens: StrictInt | None = Field(
+        default=None, description="0 (default) or 1: the greedy next token. More is a 400."
+    )
+    temperature: float | None = Field(default=None, description="0 or absent with max_tokens 1.")
+    top_p: float | None = Field(default=None, description="Accepted; no sampling happens.")
+    seed: StrictInt | None = Field(default=None, description="Accepted; nothing is random.")
+    stop: StrictStr | list[StrictStr] | None = Field(default=None, description="Accepted.")
+    n: StrictInt | None = Field(default=None, description="1 or absent.")
+    best_of: StrictInt | None = Field(default=None, description="1 or absent.")
+    stream: StrictBool | None = Field(default=None, description="false or absent.")
+    suffix: StrictStr | None = Field(default=None, description="Absent: no insertion.")
+    user: StrictStr | None = Field(default=None, description="Accepted and ignored.")
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize (the shape lm-evaluation-harness's remote tokenizer sends)."""
+
+    model_config = _STRICT
+
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+    model: StrictStr | None = None
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize."""
+
+    model_config = _STRICT
+
+    tokens: list[StrictInt]
+    model: StrictStr | None = None

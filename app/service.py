@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from app.completions import Completions
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.rerank import Reranker, reranker_for
 from app.schema import ScoreRequest
@@ -31,12 +32,13 @@ from app.validation import (
     validate_request,
 )
 from replicas.checkpoints.sources import load_hf_config, load_tokenizer, resolve_model_source
-from replicas.contract import ModelInfo, ScoredWork, ScoreWork
+from replicas.contract import ModelInfo, PromptWork, ScoredWork, ScoreWork
 from replicas.serving.deployment import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 # A replica's answer: the log-probabilities, or ScoredWork (they and the engine step's seconds).
-Backend = Callable[[ScoreWork], Awaitable[np.ndarray | ScoredWork]]
+# (A PromptWork's answer: a list of PromptLogprobs, or ScoredWork holding one.)
+Backend = Callable[[ScoreWork | PromptWork], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class ScoringService:
     tokenizer: TextTokenizer
     clock: Callable[[], float] = field(default=time.time)
     reranker: Reranker | None = None  # /v1/rerank; None: the model has no rerank template
+    completions: Completions | None = None  # /v1/completions and the tokenizer routes
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings) -> ScoringService:
@@ -80,7 +83,12 @@ class ScoringService:
             limits=settings.limits,
         )
         tokenizer = load_tokenizer(source)
-        return cls(info=info, tokenizer=tokenizer, reranker=reranker_for(settings, tokenizer))
+        return cls(
+            info=info,
+            tokenizer=tokenizer,
+            reranker=reranker_for(settings, tokenizer),
+            completions=Completions(tokenizer, info),
+        )
 
     def prepare(self, payload: Any, gate: Gate = admit_all) -> Prepared:
         """Every validation rule, in a fixed order; raises ScoreRequestError on the first.
@@ -154,6 +162,33 @@ class ScoringService:
         if work.num_items:
             logprobs, timings = await self._scored(work, backend, timings)
         return self.reranker.body(request, logprobs, prompt_tokens, self.info.name), timings
+
+    async def complete_timed(
+        self, payload: Any, backend: Backend, gate: Gate = admit_all
+    ) -> tuple[dict[str, Any], Timings]:
+        """The /v1/completions response body for ``payload`` (app.completions), and timings."""
+        completions = self.served_tokenizer()
+        start = time.perf_counter()
+        prompts = completions.prepare(payload, gate)
+        timings = Timings(tokenization_s=time.perf_counter() - start)
+        called = time.perf_counter()
+        answer = await backend(prompts.work)
+        if isinstance(answer, ScoredWork):
+            waited = time.perf_counter() - called - answer.inference_s
+            timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
+            answer = answer.scores
+        if len(answer) != prompts.work.num_items:
+            message = f"replica answered {len(answer)} prompts of {prompts.work.num_items}"
+            raise ScoreRequestError(Reason.INTERNAL, message, status_code=500)
+        return completions.body(prompts, answer, int(self.clock())), timings
+
+    def served_tokenizer(self) -> Completions:
+        """The completions and tokenizer routes' helper (404 when none was built)."""
+        if self.completions is None:
+            raise ScoreRequestError(
+                Reason.NOT_FOUND, "this server has no tokenizer routes", status_code=404
+            )
+        return self.completions
 
     async def _scored(
         self, work: ScoreWork, backend: Backend, timings: Timings
