@@ -76,6 +76,10 @@ class ReplicaSettings:
     item_tokens_per_step: int = 2048
     # Query cache (semantics 9): bytes of per-layer prefix keys/values kept, LRU; 0 = off.
     query_cache_bytes: int = 256 * 1024 * 1024
+    # Prefix reuse for /v1/completions (semantics 15): prompts of a request that share whole
+    # blocks compute their prefix once, and the query cache serves the longest cached prefix.
+    # False computes every prompt whole (the benchmark's "reuse off"; answers are the same).
+    prefix_reuse: bool = True
     # Serve an uncompiled signature on a covering compiled one while it compiles in the
     # background; False compiles on the request path instead.
     background_compile: bool = True
@@ -111,6 +115,11 @@ class ReplicaSettings:
     # Each warm-up shape is also scored as a step of this many concurrent requests, so the
     # batch buckets that cross-request batching reaches are compiled before traffic.
     warmup_batch_sizes: tuple[int, ...] = (1,)
+    # /v1/completions shapes compiled at start-up: (prefix_tokens, prompts, tokens_after,
+    # top_k): that many prompts sharing a prefix, each with tokens_after more tokens, and
+    # top_k alternatives per position. A compiled signature serves every smaller request
+    # (padded) until that request's own shape compiles in the background.
+    completion_warmup_shapes: tuple[tuple[int, int, int, int], ...] = ()
     # True: the limits are what warm-up covers. A request that no warmup_shapes entry admits
     # (query, longest item and labels within it) is refused with a 400, and start-up refuses
     # envelopes whose full steps (the largest batch bucket, items up to the step's capacity)
@@ -227,6 +236,12 @@ class ReplicaSettings:
                 raise SettingsError(
                     "warmup_shapes: each entry is [query_tokens>=1, items, item_tokens, "
                     f"labels>=1], got {list(shape)}"
+                )
+        for shape in self.completion_warmup_shapes:
+            if len(shape) != 4 or shape[1] < 1 or shape[2] < 1 or not 0 <= shape[3] <= 20:
+                raise SettingsError(
+                    "completion_warmup_shapes: each entry is [prefix_tokens, prompts>=1, "
+                    f"tokens_after>=1, top_k in 0..20], got {list(shape)}"
                 )
         if self.max_request_tokens is not None and self.max_request_tokens < 1:
             raise SettingsError(

@@ -141,3 +141,20 @@ def test_bad_prompt_work_is_refused_by_reason(tiny) -> None:
     with pytest.raises(ScoringLimitError) as limit:
         engine.score_batch([PromptWork(((1,), (2,), (3,)))])
     assert limit.value.reason == "too_many_items"
+
+
+def test_prefix_reuse_off_computes_every_prompt_whole_with_the_same_answers(tiny) -> None:
+    rng = np.random.default_rng(3)
+    context = ids(rng, 50)
+    prompts = tuple(context + ids(rng, n) for n in (4, 4, 12))
+    on, off = make_engine(tiny), make_engine(tiny, prefix_reuse=False)
+    for _ in range(2):  # the second call: every prefix cached (on), nothing cached (off)
+        [with_reuse] = on.score_batch([PromptWork(prompts, 1)])
+        [without] = off.score_batch([PromptWork(prompts, 1)])
+        for a, b in zip(with_reuse, without, strict=True):
+            np.testing.assert_allclose(a.token_logprobs[1:], b.token_logprobs[1:], atol=1e-6)
+            np.testing.assert_array_equal(a.top_ids[1:, 0], b.top_ids[1:, 0])
+    stats = off.stats()
+    assert stats["reused_prefix_tokens"] == 0 and len(off.cache) == 0
+    assert stats["computed_prompt_tokens"] == stats["prompt_tokens"] == 2 * sum(map(len, prompts))
+    assert on.stats()["reused_prefix_tokens"] == 2 * 48 + 3 * 48

@@ -256,6 +256,9 @@ class ScoringEngine:
         keys: list[tuple[str, Any]] = []
         for batch_size in self._settings.warmup_batch_sizes:
             keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
+            if not shapes:
+                prompts = self._warmup_prompts(self._settings.completion_warmup_shapes)
+                keys += self.plan([work for work in prompts for _ in range(batch_size)])
         if self._settings.limit_to_warmup and not shapes:
             keys += [k for k in full_step_keys(self._settings, self.plan) if not covered(k, keys)]
         return list(dict.fromkeys(keys))
@@ -297,6 +300,16 @@ class ScoringEngine:
         """Make held signatures usable; every host of a group publishes the same keys at the
         same step."""
         self._compiler.publish(list(keys))
+
+    def _warmup_prompts(self, shapes: Sequence[tuple[int, int, int, int]]) -> list[PromptWork]:
+        """Per (prefix_tokens, prompts, tokens_after, top_k): the prompts share the prefix and
+        differ from their first token after it."""
+        works = []
+        for prefix, prompts, after, top_k in shapes:
+            shared = (1,) * prefix
+            tails = tuple(shared + (2 + i,) + (1,) * (after - 1) for i in range(prompts))
+            works.append(PromptWork(tails, top_k))
+        return works
 
     def _warmup_works(self, shapes: Sequence[tuple[int, int, int, int]]) -> list[ScoreWork]:
         token = 1 if self._settings.multi_item_scoring_delimiter != 1 else 2

@@ -58,6 +58,11 @@ METRICS = (
     MetricSpec("scorejax_query_cache_misses", "counter", "Query prefix cache misses"),
     MetricSpec("scorejax_computed_tokens", "counter", "Tokens computed, padding included"),
     MetricSpec("scorejax_useful_tokens", "counter", "Tokens computed that were not padding"),
+    MetricSpec("scorejax_prompt_tokens", "counter", "/v1/completions prompt tokens"),
+    MetricSpec("scorejax_reused_prefix_tokens", "counter",
+               "Prompt tokens read from a shared or cached prefix, not computed"),
+    MetricSpec("scorejax_computed_prompt_tokens", "counter",
+               "Prompt tokens computed (padding not counted)"),
 )  # fmt: skip
 SPECS = {spec.name: spec for spec in METRICS}
 COMPILE_SOURCES = ("warmup", "request_path", "background")
@@ -67,7 +72,15 @@ BY_REASON = (
     ("scorejax_evicted_signatures", "evicted_", EVICT_REASONS),
 )
 # engine.stats() counters recorded as scorejax_<name> by how much each step grew them
-STEP_COUNTERS = ("query_cache_hits", "query_cache_misses", "computed_tokens", "useful_tokens")
+STEP_COUNTERS = (
+    "query_cache_hits",
+    "query_cache_misses",
+    "computed_tokens",
+    "useful_tokens",
+    "prompt_tokens",
+    "reused_prefix_tokens",
+    "computed_prompt_tokens",
+)
 
 
 class MetricSink(Protocol):
@@ -128,6 +141,9 @@ class ReplicaMetrics:
         "scorejax_query_cache_misses",
         "scorejax_computed_tokens",
         "scorejax_useful_tokens",
+        "scorejax_prompt_tokens",
+        "scorejax_reused_prefix_tokens",
+        "scorejax_computed_prompt_tokens",
     )
 
     def __init__(self, sink: MetricSink | None = None) -> None:

@@ -61,6 +61,13 @@ def group_prompts(
     return groups
 
 
+def alone(prompts: Sequence[Sequence[int]], block: int) -> list[PromptGroup]:
+    """Every prompt in a group of its own, behind its own whole blocks (no sharing)."""
+    return [
+        PromptGroup((i,), block_floor(len(prompt) - 1, block)) for i, prompt in enumerate(prompts)
+    ]
+
+
 def prefix_length(
     prompts: Sequence[Sequence[int]], members: Sequence[int], shared: int, block: int
 ) -> int:

@@ -34,6 +34,7 @@ from replicas.engine.layouts.common import (
 )
 from replicas.engine.layouts.prefix_blocks import PrefixEntry, assemble, row_pieces, split_entries
 from replicas.engine.layouts.prompt_plan import (
+    alone,
     chunk_members,
     group_prompts,
     least_loaded,
@@ -53,6 +54,7 @@ from replicas.engine.prefix_index import PrefixIndex
 from replicas.model.causal_lm import CausalLM
 
 MAX_REMAINDER = 512  # the most tokens of one prompt run behind a prefix (an item)
+Need = tuple[int, tuple[int, ...], int, tuple[Any, ...]]  # (block, tokens, top_k, prefix key)
 
 
 @dataclass(frozen=True, order=True)
@@ -135,6 +137,12 @@ class Unit:
     top_k: int
     source: CachedPrompt | None = None
     prefix: tuple[int, ...] = ()  # a prefix to compute (when source is None and reused > 0)
+    owner: tuple[int, ...] = ()  # who alone reads the prefix (prefix_reuse off), else ()
+
+    @property
+    def prefix_key(self) -> tuple[Any, ...]:
+        """One computed prefix per key: the tokens on a data block (and its only reader)."""
+        return (self.prefix, self.block, self.owner)
 
     @property
     def size(self) -> int:
@@ -185,14 +193,21 @@ class PromptLayout:
     def _units(
         self, works: Sequence[PromptWork], indices: Sequence[int], use_cache: bool
     ) -> list[Unit]:
-        capacity = step_capacity(self._runner.settings)
+        settings = self._runner.settings
+        capacity = step_capacity(settings)
         limit = min(MAX_REMAINDER, capacity)
+        use_cache = use_cache and settings.prefix_reuse
         load = [0] * self._runner.groups
         units: list[Unit] = []
         for w in indices:
             work = works[w]
             top_k = label_bucket(max(work.top_k, 1))
-            for group in group_prompts(work.prompts, PREFIX_BLOCK, limit):
+            groups = (
+                group_prompts(work.prompts, PREFIX_BLOCK, limit)
+                if settings.prefix_reuse
+                else alone(work.prompts, PREFIX_BLOCK)
+            )
+            for group in groups:
                 prompts = [work.prompts[i] for i in group.members]
                 reused, source = self._lookup(prompts, group.prefix_length, top_k, use_cache)
                 prefix: tuple[int, ...] = ()
@@ -204,7 +219,10 @@ class PromptLayout:
                 for start, end in chunk_members(items, capacity):
                     members = group.members[start:end]
                     chunk = tuple(items[start:end])
-                    units.append(Unit(w, members, chunk, reused, block, top_k, source, prefix))
+                    owner = () if settings.prefix_reuse else (w, *members)
+                    units.append(
+                        Unit(w, members, chunk, reused, block, top_k, source, prefix, owner)
+                    )
                     load[block] += 1
         return units
 
@@ -230,28 +248,25 @@ class PromptLayout:
 
     # -- steps --------------------------------------------------------------------------
 
-    def _prefix_steps(
-        self, units: Sequence[Unit]
-    ) -> Iterator[tuple[PromptPrefixDims, list[tuple[int, tuple[int, ...], int]]]]:
-        """Prefixes to compute, one per (tokens, block), in steps of one width: (dims,
-        [(block, tokens, top_k)])."""
+    def _prefix_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PromptPrefixDims, list[Need]]]:
+        """Prefixes to compute, one per ``prefix_key``, in steps of one width."""
         settings, groups = self._runner.settings, self._runner.groups
         buckets = data_buckets(settings.batch_buckets, groups)
-        wanted: dict[tuple[tuple[int, ...], int], int] = {}
+        wanted: dict[tuple[Any, ...], int] = {}
         for unit in units:
             if unit.source is None and unit.prefix:
-                key = (unit.prefix, unit.block)
-                wanted[key] = max(wanted.get(key, 1), unit.top_k)
-        by_width: dict[int, list[tuple[int, tuple[int, ...], int]]] = {}
-        for (tokens, block), top_k in wanted.items():
+                wanted[unit.prefix_key] = max(wanted.get(unit.prefix_key, 1), unit.top_k)
+        by_width: dict[int, list[Need]] = {}
+        for key, top_k in wanted.items():
+            tokens, block, _ = key
             width = bucket_for(len(tokens), settings.token_buckets, "token_buckets")
-            by_width.setdefault(width, []).append((block, tokens, top_k))
+            by_width.setdefault(width, []).append((block, tokens, top_k, key))
         per_block = buckets[-1] // groups
         for width, needs in sorted(by_width.items()):
             for chunk in _block_chunks(needs, groups, per_block):
                 fullest = max(_per_block_counts(chunk, groups))
                 batch = bucket_for(fullest * groups, buckets, "batch_buckets")
-                top_k = max(k for *_, k in chunk)
+                top_k = max(need[2] for need in chunk)
                 yield PromptPrefixDims(batch, width, top_k), chunk
 
     def _stream_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PromptStreamDims, list[Unit]]]:
@@ -292,11 +307,11 @@ class PromptLayout:
         units = self._units(works, indices, use_cache=True)
         for w in indices:
             results[w] = [_empty(len(p), max(works[w].top_k, 1)) for p in works[w].prompts]
-        computed: dict[tuple[tuple[int, ...], int], CachedPrompt] = {}
+        computed: dict[tuple[Any, ...], CachedPrompt] = {}
         for exact, chunk in self._prefix_steps(units):
             computed |= self._run_prefixes(exact, chunk)
         units = [
-            dataclasses.replace(unit, source=computed[(unit.prefix, unit.block)])
+            dataclasses.replace(unit, source=computed[unit.prefix_key])
             if unit.source is None and unit.prefix
             else unit
             for unit in units
@@ -308,13 +323,13 @@ class PromptLayout:
             self._run_stream(exact, chunk, works, results)
 
     def _count_reuse(self, units: Sequence[Unit]) -> None:
-        seen: set[tuple[tuple[int, ...], int]] = set()
+        seen: set[tuple[Any, ...]] = set()
         reused = computed = 0
         for unit in units:
             for item in unit.items:
-                fresh = unit.prefix and (unit.prefix, unit.block) not in seen
+                fresh = unit.prefix and unit.prefix_key not in seen
                 if fresh:
-                    seen.add((unit.prefix, unit.block))
+                    seen.add(unit.prefix_key)
                     computed += unit.reused
                 else:
                     reused += unit.reused
@@ -322,8 +337,8 @@ class PromptLayout:
         self._runner.count_prompt_tokens(computed, reused)
 
     def _run_prefixes(
-        self, exact: PromptPrefixDims, chunk: Sequence[tuple[int, tuple[int, ...], int]]
-    ) -> dict[tuple[tuple[int, ...], int], CachedPrompt]:
+        self, exact: PromptPrefixDims, chunk: Sequence[Need]
+    ) -> dict[tuple[Any, ...], CachedPrompt]:
         runner, groups = self._runner, self._runner.groups
         dims = runner.resolve("prompt_prefix", exact)
         slots = dims.batch // groups
@@ -333,8 +348,10 @@ class PromptLayout:
         targets = np.zeros(index.rows.shape, np.int32).reshape(-1)
         placed: list[tuple[int, tuple[int, ...], list[int]]] = []
         used = [0] * groups
-        for block, prefix, _ in chunk:
+        owners = {}
+        for block, prefix, _, key in chunk:
             b = block * slots + used[block]
+            owners[b] = key
             used[block] += 1
             tokens[b, : len(prefix)] = prefix
             lengths[b] = len(prefix)
@@ -361,13 +378,13 @@ class PromptLayout:
             extra = token_lp.nbytes + top_ids.nbytes + top_lp.nbytes
             extra += int(blocks.nbytes // dims.batch)
             cached = CachedPrompt(prefix, entries[b], states[b], token_lp, top_ids, top_lp, extra)
-            out[(prefix, entries[b].block)] = cached
+            out[owners[b]] = cached
             self._remember(cached)
         return out
 
     def _remember(self, cached: CachedPrompt) -> None:
         cache = self._runner.cache
-        if cache.put(("prompt", cached.tokens), cached):
+        if self._runner.settings.prefix_reuse and cache.put(("prompt", cached.tokens), cached):
             if self._index.full:
                 live = [(e.tokens, ("prompt", e.tokens)) for e in cache.entries()
                         if isinstance(e, CachedPrompt)]  # fmt: skip
