@@ -37,12 +37,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format .
 
 # `make bench`: the engine with the shipped settings; `make bench URL=...`: end to end over
-# HTTP against a running `make serve`, side by side with transformers.
+# HTTP against a running `make serve`, side by side with transformers. Each also runs the
+# multiple-choice (/v1/completions) workload, beside lm-eval's hf model.
 bench: $(STAMP)
 ifneq ($(filter command line environment,$(origin URL)),)
 	$(PY) -m loadtest.bench_serve --url $(URL)
+	$(PY) -m loadtest.bench_choices --url $(URL)
 else
 	$(PY) -m loadtest.bench_engine
+	$(PY) -m loadtest.bench_choices
 endif
 
 # `make loadtest URL=...`: an open-loop sweep of a running server on this machine: Poisson

@@ -116,6 +116,9 @@ class ScoringLimits:
     # The most tokens one request may ask a replica to compute (``computed_tokens``); None:
     # no bound. Keeps the largest valid request within the proxy's timeout.
     max_request_tokens: int | None = None
+    # With ``limit_to_warmup`` and ``completion_warmup_shapes``: the longest prompt warm-up
+    # covers (prefix_tokens + tokens_after); None: max_row_tokens.
+    max_prompt_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_items_per_request < 1:
@@ -201,6 +204,12 @@ def check_prompt_limits(work: PromptWork, limits: ScoringLimits) -> None:
             "sequence_too_long",
             f"a prompt of {longest} tokens exceeds the longest row a step holds "
             f"({limits.max_row_tokens} tokens)",
+        )
+    if limits.max_prompt_tokens is not None and longest > limits.max_prompt_tokens:
+        raise ScoringLimitError(
+            "sequence_too_long",
+            f"a prompt of {longest} tokens is beyond what this deployment serves without a "
+            f"compile (completion_warmup_shapes: prompts <= {limits.max_prompt_tokens} tokens)",
         )
     tokens = computed_tokens(work, multi_item=True)
     if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:

@@ -290,12 +290,14 @@ class ReplicaSettings:
             for query, _, item_tokens, labels in self.warmup_shapes
             if self.limit_to_warmup
         )
+        prompts = [prefix + after for prefix, _, after, _ in self.completion_warmup_shapes]
         return ScoringLimits(
             self.max_items_per_request,
             self.max_multi_item_seq_len,
             longest,
             envelopes,
             self.max_request_tokens,
+            max(prompts) if self.limit_to_warmup and prompts else None,
         )
 
     @classmethod

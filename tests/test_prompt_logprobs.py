@@ -158,3 +158,33 @@ def test_prefix_reuse_off_computes_every_prompt_whole_with_the_same_answers(tiny
     assert stats["reused_prefix_tokens"] == 0 and len(off.cache) == 0
     assert stats["computed_prompt_tokens"] == stats["prompt_tokens"] == 2 * sum(map(len, prompts))
     assert on.stats()["reused_prefix_tokens"] == 2 * 48 + 3 * 48
+
+
+def test_warm_completions_never_compile_on_the_request_path(tiny) -> None:
+    rng = np.random.default_rng(4)
+    engine = make_engine(
+        tiny,
+        background_compile=True,
+        warmup_shapes=((16, 2, 16, 2),),
+        completion_warmup_shapes=((64, 4, 16, 1),),
+        limit_to_warmup=True,
+        item_tokens_per_step=128,
+        batch_buckets=(1, 2),
+        warmup_batch_sizes=(2,),
+    )
+    engine.warmup()
+    context = ids(rng, 60)
+    works = [
+        PromptWork(tuple(context + ids(rng, n) for n in (5, 20, 1, 11)), top_k=1),
+        PromptWork((ids(rng, 3), ids(rng, 79), ids(rng, 40)), top_k=20),
+        PromptWork(tuple(ids(rng, 16) + ids(rng, n) for n in range(1, 9))),
+    ]
+    for work in works:
+        [answers] = engine.score_batch([work])
+        for prompt, answer in zip(work.prompts, answers, strict=True):
+            check(tiny, prompt, answer, work.top_k)
+    engine.wait_for_background_compiles()
+    assert engine.stats()["request_path_compiles"] == 0
+    with pytest.raises(ScoringLimitError, match="completion_warmup_shapes") as error:
+        engine.score_batch([PromptWork((ids(rng, 81),))])
+    assert error.value.reason == "sequence_too_long"

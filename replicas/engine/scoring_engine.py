@@ -261,6 +261,8 @@ class ScoringEngine:
                 keys += self.plan([work for work in prompts for _ in range(batch_size)])
         if self._settings.limit_to_warmup and not shapes:
             keys += [k for k in full_step_keys(self._settings, self.plan) if not covered(k, keys)]
+            full = self._prompts.full_keys(self._settings.completion_warmup_shapes)
+            keys += [k for k in full if not covered(k, keys)]
         return list(dict.fromkeys(keys))
 
     def workload_keys(

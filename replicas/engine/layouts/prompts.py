@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.contract import PromptLogprobs, PromptWork
+from replicas.contract import MAX_TOP_LOGPROBS, PromptLogprobs, PromptWork
 from replicas.engine.layouts.common import (
     BucketDims,
     ScoreIndex,
@@ -35,6 +35,7 @@ from replicas.engine.layouts.common import (
 from replicas.engine.layouts.prefix_blocks import PrefixEntry, assemble, row_pieces, split_entries
 from replicas.engine.layouts.prompt_plan import (
     alone,
+    block_floor,
     chunk_members,
     group_prompts,
     least_loaded,
@@ -189,6 +190,25 @@ class PromptLayout:
         units = self._units(works, indices, use_cache=False)
         keys = [("prompt_prefix", dims) for dims, _ in self._prefix_steps(units)]
         return keys + [("prompt_items", dims) for dims, _ in self._stream_steps(units)]
+
+    def full_keys(self, shapes: Sequence[tuple[int, int, int, int]]) -> list[tuple[str, Any]]:
+        """The fullest steps of prompts up to each shape's length (limit_to_warmup): the
+        largest batch bucket, the longest prefix, a whole step of stream tokens, the widest
+        item window and 20 alternatives; every request the limits admit runs on these or
+        smaller signatures."""
+        settings, groups = self._runner.settings, self._runner.groups
+        batch = data_buckets(settings.batch_buckets, groups)[-1]
+        capacity = step_capacity(settings)
+        tokens = bucket_for(capacity, settings.item_token_buckets, "item_token_buckets")
+        window = window_for(min(MAX_REMAINDER, capacity), tokens)
+        top_k = label_bucket(MAX_TOP_LOGPROBS)
+        keys: list[tuple[str, Any]] = []
+        for prefix, _, after, _ in shapes:
+            longest = max(block_floor(prefix + after - 1, PREFIX_BLOCK), settings.token_buckets[0])
+            width = bucket_for(longest, settings.token_buckets, "token_buckets")
+            keys.append(("prompt_prefix", PromptPrefixDims(batch, width, top_k)))
+            keys.append(("prompt_items", PromptStreamDims(batch, width, tokens, window, top_k)))
+        return keys
 
     def _units(
         self, works: Sequence[PromptWork], indices: Sequence[int], use_cache: bool

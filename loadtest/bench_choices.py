@@ -1,0 +1,238 @@
+"""Benchmark: multiple-choice log-likelihood (/v1/completions), prefix reuse on and off.
+
+The workload is what lm-evaluation-harness sends for a multiple-choice task. Each question is
+a 300-token context with 4 choices of 5-30 tokens. Every (context, choice) pair is one prompt,
+sorted as lm-eval sorts them (longest first), 8 prompts per request (``batch_size=8``), each
+with ``echo, logprobs 1, max_tokens 1``. It reports choices/s and tokens computed / prompt
+tokens, and checks each choice's log-likelihood against reuse off and against lm-eval's ``hf``
+model (transformers, fp32, same weights), which runs the same requests side by side.
+
+Engine mode (``make bench``): the shipped serve_config.yaml's replica settings with
+``prefix_reuse`` on and off. HTTP mode (``make bench URL=...``): a running server
+(``make serve``), with its /v1/stats counters. An untimed pass of other questions of the same
+lengths compiles the shapes first; the timed questions share no tokens with it.
+
+    python -m loadtest.bench_choices [--questions 16] [--url URL] [--no-hf]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtest.bench_common import MODEL, machine_description, write_section
+
+SECTION = "## Multiple choice: prompt log-likelihood with prefix reuse"
+Pair = tuple[tuple[int, ...], tuple[int, ...]]  # (context, continuation) token ids
+Runner = Callable[[list[list[int]]], list[Any]]  # prompts -> each prompt's token log-probs
+
+
+@dataclass(frozen=True)
+class Workload:
+    pairs: list[Pair]  # lm-eval's order: longest first
+    batch: int
+
+    @property
+    def requests(self) -> list[list[Pair]]:
+        return [self.pairs[i : i + self.batch] for i in range(0, len(self.pairs), self.batch)]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(c) + len(x) for c, x in self.pairs)
+
+
+def workload(questions: int, context: int, choices: int, seed: int, batch: int = 8) -> Workload:
+    """Lengths from a fixed stream (every seed has the same shapes), tokens from ``seed``."""
+    lengths = np.random.default_rng(0).integers(5, 31, (questions, choices))
+    rng = np.random.default_rng(seed)
+    pairs = []
+    for row in lengths:
+        ctx = tuple(int(t) for t in rng.integers(100, 40000, context))
+        pairs += [(ctx, tuple(int(t) for t in rng.integers(100, 40000, n))) for n in row]
+    pairs.sort(key=lambda p: (-len(p[0] + p[1]), p[0] + p[1]))  # lm-eval's _collate
+    return Workload(pairs, batch)
+
+
+def continuation_logliks(pairs: Sequence[Pair], token_logprobs: Sequence[Sequence[Any]]) -> list:
+    """Each pair's continuation log-likelihood from its prompt's echoed token log-probs (as
+    lm-eval reads them: ``token_logprobs[ctxlen:]`` of the prompt)."""
+    return [
+        float(np.sum(np.asarray(lp, np.float64)[len(ctx) : len(ctx) + len(cont)]))
+        for (ctx, cont), lp in zip(pairs, token_logprobs, strict=True)
+    ]
+
+
+def run_pass(load: Workload, run: Runner) -> tuple[float, list[Any]]:
+    """Seconds for every request in order, and each prompt's echoed token log-probs."""
+    out: list[Any] = []
+    start = time.perf_counter()
+    for request in load.requests:
+        out += run([list(ctx + cont) for ctx, cont in request])
+    return time.perf_counter() - start, out
+
+
+def engine_runners() -> dict[str, tuple[Runner, Callable[[], dict]]]:
+    """Reuse on (as shipped) and off: a runner and a stats source each."""
+    import yaml
+
+    from cluster.mesh import build_mesh
+    from loadtest.bench_engine import SERVE_CONFIG
+    from replicas.checkpoints.loading import load_model
+    from replicas.contract import PromptWork
+    from replicas.engine.scoring_engine import ScoringEngine
+    from replicas.settings import ReplicaSettings
+
+    (app, *_) = yaml.safe_load(SERVE_CONFIG.read_text())["applications"]
+    shipped = ReplicaSettings.from_mapping(app["args"]).replace(
+        compilation_cache_dir=None,  # every run compiles alike
+        warmup_shapes=(),  # /v1/score's shapes: no completion runs on them
+        limit_to_warmup=False,
+    )
+    mesh = build_mesh(shipped.mesh_shape)
+    loaded = load_model(shipped.model, mesh, shipped.dtype)
+    runners = {}
+    for name, reuse in (("reuse on", True), ("reuse off", False)):
+        settings = shipped.replace(prefix_reuse=reuse)
+        engine = ScoringEngine(loaded.model, loaded.params, mesh, settings, MODEL)
+        engine.warmup()
+
+        def run(prompts: list[list[int]], engine: Any = engine) -> list[Any]:
+            [answers] = engine.score_batch([PromptWork(tuple(map(tuple, prompts)), top_k=1)])
+            engine.wait_for_background_compiles()
+            return [a.token_logprobs for a in answers]
+
+        runners[name] = (run, engine.stats)
+    return runners
+
+
+def http_runner(url: str) -> tuple[Runner, Callable[[], dict]]:
+    import httpx
+
+    client = httpx.Client(base_url=url, timeout=600)
+
+    def run(prompts: list[list[int]]) -> list[Any]:
+        body = {"prompt": prompts, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0}
+        reply = client.post("/v1/completions", json=body)
+        reply.raise_for_status()
+        choices = sorted(reply.json()["choices"], key=lambda c: c["index"])
+        return [
+            [np.nan if x is None else x for x in c["logprobs"]["token_logprobs"]] for c in choices
+        ]
+
+    return run, lambda: client.get("/v1/stats").json()
+
+
+def lm_eval_hf_runner() -> Callable[[Sequence[Pair]], list[float]]:
+    """lm-eval's ``hf`` model on the same weights: its own batching and sorting."""
+    from lm_eval.models.huggingface import HFLM
+
+    from loadtest.bench_common import load_hf_model
+    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
+
+    tokenizer = load_tokenizer(resolve_model_source(MODEL))
+    lm = HFLM(pretrained=load_hf_model(), tokenizer=tokenizer, batch_size=8, device="cpu")
+
+    def run(pairs: Sequence[Pair]) -> list[float]:
+        requests = [(("", ""), list(ctx), list(cont)) for ctx, cont in pairs]
+        return [ll for ll, _ in lm._loglikelihood_tokens(requests, disable_tqdm=True)]
+
+    return run
+
+
+def measure(
+    name: str, run: Runner, stats: Callable[[], dict], warm: Workload, timed: Workload
+) -> dict:
+    run_pass(warm, run)  # compiles the shapes; its prefixes share nothing with ``timed``
+    before = stats()
+    seconds, logprobs = run_pass(timed, run)
+    after = stats()
+    grown = {k: after.get(k, 0) - before.get(k, 0) for k in after if isinstance(after[k], int)}
+    return {
+        "mode": name,
+        "seconds": seconds,
+        "choices_per_s": len(timed.pairs) / seconds,
+        "computed_ratio": grown.get("computed_prompt_tokens", 0) / timed.prompt_tokens,
+        "padded_ratio": grown.get("computed_tokens", 0) / timed.prompt_tokens,
+        "logliks": continuation_logliks(timed.pairs, logprobs),
+    }
+
+
+HEADER = (
+    "| mode | choices | seconds | choices/s | vs reuse off | tokens computed / prompt tokens "
+    "| with padding | max abs diff vs reuse off | max abs diff vs lm-eval hf |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def format_row(row: dict, off: dict | None, hf: dict | None, choices: int) -> str:
+    def diff(other: dict | None) -> str:
+        if other is None or other is row:
+            return "-"
+        return f"{np.abs(np.subtract(row['logliks'], other['logliks'])).max():.1e}"
+
+    speed = "-" if off is None else f"{row['choices_per_s'] / off['choices_per_s']:.2f}x"
+    ratio = "-" if row["mode"].startswith("lm-eval") else f"{row['computed_ratio']:.2f}"
+    padded = "-" if row["mode"].startswith("lm-eval") else f"{row['padded_ratio']:.2f}"
+    cells = [row["mode"], str(choices), f"{row['seconds']:.1f}", f"{row['choices_per_s']:.2f}",
+             speed, ratio, padded, diff(off), diff(hf)]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--questions", type=int, default=16)
+    parser.add_argument("--context-tokens", type=int, default=300)
+    parser.add_argument("--url", default=None, help="a running server (HTTP mode)")
+    parser.add_argument("--no-hf", action="store_true", help="skip lm-eval's hf model")
+    parser.add_argument("--output", default="docs/benchmarks.md")
+    args = parser.parse_args()
+    warm = workload(args.questions, args.context_tokens, 4, seed=1)
+    timed = workload(args.questions, args.context_tokens, 4, seed=2)
+    runners = {"HTTP, served": http_runner(args.url)} if args.url else engine_runners()
+    rows = [measure(name, run, stats, warm, timed) for name, (run, stats) in runners.items()]
+    off = next((r for r in rows if r["mode"] == "reuse off"), None)
+    hf = None
+    if not args.no_hf:
+        hf_run = lm_eval_hf_runner()
+        hf_run(warm.pairs[:8])
+        start = time.perf_counter()
+        logliks = hf_run(timed.pairs)
+        seconds = time.perf_counter() - start
+        hf = {"mode": "lm-eval hf (transformers)", "seconds": seconds, "logliks": logliks,
+              "choices_per_s": len(timed.pairs) / seconds}  # fmt: skip
+        rows.append(hf)
+    lines = [format_row(r, off, hf, len(timed.pairs)) for r in rows]
+    print(HEADER, *lines, sep="\n")
+    where = f"over HTTP ({args.url})" if args.url else "engine only, shipped settings"
+    write_section(Path(args.output), SECTION, report(args, where, timed, lines))
+    print(f"wrote {args.output}")
+
+
+def report(args: argparse.Namespace, where: str, timed: Workload, lines: list[str]) -> str:
+    command = "make bench" + (f" URL={args.url}" if args.url else "")
+    return "\n".join([
+        f"`{command}` (`python -m loadtest.bench_choices`), {where}; {MODEL}, float32.",
+        "",
+        f"- machine: {machine_description()}",
+        f"- workload: {args.questions} questions, a {args.context_tokens}-token context and 4 "
+        f"choices of 5-30 tokens each ({len(timed.pairs)} prompts, {timed.prompt_tokens} prompt "
+        "tokens), in lm-eval's order (longest first), 8 prompts per request, one request at "
+        "a time, `echo, logprobs 1, max_tokens 1`",
+        "- an untimed pass over other questions of the same lengths compiles the shapes first",
+        "- tokens computed: prompt tokens the model ran (`computed_prompt_tokens`); with "
+        "padding: every token of every step (`computed_tokens`)",
+        "- lm-eval hf: `HFLM(batch_size=8)._loglikelihood_tokens` on the same requests",
+        "",
+        HEADER,
+        *lines,
+    ])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
