@@ -190,12 +190,22 @@ def _routes(
         _note_scored(request, timings, len(body["choices"]), body["usage"]["prompt_tokens"])
         return JSONResponse(body, headers=timing_headers(timings))
 
-    @router.post("/tokenize", summary="Text -> token ids with the served tokenizer")
+    @router.post(
+        "/tokenize",
+        summary="Text -> token ids with the served tokenizer",
+        openapi_extra=request_body("TokenizeRequest"),
+        responses=RESPONSES,
+    )
     async def tokenize(request: Request) -> Response:
         payload = parse_json(await read_limited(request.stream()))
         return JSONResponse(service.served_tokenizer().tokenize(payload))
 
-    @router.post("/detokenize", summary="Token ids -> text with the served tokenizer")
+    @router.post(
+        "/detokenize",
+        summary="Token ids -> text with the served tokenizer",
+        openapi_extra=request_body("DetokenizeRequest"),
+        responses=RESPONSES,
+    )
     async def detokenize(request: Request) -> Response:
         payload = parse_json(await read_limited(request.stream()))
         return JSONResponse(service.served_tokenizer().detokenize(payload))

@@ -19,7 +19,14 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from app.schema import ErrorResponse, RerankRequest, ScoreRequest
+from app.schema import (
+    CompletionRequest,
+    DetokenizeRequest,
+    ErrorResponse,
+    RerankRequest,
+    ScoreRequest,
+    TokenizeRequest,
+)
 from replicas.contract import ModelInfo
 
 if TYPE_CHECKING:
@@ -146,7 +153,9 @@ def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
             title=api.title, version=api.version, summary=api.summary, routes=api.routes
         )
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
-        schemas.update(_schemas(RerankRequest))
+        schemas.update(
+            _schemas(RerankRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+        )
         schemas["ScoreRequest"] = score_request_schema(service.info, service.text_query_min_length)
         api.openapi_schema = document
     return api.openapi_schema

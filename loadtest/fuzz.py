@@ -40,7 +40,9 @@ def _service(config: Path) -> ScoringService:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Fuzz POST /v1/score with generated bodies.")
+    parser = argparse.ArgumentParser(
+        description="Fuzz POST /v1/score, /v1/completions, /tokenize and /detokenize."
+    )
     parser.add_argument("--count", type=int, default=600, help="bodies in all (default 600)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--config", type=Path, default=SERVE_CONFIG, help="in-process model")

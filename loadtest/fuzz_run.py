@@ -34,8 +34,11 @@ from loadtest.fuzz_server import CheckingBackend, in_process_app
 from loadtest.fuzz_strategies import (
     Served,
     arbitrary_bodies,
+    completion_bodies,
     encode,
     near_valid_bodies,
+    near_valid_completions,
+    tokenizer_route_bodies,
     valid_bodies,
 )
 
@@ -138,9 +141,9 @@ class Target:
         self.served = Served.from_models_body(self.client.get("/v1/models").json())
         self.agreement = Agreement(self.document)
 
-    def post(self, body: bytes) -> tuple[int, str | None]:
+    def post(self, body: bytes, path: str = "/v1/score") -> tuple[int, str | None]:
         try:
-            response = self.client.post("/v1/score", content=body, headers=JSON)
+            response = self.client.post(path, content=body, headers=JSON)
         except httpx.HTTPError:
             return 0, None
         return response.status_code, _reason(response.content)
@@ -226,6 +229,29 @@ def run_strategy(
     send()
 
 
+def run_routes(
+    target: Target,
+    tally: Tally,
+    strategy: st.SearchStrategy[tuple[str, bytes]],
+    count: int,
+    at: int,
+) -> None:
+    """Post ``count`` (route, body) pairs. Only 5xx and no-answer count against the server:
+    the published schema states /v1/score's rules, not these routes'."""
+    if count <= 0:
+        return
+
+    @_settings(count)
+    @seed(at)
+    @given(strategy)
+    def send(pair: tuple[str, bytes]) -> None:
+        path, body = pair
+        status, reason = target.post(body, path)
+        tally.add(path.encode() + b" " + body, status, reason, False)
+
+    send()
+
+
 def run_schemathesis(
     target: Target, tally: Tally, mode: GenerationMode, count: int, at: int
 ) -> None:
@@ -287,6 +313,14 @@ def generators() -> dict[str, Runner]:
     def cases(mode: GenerationMode) -> Runner:
         return lambda target, tally, count, at: run_schemathesis(target, tally, mode, count, at)
 
+    def routes(make: Callable[[Served], st.SearchStrategy[tuple[str, bytes]]]) -> Runner:
+        return lambda target, tally, count, at: run_routes(
+            target, tally, make(target.served), count, at
+        )
+
+    def completions(make: Callable[[Served], st.SearchStrategy[Any]]) -> Runner:
+        return routes(lambda s: make(s).map(lambda body: ("/v1/completions", encode(body))))
+
     return {
         "fixed cases + mutations": fixed,
         "hypothesis: valid-shaped": strategy(lambda s: valid_bodies(s).map(encode)),
@@ -294,6 +328,9 @@ def generators() -> dict[str, Runner]:
         "hypothesis: arbitrary JSON/bytes": strategy(lambda s: arbitrary_bodies()),
         "schemathesis: positive": cases(GenerationMode.POSITIVE),
         "schemathesis: negative": cases(GenerationMode.NEGATIVE),
+        "completions: valid-shaped": completions(completion_bodies),
+        "completions: one field broken": completions(near_valid_completions),
+        "completions, tokenize: arbitrary": routes(lambda s: tokenizer_route_bodies()),
     }
 
 

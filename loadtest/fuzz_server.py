@@ -17,15 +17,18 @@ from fastapi import FastAPI
 
 from app.http import build_api
 from app.service import ScoringService
-from replicas.contract import ModelInfo, ScoreWork, check_limits
+from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoreWork, check_limits
 
 
 class UnsoundWork(AssertionError):
     """A work no replica should ever receive: the ingress let a bad request through."""
 
 
-def check_sound(work: ScoreWork, info: ModelInfo) -> None:
+def check_sound(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
     """Every precondition the engine assumes of a work; raises UnsoundWork on a breach."""
+    if isinstance(work, PromptWork):
+        check_sound_prompts(work, info)
+        return
     if not work.query_ids or not work.label_ids:
         raise UnsoundWork("empty query or no labels")
     for ids in (work.query_ids, work.label_ids, *work.item_ids):
@@ -40,6 +43,30 @@ def check_sound(work: ScoreWork, info: ModelInfo) -> None:
         raise UnsoundWork(f"limit broken: {error}") from None
 
 
+def check_sound_prompts(work: PromptWork, info: ModelInfo) -> None:
+    if not work.prompts or any(not prompt for prompt in work.prompts):
+        raise UnsoundWork("no prompt, or an empty one")
+    if any(not 0 <= token < info.vocab_size for prompt in work.prompts for token in prompt):
+        raise UnsoundWork("token id outside the vocabulary")
+    if not 0 <= work.top_k <= 20:
+        raise UnsoundWork("top_k outside 0..20")
+    try:
+        check_limits(work, info.limits, multi_item=True)
+    except ValueError as error:
+        raise UnsoundWork(f"limit broken: {error}") from None
+
+
+def fake_prompt_answer(prompt: tuple[int, ...], top_k: int) -> PromptLogprobs:
+    """-0.1 per token; the alternatives are token ids 1..k at -1, -2, ..."""
+    k = max(top_k, 1)
+    logprobs = np.full((len(prompt),), -0.1, np.float32)
+    logprobs[0] = np.nan
+    ids = np.tile(np.arange(1, k + 1, dtype=np.int32), (len(prompt) + 1, 1))
+    best = -np.tile(np.arange(1, k + 1, dtype=np.float32), (len(prompt) + 1, 1))
+    ids[0], best[0] = -1, np.nan
+    return PromptLogprobs(logprobs, ids, best)
+
+
 @dataclass
 class CheckingBackend:
     """Stands in for the replicas: checks each work, answers with the fake engine's
@@ -48,9 +75,11 @@ class CheckingBackend:
     info: ModelInfo
     calls: int = 0
 
-    async def __call__(self, work: ScoreWork) -> np.ndarray:
+    async def __call__(self, work: ScoreWork | PromptWork) -> Any:
         check_sound(work, self.info)
         self.calls += 1
+        if isinstance(work, PromptWork):
+            return [fake_prompt_answer(prompt, work.top_k) for prompt in work.prompts]
         lengths = np.asarray([len(work.query_ids) + len(item) for item in work.item_ids])
         labels = np.asarray(work.label_ids, dtype=np.int64) % 7
         return (-labels[None, :] - 0.1 * lengths[:, None]).astype(np.float32)

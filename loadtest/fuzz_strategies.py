@@ -174,3 +174,87 @@ def arbitrary_bodies() -> st.SearchStrategy[bytes]:
     names = st.sampled_from([*FIELDS, "other"])
     objects = st.dictionaries(names, json_values, max_size=len(FIELDS) + 1)
     return (json_values | objects).map(encode) | st.binary(max_size=64)
+
+
+# -- /v1/completions and the tokenizer routes ---------------------------------------------
+
+COMPLETION_FIELDS = (
+    "prompt", "model", "echo", "logprobs", "max_tokens", "temperature", "top_p", "seed", "stop",
+    "n", "best_of", "stream", "suffix", "user",
+)  # fmt: skip
+
+
+def completion_bodies(served: Served, max_prompts: int = 4) -> st.SearchStrategy[Body]:
+    """/v1/completions bodies every rule accepts (short prompts): all 200s."""
+    ids = token_ids(served, content=False)
+    prompt = (
+        st.text(min_size=1, max_size=40).filter(str.strip)
+        | st.lists(ids, min_size=1, max_size=30)
+        | st.lists(st.lists(ids, min_size=1, max_size=30), min_size=1, max_size=max_prompts)
+    )
+    optional = {
+        "echo": st.booleans(),
+        "logprobs": st.none() | st.integers(0, 20),
+        "max_tokens": st.sampled_from([0, 1, None]),
+        "temperature": st.sampled_from([0, 0.0, None]),
+        "seed": st.integers(0, 2**31),
+        "stop": st.none() | st.text(max_size=5),
+        "n": st.sampled_from([1, None]),
+        "model": st.sampled_from([served.model, None]),
+    }
+    return st.fixed_dictionaries({"prompt": prompt}, optional=optional)
+
+
+def _broken_completion_values(served: Served) -> dict[str, st.SearchStrategy[Any]]:
+    not_a_flag = st.none() | st.integers() | st.sampled_from(["true", [], 0.5])
+    too_many = served.max_items + 1
+    bad_prompts = [
+        *(st.just(value) for value in ([], [[]], "", "\ud800", [[1], "a"], None, 7, {})),
+        _with_bad_id(served, [1, 2, 3]),
+        st.lists(st.just([1]), min_size=too_many, max_size=too_many),
+    ]
+    return {
+        "prompt": st.one_of(bad_prompts),
+        "echo": not_a_flag,
+        "logprobs": st.integers(21, 10**30) | st.integers(max_value=-1) | st.just(1.5),
+        "max_tokens": st.integers(2, 10**6) | st.integers(max_value=-1) | st.just("1"),
+        "temperature": st.floats(0.01, 2.0),  # with max_tokens 1: sampling is refused
+        "n": st.integers(2, 100),
+        "best_of": st.integers(2, 100),
+        "stream": st.just(True),
+        "suffix": st.text(max_size=5),
+        "model": st.text(max_size=10).filter(lambda name: name != served.model),
+    }
+
+
+def near_valid_completions(served: Served) -> st.SearchStrategy[Body]:
+    """A valid completions body with one field broken, or an unknown field: 400s."""
+
+    def break_one(body: Body) -> st.SearchStrategy[Body]:
+        broken = _broken_completion_values(served)
+        changed = st.sampled_from(sorted(broken)).flatmap(
+            lambda name: broken[name].map(
+                lambda value: (
+                    {**body, name: value, "max_tokens": 1}
+                    if name == "temperature"
+                    else {**body, name: value}
+                )
+            )
+        )
+        unknown = st.tuples(
+            st.text(max_size=12).filter(lambda k: k not in COMPLETION_FIELDS), json_values
+        )
+        return changed | unknown.map(lambda pair: {**body, pair[0]: pair[1]})
+
+    return completion_bodies(served).flatmap(break_one)
+
+
+TOKENIZER_ROUTES = ("/v1/completions", "/tokenize", "/detokenize")
+
+
+def tokenizer_route_bodies() -> st.SearchStrategy[tuple[str, bytes]]:
+    """(route, body): arbitrary JSON over the routes' field names, or raw bytes."""
+    names = st.sampled_from([*COMPLETION_FIELDS, "tokens", "add_special_tokens", "other"])
+    objects = st.dictionaries(names, json_values, max_size=6)
+    bodies = (json_values | objects).map(encode) | st.binary(max_size=64)
+    return st.tuples(st.sampled_from(TOKENIZER_ROUTES), bodies)

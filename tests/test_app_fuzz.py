@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from app.completions import Completions
 from app.errors import ScoreRequestError
 from app.openapi import longest_item, longest_query, score_request_schema
 from app.service import ScoringService
@@ -24,7 +25,7 @@ from replicas.contract import ModelInfo, ScoringLimits
 
 VOCAB = 49152
 INFO = ModelInfo("fuzz-model", VOCAB, 0, ScoringLimits(16, 256, 256))
-COUNT = 480  # bodies in the in-process run: 80 per generator
+COUNT = 720  # bodies in the in-process run: 80 per generator
 
 
 class CharTokenizer:
@@ -36,9 +37,23 @@ class CharTokenizer:
 
         return {"input_ids": [ids(t) for t in text] if isinstance(text, list) else ids(text)}
 
+    eos_token, bos_token, pad_token, unk_token, chat_template = "\x01", None, None, None, None
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(chr(token) for token in ids)
+
+    def batch_decode(self, rows: list[list[int]]) -> list[str]:
+        return [self.decode(ids) for ids in rows]
+
 
 def service_for(info: ModelInfo = INFO) -> ScoringService:
-    return ScoringService(info=info, tokenizer=CharTokenizer(), clock=lambda: 0.0)
+    tokenizer = CharTokenizer()
+    return ScoringService(
+        info=info,
+        tokenizer=tokenizer,
+        clock=lambda: 0.0,
+        completions=Completions(tokenizer, info),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +86,8 @@ def test_generated_bodies_reach_the_scoring_path(fuzzed: tuple[dict[str, Tally],
     assert tallies["schemathesis: positive"].count(200, 300) >= 60
     assert replica_calls >= 80
     assert tallies["hypothesis: one field broken"].count(400, 500) >= 70
+    assert tallies["completions: valid-shaped"].count(200, 300) >= 75
+    assert tallies["completions: one field broken"].count(400, 500) >= 75
 
 
 def test_a_validation_hole_shows_up_as_5xx() -> None:
