@@ -99,14 +99,14 @@ def engine_for(loaded: Any, overrides: dict[str, Any]) -> Any:
     from replicas.engine.scoring_engine import ScoringEngine
     from replicas.settings import ReplicaSettings
 
-    settings = ReplicaSettings(
-        batch_buckets=(1, 2, 4),
-        token_buckets=(16, 32, 64),
-        item_token_buckets=(16, 32, 64),
-        max_multi_item_seq_len=256,
-        background_compile=False,
-        **overrides,
-    )
+    base = {
+        "batch_buckets": (1, 2, 4),
+        "token_buckets": (16, 32, 64),
+        "item_token_buckets": (16, 32, 64),
+        "max_multi_item_seq_len": 256,
+        "background_compile": False,
+    }
+    settings = ReplicaSettings(**base | overrides)
     mesh = loaded.params["embed"].sharding.mesh
     return ScoringEngine(loaded.model, loaded.params, mesh, settings, "tiny")
 
@@ -146,7 +146,38 @@ def run(directory: Path) -> dict[str, Any]:
                         "output_bytes_data_1": output_bytes(engines[whole].executables()[key]),
                     }
                 )
-    return {"scores": scores, "costs": costs, "prompts": prompt_answers(loaded)}
+    return {
+        "scores": scores,
+        "costs": costs,
+        "prompts": prompt_answers(loaded),
+        "extensions": extension_answers(loaded),
+    }
+
+
+def random_ids(rng: Any, n: int) -> tuple[int, ...]:
+    return tuple(int(t) for t in rng.integers(10, 250, n))
+
+
+def extension_answers(loaded: dict[tuple[int, int], Any]) -> dict[str, Any]:
+    """Per mesh: queries sharing a 48-token system prompt (three whole blocks), the third
+    and fourth read it from the cache (their extension compiled after the second); their
+    scores and the reused tokens."""
+    out: dict[str, Any] = {}
+    for mesh, model in loaded.items():
+        engine = engine_for(model, {"multi_item_scoring_delimiter": 3, "background_compile": True})
+        rng = np.random.default_rng(2)
+        system = random_ids(rng, 50)
+        works = [
+            ScoreWork(system + random_ids(rng, n), (random_ids(rng, 3), random_ids(rng, 5)), (5, 7))
+            for n in (5, 9, 9, 9)
+        ]
+        scores = []
+        for work in works:
+            scores.append(engine.score_batch([work])[0].tolist())
+            engine.wait_for_background_compiles()
+        reused = engine.stats()["reused_prefix_tokens"]
+        out[f"{mesh[0]}x{mesh[1]}"] = {"scores": scores, "reused_prefix_tokens": reused}
+    return out
 
 
 def prompt_rounds(vocab: int) -> list[list[Any]]:

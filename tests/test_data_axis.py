@@ -79,6 +79,15 @@ def test_prompt_log_probs_on_a_data_axis_equal_one_device(result: dict, mesh: st
     )
 
 
+@pytest.mark.parametrize("mesh", ["2x1", "1x2", "2x2"])
+def test_an_extended_query_on_a_data_axis_scores_like_one_device(result: dict, mesh: str) -> None:
+    reference, sharded = result["extensions"]["1x1"], result["extensions"][mesh]
+    worst = worst_difference([sharded["scores"]], [reference["scores"]])
+    print(f"\n[data axis] extended queries on {mesh}: worst difference {worst:.2g}")
+    assert worst <= TOLERANCE
+    assert sharded["reused_prefix_tokens"] == reference["reused_prefix_tokens"] == 2 * 48
+
+
 def test_each_device_computes_half_of_every_step(result: dict) -> None:
     costs = result["costs"]
     assert {cost["kind"] for cost in costs} == {"prefix", "items", "rows", "dense"}

@@ -272,6 +272,24 @@ class StepCompiler:
         self.ensure(kind, dims, "request_path")
         return dims
 
+    def compiled(self, kind: str, dims: Any) -> Any | None:
+        """The signature ``resolve`` would run ``dims`` on without compiling: itself or the
+        cheapest compiled one covering it; None when none is compiled (nothing counted)."""
+        with self._lock:
+            if (kind, dims) in self._executables:
+                return dims
+            covers = [d for k, d in self._executables if k == kind and d.covers(dims)]
+        return min(covers, key=lambda d: d.cost_for(dims)) if covers else None
+
+    def compile_later(self, kind: str, dims: Any) -> None:
+        """Compile ``dims`` in the background (background compiles on), unless it is
+        compiled, queued or held: for work that runs another way until it is ready."""
+        key = (kind, dims)
+        with self._lock:
+            known = key in self._executables or key in self._pending or key in self._held
+        if self._background and not known:
+            self._schedule(key)
+
     def wait_idle(self, timeout_s: float = 600.0) -> bool:
         """Block until no background compile is queued or running (tests, benchmarks)."""
         with self._lock:

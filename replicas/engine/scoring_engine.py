@@ -365,6 +365,12 @@ class ScoringEngine:
     def resolve(self, kind: str, dims: Any) -> Any:
         return self._compiler.resolve(kind, dims)
 
+    def compiled(self, kind: str, dims: Any) -> Any | None:
+        return self._compiler.compiled(kind, dims)
+
+    def compile_later(self, kind: str, dims: Any) -> None:
+        self._compiler.compile_later(kind, dims)
+
     def run_device(self, kind: str, dims: Any, args: tuple[Any, ...]) -> Any:
         executable = self._compiler.executable(kind, dims)
         (_, *shardings), _ = executable.input_shardings  # params first

@@ -99,13 +99,14 @@ class DecoderLayer(nn.Module):
         spec: ItemStreamSpec,
         prefix_k: Array,
         prefix_v: Array,
-    ) -> Array:
-        """x: [B, S, D] item stream reading prefix keys/values [B, T, K, Dh] -> [B, S, D]."""
+    ) -> tuple[Array, Array, Array]:
+        """x: [B, S, D] item stream reading prefix keys/values [B, T, K, Dh] -> (x one layer
+        on [B, S, D], the stream's own keys and values [B, S, K, Dh])."""
         q, k, v = self.attn.qkv(self.attn_norm(x), positions)
         attended = self.stream_attention(
             q, prefix_k, prefix_v, spec.prefix_valid, k, v, spec.item_ids, spec.window
         )
-        return self._mlp_block(x + self.attn.out(attended))
+        return self._mlp_block(x + self.attn.out(attended)), k, v
 
 
 @dataclass(frozen=True)
@@ -189,18 +190,35 @@ class CausalLM:
     ) -> Array:
         """Item stream tokens, positions [B, S] behind prefix keys/values [layers, B, T, K, Dh]
         -> final-normed hidden states [B, S, D]."""
+        return self.stream_hidden_and_kv(params, tokens, positions, spec, prefix_k, prefix_v)[0]
+
+    def stream_hidden_and_kv(
+        self,
+        params: Params,
+        tokens: Array,
+        positions: Array,
+        spec: ItemStreamSpec,
+        prefix_k: Array,
+        prefix_v: Array,
+    ) -> tuple[Array, Array, Array]:
+        """``stream_hidden``, and the stream's keys and values [layers, B, S, K, Dh] (a prefix
+        extended by its stream: one item of the query's remaining tokens)."""
         layer = self.layer
 
-        def step(h: Array, scanned: tuple[Params, Array, Array]) -> tuple[Array, None]:
+        def step(
+            h: Array, scanned: tuple[Params, Array, Array]
+        ) -> tuple[Array, tuple[Array, Array]]:
             layer_params, k, v = scanned
-            out = layer.apply(
+            out, own_k, own_v = layer.apply(
                 {"params": layer_params}, h, positions, spec, k, v, method=DecoderLayer.stream
             )
-            return out, None
+            return out, (own_k, own_v)
 
         scanned = (params["layers"], prefix_k, prefix_v)
-        x, _ = jax.lax.scan(step, self._embed(params, tokens), scanned, unroll=self.unroll_layers)
-        return self._final_norm(params, x)
+        x, (keys, values) = jax.lax.scan(
+            step, self._embed(params, tokens), scanned, unroll=self.unroll_layers
+        )
+        return self._final_norm(params, x), keys, values
 
     def logits(self, params: Params, hidden: Array) -> Array:
         """LM head for the given positions only: [..., D] -> [..., V] float32."""

@@ -86,6 +86,14 @@ def split_entries(
     return {b: PrefixEntry(*pieces[b], n, width, b // per_block, size) for b, n in lengths.items()}
 
 
+def fit_width(piece: Array, width: int) -> Array:
+    """Keys or values ``[layers, 1, T, K, Dh]`` cut or zero-padded to ``width`` tokens."""
+    have = piece.shape[2]
+    if have >= width:
+        return piece[:, :, :width]
+    return jnp.pad(piece, [(0, 0), (0, 0), (0, width - have), (0, 0), (0, 0)])
+
+
 def _piece(
     entry: PrefixEntry | None,
     name: str,

@@ -20,7 +20,6 @@ from functools import partial
 from typing import Any, ClassVar
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from replicas.contract import MAX_TOP_LOGPROBS, PromptLogprobs, PromptWork
@@ -32,7 +31,13 @@ from replicas.engine.layouts.common import (
     label_bucket,
     step_capacity,
 )
-from replicas.engine.layouts.prefix_blocks import PrefixEntry, assemble, row_pieces, split_entries
+from replicas.engine.layouts.prefix_blocks import (
+    PrefixEntry,
+    assemble,
+    fit_width,
+    row_pieces,
+    split_entries,
+)
 from replicas.engine.layouts.prompt_plan import (
     alone,
     block_floor,
@@ -116,14 +121,6 @@ class CachedPrompt:
         block = reused // PREFIX_BLOCK - 1
         last = {d: s[:, block] for d, s in self.states.items()}  # [1, D]
         return PrefixEntry(keys, values, last, reused, width, entry.block, entry.nbytes)
-
-
-def fit_width(piece: jax.Array, width: int) -> jax.Array:
-    """Keys or values ``[layers, 1, T, K, Dh]`` cut or zero-padded to ``width`` tokens."""
-    have = piece.shape[2]
-    if have >= width:
-        return piece[:, :, :width]
-    return jnp.pad(piece, [(0, 0), (0, 0), (0, width - have), (0, 0), (0, 0)])
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,14 @@ class Runner(Protocol):
         """The compiled signature to run ``dims`` on (itself or one covering it)."""
         ...
 
+    def compiled(self, kind: str, dims: Any) -> Any | None:
+        """The compiled signature ``resolve`` would pick, or None; never compiles."""
+        ...
+
+    def compile_later(self, kind: str, dims: Any) -> None:
+        """Compile ``(kind, dims)`` in the background if background compiles are on."""
+        ...
+
     def run(self, kind: str, dims: Any, args: tuple[Any, ...]) -> np.ndarray:
         """Run the executable on host/device arguments; its output as a NumPy array."""
         ...

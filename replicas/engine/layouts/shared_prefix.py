@@ -32,6 +32,7 @@ from replicas.engine.layouts.prefix_blocks import (
     moves_between_blocks,
     split_entries,
 )
+from replicas.engine.layouts.prefix_extension import ExtendDims, PrefixExtender
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import (
     StreamDims,
@@ -92,17 +93,24 @@ def _unit(work: ScoreWork, index: int, start: int, end: int) -> StreamUnit:
 class SharedPrefixLayout:
     """Packs, runs and unpacks multi-item work through prefix + item-stream steps."""
 
-    kinds: ClassVar[dict[str, type]] = {"prefix": PrefixDims, "items": StreamDims}
+    kinds: ClassVar[dict[str, type]] = {
+        "prefix": PrefixDims,
+        "items": StreamDims,
+        "extend": ExtendDims,
+    }
 
     def __init__(self, model: CausalLM, runner: Runner) -> None:
         self._model = model
         self._runner = runner
         self._turn = -1  # whose turn to hold a query many blocks read (see _homes)
+        self._extender = PrefixExtender(model, runner)
 
     # -- compiling ----------------------------------------------------------------------
 
     def compile(self, kind: str, dims: Any) -> Any:
         runner = self._runner
+        if kind == "extend":
+            return self._extender.compile(dims)
         if kind == "prefix":  # queries split over data; each stays on the block computing it
             shardings = prefix_shardings(self._model, runner.sharding, dims)
             step = jax.jit(partial(prefix_step, self._model), out_shardings=shardings)
@@ -198,10 +206,21 @@ class SharedPrefixLayout:
                 local[key] = copies
             for home in self._homes(sorted(set(blocks)), copies, movable):
                 missing.setdefault(home, []).append(query)
-        for query, entry in self._compute_prefixes(missing, width):
+        extensions = []
+        for home, queries in missing.items():
+            for query in list(queries):
+                extension = self._extender.plan(query, home, width, movable)
+                if extension is not None:
+                    queries.remove(query)
+                    extensions.append(extension)
+        computed = itertools.chain(
+            self._compute_prefixes(missing, width), self._extender.run(extensions, width)
+        )
+        for query, entry in computed:
             key = (query, width)
             local[key] = (local.get(key) or PrefixCopies({})).with_entry(entry)
-            self._runner.cache.put(key, local[key])
+            if self._runner.cache.put(key, local[key]):
+                self._extender.remember(query, key)
         for query, block in needs:
             entry = local[(query, width)].on(block, movable)
             if entry is None:  # _homes computes every block's copy that cannot be moved
