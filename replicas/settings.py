@@ -76,9 +76,11 @@ class ReplicaSettings:
     item_tokens_per_step: int = 2048
     # Query cache (semantics 9): bytes of per-layer prefix keys/values kept, LRU; 0 = off.
     query_cache_bytes: int = 256 * 1024 * 1024
-    # Prefix reuse for /v1/completions (semantics 15): prompts of a request that share whole
-    # blocks compute their prefix once, and the query cache serves the longest cached prefix.
-    # False computes every prompt whole (the benchmark's "reuse off"; answers are the same).
+    # Prefix reuse (semantics 15): /v1/completions prompts of a request that share whole
+    # blocks compute their prefix once, and the query cache serves the longest cached prefix
+    # (to prompts, and to /v1/score and /v1/rerank queries that start with a cached one's
+    # blocks). False computes every prompt whole and keeps only exact query hits (the
+    # benchmark's "reuse off"; answers are the same).
     prefix_reuse: bool = True
     # Serve an uncompiled signature on a covering compiled one while it compiles in the
     # background; False compiles on the request path instead.

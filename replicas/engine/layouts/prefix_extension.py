@@ -131,7 +131,7 @@ class PrefixExtender:
     ) -> Extension | None:
         """An extension worth running for ``query`` on block ``home`` (computed at
         ``width`` otherwise), or None."""
-        if len(query) <= PREFIX_BLOCK:
+        if len(query) <= PREFIX_BLOCK or not self._runner.settings.prefix_reuse:
             return None
         reused, found = self._index.longest(query, len(query) - 1, self._find)
         if found is None:
