@@ -31,7 +31,13 @@ from replicas.engine.layouts.shared_prefix import SharedPrefixLayout
 from replicas.engine.layouts.single_item import SingleItemLayout
 from replicas.engine.memory import release_free_heap
 from replicas.engine.query_cache import QueryCache
-from replicas.engine.warm_coverage import check_warm_coverage, covered, full_step_keys
+from replicas.engine.warm_coverage import (
+    check_warm_coverage,
+    covered,
+    full_step_keys,
+    warmup_prompts,
+    warmup_works,
+)
 from replicas.model.attention import with_attention
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
@@ -257,7 +263,7 @@ class ScoringEngine:
         for batch_size in self._settings.warmup_batch_sizes:
             keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
             if not shapes:
-                prompts = self._warmup_prompts(self._settings.completion_warmup_shapes)
+                prompts = warmup_prompts(self._settings.completion_warmup_shapes)
                 keys += self.plan([work for work in prompts for _ in range(batch_size)])
         if self._settings.limit_to_warmup and not shapes:
             keys += [k for k in full_step_keys(self._settings, self.plan) if not covered(k, keys)]
@@ -271,7 +277,7 @@ class ScoringEngine:
         """The signatures (nested prefix steps included) that ``batch_size`` concurrent
         requests of each shape would run; nothing is compiled or scored."""
         keys: list[tuple[str, Any]] = []
-        for work in self._warmup_works(shapes):
+        for work in warmup_works(self._settings, shapes):
             keys += self.plan([work] * batch_size)
         return keys
 
@@ -302,30 +308,6 @@ class ScoringEngine:
         """Make held signatures usable; every host of a group publishes the same keys at the
         same step."""
         self._compiler.publish(list(keys))
-
-    def _warmup_prompts(self, shapes: Sequence[tuple[int, int, int, int]]) -> list[PromptWork]:
-        """Per (prefix_tokens, prompts, tokens_after, top_k): the prompts share the prefix and
-        differ from their first token after it."""
-        works = []
-        for prefix, prompts, after, top_k in shapes:
-            shared = (1,) * prefix
-            tails = tuple(shared + (2 + i,) + (1,) * (after - 1) for i in range(prompts))
-            works.append(PromptWork(tails, top_k))
-        return works
-
-    def _warmup_works(self, shapes: Sequence[tuple[int, int, int, int]]) -> list[ScoreWork]:
-        token = 1 if self._settings.multi_item_scoring_delimiter != 1 else 2
-        works = []
-        for query_len, num_items, item_len, num_labels in shapes:
-            work = ScoreWork(
-                query_ids=(token,) * query_len,
-                item_ids=((token,) * item_len,) * num_items,
-                label_ids=tuple(range(num_labels)),
-            )
-            works.append(work)
-            if self._settings.multi_item:
-                works.append(ScoreWork(work.query_ids, work.item_ids, work.label_ids, True))
-        return works
 
     # -- Runner (what layouts call) -----------------------------------------------------
 

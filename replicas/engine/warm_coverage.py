@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from replicas.contract import Envelope, ScoreWork, packed_length
+from replicas.contract import Envelope, PromptWork, ScoreWork, packed_length
 from replicas.engine.layouts.common import step_capacity
 from replicas.settings import ReplicaSettings, SettingsError
 
@@ -92,3 +92,33 @@ def check_warm_coverage(
                 f"{batch} requests) is covered by no warm-up signature; add {batch} to "
                 f"warmup_batch_sizes"
             )
+
+
+def warmup_works(
+    settings: ReplicaSettings, shapes: Sequence[tuple[int, int, int, int]]
+) -> list[ScoreWork]:
+    """Synthetic work of each (query_tokens, items, item_tokens, labels) shape (multi-item
+    mode: also its ``item_first`` form), of one token that is not the delimiter."""
+    token = 1 if settings.multi_item_scoring_delimiter != 1 else 2
+    works = []
+    for query_len, num_items, item_len, num_labels in shapes:
+        work = ScoreWork(
+            query_ids=(token,) * query_len,
+            item_ids=((token,) * item_len,) * num_items,
+            label_ids=tuple(range(num_labels)),
+        )
+        works.append(work)
+        if settings.multi_item:
+            works.append(ScoreWork(work.query_ids, work.item_ids, work.label_ids, True))
+    return works
+
+
+def warmup_prompts(shapes: Sequence[tuple[int, int, int, int]]) -> list[PromptWork]:
+    """Per (prefix_tokens, prompts, tokens_after, top_k): prompts that share the prefix and
+    differ from their first token after it."""
+    works = []
+    for prefix, prompts, after, top_k in shapes:
+        shared = (1,) * prefix
+        tails = tuple(shared + (2 + i,) + (1,) * (after - 1) for i in range(prompts))
+        works.append(PromptWork(tails, top_k))
+    return works
