@@ -228,6 +228,7 @@ def report(args: argparse.Namespace, where: str, timed: Workload, lines: list[st
         "- tokens computed: prompt tokens the model ran (`computed_prompt_tokens`); with "
         "padding: every token of every step (`computed_tokens`)",
         "- lm-eval hf: `HFLM(batch_size=8)._loglikelihood_tokens` on the same requests",
+        "- max abs diff: of each choice's log-likelihood (the sum over its 5-30 tokens)",
         "",
         HEADER,
         *lines,
