@@ -73,3 +73,40 @@ def test_query_cache_warm_equals_cold_on_the_real_model(smollm2):
     (warm,) = engine.score_batch([fresh])  # the same query again: only the items run
     assert engine.stats()["query_cache_hits"] == hits + 1
     np.testing.assert_allclose(warm, cold, atol=1e-6, rtol=0)
+
+
+def test_prompt_log_probs_equal_transformers_and_warm_equals_cold(smollm2):
+    """/v1/completions' engine work on the real model: every token's log-prob within 1e-4 of
+    transformers (fp32, the same GGUF weights) and the same top-1; prompts sharing a context
+    (a prefix computed once), then again from the prefix cache (within 1e-6 of cold)."""
+    import torch
+
+    from loadtest.bench_common import load_hf_model
+    from replicas.contract import PromptWork
+
+    tokenizer, engines = smollm2
+    engine = engines["shared_prefix"]
+    context = (
+        "Question: Which of these animals is the largest mammal alive today, by a wide "
+        "margin, whether measured by weight or by length?\nAnswer:"
+    )
+    texts = [context + c for c in (" the blue whale", " an elephant", " a mouse")] + ["Hi"]
+    prompts = tuple(tuple(tokenizer.encode(text)) for text in texts)
+    work = PromptWork(prompts, top_k=3)
+    (cold,) = engine.score_batch([work])
+    reused = engine.stats()["reused_prefix_tokens"]
+    (warm,) = engine.score_batch([work])
+    assert engine.stats()["reused_prefix_tokens"] > reused  # the second call read the cache
+    model = load_hf_model()
+    worst = 0.0
+    for prompt, answer, again in zip(prompts, cold, warm, strict=True):
+        with torch.inference_mode():
+            logits = model(torch.tensor([prompt])).logits[0].double()
+        ref = torch.log_softmax(logits, -1).numpy()  # [L, V]
+        want = [ref[j - 1, prompt[j]] for j in range(1, len(prompt))]
+        worst = max(worst, float(np.abs(answer.token_logprobs[1:] - want).max(initial=0.0)))
+        assert list(answer.top_ids[1:, 0]) == list(ref.argmax(-1))
+        np.testing.assert_allclose(again.token_logprobs[1:], answer.token_logprobs[1:], atol=1e-6)
+        np.testing.assert_allclose(again.top_logprobs[1:], answer.top_logprobs[1:], atol=1e-6)
+    print(f"\n[completions] SmolLM2 worst |log-prob - transformers|: {worst:.2g}")
+    assert worst <= 1e-4
