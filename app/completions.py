@@ -183,6 +183,12 @@ class Completions:
 
     # -- tokenizer routes ---------------------------------------------------------------
 
+    @property
+    def longest_prompt(self) -> int:
+        """The most tokens a prompt may have here (warm-up's bound, else a step's)."""
+        limits = self.info.limits
+        return limits.max_prompt_tokens or limits.max_row_tokens
+
     def tokenize(self, payload: Any) -> dict[str, Any]:
         request = validate_body(payload, TokenizeRequest)
         check_model_name(request.model, self.info)
@@ -194,8 +200,7 @@ class Completions:
             ) from None
         encoded = self.tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)
         tokens = [int(t) for t in encoded["input_ids"]]
-        limit = self.info.limits.max_row_tokens
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": limit}
+        return {"tokens": tokens, "count": len(tokens), "max_model_len": self.longest_prompt}
 
     def detokenize(self, payload: Any) -> dict[str, Any]:
         request = validate_body(payload, DetokenizeRequest)
@@ -212,7 +217,7 @@ class Completions:
             "pad_token": tokenizer.pad_token,
             "unk_token": tokenizer.unk_token,
             "chat_template": getattr(tokenizer, "chat_template", None),
-            "model_max_length": self.info.limits.max_row_tokens,
+            "model_max_length": self.longest_prompt,
             "vocab_size": self.info.vocab_size,
         }
 

@@ -210,7 +210,8 @@ def main() -> None:
     lines = [format_row(r, off, hf, len(timed.pairs)) for r in rows]
     print(HEADER, *lines, sep="\n")
     where = f"over HTTP ({args.url})" if args.url else "engine only, shipped settings"
-    write_section(Path(args.output), SECTION, report(args, where, timed, lines))
+    heading = SECTION + (", over HTTP" if args.url else "")
+    write_section(Path(args.output), heading, report(args, where, timed, lines))
     print(f"wrote {args.output}")
 
 
