@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.query_likelihood import LikelihoodTemplate, likelihood_prompts, likelihood_relevance
 from app.schema import RerankRequest
 from app.tokenization import TextTokenizer, encode_text
 from app.validation import check_item_count, check_model_name, check_work, validate_body
-from replicas.contract import ModelInfo, ScoreWork
+from replicas.contract import ModelInfo, PromptWork, ScoreWork, ScoringLimitError, check_limits
 from replicas.settings import ReplicaSettings, SettingsError
 
 QWEN3_RERANKER_SYSTEM = (
@@ -74,23 +75,42 @@ class RerankTemplate:
 
 
 @dataclass(frozen=True)
-class Reranker:
-    """The template bound to a tokenizer: requests in, ScoreWork and response bodies out."""
+class RerankWork:
+    """A validated rerank request, its work for a replica (a ScoreWork for yes_no, a
+    PromptWork for query_likelihood), the tokens the model reads, and for query_likelihood
+    how many query tokens end every prompt."""
 
-    template: RerankTemplate
+    request: RerankRequest
+    work: ScoreWork | PromptWork
+    prompt_tokens: int
+    scored: int = 0
+
+
+@dataclass(frozen=True)
+class Reranker:
+    """The configured method and template bound to a tokenizer: requests in, work and
+    response bodies out."""
+
+    template: RerankTemplate | LikelihoodTemplate
     tokenizer: TextTokenizer
-    labels: tuple[int, int]
+    labels: tuple[int, int] = (0, 0)  # yes_no: the yes and no token ids
 
     @classmethod
-    def build(cls, pairs: Sequence[tuple[str, str]], tokenizer: TextTokenizer) -> Reranker:
+    def build(
+        cls, pairs: Sequence[tuple[str, str]], tokenizer: TextTokenizer, method: str = "yes_no"
+    ) -> Reranker:
+        if method == "query_likelihood":
+            return cls(LikelihoodTemplate.from_pairs(pairs), tokenizer)
         template = RerankTemplate.from_pairs(pairs)
         return cls(template, tokenizer, template.label_ids(tokenizer))
 
-    def prepare(
-        self, payload: Any, info: ModelInfo, gate: Gate = admit_all
-    ) -> tuple[RerankRequest, ScoreWork, int]:
-        """Validate and tokenize; returns the request, its work and its prompt tokens.
-        ``gate`` (admission) runs once the body's schema checks passed, before tokenization."""
+    @property
+    def method(self) -> str:
+        return "query_likelihood" if isinstance(self.template, LikelihoodTemplate) else "yes_no"
+
+    def prepare(self, payload: Any, info: ModelInfo, gate: Gate = admit_all) -> RerankWork:
+        """Validate and tokenize. ``gate`` (admission) runs once the body's schema checks
+        passed, before tokenization."""
         request = validate_body(payload, RerankRequest)
         check_model_name(request.model, info)
         texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
@@ -98,24 +118,38 @@ class Reranker:
         gate()
         if request.max_tokens_per_doc is not None:
             texts = self._cut(texts, request.max_tokens_per_doc)
-        template = self.template
-        query = template.query.format(
-            instruction=request.instruction or template.instruction, query=request.query
-        )
-        items = [template.document.format(document=text) for text in texts]
-        for param, text in (("query", query), *(("documents", t) for t in items)):
+        for param, text in (("query", request.query), *(("documents", t) for t in texts)):
             if not _encodable(text):
                 raise ScoreRequestError(
                     Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
                 )
+        if isinstance(self.template, LikelihoodTemplate):
+            prompts = likelihood_prompts(self.template, self.tokenizer, request.query, texts)
+            _check(prompts.work, info)
+            return RerankWork(request, prompts.work, prompts.prompt_tokens, prompts.scored)
+        template = self.template
+        query = template.query.format(
+            instruction=request.instruction or template.instruction, query=request.query
+        )
+        if not _encodable(query):
+            raise ScoreRequestError(
+                Reason.INVALID_REQUEST, "instruction: text is not valid Unicode", "instruction"
+            )
+        items = [template.document.format(document=text) for text in texts]
         tokenized = encode_text(self.tokenizer, query, items)
         work = ScoreWork(tokenized.query_ids, tokenized.item_ids, self.labels)
-        try:
-            check_work(work, info)
-        except ScoreRequestError as error:
-            param = "documents" if error.param == "items" else error.param
-            raise ScoreRequestError(error.reason, error.message, param, error.status_code) from None
-        return request, work, tokenized.prompt_tokens
+        _check(work, info)
+        return RerankWork(request, work, tokenized.prompt_tokens)
+
+    def relevance(self, prepared: RerankWork, answer: Any) -> np.ndarray:
+        """Each document's relevance in [0, 1] from the replica's answer: P(yes) / (P(yes) +
+        P(no)) from the label log-probs (yes_no), or the query's per-token likelihood
+        (query_likelihood)."""
+        if isinstance(prepared.work, PromptWork):
+            return likelihood_relevance(answer, prepared.scored)
+        logprobs = np.asarray(answer)
+        yes, no = logprobs[:, 0].astype(np.float64), logprobs[:, 1].astype(np.float64)
+        return 1.0 / (1.0 + np.exp(no - yes))
 
     def _cut(self, texts: list[str], limit: int) -> list[str]:
         """Each text cut to its first ``limit`` tokens (decoded back to text)."""
@@ -129,12 +163,10 @@ class Reranker:
         ]
 
     def body(
-        self, request: RerankRequest, logprobs: np.ndarray, prompt_tokens: int, model: str
+        self, request: RerankRequest, relevance: np.ndarray, prompt_tokens: int, model: str
     ) -> dict[str, Any]:
         """Cohere's response shape (Jina's and TEI's fields are a subset): results by
         relevance, best first, ``top_n`` of them."""
-        yes, no = logprobs[:, 0].astype(np.float64), logprobs[:, 1].astype(np.float64)
-        relevance = 1.0 / (1.0 + np.exp(no - yes))  # P(yes) / (P(yes) + P(no))
         order = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))
         results = []
         for index in order[: request.top_n or len(order)]:
@@ -157,14 +189,30 @@ class Reranker:
 
 
 def reranker_for(settings: ReplicaSettings, tokenizer: TextTokenizer) -> Reranker | None:
-    """The configured template (a wrong one stops start-up, naming ``rerank_template``), else
-    the default one where the tokenizer has one-token yes/no words, else None (no rerank)."""
-    if settings.rerank_template:
-        return Reranker.build(settings.rerank_template, tokenizer)
+    """The configured method and template (a wrong one stops start-up, naming
+    ``rerank_template``); unset, the method's default template (for yes_no only where the
+    tokenizer has one-token yes/no words, else None: no rerank)."""
+    method = settings.rerank_method
+    if settings.rerank_template or method != "yes_no":
+        return Reranker.build(settings.rerank_template, tokenizer, method)
     try:
         return Reranker.build((), tokenizer)
     except SettingsError:
         return None
+
+
+def _check(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
+    """The shared limits, their errors naming ``documents`` where they name the items."""
+    try:
+        if isinstance(work, PromptWork):
+            check_limits(work, info.limits, multi_item=True)
+        else:
+            check_work(work, info)
+    except ScoringLimitError as error:
+        raise ScoreRequestError(error.reason, str(error), "documents") from None
+    except ScoreRequestError as error:
+        param = "documents" if error.param == "items" else error.param
+        raise ScoreRequestError(error.reason, error.message, param, error.status_code) from None
 
 
 def _encodable(text: str) -> bool:

@@ -32,7 +32,7 @@ from app.validation import (
     validate_request,
 )
 from replicas.checkpoints.sources import load_hf_config, load_tokenizer, resolve_model_source
-from replicas.contract import ModelInfo, PromptWork, ScoredWork, ScoreWork
+from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoredWork, ScoreWork
 from replicas.serving.deployment import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
@@ -156,12 +156,19 @@ class ScoringService:
                 status_code=404,
             )
         start = time.perf_counter()
-        request, work, prompt_tokens = self.reranker.prepare(payload, self.info, gate)
+        prepared = self.reranker.prepare(payload, self.info, gate)
         timings = Timings(tokenization_s=time.perf_counter() - start)
-        logprobs = np.zeros((0, 2), np.float32)
-        if work.num_items:
-            logprobs, timings = await self._scored(work, backend, timings)
-        return self.reranker.body(request, logprobs, prompt_tokens, self.info.name), timings
+        relevance = np.zeros((0,), np.float64)
+        if isinstance(prepared.work, PromptWork) and prepared.work.num_items:
+            answers, timings = await self._prompted(prepared.work, backend, timings)
+            relevance = self.reranker.relevance(prepared, answers)
+        elif isinstance(prepared.work, ScoreWork) and prepared.work.num_items:
+            logprobs, timings = await self._scored(prepared.work, backend, timings)
+            relevance = self.reranker.relevance(prepared, logprobs)
+        body = self.reranker.body(
+            prepared.request, relevance, prepared.prompt_tokens, self.info.name
+        )
+        return body, timings
 
     async def complete_timed(
         self, payload: Any, backend: Backend, gate: Gate = admit_all
@@ -171,16 +178,23 @@ class ScoringService:
         start = time.perf_counter()
         prompts = completions.prepare(payload, gate)
         timings = Timings(tokenization_s=time.perf_counter() - start)
+        answers, timings = await self._prompted(prompts.work, backend, timings)
+        return completions.body(prompts, answers, int(self.clock())), timings
+
+    async def _prompted(
+        self, work: PromptWork, backend: Backend, timings: Timings
+    ) -> tuple[list[PromptLogprobs], Timings]:
+        """The replica's PromptLogprobs, one per prompt, checked, and timings."""
         called = time.perf_counter()
-        answer = await backend(prompts.work)
+        answer = await backend(work)
         if isinstance(answer, ScoredWork):
             waited = time.perf_counter() - called - answer.inference_s
             timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
             answer = answer.scores
-        if len(answer) != prompts.work.num_items:
-            message = f"replica answered {len(answer)} prompts of {prompts.work.num_items}"
+        if len(answer) != work.num_items:
+            message = f"replica answered {len(answer)} prompts of {work.num_items}"
             raise ScoreRequestError(Reason.INTERNAL, message, status_code=500)
-        return completions.body(prompts, answer, int(self.clock())), timings
+        return list(answer), timings
 
     def served_tokenizer(self) -> Completions:
         """The completions and tokenizer routes' helper (404 when none was built)."""

@@ -19,6 +19,9 @@ TPU_ARGS = {
     "warmup_batch_sizes": [1, 16],
     "max_request_tokens": 1048576,  # tokens one request may ask for (CPU ships 32768)
 }
+# Shipped args a TPU replica leaves at their defaults: completions are not warmed on TPU yet
+# (their shapes compile on demand, docs/serving.md); a TPU plan compiles scoring's steps.
+TPU_DROPPED = ("completion_warmup_shapes",)
 
 
 def serve_args(path: Path) -> dict[str, Any]:
@@ -33,7 +36,9 @@ def serve_args(path: Path) -> dict[str, Any]:
 
 
 def base_args(config: Path | None) -> dict[str, Any]:
-    """``--config``'s args, else the shipped serve_config.yaml's with ``TPU_ARGS`` over them."""
+    """``--config``'s args, else the shipped serve_config.yaml's (less ``TPU_DROPPED``) with
+    ``TPU_ARGS`` over them."""
     if config is not None:
         return serve_args(config)
-    return serve_args(SERVE_CONFIG) | TPU_ARGS
+    shipped = {k: v for k, v in serve_args(SERVE_CONFIG).items() if k not in TPU_DROPPED}
+    return shipped | TPU_ARGS

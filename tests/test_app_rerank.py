@@ -12,9 +12,10 @@ import pytest
 
 from app.errors import ScoreRequestError
 from app.http import build_api
+from app.query_likelihood import LikelihoodTemplate
 from app.rerank import Reranker, RerankTemplate, reranker_for
 from app.service import ScoringService
-from replicas.contract import ModelInfo, ScoreWork, ScoringLimits
+from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoreWork, ScoringLimits
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.fake_engine import fake_logprobs
 from tests.http_support import ask
@@ -145,3 +146,63 @@ def test_the_answer_is_what_the_published_document_says(service):
     for path in ("/v1/rerank", "/rerank", "/v2/rerank"):
         schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert schema == {"$ref": "#/components/schemas/RerankRequest"}
+
+
+def fake_prompt_answer(prompt: tuple[int, ...]) -> PromptLogprobs:
+    """Hand-checkable prompt log-probs: token t scores -(t % 7 + 1) / 10 wherever it stands."""
+    logprobs = np.array([np.nan] + [-(t % 7 + 1) / 10 for t in prompt[1:]], np.float32)
+    top = np.zeros((len(prompt) + 1, 1))
+    return PromptLogprobs(logprobs, top.astype(np.int32), top.astype(np.float32))
+
+
+async def prompt_backend(work: PromptWork) -> list[PromptLogprobs]:
+    return [fake_prompt_answer(prompt) for prompt in work.prompts]
+
+
+@pytest.fixture(scope="module")
+def likelihood(tokenizer: Any) -> ScoringService:
+    info = ModelInfo("smollm2", 49152, 0, ScoringLimits(8, 4096, 1024))
+    settings = ReplicaSettings(rerank_method="query_likelihood")
+    reranker = reranker_for(settings, tokenizer)
+    return ScoringService(info=info, tokenizer=tokenizer, clock=lambda: 0.0, reranker=reranker)
+
+
+def test_query_likelihood_is_the_exp_of_the_querys_mean_token_log_prob(likelihood, tokenizer):
+    query = "capital of France"
+    body, _ = asyncio.run(
+        likelihood.rerank_timed({"query": query, "documents": DOCS}, prompt_backend)
+    )
+    template = LikelihoodTemplate()
+    scored = tokenizer(" " + query, add_special_tokens=False)["input_ids"]
+    mean = np.mean([-(t % 7 + 1) / 10 for t in scored])  # the fake's log-probs of the query
+    for result in body["results"]:
+        assert result["relevance_score"] == pytest.approx(np.exp(mean), abs=1e-6)
+    documents = [template.document.format(document=d) for d in DOCS]
+    expected = sum(len(ids) for ids in tokenizer(documents)["input_ids"]) + 4 * len(scored)
+    assert body["usage"]["total_tokens"] == expected
+
+
+def test_query_likelihood_scores_only_the_query_after_each_document(likelihood, tokenizer):
+    seen: list[PromptWork] = []
+
+    async def recording(work: PromptWork) -> list[PromptLogprobs]:
+        seen.append(work)
+        return await prompt_backend(work)
+
+    asyncio.run(likelihood.rerank_timed({"query": "bees", "documents": DOCS[:2]}, recording))
+    (work,) = seen
+    query = tokenizer(" bees", add_special_tokens=False)["input_ids"]
+    for prompt, document in zip(work.prompts, DOCS[:2], strict=True):
+        opening = tokenizer(LikelihoodTemplate().document.format(document=document))
+        assert list(prompt) == opening["input_ids"] + query
+
+
+def test_a_wrong_query_likelihood_template_stops_start_up_naming_the_setting(tokenizer):
+    with pytest.raises(SettingsError, match="rerank_template: unknown key 'yes' for rerank_method"):
+        Reranker.build((("yes", "yes"),), tokenizer, "query_likelihood")
+    with pytest.raises(SettingsError, match=r"rerank_template.query: must contain \{query\}"):
+        Reranker.build((("query", "no slot"),), tokenizer, "query_likelihood")
+    settings = ReplicaSettings.from_mapping(
+        {"rerank_method": "query_likelihood", "rerank_template": {"document": "{document} Q:"}}
+    )
+    assert reranker_for(settings, tokenizer).method == "query_likelihood"

@@ -3,16 +3,13 @@ first whole blocks start a cached query reads their keys/values and computes onl
 its scores equal computing it whole (fp32). Tiny random-weight model, one device; the data
 axis is tests/test_data_axis.py's."""
 
-import jax
 import numpy as np
 import pytest
 
-from cluster.mesh import build_mesh
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
-from replicas.model.causal_lm import CausalLM
-from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings
+from tests.model_helpers import tiny_random_lm
 
 VOCAB = 300
 SETTINGS = {
@@ -25,13 +22,7 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def tiny():
-    config = ModelConfig(
-        family="qwen3", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=3,
-        num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    model = CausalLM(config)
-    return model, model.init_params(jax.random.PRNGKey(1)), build_mesh((1, 1))
+    return tiny_random_lm("qwen3", layers=3, vocab=VOCAB, seed=1)
 
 
 def engine_for(tiny, **overrides) -> ScoringEngine:

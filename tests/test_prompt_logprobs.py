@@ -8,14 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from cluster.mesh import build_mesh
 from replicas.contract import PromptWork, ScoreWork, ScoringLimitError
 from replicas.engine.layouts.prompt_plan import group_prompts
 from replicas.engine.layouts.token_steps import PREFIX_BLOCK
 from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
-from replicas.model.causal_lm import CausalLM, CausalSpec
-from replicas.model.config import ModelConfig
+from replicas.model.causal_lm import CausalSpec
 from replicas.settings import ReplicaSettings
+from tests.model_helpers import tiny_random_lm
 
 VOCAB = 300
 SMALL = {
@@ -28,13 +27,7 @@ SMALL = {
 
 @pytest.fixture(scope="module")
 def tiny():
-    config = ModelConfig(
-        family="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2,
-        num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    model = CausalLM(config)
-    return model, model.init_params(jax.random.PRNGKey(0)), build_mesh((1, 1))
+    return tiny_random_lm("llama", layers=2, vocab=VOCAB, seed=0)
 
 
 def make_engine(tiny, **overrides) -> ScoringEngine:

@@ -1,5 +1,5 @@
 """/v1/rerank on the real engine (the tiny random-weight Llama with the SmolLM2 tokenizer, no
-Ray): documents spread over several item-stream steps, and any order, score as each
+Ray), both rerank methods: documents spread over several steps, and any order, score as each
 document alone does."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from app.service import ScoringService
-from replicas.contract import ScoreWork
+from replicas.contract import PromptWork, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
 
@@ -27,9 +27,10 @@ DOCS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def served(tiny_llama_dir: Path) -> tuple[ScoringService, ScoringEngine]:
+@pytest.fixture(scope="module", params=["yes_no", "query_likelihood"])
+def served(request: Any, tiny_llama_dir: Path) -> tuple[ScoringService, ScoringEngine]:
     settings = ReplicaSettings(
+        rerank_method=request.param,
         model=str(tiny_llama_dir),
         multi_item_scoring_delimiter=0,
         token_buckets=(16, 64, 128),
@@ -48,7 +49,7 @@ def relevance(served: tuple[ScoringService, ScoringEngine], documents: list[str]
     """Relevance by document index, and how many engine steps the request took."""
     service, engine = served
 
-    async def backend(work: ScoreWork) -> np.ndarray:
+    async def backend(work: ScoreWork | PromptWork) -> Any:
         return engine.score_batch([work])[0]
 
     body, _ = asyncio.run(service.rerank_timed({"query": QUERY, "documents": documents}, backend))

@@ -179,6 +179,11 @@ def test_bad_args_fail_naming_the_setting() -> None:
         build_app({**app["args"], "max_batch": 4})
     with pytest.raises(SettingsError, match=r"^max_items_per_request"):
         build_app({**app["args"], "max_items_per_request": 5000})
+    small = {**app["args"], "token_buckets": [16, 64, 128], "item_token_buckets": [16, 64, 128]}
+    with pytest.raises(SettingsError, match=r"^completion_warmup_shapes: .* beyond the buckets"):
+        build_app(small)
+    with pytest.raises(SettingsError, match=r"^rerank_method: must be one of"):
+        build_app({**app["args"], "rerank_method": "bm25"})
 
 
 def test_the_delimiter_is_a_special_token_ordinary_text_never_produces() -> None:

@@ -47,6 +47,7 @@ def tiny_config(model_dir: Path) -> dict[str, Any]:
         max_items_per_request=8,
         max_multi_item_seq_len=128,
         warmup_shapes=[[8, 1, 1, 4]],  # limit_to_warmup (shipped): also each full step
+        completion_warmup_shapes=[[16, 2, 8, 1]],
         warmup_batch_sizes=[1, 4],
         compilation_cache_dir=None,
         host_resources={"CPU": 0.1},

@@ -1,0 +1,179 @@
+"""Rerank quality on a relevance set: top-1, pairwise accuracy and NDCG@4 per method.
+
+The set (tests/data/rerank_relevance/queries.jsonl, written for scorejax) holds queries with
+four documents each, graded 2 (answers the query), 1 (on the topic) or 0 (unrelated). Both
+``rerank_method`` values run on the shipped model through the ingress's own rerank code and
+the engine (no Ray, no HTTP): relevance exactly as /v1/rerank computes it.
+
+    python -m loadtest.rerank_quality [--model SmolLM2-135M-Instruct] [--templates]
+
+``--templates`` also measures the query_likelihood prompts the shipped default was chosen
+from. A "chance" row gives each figure's expectation under a uniformly random order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.query_likelihood import BARE_DOCUMENT, UPR_DOCUMENT
+
+RELEVANCE_SET = (
+    Path(__file__).resolve().parent.parent / "tests" / "data" / "rerank_relevance" / "queries.jsonl"
+)
+METHODS = ("yes_no", "query_likelihood")
+# query_likelihood prompts around a document (each followed by " {query}"): the shipped
+# default, UPR's own (Sachan et al., 2022) and two more, measured side by side.
+TEMPLATES = {
+    "{document}\\nQuestion: (the default)": BARE_DOCUMENT,
+    "UPR's": UPR_DOCUMENT,
+    "Document: ... A search query this document answers:": (
+        "Document: {document}\nA search query this document answers:"
+    ),
+    "Passage: ... This passage is about:": "Passage: {document}\nThis passage is about:",
+}
+
+
+@dataclass(frozen=True)
+class Judged:
+    query: str
+    documents: tuple[str, ...]
+    grades: tuple[int, ...]
+
+
+def relevance_set(path: Path = RELEVANCE_SET) -> list[Judged]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [Judged(r["query"], tuple(r["documents"]), tuple(r["grades"])) for r in rows]
+
+
+def ndcg(grades: Sequence[int], scores: Sequence[float], k: int = 4) -> float:
+    """NDCG@k with gains 2^grade - 1 and ties broken by document order."""
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
+    ideal = sorted(grades, reverse=True)[:k]
+
+    def dcg(gains: Sequence[int]) -> float:
+        return sum((2**g - 1) / math.log2(rank + 2) for rank, g in enumerate(gains))
+
+    best = dcg(ideal)
+    return dcg([grades[i] for i in order]) / best if best else 0.0
+
+
+def quality(judged: Sequence[Judged], scores: Sequence[Sequence[float]]) -> dict[str, float]:
+    """top-1: the best-graded document ranked first; pairwise: of document pairs with
+    different grades, the share ranked in grade order (ties count half); NDCG@4."""
+    top1, pairs, right, gains = 0, 0, 0.0, []
+    for item, score in zip(judged, scores, strict=True):
+        best = max(range(len(score)), key=lambda i: (score[i], -i))
+        top1 += item.grades[best] == max(item.grades)
+        for i in range(len(score)):
+            for j in range(len(score)):
+                if item.grades[i] > item.grades[j]:
+                    pairs += 1
+                    right += 1.0 if score[i] > score[j] else 0.5 if score[i] == score[j] else 0.0
+        gains.append(ndcg(item.grades, score))
+    return {
+        "queries": len(judged),
+        "top1": top1 / len(judged),
+        "pairwise": right / pairs,
+        "ndcg4": float(np.mean(gains)),
+    }
+
+
+def rerank_scores(service: Any, backend: Any, judged: Sequence[Judged]) -> list[list[float]]:
+    """Each query's relevance by document index, through ``service.rerank_timed``."""
+    out = []
+    for item in judged:
+        payload = {"query": item.query, "documents": list(item.documents)}
+        body, _ = asyncio.run(service.rerank_timed(payload, backend))
+        by_index = {r["index"]: r["relevance_score"] for r in body["results"]}
+        out.append([by_index[i] for i in range(len(item.documents))])
+    return out
+
+
+def engine_service(settings: Any) -> tuple[Any, Any]:
+    """The ingress's ScoringService and an in-process engine backend for ``settings``."""
+    from app.service import ScoringService
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    engine = ScoringEngine.from_settings(settings, warm=False)
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    return ScoringService.from_settings(settings), backend
+
+
+def chance(judged: Sequence[Judged]) -> dict[str, float]:
+    """Each figure's expectation over every order of each query's documents."""
+    per_query = []
+    for item in judged:
+        n = len(item.documents)
+        orders = [
+            [float(n - order.index(i)) for i in range(n)]
+            for order in itertools.permutations(range(n))
+        ]
+        per_query.append([quality([item], [scores]) for scores in orders])
+    return {
+        "queries": len(judged),
+        **{
+            key: float(np.mean([np.mean([q[key] for q in qs]) for qs in per_query]))
+            for key in ("top1", "pairwise", "ndcg4")
+        },
+    }
+
+
+def measure(
+    model: str, judged: Sequence[Judged], templates: bool = False
+) -> dict[str, dict[str, float]]:
+    """Figures per row: each method with its default prompt, with ``templates`` every
+    query_likelihood prompt of TEMPLATES, and chance."""
+    from replicas.settings import ReplicaSettings
+
+    rows: dict[str, ReplicaSettings] = {}
+    base = ReplicaSettings(model=model, multi_item_scoring_delimiter=0)
+    for method in METHODS:
+        rows[f"`{method}` (default prompt)"] = base.replace(rerank_method=method)
+    for name, document in TEMPLATES.items() if templates else ():
+        rows[f"`query_likelihood`, {name}"] = base.replace(
+            rerank_method="query_likelihood", rerank_template=(("document", document),)
+        )
+    results = {}
+    for label, settings in rows.items():
+        service, backend = engine_service(settings)
+        results[label] = quality(judged, rerank_scores(service, backend, judged))
+    results["chance (a random order)"] = chance(judged)
+    return results
+
+
+def table(results: dict[str, dict[str, float]]) -> str:
+    lines = [
+        "| rerank_method, prompt | queries | top-1 | pairwise accuracy | NDCG@4 |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, r in results.items():
+        lines.append(
+            f"| {label} | {r['queries']} | {r['top1']:.3f} | {r['pairwise']:.3f} "
+            f"| {r['ndcg4']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--templates", action="store_true", help="every TEMPLATES prompt too")
+    args = parser.parse_args()
+    print(table(measure(args.model, relevance_set(), args.templates)))
+
+
+if __name__ == "__main__":
+    main()
