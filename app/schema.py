@@ -144,6 +144,12 @@ class ModelCard(BaseModel):
     multi_item_scoring_delimiter: int | None
     max_items_per_request: int
     max_multi_item_seq_len: int
+    warm_envelopes: list[dict[str, int]] = Field(
+        description="With limit_to_warmup: a request fits one (query, longest item, labels)."
+    )
+    rerank_method: Literal["yes_no", "query_likelihood"] | None = Field(
+        description="How /v1/rerank scores documents (null: no rerank route)."
+    )
 
 
 class ModelList(BaseModel):

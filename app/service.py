@@ -249,6 +249,8 @@ class ScoringService:
                     "max_multi_item_seq_len": info.limits.max_multi_item_seq_len,
                     # limit_to_warmup: a request fits one (query, longest item, labels).
                     "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
+                    # /v1/rerank's method (None: no rerank route for this model).
+                    "rerank_method": self.reranker.method if self.reranker else None,
                 }
             ],
         }

@@ -25,16 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from app.query_likelihood import BARE_DOCUMENT, UPR_DOCUMENT
+from app.query_likelihood import UPR_DOCUMENT
 
 RELEVANCE_SET = (
     Path(__file__).resolve().parent.parent / "tests" / "data" / "rerank_relevance" / "queries.jsonl"
 )
 METHODS = ("yes_no", "query_likelihood")
-# query_likelihood prompts around a document (each followed by " {query}"): the shipped
-# default, UPR's own (Sachan et al., 2022) and two more, measured side by side.
+# query_likelihood prompts around a document (each followed by " {query}") measured beside
+# the default ("{document}\nQuestion:", BARE_DOCUMENT): UPR's own (Sachan et al., 2022) and
+# two more.
 TEMPLATES = {
-    "{document}\\nQuestion: (the default)": BARE_DOCUMENT,
     "UPR's": UPR_DOCUMENT,
     "Document: ... A search query this document answers:": (
         "Document: {document}\nA search query this document answers:"
@@ -141,7 +141,7 @@ def measure(
     rows: dict[str, ReplicaSettings] = {}
     base = ReplicaSettings(model=model, multi_item_scoring_delimiter=0)
     for method in METHODS:
-        rows[f"`{method}` (default prompt)"] = base.replace(rerank_method=method)
+        rows[f"`{method}`, default prompt"] = base.replace(rerank_method=method)
     for name, document in TEMPLATES.items() if templates else ():
         rows[f"`query_likelihood`, {name}"] = base.replace(
             rerank_method="query_likelihood", rerank_template=(("document", document),)

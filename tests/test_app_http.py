@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from app.errors import Reason, ScoreRequestError
 from app.http import build_api, read_limited, relative_path
+from app.schema import ModelList
 from app.service import ScoringService
 from loadtest.fuzz_strategies import json_values
 from replicas.contract import ModelInfo, ScoredWork, ScoreWork, ScoringLimits
@@ -101,6 +102,7 @@ def test_models_route_describes_the_model() -> None:
     assert card["id"] == "m"
     assert card["vocab_size"] == 2000
     assert card["max_items_per_request"] == 4
+    ModelList.model_validate(reply.body)  # strict: the published fields, no other
 
 
 def test_stats_come_from_the_stats_source_and_are_404_without_one() -> None:

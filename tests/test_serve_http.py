@@ -296,6 +296,7 @@ def test_routes(client: httpx.Client) -> None:
     assert models["object"] == "list"
     assert models["data"][0]["vocab_size"] == 49152
     assert models["data"][0]["multi_item_scoring_delimiter"] == 0
+    assert models["data"][0]["rerank_method"] == "yes_no"  # the setting's default
     single = client.get("/single/v1/models").json()
     assert single["data"][0]["multi_item_scoring_delimiter"] is None
     assert client.get("/health").json()["status"] == "ok"
