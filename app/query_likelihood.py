@@ -7,8 +7,9 @@ Each document becomes one prompt, ``template.document`` (with ``{document}``) fo
 (``PromptWork``, /v1/completions' engine path) and the relevance is the exponential of the
 mean log-probability of the query part's tokens: in (0, 1], monotone in that mean, and
 ``exp(-mean NLL)``, the query's per-token likelihood. Documents are separate prompts, so a
-document's relevance never depends on the others or their order; the template's shared
-opening runs once where whole blocks of it are shared (prefix reuse).
+document's relevance never depends on the others or their order. Prompts that share whole
+blocks (a long template opening) compute them once; the others run whole, packed many to a
+step as the items of one item stream (``keep_lone_prefixes=False``).
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def likelihood_prompts(
     texts = [template.document.format(document=document) for document in documents]
     encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
     prompts = tuple(tuple(int(t) for t in ids) + scored for ids in encoded)
-    return LikelihoodPrompts(PromptWork(prompts), len(scored))
+    # Documents rarely recur: each runs whole, many per step, nothing kept for later; the LM
+    # head runs at the query's tokens only.
+    work = PromptWork(prompts, keep_lone_prefixes=False, scored_tail=len(scored))
+    return LikelihoodPrompts(work, len(scored))
 
 
 def likelihood_relevance(answers: Sequence[PromptLogprobs], scored: int) -> np.ndarray:

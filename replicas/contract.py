@@ -50,6 +50,15 @@ class PromptWork:
     prompts: tuple[tuple[int, ...], ...]
     top_k: int = 0
     deadline: float | None = None
+    # False: a prompt that shares no whole block with another prompt of this work runs whole,
+    # packed with the other such prompts into item-stream rows (many per step), and nothing
+    # of it is kept for later requests. True: its whole blocks run as a prefix of its own,
+    # kept in the query cache (lm-eval sends one question's choices in different requests).
+    keep_lone_prefixes: bool = True
+    # Score only each prompt's last ``scored_tail`` tokens in item-stream steps (rerank's
+    # query tokens): the LM head skips the others, whose log-probs and top-k are then NaN /
+    # -1 unless a prefix step computed them. None: every token, and the next one.
+    scored_tail: int | None = None
 
     @property
     def num_items(self) -> int:

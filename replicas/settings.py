@@ -251,9 +251,9 @@ class ReplicaSettings:
                 )
         longest = min(self.token_buckets[-1], self.item_token_buckets[-1])
         for shape in self.completion_warmup_shapes:
-            if len(shape) != 4 or shape[1] < 1 or shape[2] < 1 or not 0 <= shape[3] <= 20:
+            if len(shape) != 4 or shape[0] < 0 or min(shape[1:3]) < 1 or not 0 <= shape[3] <= 20:
                 raise SettingsError(
-                    "completion_warmup_shapes: each entry is [prefix_tokens, prompts>=1, "
+                    "completion_warmup_shapes: each entry is [prefix_tokens>=0, prompts>=1, "
                     f"tokens_after>=1, top_k in 0..20], got {list(shape)}"
                 )
             if shape[0] + shape[2] > longest:

@@ -192,6 +192,7 @@ def test_query_likelihood_scores_only_the_query_after_each_document(likelihood, 
     asyncio.run(likelihood.rerank_timed({"query": "bees", "documents": DOCS[:2]}, recording))
     (work,) = seen
     query = tokenizer(" bees", add_special_tokens=False)["input_ids"]
+    assert work.scored_tail == len(query) and not work.keep_lone_prefixes
     for prompt, document in zip(work.prompts, DOCS[:2], strict=True):
         opening = tokenizer(LikelihoodTemplate().document.format(document=document))
         assert list(prompt) == opening["input_ids"] + query

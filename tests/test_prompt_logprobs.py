@@ -12,6 +12,7 @@ from replicas.contract import PromptWork, ScoreWork, ScoringLimitError
 from replicas.engine.layouts.prompt_plan import group_prompts
 from replicas.engine.layouts.token_steps import PREFIX_BLOCK
 from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
+from replicas.engine.warm_coverage import warmup_prompts
 from replicas.model.causal_lm import CausalSpec
 from replicas.settings import ReplicaSettings
 from tests.model_helpers import tiny_random_lm
@@ -110,6 +111,36 @@ def test_a_cached_prefix_is_reused_whole_or_by_its_first_blocks(tiny) -> None:
         np.testing.assert_allclose(hot.top_logprobs[1:], plain.top_logprobs[1:], atol=1e-6)
 
 
+def test_lone_prompts_run_whole_many_per_step_and_keep_nothing(tiny) -> None:
+    """keep_lone_prefixes=False (rerank's documents): prompts sharing no block with another
+    run whole as the items of one stream row: the same answers as each prompt's own prefix
+    step, in one step instead of two per prompt, and nothing kept in the query cache. Prompts
+    that do share blocks still compute them once."""
+    rng = np.random.default_rng(3)
+    context = ids(rng, 40)
+    lone = tuple(ids(rng, n) for n in (30, 21, 5, 44, 17))
+    prompts = (*lone, context + ids(rng, 4), context + ids(rng, 6))
+    engine, kept = make_engine(tiny), make_engine(tiny)
+    [packed] = engine.score_batch([PromptWork(prompts, top_k=2, keep_lone_prefixes=False)])
+    [plain] = kept.score_batch([PromptWork(prompts, top_k=2)])
+    for prompt, answer, other in zip(prompts, packed, plain, strict=True):
+        check(tiny, prompt, answer, 2)
+        np.testing.assert_allclose(answer.token_logprobs[1:], other.token_logprobs[1:], atol=1e-5)
+    stats, plain_stats = engine.stats(), kept.stats()
+    # packed: the context's prefix step and its choices' stream step, and one stream step
+    # for every lone prompt (they read no prefix, a stream of another prefix width)
+    assert stats["steps"] == 3 < plain_stats["steps"]
+    assert stats["reused_prefix_tokens"] == 32  # the second choice reads the context's blocks
+    assert stats["query_cache_entries"] == 1 < plain_stats["query_cache_entries"]
+    # scored_tail: the same last tokens, nothing else scored in the stream (rerank's query)
+    tail = PromptWork(prompts, keep_lone_prefixes=False, scored_tail=3)
+    [tails] = make_engine(tiny).score_batch([tail])
+    for answer, full in zip(tails, packed, strict=True):
+        np.testing.assert_allclose(answer.token_logprobs[-3:], full.token_logprobs[-3:], atol=1e-6)
+    for answer in tails[:5]:  # lone: every row came from the stream
+        assert np.isnan(answer.token_logprobs[:-3]).all() and (answer.top_ids[-1] == -1).all()
+
+
 def test_prompts_group_by_whole_shared_blocks() -> None:
     base = tuple(range(1, 41))
     prompts = [(*base, 7, 8), (9,) * 5, (*base, 1), base[:20] + (3,) * 30]
@@ -181,3 +212,21 @@ def test_warm_completions_never_compile_on_the_request_path(tiny) -> None:
     with pytest.raises(ScoringLimitError, match="completion_warmup_shapes") as error:
         engine.score_batch([PromptWork((ids(rng, 81),))])
     assert error.value.reason == "sequence_too_long"
+
+
+def test_a_zero_prefix_warm_shape_warms_packed_lone_prompts(tiny) -> None:
+    """completion_warmup_shapes [0, n, tokens, k]: lone prompts packed many to a step (rerank's
+    documents), warm, so such a request runs on its own signature with little padding."""
+    engine = make_engine(tiny, completion_warmup_shapes=((0, 4, 30, 1),), batch_buckets=(1,))
+    engine.warmup()
+    (work,) = warmup_prompts(((0, 4, 30, 1),))
+    assert not work.keep_lone_prefixes and len(work.prompts) == 4
+    rng = np.random.default_rng(5)
+    prompts = tuple(ids(rng, n) for n in (25, 30, 18, 29))  # 102 tokens, as warm-up's 120
+    compiles = engine.compile_count
+    [answers] = engine.score_batch([PromptWork(prompts, keep_lone_prefixes=False)])
+    for prompt, answer in zip(prompts, answers, strict=True):
+        check(tiny, prompt, answer, 0)
+    stats = engine.stats()
+    assert engine.compile_count == compiles and stats["steps"] == 1
+    assert stats["computed_tokens"] <= 1.3 * stats["useful_tokens"]

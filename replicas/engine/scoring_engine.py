@@ -197,6 +197,8 @@ class ScoringEngine:
             raise ScoringInputError("token_id_exceeds_vocab", f"token ids must be in [0, {vocab})")
         if not 0 <= work.top_k <= MAX_TOP_LOGPROBS:
             raise ScoringInputError("invalid_logprobs", f"top_k must be in [0, {MAX_TOP_LOGPROBS}]")
+        if work.scored_tail is not None and work.scored_tail < 1:
+            raise ScoringInputError("invalid_request", "scored_tail must be None or >= 1")
         check_limits(work, self._info.limits, True)
 
     # -- scoring ------------------------------------------------------------------------

@@ -115,10 +115,11 @@ def warmup_works(
 
 def warmup_prompts(shapes: Sequence[tuple[int, int, int, int]]) -> list[PromptWork]:
     """Per (prefix_tokens, prompts, tokens_after, top_k): prompts that share the prefix and
-    differ from their first token after it."""
+    differ from their first token after it. A prefix of 0: prompts that share nothing, run
+    whole and packed many to a step (rerank's query_likelihood documents)."""
     works = []
     for prefix, prompts, after, top_k in shapes:
         shared = (1,) * prefix
         tails = tuple(shared + (2 + i,) + (1,) * (after - 1) for i in range(prompts))
-        works.append(PromptWork(tails, top_k))
+        works.append(PromptWork(tails, top_k, keep_lone_prefixes=prefix > 0))
     return works

@@ -68,6 +68,21 @@ def alone(prompts: Sequence[Sequence[int]], block: int) -> list[PromptGroup]:
     ]
 
 
+def split_lone(
+    prompts: Sequence[Sequence[int]], groups: Sequence[PromptGroup], max_whole: int
+) -> tuple[list[PromptGroup], list[int]]:
+    """``groups`` less the one-member groups whose prompt is at most ``max_whole`` tokens
+    (an item runs no longer), and those prompts' indices, in order."""
+    kept, lone = [], []
+    for group in groups:
+        (first, *others) = group.members
+        if others or len(prompts[first]) > max_whole:
+            kept.append(group)
+        else:
+            lone.append(first)
+    return kept, sorted(lone)
+
+
 def prefix_length(
     prompts: Sequence[Sequence[int]], members: Sequence[int], shared: int, block: int
 ) -> int:

@@ -45,6 +45,7 @@ from replicas.engine.layouts.prompt_plan import (
     group_prompts,
     least_loaded,
     reuse_pays,
+    split_lone,
 )
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import window_for
@@ -224,6 +225,9 @@ class PromptLayout:
                 if settings.prefix_reuse
                 else alone(work.prompts, PREFIX_BLOCK)
             )
+            if not work.keep_lone_prefixes:
+                groups, lone = split_lone(work.prompts, groups, limit)
+                units += _packed_units(w, work, lone, capacity, top_k, load)
             for group in groups:
                 prompts = [work.prompts[i] for i in group.members]
                 reused, source = self._lookup(prompts, group.prefix_length, top_k, use_cache)
@@ -443,17 +447,21 @@ class PromptLayout:
             if unit.source is not None:
                 entries[u] = unit.source.read(unit.reused, dims.prefix)
                 prefix_valid[u, : unit.reused] = True
+            tail = works[unit.work].scored_tail
             cursor = 0
             for n, (member, item) in enumerate(zip(unit.members, unit.items, strict=True)):
                 end = cursor + len(item)
                 tokens[u, cursor:end] = item
                 positions[u, cursor:end] = unit.reused + np.arange(len(item))
                 item_ids[u, cursor:end] = n
-                if unit.reused:
+                # j: the prompt position a row scores, from ``first`` on (reused + len: next)
+                length = unit.reused + len(item)
+                first, last = (1, length) if tail is None else (length - tail, length - 1)
+                if unit.reused and unit.reused >= first:
                     row = index.add_extra(u)
                     targets[row] = item[0]
                     wanted.append((row, unit.work, member, unit.reused))
-                for k in range(len(item)):
+                for k in range(max(first - unit.reused - 1, 0), last - unit.reused):
                     row = index.add(u, cursor + k)
                     targets[row] = item[k + 1] if k + 1 < len(item) else 0
                     wanted.append((row, unit.work, member, unit.reused + k + 1))
@@ -470,6 +478,20 @@ class PromptLayout:
             if j < len(out.token_logprobs):
                 out.token_logprobs[j] = lp[row]
             out.top_ids[j], out.top_logprobs[j] = ids[row, :k], best[row, :k]
+
+
+def _packed_units(
+    w: int, work: PromptWork, lone: Sequence[int], capacity: int, top_k: int, load: list[int]
+) -> list[Unit]:
+    """Prompts ``lone`` run whole (no prefix), as many per stream row as ``capacity`` holds,
+    each row on the least loaded data block."""
+    items = [tuple(work.prompts[i]) for i in lone]
+    units = []
+    for start, end in chunk_members(items, capacity):
+        block = least_loaded(load)
+        units.append(Unit(w, tuple(lone[start:end]), tuple(items[start:end]), 0, block, top_k))
+        load[block] += 1
+    return units
 
 
 def _kv_shape(model: CausalLM) -> tuple[int, int, int, int]:
