@@ -108,7 +108,9 @@ def main() -> None:
             "- each request: its own query and documents of the relevance set (10-20 tokens), "
             "a per-request number in front of each, so nothing is read from another request's "
             "cached prefix; one untimed request of each size first; one request at a time",
-            "- tokens / request: the request's `usage.total_tokens` (what the model reads)",
+            "- tokens / request: the request's `usage.total_tokens`: query_likelihood's "
+            "prompts (document + query), yes_no's query + document rows as `/v1/score` counts "
+            "them (the shared ~60-token query once per document, though it is computed once)",
             "",
             HEADER,
             "|---|---:|---:|---:|---:|---:|",
