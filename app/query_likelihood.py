@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.errors import Reason, ScoreRequestError
+from app.templates import template_from_pairs
 from app.tokenization import TextTokenizer
 from replicas.contract import PromptLogprobs, PromptWork
-from replicas.settings import SettingsError
 
 # The default prompt, chosen by measurement on SmolLM2-135M-Instruct (docs/serving.md,
 # "Reranking": top-1 1.000, NDCG@4 0.996 on tests/data/rerank_relevance against 0.912 / 0.979
@@ -41,19 +41,8 @@ class LikelihoodTemplate:
     @classmethod
     def from_pairs(cls, pairs: Sequence[tuple[str, str]]) -> LikelihoodTemplate:
         """From ``rerank_template`` with ``rerank_method: query_likelihood``."""
-        values = dict(pairs)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise SettingsError(
-                f"rerank_template: unknown key {unknown[0]!r} for rerank_method "
-                f"query_likelihood (known: {sorted(known)})"
-            )
-        template = cls(**values)
-        for field, needed in (("document", "{document}"), ("query", "{query}")):
-            if needed not in getattr(template, field):
-                raise SettingsError(f"rerank_template.{field}: must contain {needed}")
-        return template
+        slots = {"document": "{document}", "query": "{query}"}
+        return template_from_pairs(cls, pairs, slots, "query_likelihood")
 
 
 @dataclass(frozen=True)

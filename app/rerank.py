@@ -19,6 +19,7 @@ import numpy as np
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.query_likelihood import LikelihoodTemplate, likelihood_prompts, likelihood_relevance
 from app.schema import RerankRequest
+from app.templates import template_from_pairs
 from app.tokenization import TextTokenizer, encode_text
 from app.validation import check_item_count, check_model_name, check_work, validate_body
 from replicas.contract import ModelInfo, PromptWork, ScoreWork, ScoringLimitError, check_limits
@@ -46,18 +47,8 @@ class RerankTemplate:
     @classmethod
     def from_pairs(cls, pairs: Sequence[tuple[str, str]]) -> RerankTemplate:
         """From the ``rerank_template`` setting; a wrong key or placeholder names it."""
-        values = dict(pairs)
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise SettingsError(
-                f"rerank_template: unknown key {unknown[0]!r} (known: {sorted(known)})"
-            )
-        template = cls(**values)
-        for field, needed in (("query", "{query}"), ("document", "{document}")):
-            if needed not in getattr(template, field):
-                raise SettingsError(f"rerank_template.{field}: must contain {needed}")
-        return template
+        slots = {"query": "{query}", "document": "{document}"}
+        return template_from_pairs(cls, pairs, slots, "yes_no")
 
     def label_ids(self, tokenizer: TextTokenizer) -> tuple[int, int]:
         """The token ids of the yes and no words; each must be exactly one token."""
