@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -87,6 +88,37 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The ``ray_serve`` modules last, in their collected order: one cluster serves them in
     turn, and no other test runs while it is up."""
     items.sort(key=lambda item: item.get_closest_marker("ray_serve") is not None)
+
+
+# --- long compiles in the background (tests/background.py) ---
+
+BACKGROUND = pytest.StashKey[dict]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the collected modules' ``background_commands`` (none for ``--collect-only``)."""
+    from tests.background import start_all
+
+    if session.config.option.collectonly:
+        return
+    modules = {item.module for item in session.items if isinstance(item, pytest.Function)}
+    commands = {}
+    for module in sorted(modules, key=lambda m: m.__name__):
+        wanted = getattr(module, "background_commands", None)
+        if wanted is not None:
+            commands |= wanted(Path(tempfile.mkdtemp(prefix="scorejax-background-")))
+    session.config.stash[BACKGROUND] = start_all(commands)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    for started in session.config.stash.get(BACKGROUND, {}).values():
+        started.kill()
+
+
+@pytest.fixture(scope="session")
+def background(request: pytest.FixtureRequest) -> dict:
+    """The background commands started for this session, by key."""
+    return request.config.stash.get(BACKGROUND, {})
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,6 @@ import argparse
 import math
 import re
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from planning.emit import documents
 from planning.plan import parse_args
 from planning.serve_args import base_args
 from replicas.settings import ReplicaSettings
+from tests.background import Command
 from tests.test_serve_config import CONFIG, unknown_keys
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,19 +133,24 @@ def test_each_manifest_is_the_planners_output_for_the_layout_it_states(path: Pat
     assert manifest == path.read_text()
 
 
-@pytest.fixture(scope="module")
-def replanned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """The smallest manifest's planner command re-run for its own layout (no winner check):
-    compiling the 8B and 70B layouts again would take CI 5 more minutes (docs/cluster.md)."""
+def background_commands(folder: Path) -> dict[str, Command]:
+    """The smallest manifest's planner command re-run for its own layout (no winner check),
+    started in the background when collection ends (tests/background.py): compiling the 8B
+    and 70B layouts again would take CI 5 more minutes (docs/cluster.md)."""
     path = ROOT / "cluster" / "manifests" / REPLANNED
     args = without_outputs(shlex.split(COMMAND.search(path.read_text())["args"]))
     mesh = ",".join(str(n) for n in load(path)[1]["applications"][0]["args"]["mesh_shape"])
-    out = tmp_path_factory.mktemp("replanned") / path.name
+    out = folder / path.name
     command = [sys.executable, "-m", "planning.plan", *args, "--mesh", mesh]
     command += ["--no-verify-winner", "--emit", str(out)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return path, out.read_text()
+    return {"replan": Command(tuple(command), out)}
+
+
+@pytest.fixture(scope="module")
+def replanned(background: dict) -> tuple[Path, str]:
+    done = background["replan"].result(timeout_s=900)
+    assert done.returncode == 0, done.stdout
+    return ROOT / "cluster" / "manifests" / REPLANNED, done.out.read_text()
 
 
 def test_a_fresh_planner_run_projects_the_figures_a_header_states(

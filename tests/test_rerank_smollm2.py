@@ -17,7 +17,6 @@ from app.rerank import RerankTemplate
 from app.service import ScoringService
 from cluster.mesh import build_mesh
 from loadtest.rerank_quality import quality, relevance_set, rerank_scores
-from replicas.checkpoints.loading import load_model
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
 from tests.serve_support import ROOT
@@ -35,10 +34,9 @@ def shipped_rerank_args() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def served() -> dict[str, tuple[ScoringService, Any]]:
-    """(service, backend) per rerank method, both on one loaded SmolLM2."""
-    mesh = build_mesh((1, 1))
-    loaded = load_model(MODEL, mesh)
+def served(smollm2_loaded: Any) -> dict[str, tuple[ScoringService, Any]]:
+    """(service, backend) per rerank method, both on the session's loaded SmolLM2."""
+    mesh, loaded = build_mesh((1, 1)), smollm2_loaded
     out = {}
     for method in ("yes_no", "query_likelihood"):
         settings = ReplicaSettings(

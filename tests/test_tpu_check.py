@@ -25,6 +25,7 @@ from replicas.engine.layouts.shared_prefix import PrefixDims
 from replicas.engine.layouts.stream import StreamDims
 from replicas.model.catalog import model_config
 from replicas.model.flops import multi_item_flops, token_flops
+from tests.background import Command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,22 +50,26 @@ CHECKS = {
 }
 
 
-@pytest.fixture(scope="module")
-def plans(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], tuple[str, dict]]:
-    """The checks, run side by side (each its own compile-only libtpu process)."""
-    folder = tmp_path_factory.mktemp("plans")
-    running = {}
+def background_commands(folder: Path) -> dict[str, Command]:
+    """The checks, started in the background when collection ends (tests/background.py),
+    each its own compile-only libtpu process."""
+    commands = {}
     for (topology, model), extra in CHECKS.items():
         out = folder / f"{topology}-{model}.json"
-        command = [sys.executable, "-m", "planning.tpu_check", "--topology", topology]
-        command += ["--model", model, "--signatures", "smallest", "--json", str(out), *extra]
-        running[(topology, model)] = (out, subprocess.Popen(command, cwd=ROOT, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+        args = [sys.executable, "-m", "planning.tpu_check", "--topology", topology]
+        args += ["--model", model, "--signatures", "smallest", "--json", str(out), *extra]
+        # needed late (tests/test_manifests.py's re-plan is needed first)
+        commands[f"tpu_check {topology} {model}"] = Command(tuple(args), out, niceness=15)
+    return commands
+
+
+@pytest.fixture(scope="module")
+def plans(background: dict) -> dict[tuple[str, str], tuple[str, dict]]:
     results = {}
-    for key, (out, process) in running.items():
-        stdout, _ = process.communicate(timeout=900)
-        assert process.returncode == 0, stdout
-        results[key] = (stdout, json.loads(out.read_text()))
+    for topology, model in CHECKS:
+        done = background[f"tpu_check {topology} {model}"].result(timeout_s=900)
+        assert done.returncode == 0, done.stdout
+        results[(topology, model)] = (done.stdout, json.loads(done.out.read_text()))
     return results
 
 
