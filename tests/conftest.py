@@ -85,9 +85,16 @@ def smollm2_loaded():
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``ray_serve`` modules last, in their collected order: one cluster serves them in
-    turn, and no other test runs while it is up."""
-    items.sort(key=lambda item: item.get_closest_marker("ray_serve") is not None)
+    """The ``ray_serve`` modules after the others, in their collected order: one cluster
+    serves them in turn. Then the ``after_serve`` modules, whose background compiles
+    (tests/background.py) use the CPU the Serve modules leave idle while they wait."""
+
+    def phase(item: pytest.Item) -> int:
+        if item.get_closest_marker("after_serve") is not None:
+            return 2
+        return int(item.get_closest_marker("ray_serve") is not None)
+
+    items.sort(key=phase)
 
 
 # --- long compiles in the background (tests/background.py) ---
