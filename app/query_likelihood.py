@@ -3,9 +3,9 @@ model finds the query after each document (UPR: Sachan et al., 2022, "Improving 
 Retrieval with Zero-Shot Question Generation").
 
 Each document becomes one prompt, ``template.document`` (with ``{document}``) followed by
-``template.query`` (with ``{query}``); the replica scores every prompt token
-(``PromptWork``, /v1/completions' engine path) and the relevance is the exponential of the
-mean log-probability of the query part's tokens: in (0, 1], monotone in that mean, and
+``template.query`` (with ``{query}``); the replica scores the query part's tokens
+(``PromptWork`` with ``scored_tail``, /v1/completions' engine path) and the relevance is the
+exponential of the mean log-probability of those tokens: in (0, 1], monotone in that mean, and
 ``exp(-mean NLL)``, the query's per-token likelihood. Documents are separate prompts, so a
 document's relevance never depends on the others or their order. Prompts that share whole
 blocks (a long template opening) compute them once; the others run whole, packed many to a
@@ -45,21 +45,9 @@ class LikelihoodTemplate:
         return template_from_pairs(cls, pairs, slots, "query_likelihood")
 
 
-@dataclass(frozen=True)
-class LikelihoodPrompts:
-    """A rerank request's prompts: each document's, then the query's scored tokens."""
-
-    work: PromptWork
-    scored: int  # the query part's tokens, at the end of every prompt
-
-    @property
-    def prompt_tokens(self) -> int:
-        return sum(len(prompt) for prompt in self.work.prompts)
-
-
 def likelihood_prompts(
     template: LikelihoodTemplate, tokenizer: TextTokenizer, query: str, documents: list[str]
-) -> LikelihoodPrompts:
+) -> PromptWork:
     """Documents encoded with the tokenizer's special tokens, the query part without, joined
     as token ids (so the query's tokens are the same after every document)."""
     query_ids = tokenizer(template.query.format(query=query), add_special_tokens=False)
@@ -71,11 +59,12 @@ def likelihood_prompts(
     prompts = tuple(tuple(int(t) for t in ids) + scored for ids in encoded)
     # Documents rarely recur: each runs whole, many per step, nothing kept for later; the LM
     # head runs at the query's tokens only.
-    work = PromptWork(prompts, keep_lone_prefixes=False, scored_tail=len(scored))
-    return LikelihoodPrompts(work, len(scored))
+    return PromptWork(prompts, keep_lone_prefixes=False, scored_tail=len(scored))
 
 
-def likelihood_relevance(answers: Sequence[PromptLogprobs], scored: int) -> np.ndarray:
-    """``exp(mean log P(query token | document, query tokens before))`` per document."""
-    means = [float(np.mean(np.asarray(a.token_logprobs[-scored:], np.float64))) for a in answers]
+def likelihood_relevance(work: PromptWork, answers: Sequence[PromptLogprobs]) -> np.ndarray:
+    """``exp(mean log P(query token | document, query tokens before))`` per document: the
+    query's tokens are each prompt's ``scored_tail``."""
+    tail = work.scored_tail
+    means = [float(np.mean(np.asarray(a.token_logprobs[-tail:], np.float64))) for a in answers]
     return np.exp(np.asarray(means, np.float64))

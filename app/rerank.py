@@ -68,13 +68,11 @@ class RerankTemplate:
 @dataclass(frozen=True)
 class RerankWork:
     """A validated rerank request, its work for a replica (a ScoreWork for yes_no, a
-    PromptWork for query_likelihood), the tokens the model reads, and for query_likelihood
-    how many query tokens end every prompt."""
+    PromptWork for query_likelihood) and the tokens the model reads."""
 
     request: RerankRequest
     work: ScoreWork | PromptWork
     prompt_tokens: int
-    scored: int = 0
 
 
 @dataclass(frozen=True)
@@ -115,9 +113,9 @@ class Reranker:
                     Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
                 )
         if isinstance(self.template, LikelihoodTemplate):
-            prompts = likelihood_prompts(self.template, self.tokenizer, request.query, texts)
-            _check(prompts.work, info)
-            return RerankWork(request, prompts.work, prompts.prompt_tokens, prompts.scored)
+            work = likelihood_prompts(self.template, self.tokenizer, request.query, texts)
+            _check(work, info)
+            return RerankWork(request, work, sum(len(prompt) for prompt in work.prompts))
         template = self.template
         query = template.query.format(
             instruction=request.instruction or template.instruction, query=request.query
@@ -137,7 +135,7 @@ class Reranker:
         P(no)) from the label log-probs (yes_no), or the query's per-token likelihood
         (query_likelihood)."""
         if isinstance(prepared.work, PromptWork):
-            return likelihood_relevance(answer, prepared.scored)
+            return likelihood_relevance(prepared.work, answer)
         logprobs = np.asarray(answer)
         yes, no = logprobs[:, 0].astype(np.float64), logprobs[:, 1].astype(np.float64)
         return 1.0 / (1.0 + np.exp(no - yes))

@@ -249,7 +249,7 @@ class ReplicaSettings:
                     "warmup_shapes: each entry is [query_tokens>=1, items, item_tokens, "
                     f"labels>=1], got {list(shape)}"
                 )
-        longest = min(self.token_buckets[-1], self.item_token_buckets[-1])
+        longest = self.longest_row
         for shape in self.completion_warmup_shapes:
             if len(shape) != 4 or shape[0] < 0 or min(shape[1:3]) < 1 or not 0 <= shape[3] <= 20:
                 raise SettingsError(
@@ -299,10 +299,16 @@ class ReplicaSettings:
         return self.multi_item_scoring_delimiter is not None
 
     @property
+    def longest_row(self) -> int:
+        """The most tokens a query, an item, a single-item row or a prompt may hold: the
+        largest bucket both ladders have."""
+        return min(self.token_buckets[-1], self.item_token_buckets[-1])
+
+    @property
     def limits(self) -> ScoringLimits:
         """The request limits; a query, an item or a single-item row is at most one bucket
         (with ``limit_to_warmup``, within one warm-up envelope too)."""
-        longest = min(self.token_buckets[-1], self.item_token_buckets[-1])
+        longest = self.longest_row
         envelopes = tuple(
             Envelope(query, item_tokens, labels)
             for query, _, item_tokens, labels in self.warmup_shapes
