@@ -11,11 +11,21 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from tests.xla_flags import with_test_xla_flags
+
 if TYPE_CHECKING:
     from tests.serve_support import ServeCluster
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# XLA CPU compiles most of the suite's time away: at LLVM -O0 a step compiles about twice as
+# fast, and the tests' steps are small enough that running them unoptimized costs less than
+# the compile saves (tests/test_engine.py: 42 s -> 20 s). It never changes what is computed,
+# only how the fused loops are code-generated: float32 results agree with the shipped
+# optimization level to rounding (tests/test_xla_test_flags.py holds it). Set here, before
+# anything imports jax, so every process the tests start (Ray workers, host-group and
+# multi-device subprocesses) inherits it; the TPU compiles in tests/background.py drop it.
+os.environ["XLA_FLAGS"] = with_test_xla_flags(os.environ.get("XLA_FLAGS", ""))
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -224,7 +224,7 @@ def json_lines_on_host_devices(module: str, *args: str, timeout: int = 600) -> l
     initializes, hence a subprocess) and return the JSON lines it prints."""
     env = {
         **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4",
         "JAX_PLATFORMS": "cpu",
         "HF_HUB_OFFLINE": "1",
     }
