@@ -20,8 +20,10 @@ TPU_ARGS = {
     "max_request_tokens": 1048576,  # tokens one request may ask for (CPU ships 32768)
 }
 # Shipped args a TPU replica leaves at their defaults: completions are not warmed on TPU yet
-# (their shapes compile on demand, docs/serving.md); a TPU plan compiles scoring's steps.
-TPU_DROPPED = ("completion_warmup_shapes",)
+# (their shapes compile on demand, docs/serving.md); a TPU plan compiles scoring's steps;
+# fused steps pay where a pass is a weight read whatever its tokens (the CPU), and on TPU
+# small requests batch into item-stream steps with the Pallas kernels instead.
+TPU_DROPPED = ("completion_warmup_shapes", "fused_step_tokens")
 
 
 def serve_args(path: Path) -> dict[str, Any]:

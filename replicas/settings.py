@@ -75,6 +75,12 @@ class ReplicaSettings:
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
     # Items beyond this many stream tokens run in further steps behind the same query.
     item_tokens_per_step: int = 2048
+    # A multi-item work whose query and items together fit this many tokens runs in one pass,
+    # query and items in one row (replicas/engine/layouts/fused.py), concurrent ones back to
+    # back in it, instead of a prefix step then an item-stream step; 0 = off. Rows fill up to
+    # the largest token_buckets entry within it. Pays where a pass costs a weight read
+    # whatever its tokens (CPU).
+    fused_step_tokens: int = 0
     # Query cache (semantics 9): bytes of per-layer prefix keys/values kept, LRU; 0 = off.
     query_cache_bytes: int = 256 * 1024 * 1024
     # Prefix reuse (semantics 15): /v1/completions prompts of a request that share whole
@@ -235,6 +241,11 @@ class ReplicaSettings:
             raise SettingsError(
                 f"item_tokens_per_step: must be >= the smallest item_token_buckets entry "
                 f"{self.item_token_buckets[0]}, got {self.item_tokens_per_step}"
+            )
+        if self.fused_step_tokens and self.fused_step_tokens < self.token_buckets[0]:
+            raise SettingsError(
+                f"fused_step_tokens: must be 0 (off) or >= the smallest token_buckets entry "
+                f"{self.token_buckets[0]}, got {self.fused_step_tokens}"
             )
         if self.max_traffic_signatures < 0:
             raise SettingsError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,22 +12,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.xla_flags import with_test_xla_flags
+from tests.xla_flags import session_env
 
 if TYPE_CHECKING:
     from tests.serve_support import ServeCluster
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# XLA CPU compiles most of the suite's time away: at LLVM -O0 a step compiles about twice as
-# fast, and the tests' steps are small enough that running them unoptimized costs less than
-# the compile saves (tests/test_engine.py: 42 s -> 20 s). It never changes what is computed,
-# only how the fused loops are code-generated: float32 results agree with the shipped
-# optimization level to rounding (tests/test_xla_test_flags.py holds it). Set here, before
-# anything imports jax, so every process the tests start (Ray workers, host-group and
-# multi-device subprocesses) inherits it; the TPU compiles in tests/background.py drop it.
-os.environ["XLA_FLAGS"] = with_test_xla_flags(os.environ.get("XLA_FLAGS", ""))
-
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -89,6 +81,31 @@ def smollm2_loaded():
     from replicas.checkpoints.loading import load_model
 
     return load_model("SmolLM2-135M-Instruct", build_mesh((1, 1)))
+
+
+# --- how the suite compiles (tests/xla_flags.py) ---
+
+JAX_CACHE = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before anything imports jax: every process of the run (this one, Ray's workers, the
+    host-group and multi-device subprocesses) compiles XLA CPU steps at LLVM -O0 (about twice
+    as fast to compile, tests/test_engine.py 42 s -> 20 s; the results agree with the shipped
+    optimization to float32 rounding, tests/test_xla_test_flags.py) and keeps them in a
+    compilation cache of its own, new and empty for each run (a replica restarted by a
+    chaos test, the second host of a group or the next module's replica of the same model
+    loads what an earlier one compiled). The TPU compiles in tests/background.py use
+    neither."""
+    cache = tempfile.mkdtemp(prefix="scorejax-test-jax-cache-")
+    config.stash[JAX_CACHE] = cache
+    os.environ.update(session_env(os.environ, cache))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    cache = config.stash.get(JAX_CACHE, None)
+    if cache:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 # --- Ray Serve (tests/serve_support.py) ---

@@ -111,7 +111,7 @@ def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> 
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
-        "XLA_FLAGS": os.environ.get("XLA_FLAGS", ""),  # the suite's (conftest.py)
+        **{k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAX_"))},  # conftest.py
         **(env_vars or {}),
     }
     metrics_port = free_port()

@@ -54,6 +54,7 @@ def engines(tiny):
         "packed_reference": make_engine(
             tiny, multi_item_scoring_delimiter=DELIMITER, layout="packed_reference"
         ),
+        "fused": make_engine(tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=128),
     }
 
 
@@ -71,7 +72,7 @@ def max_diff(a, b):
     return max(float(np.abs(x - y).max(initial=0.0)) for x, y in zip(a, b, strict=True))
 
 
-@pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference"])
+@pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference", "fused"])
 def test_multi_item_equals_single_item(engines, layout):
     works = [work(0), work(1, query=40, item_lens=(5,) * 9, labels=(3,)), work(2, query=1)]
     single = engines["single"].score_batch(works)
@@ -92,7 +93,7 @@ def test_layouts_agree_with_each_other_at_128_items_and_many_labels(engines):
     assert max_diff(prefix, engines["single"].score_batch([big])) <= 1e-5
 
 
-@pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference"])
+@pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference", "fused"])
 def test_changing_one_item_leaves_the_others_bit_identical(engines, layout):
     engine = engines[layout]
     base = work(4, item_lens=(3, 5, 2, 6))
@@ -103,7 +104,7 @@ def test_changing_one_item_leaves_the_others_bit_identical(engines, layout):
     np.testing.assert_array_equal(a[1:], b[1:])
     if layout == "shared_prefix":
         np.testing.assert_array_equal(a[1:], c[1:])
-    else:  # other items move inside the packed row: same math, other summation order
+    else:  # other items move inside the packed (fused) row: same math, other summation order
         np.testing.assert_allclose(a[1:], c[1:], atol=1e-6, rtol=0)
 
 
@@ -148,6 +149,53 @@ def test_scores_do_not_depend_on_the_other_requests_in_the_step(engines):
         alone = engine.score_batch([target])[0]
         shared = engine.score_batch([others[0], target, others[1]])[1]
         np.testing.assert_allclose(alone, shared, atol=1e-6, rtol=0)
+
+
+def test_small_works_run_fused_in_one_pass_and_concurrent_ones_share_it(engines):
+    engine, reference = engines["fused"], engines["shared_prefix"]
+    small = [work(30 + s, query=9, item_lens=(0, 1, 2)) for s in range(12)]  # 12 tokens each
+    before = engine.stats()["steps"]
+    together = engine.score_batch(small)
+    assert engine.stats()["steps"] == before + 2  # 144 tokens: two rows of <= 128
+    assert engine.last_signatures[0][0] == "fused"
+    assert max_diff(together, reference.score_batch(small)) <= 1e-5
+    for alone, scores in zip(small, together, strict=True):
+        np.testing.assert_allclose(engine.score_batch([alone])[0], scores, atol=1e-6, rtol=0)
+    # A work beyond fused_step_tokens runs as before: its prefix, then its items.
+    engine.score_batch([work(43, query=100, item_lens=(20, 20))])
+    assert [kind for kind, _ in engine.last_signatures] == ["prefix", "items"]
+
+
+def test_a_cached_query_runs_its_items_behind_the_cache_not_fused(tiny):
+    engine = make_engine(tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=64)
+    large = work(44, query=20, item_lens=(30, 30))  # 80 tokens: prefix, then items; cached
+    small = ScoreWork(large.query_ids, ((5, 6, 7),), large.label_ids)  # 23 tokens
+    engine.score_batch([large])
+    hits = engine.stats()["query_cache_hits"]
+    (cached,) = engine.score_batch([small])
+    assert [kind for kind, _ in engine.last_signatures] == ["items"]
+    assert engine.stats()["query_cache_hits"] == hits + 1
+    other = make_engine(tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=64)
+    (fused,) = other.score_batch([small])
+    assert [kind for kind, _ in other.last_signatures] == ["fused"]
+    np.testing.assert_allclose(cached, fused, atol=1e-6, rtol=0)
+
+
+def test_warmup_compiles_fused_rows_up_to_the_budget_in_steps_of_two(tiny):
+    engine = make_engine(
+        tiny,
+        multi_item_scoring_delimiter=DELIMITER,
+        fused_step_tokens=128,
+        warmup_shapes=((20, 3, 6, 3),),
+    )
+    fused = [dims for kind, dims in engine.warmup_keys() if kind == "fused"]
+    assert sorted((d.rows, d.tokens, d.labels) for d in fused) == [
+        (1, 16, 4), (1, 32, 4), (1, 64, 4), (1, 128, 4)
+    ]  # fmt: skip
+    engine.warmup()
+    compiled = engine.compile_count
+    engine.score_batch([work(45, query=17, item_lens=(5, 6, 7))])  # 35 tokens: on (1, 64)
+    assert engine.compile_count == compiled
 
 
 def test_same_bucket_never_compiles_twice(tiny):

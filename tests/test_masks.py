@@ -3,7 +3,15 @@
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.model.masks import DELIMITER, PAD, QUERY, own_item_mask, segment_mask, window_blocks
+from replicas.model.masks import (
+    DELIMITER,
+    PAD,
+    QUERY,
+    own_item_mask,
+    segment_mask,
+    window_blocks,
+    work_segment_mask,
+)
 
 
 def test_packed_reference_mask_is_shared_prefix_plus_block_diagonal_without_delimiters():
@@ -24,6 +32,26 @@ def test_packed_reference_mask_is_shared_prefix_plus_block_diagonal_without_deli
         dtype=bool,
     )
     np.testing.assert_array_equal(np.asarray(segment_mask(segments))[0], expected)
+
+
+def test_fused_rows_keep_each_work_to_its_own_query_and_item():
+    # work 0: query(2) item1(1) item2(2); work 1: query(1) item1(1); pad
+    works = jnp.array([[0, 0, 0, 0, 0, 1, 1, -1]])
+    segments = jnp.array([[QUERY, QUERY, 1, 2, 2, QUERY, 1, PAD]])
+    expected = np.array(
+        [
+            [1, 0, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0, 0, 0],  # item 1 sees its query
+            [1, 1, 0, 1, 0, 0, 0, 0],  # item 2 never sees item 1
+            [1, 1, 0, 1, 1, 0, 0, 0],
+            [0, 0, 0, 0, 0, 1, 0, 0],  # work 1's query never sees work 0
+            [0, 0, 0, 0, 0, 1, 1, 0],  # work 1's item sees only its own query
+            [0, 0, 0, 0, 0, 0, 0, 1],  # padding: only itself
+        ],
+        dtype=bool,
+    )
+    np.testing.assert_array_equal(np.asarray(work_segment_mask(works, segments))[0], expected)
 
 
 def test_single_item_rows_are_causal_with_padding():

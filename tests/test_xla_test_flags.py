@@ -14,7 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.xla_flags import TEST_XLA_FLAGS, with_test_xla_flags, without_test_xla_flags
+from tests.xla_flags import (
+    CACHE_DIR_ENV,
+    TEST_XLA_FLAGS,
+    production_env,
+    with_test_xla_flags,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = textwrap.dedent(
@@ -54,30 +59,30 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def scores_with(xla_flags: str) -> dict:
-    env = {**os.environ, "XLA_FLAGS": xla_flags, "JAX_PLATFORMS": "cpu"}
+def scores_with(env: dict[str, str]) -> dict:
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=300,
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env | {"JAX_PLATFORMS": "cpu"},
+        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.splitlines()[-1])
 
 
-def test_the_session_compiles_with_the_test_flags() -> None:
+def test_the_session_compiles_with_the_test_flags_into_a_cache_of_its_own() -> None:
     assert set(TEST_XLA_FLAGS) <= set(os.environ["XLA_FLAGS"].split())
+    assert Path(os.environ[CACHE_DIR_ENV]).is_dir()
+    assert CACHE_DIR_ENV not in production_env(os.environ)
 
 
 def test_the_test_flags_change_scores_by_float32_rounding_at_most() -> None:
-    flags = os.environ.get("XLA_FLAGS", "")
-    shipped, tests = (
-        scores_with(without_test_xla_flags(flags)),
-        scores_with(with_test_xla_flags(flags)),
-    )
-    assert shipped.keys() == tests.keys() == {"shared_prefix", "packed_reference"}
-    for layout, works in shipped.items():
-        for got, want in zip(tests[layout], works, strict=True):
-            got, want = np.asarray(got), np.asarray(want)
-            assert got.shape == want.shape and np.all(np.isfinite(got))
+    shipped = production_env(os.environ)  # neither compiles from the run's cache
+    tests = shipped | {"XLA_FLAGS": with_test_xla_flags(shipped["XLA_FLAGS"])}
+    assert tests["XLA_FLAGS"] != shipped["XLA_FLAGS"]
+    want, got = scores_with(shipped), scores_with(tests)
+    assert want.keys() == got.keys() == {"shared_prefix", "packed_reference"}
+    for layout, works in want.items():
+        for got_scores, want_scores in zip(got[layout], works, strict=True):
+            a, b = np.asarray(got_scores), np.asarray(want_scores)
+            assert a.shape == b.shape and np.all(np.isfinite(a))
             # log-probs of a few nats: float32 rounding is ~5e-7 per unit in the last place
-            np.testing.assert_allclose(got, want, rtol=1e-6, atol=2e-6, err_msg=layout)
+            np.testing.assert_allclose(a, b, rtol=1e-6, atol=2e-6, err_msg=layout)

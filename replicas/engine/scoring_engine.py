@@ -267,6 +267,9 @@ class ScoringEngine:
             if not shapes:
                 prompts = warmup_prompts(self._settings.completion_warmup_shapes)
                 keys += self.plan([work for work in prompts for _ in range(batch_size)])
+        labels = max((shape[3] for shape in shapes or self._settings.warmup_shapes), default=0)
+        if labels and isinstance(self._multi, SharedPrefixLayout):
+            keys += self._multi.fused_keys(labels)  # every small work's one pass
         if self._settings.limit_to_warmup and not shapes:
             keys += [k for k in full_step_keys(self._settings, self.plan) if not covered(k, keys)]
             full = self._prompts.full_keys(self._settings.completion_warmup_shapes)

@@ -2,7 +2,8 @@
 
 Every function works on jnp arrays inside a jitted step; tests compare them with literal
 matrices. ``True`` means "may attend". Two families: dense rows (``segment_mask``: single-item
-rows and RFC-008's packed reference row) and the item stream's own-item part
+rows and RFC-008's packed reference row; ``work_segment_mask``: several small works back to
+back in one row, the fused layout) and the item stream's own-item part
 (``own_item_mask``: blocks of W stream tokens reading their block and the one before).
 
 Segment ids of a token row (``segments``): ``0`` query, ``i + 1`` item i, ``DELIMITER`` a
@@ -31,6 +32,14 @@ def segment_mask(segments: Array) -> Array:
     readable = (seg_s == QUERY) | ((seg_s > QUERY) & (seg_s == seg_t))
     self_only = jnp.eye(length, dtype=bool)[None]
     return (causal & readable & (seg_t != PAD)) | self_only
+
+
+def work_segment_mask(works: Array, segments: Array) -> Array:
+    """[B, T] work index (-1 padding) and segment ids of each token -> [B, T, T] mask of the
+    fused layout: several works back to back in one row, each read only by its own tokens
+    (``segment_mask`` within a work: its query, then each item on its own)."""
+    same_work = works[:, :, None] == works[:, None, :]  # [B, T, T]
+    return segment_mask(segments) & same_work
 
 
 def window_blocks(x: Array, window: int, fill: int = 0) -> Array:

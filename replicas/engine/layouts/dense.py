@@ -2,9 +2,11 @@
 
 ``causal_step`` runs the single-item layout (each ``query + item`` row causal on its own,
 ``lengths`` real tokens then padding: what a fused causal kernel computes); ``dense_step``
-the packed reference layout (RFC-008's packed row, a mask from segment ids). Rows are split
-into one block per data shard; score rows index each block's flattened hidden states, so the
-number of scored positions is no compiled dimension and no shard reads another's rows.
+the packed reference layout (RFC-008's packed row, a mask from segment ids); ``fused_step``
+the fused layout (small works back to back in a row, a mask from work and segment ids).
+Rows are split into one block per data shard; score rows index each block's flattened hidden
+states, so the number of scored positions is no compiled dimension and no shard reads
+another's rows.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from replicas.engine.layouts.common import BucketDims, Spec, grouped, score_capacity, score_rows
 from replicas.model.causal_lm import AttentionSpec, CausalLM, CausalSpec, DenseSpec, Params
-from replicas.model.masks import segment_mask
+from replicas.model.masks import segment_mask, work_segment_mask
 
 Array = jax.Array
 
@@ -65,6 +67,21 @@ def dense_step(
     return _scored(model, params, tokens, positions, AttentionSpec(segment_mask(segments)), *score)
 
 
+def fused_step(
+    model: CausalLM,
+    params: Params,
+    tokens: Array,  # [R, T]
+    positions: Array,  # [R, T]
+    segments: Array,  # [R, T]
+    works: Array,  # [R, T] work of each token, -1 padding
+    *score: Array,
+) -> Array:
+    """Rows of several small works back to back (the fused layout), each work's tokens
+    reading only its own query and their own item."""
+    spec = AttentionSpec(work_segment_mask(works, segments))
+    return _scored(model, params, tokens, positions, spec, *score)
+
+
 def causal_step(
     model: CausalLM, params: Params, tokens: Array, positions: Array, lengths: Array, *score: Array
 ) -> Array:
@@ -72,24 +89,31 @@ def causal_step(
     return _scored(model, params, tokens, positions, CausalSpec(lengths), *score)
 
 
-def dense_specs(spec: Spec, dims: DenseDims, groups: int, causal: bool = False) -> tuple[Any, ...]:
-    """Abstract arguments (after params) of a dense (or causal) step of ``dims``: rows
-    split over ``data`` by the logical-axis table."""
+STEPS = {"dense": dense_step, "causal": causal_step, "fused": fused_step}
+
+
+def dense_specs(spec: Spec, dims: DenseDims, groups: int, step: str = "dense") -> tuple[Any, ...]:
+    """Abstract arguments (after params) of a ``step`` (``STEPS``) of ``dims``: rows split
+    over ``data`` by the logical-axis table."""
     r, t = dims.rows, dims.tokens
     rows = score_capacity(r // groups * t)
+    token_row = spec((r, t), np.int32, ("batch", "seq"))
+    per_token = {"dense": (token_row,), "causal": (), "fused": (token_row, token_row)}[step]
+    lengths = (spec((r,), np.int32, ("batch",)),) if step == "causal" else ()
     return (
-        spec((r, t), np.int32, ("batch", "seq")),
-        spec((r, t), np.int32, ("batch", "seq")),
-        spec((r,), np.int32, ("batch",)) if causal else spec((r, t), np.int32, ("batch", "seq")),
+        token_row,
+        token_row,
+        *lengths,
+        *per_token,
         spec((groups, rows), np.int32, ("batch", None)),
         spec((groups, rows, dims.labels), np.int32, ("batch", None, None)),
         spec((), np.int32, None),
     )
 
 
-def compile_dense(model: CausalLM, runner: Any, dims: DenseDims, causal: bool = False) -> Any:
-    """The dense (or causal) step of ``dims``, compiled ahead of time through the runner."""
-    step = jax.jit(
-        partial(causal_step if causal else dense_step, model), out_shardings=runner.replicated
+def compile_dense(model: CausalLM, runner: Any, dims: DenseDims, step: str = "dense") -> Any:
+    """The ``step`` (``STEPS``) of ``dims``, compiled ahead of time through the runner."""
+    jitted = jax.jit(
+        partial(STEPS[step], model), out_shardings=runner.replicated
     )  # scores gathered once, readable by every host of a group
-    return runner.lower(step, dense_specs(runner.spec, dims, runner.groups, causal))
+    return runner.lower(jitted, dense_specs(runner.spec, dims, runner.groups, step))

@@ -3,6 +3,8 @@
 A request's query runs once through ``prefix_step`` (or comes from the query cache) and its
 items run behind it as an item stream (``stream.stream_step``). Items beyond what one step
 holds (``item_tokens_per_step``) run in further steps behind the same prefix, computed once.
+A work small enough for ``fused_step_tokens`` whose query is not cached runs fused instead,
+query and items in one pass (``fused.FusedLayout``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from replicas.engine.layouts.common import (
     step_capacity,
     unpack,
 )
+from replicas.engine.layouts.dense import DenseDims
+from replicas.engine.layouts.fused import FusedLayout
 from replicas.engine.layouts.prefix_blocks import (
     PrefixEntry,
     assemble,
@@ -97,6 +101,7 @@ class SharedPrefixLayout:
         "prefix": PrefixDims,
         "items": StreamDims,
         "extend": ExtendDims,
+        "fused": DenseDims,
     }
 
     def __init__(self, model: CausalLM, runner: Runner) -> None:
@@ -104,6 +109,7 @@ class SharedPrefixLayout:
         self._runner = runner
         self._turn = -1  # whose turn to hold a query many blocks read (see _homes)
         self._extender = PrefixExtender(model, runner)
+        self._fused = FusedLayout(model, runner)
 
     # -- compiling ----------------------------------------------------------------------
 
@@ -111,6 +117,8 @@ class SharedPrefixLayout:
         runner = self._runner
         if kind == "extend":
             return self._extender.compile(dims)
+        if kind == "fused":
+            return self._fused.compile(kind, dims)
         if kind == "prefix":  # queries split over data; each stays on the block computing it
             shardings = prefix_shardings(self._model, runner.sharding, dims)
             step = jax.jit(partial(prefix_step, self._model), out_shardings=shardings)
@@ -129,10 +137,35 @@ class SharedPrefixLayout:
     # -- scoring ------------------------------------------------------------------------
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
-        """The exact signatures ``score`` would run (warm-up compiles these)."""
-        return [("items", dims) for dims, _ in self._steps(works, indices)]
+        """The exact signatures ``score`` would run with nothing cached (warm-up compiles
+        these)."""
+        fused, streamed = self._split(works, indices, use_cache=False)
+        keys = self._fused.plan(works, fused) if fused else []
+        return keys + [("items", dims) for dims, _ in self._steps(works, streamed)]
+
+    def fused_keys(self, labels: int) -> list[tuple[str, Any]]:
+        """The fused signatures warm-up compiles for works of up to ``labels`` labels."""
+        return self._fused.warm_keys(labels)
+
+    def _split(
+        self, works: Sequence[ScoreWork], indices: Sequence[int], use_cache: bool
+    ) -> tuple[list[int], list[int]]:
+        """Works that run fused (small, and with ``use_cache`` their query not cached: a
+        cached query's items take one pass behind it) and the rest."""
+        fused, streamed = [], []
+        for i in indices:
+            small = self._fused.fits(works[i])
+            (fused if small and not (use_cache and self._cached(works[i])) else streamed).append(i)
+        return fused, streamed
+
+    def _cached(self, work: ScoreWork) -> bool:
+        width = bucket_for(len(work.query_ids), self._runner.settings.token_buckets, "")
+        return self._runner.cache.peek((work.query_ids, width)) is not None
 
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
+        fused, indices = self._split(works, indices, use_cache=True)
+        if fused:
+            self._fused.score(works, fused, results)
         local: dict[tuple[Any, int], PrefixCopies] = {}  # this call's prefixes
         for exact, units in self._steps(works, indices):
             dims = self._runner.resolve("items", exact)

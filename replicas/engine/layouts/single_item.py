@@ -68,7 +68,7 @@ class SingleItemLayout:
         self._runner = runner
 
     def compile(self, kind: str, dims: Any) -> Any:
-        return compile_dense(self._model, self._runner, dims, causal=True)
+        return compile_dense(self._model, self._runner, dims, "causal")
 
     def plan(self, works: Sequence[ScoreWork], pairs: Sequence[Pair]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""

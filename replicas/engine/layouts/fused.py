@@ -1,0 +1,138 @@
+"""The fused layout: a small multi-item work whole in one pass, query and items together.
+
+The shared-prefix layout runs a work's query through a prefix step, then its items through
+an item-stream step: two passes over the weights. For a small work that second pass is most
+of its cost (on a CPU a pass reads every weight once, whatever its token count), so a work
+whose query and items together fit ``fused_step_tokens`` runs fused instead: its query, then
+its items end to end, in one token row, concurrent small works back to back in the same row
+(one row per data shard). Each token reads only its own work's query and its own item
+(``masks.work_segment_mask``); item token k sits at position ``len(query) + k``; so the
+scores are those of the shared-prefix layout (semantics 3), to float32 rounding. A fused work
+leaves nothing in the query cache: recomputing a query this short costs less than the second
+pass a cached one would still need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from replicas.contract import ScoreWork
+from replicas.engine.layouts.common import (
+    RowSlot,
+    ScoreIndex,
+    bucket_for,
+    label_bucket,
+    labels_by_row,
+    unpack,
+)
+from replicas.engine.layouts.dense import DenseDims, compile_dense
+from replicas.engine.layouts.runner import Runner
+from replicas.model.causal_lm import CausalLM
+from replicas.model.masks import PAD, QUERY
+
+
+def fused_length(work: ScoreWork) -> int:
+    """Tokens a work takes in a fused row: its query once, then every item."""
+    return len(work.query_ids) + sum(len(item) for item in work.item_ids)
+
+
+class FusedLayout:
+    """Packs small works into fused rows, runs and unpacks them."""
+
+    kinds: ClassVar[dict[str, type]] = {"fused": DenseDims}
+
+    def __init__(self, model: CausalLM, runner: Runner) -> None:
+        self._model = model
+        self._runner = runner
+
+    @property
+    def capacity(self) -> int:
+        """Tokens a fused row holds: the largest token bucket within ``fused_step_tokens``
+        (0: fused steps are off)."""
+        settings = self._runner.settings
+        fitting = [b for b in settings.token_buckets if b <= settings.fused_step_tokens]
+        return fitting[-1] if fitting else 0
+
+    def fits(self, work: ScoreWork) -> bool:
+        """Whether ``work`` runs fused."""
+        return 0 < fused_length(work) <= self.capacity
+
+    def compile(self, kind: str, dims: Any) -> Any:
+        return compile_dense(self._model, self._runner, dims, "fused")
+
+    def warm_keys(self, labels: int) -> list[tuple[str, Any]]:
+        """Fused signatures warm-up compiles: rows up to ``capacity`` in steps of two
+        (a shorter row runs on the next one up, at most twice padded, until its own compiles
+        in the background), for ``labels`` labels."""
+        buckets = [b for b in self._runner.settings.token_buckets if b <= self.capacity]
+        widths = [b for b in buckets if b & (b - 1) == 0 or b == buckets[-1]]
+        rows = self._runner.groups
+        return [("fused", DenseDims(rows, width, label_bucket(labels))) for width in widths]
+
+    def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
+        """The exact signatures ``score`` would run (warm-up compiles these)."""
+        return [("fused", dims) for dims, _ in self._steps(works, indices)]
+
+    def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
+        for exact, rows in self._steps(works, indices):
+            self._run(works, rows, self._runner.resolve("fused", exact), results)
+
+    def _steps(
+        self, works: Sequence[ScoreWork], indices: Sequence[int]
+    ) -> Iterator[tuple[DenseDims, list[list[int]]]]:
+        """Works in arrival order, each into the emptiest of the step's rows (one per data
+        shard) while it fits ``capacity``; else a new step."""
+        groups, budget = self._runner.groups, self.capacity
+        rows: list[list[int]] = [[] for _ in range(groups)]
+        fill = [0] * groups
+        for i in indices:
+            size = fused_length(works[i])
+            row = fill.index(min(fill))
+            if fill[row] + size > budget:
+                yield self._dims(works, rows, fill), rows
+                rows, fill, row = [[] for _ in range(groups)], [0] * groups, 0
+            rows[row].append(i)
+            fill[row] += size
+        if any(rows):
+            yield self._dims(works, rows, fill), rows
+
+    def _dims(self, works: Sequence[ScoreWork], rows: list[list[int]], fill: list[int]) -> Any:
+        labels = max(len(works[i].label_ids) for row in rows for i in row)
+        width = bucket_for(max(fill), self._runner.settings.token_buckets, "token_buckets")
+        return DenseDims(len(rows), width, label_bucket(labels))
+
+    def _run(
+        self, works: Sequence[ScoreWork], rows: list[list[int]], dims: DenseDims, results: list
+    ) -> None:
+        shape = (dims.rows, dims.tokens)
+        tokens, positions = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
+        segments, owners = np.full(shape, PAD, np.int32), np.full(shape, -1, np.int32)
+        index = ScoreIndex(self._runner.groups, dims.rows, dims.tokens)
+        slots = []
+        for r, row in enumerate(rows):
+            cursor = 0
+            for i in row:
+                work = works[i]
+                query = len(work.query_ids)
+                query_last = cursor + query - 1  # an empty item's score row reads it
+                parts = [(work.query_ids, QUERY, 0)]
+                parts += [(item, n + 1, query) for n, item in enumerate(work.item_ids)]
+                slots.append(RowSlot(i, 0, work.num_items, index.first_row(r)))
+                for ids, segment, offset in parts:
+                    end = cursor + len(ids)
+                    tokens[r, cursor:end] = ids
+                    positions[r, cursor:end] = offset + np.arange(len(ids))
+                    segments[r, cursor:end], owners[r, cursor:end] = segment, i
+                    if segment != QUERY:  # each item's last token
+                        index.add(r, end - 1 if ids else query_last)
+                    cursor = end
+        labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
+        labels = labels.reshape(*index.rows.shape, dims.labels)
+        useful = sum(fused_length(works[i]) for row in rows for i in row)
+        self._runner.count_tokens(dims.rows * dims.tokens, useful)
+        args = (tokens, positions, segments, owners, index.rows, labels, index.count)
+        outputs = self._runner.run("fused", dims, args)
+        unpack(outputs.reshape(-1, outputs.shape[-1]), slots, works, results)
