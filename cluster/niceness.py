@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections.abc import Callable
 
 NICENESS_ENV = "RAY_worker_niceness"  # read by Ray's raylet when the cluster starts
 
@@ -40,3 +42,38 @@ def warn_if_niced(role: str, log: logging.Logger) -> None:
     warning = niceness_warning(role)
     if warning:
         log.warning(warning)
+
+
+def set_thread_niceness(niceness: int) -> None:
+    """Lower the calling thread's priority to ``niceness`` (Linux niceness is per thread;
+    raising it needs no privilege). Threads it starts inherit it."""
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+
+
+def thread_niceness(native_id: int) -> int:
+    return os.getpriority(os.PRIO_PROCESS, native_id)
+
+
+def start_compute_niced(niceness: int, start: Callable[[], object]) -> None:
+    """Run ``start`` (what creates the compute runtime's thread pools: jax's backend) in a
+    thread of its own at ``niceness``, so every thread the runtime starts there inherits it,
+    while this thread, the event loop's, keeps its own. A replica's step then yields the CPU
+    to the processes that answer requests (Serve's proxy, the ingress) whenever they need it,
+    and takes every cycle they leave. No effect at ``niceness`` <= this thread's."""
+    if niceness <= thread_niceness(threading.get_native_id()):
+        start()
+        return
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            set_thread_niceness(niceness)
+            start()
+        except BaseException as error:  # re-raised in the caller
+            failure.append(error)
+
+    thread = threading.Thread(target=run, name="scorejax-niced-start")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]

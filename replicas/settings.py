@@ -108,6 +108,11 @@ class ReplicaSettings:
     # recent completions, at the ingress and at the replica) exceeds this is answered at
     # once with 503 overloaded and Retry-After; 0 turns it off.
     max_queue_wait_s: float = 5.0
+    # Niceness of the replica's compute threads (the engine's steps, compiles and the thread
+    # pools jax starts for them; cluster/niceness.py): above 0 they yield the CPU to the
+    # processes that answer and refuse requests (proxy, ingress) whenever those need it, so
+    # a refusal under overload is not queued behind a step; 0 = as the replica's process.
+    engine_niceness: int = 0
     # Each request's deadline: work still unscored this long after the ingress took it is
     # dropped (503 overloaded); keep it below the proxy's http_options.request_timeout_s.
     request_deadline_s: float = 280.0
@@ -285,6 +290,8 @@ class ReplicaSettings:
                 f"warmup_batch_sizes: each must be in [1, {self.batch_buckets[-1]}] "
                 f"(the largest batch bucket), got {list(self.warmup_batch_sizes)}"
             )
+        if not 0 <= self.engine_niceness <= 19:
+            raise SettingsError(f"engine_niceness: must be in [0, 19], got {self.engine_niceness}")
         if self.max_queue_wait_s < 0:
             raise SettingsError(f"max_queue_wait_s: must be >= 0, got {self.max_queue_wait_s}")
         if self.request_deadline_s <= 0:

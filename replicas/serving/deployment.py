@@ -13,13 +13,19 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
 from ray import serve
 
 from cluster.host_group import load_factory
-from cluster.niceness import warn_if_niced, worker_niceness
+from cluster.niceness import (
+    set_thread_niceness,
+    start_compute_niced,
+    warn_if_niced,
+    worker_niceness,
+)
 from replicas.checkpoints.sources import ModelSourceError, load_hf_config, resolve_model_source
 from replicas.contract import (
     EngineUnavailable,
@@ -156,7 +162,12 @@ class ScoringReplica:
         vocab_size = check_model_settings(self._settings)
         if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
             engine_factory = SLICE_ENGINE if self._settings.tpu_slice else GROUP_ENGINE
-        self._engine = load_engine_factory(engine_factory)(self._settings)
+        factory, niceness = load_engine_factory(engine_factory), self._settings.engine_niceness
+        loaded: list[Engine] = []
+        start_compute_niced(niceness, lambda: loaded.append(factory(self._settings)))
+        self._engine = loaded[0]
+        # Steps run on one thread at the engine's niceness; the event loop keeps its own.
+        self._steps = ThreadPoolExecutor(1, "scorejax-step", set_thread_niceness, (niceness,))
         info = self._engine.info
         if info.vocab_size != vocab_size:
             logger.warning("engine vocab %d != config vocab %d", info.vocab_size, vocab_size)
@@ -273,7 +284,8 @@ class ScoringReplica:
         start = time.perf_counter()
         try:
             # A thread keeps the event loop (health checks, queueing) alive during the step.
-            arrays = await asyncio.to_thread(self._engine.score_batch, works)
+            loop = asyncio.get_running_loop()
+            arrays = await loop.run_in_executor(self._steps, self._engine.score_batch, works)
         except EngineUnavailable as error:
             self._failed_batches_in_a_row = UNHEALTHY_AFTER_FAILED_BATCHES  # replace me
             self._last_error = str(error)
