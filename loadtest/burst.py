@@ -47,6 +47,7 @@ async def run(args: argparse.Namespace) -> dict:
         else:
             await asyncio.sleep(args.during_s)  # the burst arrives while the large one runs
         small = [body(rng, args.small_items) for _ in range(args.burst)]
+        before = (await client.get("/v1/stats")).json()
         burst = await asyncio.gather(*(timed(client, payload) for payload in small))
         stats = (await client.get("/v1/stats")).json()
         return {
@@ -54,6 +55,9 @@ async def run(args: argparse.Namespace) -> dict:
             "burst": burst,
             "all_200": all(a["status"] == 200 for a in [*burst, await large]),
             "replica_rejected_overloaded": stats.get("rejected_overloaded"),
+            # Engine steps from the burst's sending to its last answer (with --during-s, the
+            # large request's remaining steps too).
+            "burst_steps": stats.get("steps", 0) - before.get("steps", 0),
         }
 
 

@@ -22,8 +22,9 @@ TPU_ARGS = {
 # Shipped args a TPU replica leaves at their defaults: completions are not warmed on TPU yet
 # (their shapes compile on demand, docs/serving.md); a TPU plan compiles scoring's steps;
 # fused steps pay where a pass is a weight read whatever its tokens (the CPU), and on TPU
-# small requests batch into item-stream steps with the Pallas kernels instead.
-TPU_DROPPED = ("completion_warmup_shapes", "fused_step_tokens")
+# small requests batch into item-stream steps with the Pallas kernels instead; a TPU host's
+# threads feed the chips and stay at the replica's niceness.
+TPU_DROPPED = ("completion_warmup_shapes", "fused_step_tokens", "engine_niceness")
 
 
 def serve_args(path: Path) -> dict[str, Any]:

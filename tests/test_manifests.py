@@ -48,6 +48,7 @@ TPU_KEYS = {
     "tpu_slice",
     "completion_warmup_shapes",  # planning.serve_args.TPU_DROPPED
     "fused_step_tokens",
+    "engine_niceness",
 }
 COMMAND = re.compile(r"^# Written by the planner: python -m planning\.plan (?P<args>.+)$", re.M)
 REQUESTS = re.compile(r"at (?P<n>\d+) requests per step")
