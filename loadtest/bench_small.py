@@ -118,10 +118,20 @@ def http_small(url: str, repeats: int) -> dict[str, float]:
     }
 
 
-def report(costs: dict[str, Any], small: dict[str, float] | None) -> str:
+def report(costs: dict[str, Any] | None, small: dict[str, float] | None) -> str:
     command = f"python -m loadtest.bench_small{' --url URL' if small else ''}"
     lines = [
         f"`{command}` on {machine_description()} (shipped serve_config.yaml settings, float32).",
+    ]
+    if costs:
+        lines += step_lines(costs)
+    if small:
+        lines += small_lines(small)
+    return "\n".join(lines) + "\n"
+
+
+def step_lines(costs: dict[str, Any]) -> list[str]:
+    return [
         "",
         "| step | tokens | median s |",
         "|---|---:|---:|",
@@ -132,23 +142,24 @@ def report(costs: dict[str, Any], small: dict[str, float] | None) -> str:
         f"them once; this machine reads {costs['bandwidth'] / 1e9:.1f} GB/s (a float32 sum "
         f"over 1 GiB), a floor of {costs['floor_s']:.3f} s per pass.",
     ]
-    if small:
-        ratio = small["served_s"] / small["hf_rows_s"]
-        lines += [
-            "",
-            f'A {small["query_tokens"]}-token query with 2 items (`""`, `" not"`), 3 labels, '
-            "over HTTP against `make serve`, and transformers on the same two rows (fp32, "
-            "same weights, same run):",
-            "",
-            "| what | median s |",
-            "|---|---:|",
-            f"| scorejax, `/v1/score` over HTTP | {small['served_s']:.3f} |",
-            f"| transformers, one forward per row (two passes) | {small['hf_rows_s']:.3f} |",
-            f"| transformers, both rows in one padded forward | {small['hf_batched_s']:.3f} |",
-            "",
-            f"Served / transformers' two rows: **{ratio:.2f}x** (target <= 0.6x).",
-        ]
-    return "\n".join(lines) + "\n"
+
+
+def small_lines(small: dict[str, float]) -> list[str]:
+    ratio = small["served_s"] / small["hf_rows_s"]
+    return [
+        "",
+        f'A {small["query_tokens"]}-token query with 2 items (`""`, `" not"`), 3 labels, '
+        "over HTTP against `make serve`, and transformers on the same two rows (fp32, "
+        "same weights, same run):",
+        "",
+        "| what | median s |",
+        "|---|---:|",
+        f"| scorejax, `/v1/score` over HTTP | {small['served_s']:.3f} |",
+        f"| transformers, one forward per row (two passes) | {small['hf_rows_s']:.3f} |",
+        f"| transformers, both rows in one padded forward | {small['hf_batched_s']:.3f} |",
+        "",
+        f"Served / transformers' two rows: **{ratio:.2f}x** (target <= 0.6x).",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", help="a running make serve, for the HTTP comparison")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--no-steps", action="store_true", help="the HTTP comparison only")
     args = parser.parse_args(argv)
     small = http_small(args.url, args.repeats) if args.url else None
-    text = report(step_costs(args.repeats), small)
+    text = report(None if args.no_steps else step_costs(args.repeats), small)
     print(text)
     if not args.no_write:
         write_section(DOCS, SECTION, text)

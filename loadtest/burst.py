@@ -41,15 +41,22 @@ async def run(args: argparse.Namespace) -> dict:
     async with httpx.AsyncClient(base_url=args.url, timeout=300) as client:
         for _ in range(4):
             await timed(client, body(rng, args.small_items))
-        large = asyncio.create_task(timed(client, body(rng, args.large_items)))
+
+        async def large_then_stats() -> tuple[dict, dict]:
+            answer = await timed(client, body(rng, args.large_items))
+            return answer, (await client.get("/v1/stats")).json()
+
+        large_run = asyncio.create_task(large_then_stats())
+        large = asyncio.create_task(_first(large_run))
         if args.during_s is None:
             await large
         else:
             await asyncio.sleep(args.during_s)  # the burst arrives while the large one runs
-        small = [body(rng, args.small_items) for _ in range(args.burst)]
+        small = [body(rng, args.small_items, args.small_query_words) for _ in range(args.burst)]
         before = (await client.get("/v1/stats")).json()
         burst = await asyncio.gather(*(timed(client, payload) for payload in small))
         stats = (await client.get("/v1/stats")).json()
+        _, at_large_end = await large_run
         return {
             "large": await large,
             "burst": burst,
@@ -58,7 +65,14 @@ async def run(args: argparse.Namespace) -> dict:
             # Engine steps from the burst's sending to its last answer (with --during-s, the
             # large request's remaining steps too).
             "burst_steps": stats.get("steps", 0) - before.get("steps", 0),
+            # Engine steps after the large request's answer until the burst's last one.
+            "steps_after_large": stats.get("steps", 0) - at_large_end.get("steps", 0),
         }
+
+
+async def _first(task: asyncio.Task) -> dict:
+    answer, _ = await task
+    return answer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--large-items", type=int, default=128)
     parser.add_argument("--small-items", type=int, default=2)
     parser.add_argument("--burst", type=int, default=12)
+    parser.add_argument("--small-query-words", type=int, default=60, help="the burst's queries")
     parser.add_argument("--during-s", type=float, help="send the burst this long after the large")
     args = parser.parse_args(argv)
     if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):

@@ -49,8 +49,8 @@ class Outcome:
     sent_s: float = 0.0  # when it was sent, seconds into the overload phase
 
 
-def body(rng: random.Random, items: int) -> dict:
-    query = " ".join(rng.choice(WORDS) for _ in range(60))
+def body(rng: random.Random, items: int, words: int = 60) -> dict:
+    query = " ".join(rng.choice(WORDS) for _ in range(words))
     docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(items)]
     return {"query": query, "items": docs, "label_token_ids": [7042, 4528, 11452]}
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import pickle
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -53,6 +54,23 @@ class PickyEngine(FakeEngine):
         return [fake_logprobs(work) for work in works]
 
 
+class GatedEngine(FakeEngine):
+    """Records each call's works; its first call waits until ``release`` is set."""
+
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> GatedEngine:
+        base = FakeEngine.from_settings(settings)
+        engine = cls(settings=base.settings, model_info=base.model_info)
+        engine.calls, engine.release = [], threading.Event()
+        return engine
+
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
+        self.calls.append(list(works))
+        if len(self.calls) == 1:
+            assert self.release.wait(60)
+        return super().score_batch(works)
+
+
 @pytest.fixture
 def settings(tiny_llama_dir: Path) -> ReplicaSettings:
     return ReplicaSettings(
@@ -66,6 +84,31 @@ def settings(tiny_llama_dir: Path) -> ReplicaSettings:
 
 def work(label: int = 1, query_len: int = 3) -> ScoreWork:
     return ScoreWork(tuple(range(1, query_len + 1)), ((5,), (6, 7)), (label, 2))
+
+
+def test_batches_that_arrive_during_a_step_share_the_next_engine_call(
+    settings: ReplicaSettings,
+) -> None:
+    """Serve hands batches over while a step runs (max_concurrent_batches); every batch
+    waiting when the engine frees runs in one call, up to max_batch_size (8) works."""
+    replica = Replica(settings, "tests.test_serve_replica:GatedEngine")
+    engine = replica._engine
+    later = [[work(query_len=n)] for n in range(1, 11)]  # ten one-work batches
+
+    async def scenario() -> list:
+        first = asyncio.create_task(replica._score_many([work(query_len=11)]))
+        while not engine.calls:  # the first step has started and holds the engine
+            await asyncio.sleep(0.001)
+        waiting = [asyncio.create_task(replica._score_many(batch)) for batch in later]
+        while len(replica._waiting) < len(later):
+            await asyncio.sleep(0.001)
+        engine.release.set()
+        return await asyncio.gather(first, *waiting)
+
+    results = asyncio.run(scenario())
+    assert [len(call) for call in engine.calls] == [1, 8, 2]
+    for (got,), (w,) in zip(results[1:], later, strict=True):
+        np.testing.assert_array_equal(got.scores, fake_logprobs(w))
 
 
 def test_a_batch_is_one_engine_call(settings: ReplicaSettings) -> None:

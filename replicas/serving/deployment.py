@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -53,6 +54,8 @@ UNHEALTHY_AFTER_FAILED_BATCHES = 3
 # freed pages, and a 10-minute soak's replica RSS crept up 8 % with the cache at its bound.
 # At most this often after a step, malloc_trim hands them back (replicas/engine/memory.py).
 TRIM_INTERVAL_S = 10.0
+# Serve batches admitted into _score_many at once; those waiting for the engine are merged.
+CONCURRENT_BATCHES = 4  # x max_batch_size 16 = the shipped max_ongoing_requests
 
 
 class Engine(Protocol):
@@ -159,6 +162,8 @@ class ScoringReplica:
         self._shed = {"overloaded": 0, "expired": 0}
         self._metrics = ReplicaMetrics()
         self._trimmed_at = time.monotonic()
+        self._waiting: deque[tuple[list[ScoreWork], asyncio.Future]] = deque()  # _shared_step
+        self._drainer: asyncio.Task | None = None
         vocab_size = check_model_settings(self._settings)
         if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
             engine_factory = SLICE_ENGINE if self._settings.tpu_slice else GROUP_ENGINE
@@ -173,9 +178,13 @@ class ScoringReplica:
             logger.warning("engine vocab %d != config vocab %d", info.vocab_size, vocab_size)
         check_delimiter_in_vocab(self._settings, info.vocab_size, info.name)
         # One batch queue per replica object (the decorator form keeps one per class).
+        # Batches may enter _score_many while a step runs (Serve's default runs one at a
+        # time, so each would become an engine call of its own); _shared_step runs all that
+        # wait as one call.
         self._score_batched = serve.batch(
             max_batch_size=self._settings.max_batch_size,
             batch_wait_timeout_s=self._settings.batch_wait_timeout_s,
+            max_concurrent_batches=CONCURRENT_BATCHES,
         )(self._score_many)
         self._ready = True  # from_settings returns after weights load and warm-up
 
@@ -264,10 +273,49 @@ class ScoringReplica:
         alive = [work.deadline is None or work.deadline > now for work in works]
         if not all(alive):
             return await self._score_alive(works, alive)
-        results = await self._run_engine(works)
+        return await self._shared_step(works)
+
+    async def _shared_step(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
+        """``_run_engine`` for ``works``, together with every batch that arrives while the
+        engine is busy. Serve forms a batch ``batch_wait_timeout_s`` after its first request
+        even while a step runs, so a burst arriving during a step would wait as several small
+        batches, one engine call each; here one task runs every batch waiting when the engine
+        frees (up to ``max_batch_size`` works) in one call, again while more wait, and hands
+        each batch its own results."""
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiting.append((works, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())  # no request's cancellation
+        return await future
+
+    async def _drain(self) -> None:
+        while self._waiting:
+            taken = [self._waiting.popleft()]
+            while self._waiting and (
+                sum(len(w) for w, _ in taken) + len(self._waiting[0][0])
+                <= self._settings.max_batch_size
+            ):
+                taken.append(self._waiting.popleft())
+            try:
+                results = await self._run_engine([work for works, _ in taken for work in works])
+            except BaseException as error:  # cancelled (the replica stops): tell every waiter
+                for _, future in [*taken, *self._waiting]:
+                    if not future.done():
+                        future.set_exception(error)
+                self._waiting.clear()
+                raise
+            start = 0
+            for works, future in taken:
+                if not future.done():  # its caller may have gone
+                    future.set_result(results[start : start + len(works)])
+                start += len(works)
+
+    async def _run_engine(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
+        """One engine call; when every work is refused, each alone (one bad work must not fail
+        its neighbours)."""
+        results = await self._run_engine_once(works)
         if len(works) > 1 and all(isinstance(r, ReplicaRejected) for r in results):
-            # One bad work must not fail its neighbours: score them one by one.
-            results = [(await self._run_engine([work]))[0] for work in works]
+            results = [(await self._run_engine_once([work]))[0] for work in works]
         return results
 
     async def _score_alive(
@@ -277,10 +325,10 @@ class ScoringReplica:
         self._shed["expired"] += alive.count(False)
         expired = ReplicaRejected("overloaded", "request deadline passed before scoring", 1)
         live = [work for work, ok in zip(works, alive, strict=True) if ok]
-        scored = iter(await self._run_engine(live) if live else [])
+        scored = iter(await self._shared_step(live) if live else [])
         return [next(scored) if ok else expired for ok in alive]
 
-    async def _run_engine(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
+    async def _run_engine_once(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
         start = time.perf_counter()
         try:
             # A thread keeps the event loop (health checks, queueing) alive during the step.
