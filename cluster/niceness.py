@@ -16,7 +16,9 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from typing import TypeVar
 
+T = TypeVar("T")
 NICENESS_ENV = "RAY_worker_niceness"  # read by Ray's raylet when the cluster starts
 
 
@@ -54,21 +56,21 @@ def thread_niceness(native_id: int) -> int:
     return os.getpriority(os.PRIO_PROCESS, native_id)
 
 
-def start_compute_niced(niceness: int, start: Callable[[], object]) -> None:
-    """Run ``start`` (what creates the compute runtime's thread pools: jax's backend) in a
+def start_compute_niced(niceness: int, start: Callable[[], T]) -> T:
+    """``start()`` (what creates the compute runtime's thread pools: jax's backend) run in a
     thread of its own at ``niceness``, so every thread the runtime starts there inherits it,
     while this thread, the event loop's, keeps its own. A replica's step then yields the CPU
     to the processes that answer requests (Serve's proxy, the ingress) whenever they need it,
-    and takes every cycle they leave. No effect at ``niceness`` <= this thread's."""
+    and takes every cycle they leave. Run here when ``niceness`` <= this thread's."""
     if niceness <= thread_niceness(threading.get_native_id()):
-        start()
-        return
+        return start()
+    outcome: list[T] = []
     failure: list[BaseException] = []
 
     def run() -> None:
         try:
             set_thread_niceness(niceness)
-            start()
+            outcome.append(start())
         except BaseException as error:  # re-raised in the caller
             failure.append(error)
 
@@ -77,3 +79,4 @@ def start_compute_niced(niceness: int, start: Callable[[], object]) -> None:
     thread.join()
     if failure:
         raise failure[0]
+    return outcome[0]

@@ -168,9 +168,7 @@ class ScoringReplica:
         if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
             engine_factory = SLICE_ENGINE if self._settings.tpu_slice else GROUP_ENGINE
         factory, niceness = load_engine_factory(engine_factory), self._settings.engine_niceness
-        loaded: list[Engine] = []
-        start_compute_niced(niceness, lambda: loaded.append(factory(self._settings)))
-        self._engine = loaded[0]
+        self._engine = start_compute_niced(niceness, lambda: factory(self._settings))
         # Steps run on one thread at the engine's niceness; the event loop keeps its own.
         self._steps = ThreadPoolExecutor(1, "scorejax-step", set_thread_niceness, (niceness,))
         info = self._engine.info
@@ -291,10 +289,11 @@ class ScoringReplica:
     async def _drain(self) -> None:
         while self._waiting:
             taken = [self._waiting.popleft()]
-            while self._waiting and (
-                sum(len(w) for w, _ in taken) + len(self._waiting[0][0])
-                <= self._settings.max_batch_size
+            count = len(taken[0][0])
+            while (
+                self._waiting and count + len(self._waiting[0][0]) <= self._settings.max_batch_size
             ):
+                count += len(self._waiting[0][0])
                 taken.append(self._waiting.popleft())
             try:
                 results = await self._run_engine([work for works, _ in taken for work in works])

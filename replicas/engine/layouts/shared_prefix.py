@@ -159,7 +159,8 @@ class SharedPrefixLayout:
         return fused, streamed
 
     def _cached(self, work: ScoreWork) -> bool:
-        width = bucket_for(len(work.query_ids), self._runner.settings.token_buckets, "")
+        buckets = self._runner.settings.token_buckets
+        width = bucket_for(len(work.query_ids), buckets, "token_buckets")
         return self._runner.cache.peek((work.query_ids, width)) is not None
 
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
