@@ -181,6 +181,29 @@ def test_a_cached_query_runs_its_items_behind_the_cache_not_fused(tiny):
     np.testing.assert_allclose(cached, fused, atol=1e-6, rtol=0)
 
 
+def test_a_recurring_query_is_fused_once_then_cached_and_its_items_run_behind_it(tiny):
+    engine = make_engine(tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=64)
+    first = work(46, query=32, item_lens=(3, 4))  # 39 tokens: fits, and its query is long
+    again = ScoreWork(first.query_ids, ((8, 9), (10,)), first.label_ids)
+    short = work(47, query=31, item_lens=(3, 4))  # a query too short to be worth caching
+    kinds = []
+    answers = []
+    for each in (first, again, again, short, short):
+        answers.append(engine.score_batch([each])[0])
+        kinds.append([kind for kind, _ in engine.last_signatures])
+    assert kinds == [["fused"], ["prefix", "items"], ["items"], ["fused"], ["fused"]]
+    assert engine.stats()["query_cache_entries"] == 1
+    np.testing.assert_array_equal(answers[1], answers[2])  # the cached query, bit for bit
+    (fused_again,) = make_engine(
+        tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=64
+    ).score_batch([again])
+    np.testing.assert_allclose(answers[1], fused_again, atol=1e-5, rtol=0)
+    # Two works of one call sharing a long query: its prefix once, cached for the next call.
+    pair = [ScoreWork((*short.query_ids, 3), item, short.label_ids) for item in (((4,),), ((5,),))]
+    engine.score_batch(pair)
+    assert [kind for kind, _ in engine.last_signatures] == ["prefix", "items"]
+
+
 def test_warmup_compiles_fused_rows_up_to_the_budget_in_steps_of_two(tiny):
     engine = make_engine(
         tiny,
