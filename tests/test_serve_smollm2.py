@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
@@ -11,7 +12,12 @@ import pytest
 from app.builder import scoring_app
 from replicas.settings import ReplicaSettings
 from tests.conftest import smollm2_package_dir
-from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
+from tests.serve_support import (  # noqa: F401
+    RAY_SERVE,
+    ServeCluster,
+    replica_stats,
+    serve_cluster,
+)
 
 pytestmark = [pytest.mark.slow, RAY_SERVE]
 
@@ -29,6 +35,7 @@ def client(serve_cluster: ServeCluster) -> Iterator[httpx.Client]:  # noqa: F811
         batch_buckets=(1, 4),
         max_items_per_request=16,
         max_multi_item_seq_len=256,
+        fused_step_tokens=256,  # small requests in one pass, concurrent ones sharing it
     )
     app = scoring_app(
         settings,
@@ -74,3 +81,34 @@ def test_multi_item_scores_match_items_scored_alone(client: httpx.Client) -> Non
     for row, item in zip(together, items, strict=True):
         alone = scores(client, query=query, items=[item], label_token_ids=[PARIS, LONDON])[0]
         assert np.max(np.abs(np.log(row) - np.log(alone))) < 1e-4
+
+
+def test_a_burst_of_small_requests_after_a_larger_one_is_all_answered_in_shared_steps(
+    client: httpx.Client,
+) -> None:
+    # Issue 37 on the real weights: 12 concurrent 2-item requests right after a 16-item one
+    # are all admitted (admission counts work), each gets the scores it gets alone, and they
+    # share fused steps instead of taking one (or two) each. loadtest.burst measures the step
+    # count on the shipped config; here any sharing at all is asserted, robust to CI's timing.
+    small = {"query": "Is Paris the capital of France? Answer:", "items": ["", " not"]}
+    small["label_token_ids"] = [PARIS, LONDON, BERLIN]
+    alone = scores(client, **small)
+    large = [f" city number {n} of the many cities of Europe" for n in range(16)]
+    scores(client, query="Which of these is the capital of France?", items=large,
+           label_token_ids=[PARIS])  # fmt: skip
+    before = replica_stats("smollm2")["steps"]
+
+    async def burst() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=12)
+        async with httpx.AsyncClient(
+            base_url=str(client.base_url), timeout=120, limits=limits
+        ) as h:
+            return await asyncio.gather(*(h.post("/v1/score", json=small) for _ in range(12)))
+
+    answers = asyncio.run(burst())
+    steps = replica_stats("smollm2")["steps"] - before
+    assert [answer.status_code for answer in answers] == [200] * 12
+    for answer in answers:
+        together = np.log(np.array(answer.json()["scores"]))
+        assert np.max(np.abs(together - np.log(alone))) < 1e-4  # 30 layers of float32
+    assert steps <= 6, steps  # alone, 12 requests would take 12 fused steps
