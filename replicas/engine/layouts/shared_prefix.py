@@ -106,9 +106,13 @@ RECENT_FUSED_QUERIES = 4096  # queries remembered for recurrence (hashes: a few 
 class Recurrence:
     """Which small works' queries recur: seen fused in a recent call, or shared by several
     works of this call. A recurring query long enough to pay (``min_tokens``) goes through
-    the prefix step once and into the query cache instead of being fused again."""
+    the prefix step once and into the query cache instead of being fused again; at most
+    ``per_call`` distinct queries a call (what one prefix step holds), so a burst of
+    recurring queries fills the cache over several calls instead of leaving the shared fused
+    rows for one prefix step and one item step each."""
 
-    def __init__(self, min_tokens: int = CACHE_WORTHY_QUERY_TOKENS) -> None:
+    def __init__(self, per_call: int, min_tokens: int = CACHE_WORTHY_QUERY_TOKENS) -> None:
+        self._per_call = per_call
         self._min_tokens = min_tokens
         self._seen: OrderedDict[int, None] = OrderedDict()  # query hashes, oldest first
 
@@ -116,11 +120,13 @@ class Recurrence:
         """The indices whose query is worth caching now."""
         long = [i for i in indices if len(works[i].query_ids) >= self._min_tokens]
         in_call = Counter(works[i].query_ids for i in long)
-        return {
-            i
-            for i in long
-            if in_call[works[i].query_ids] > 1 or hash(works[i].query_ids) in self._seen
-        }
+        chosen: list[tuple[int, ...]] = []
+        for i in long:
+            query = works[i].query_ids
+            recurs = in_call[query] > 1 or hash(query) in self._seen
+            if recurs and query not in chosen and len(chosen) < self._per_call:
+                chosen.append(query)
+        return {i for i in long if works[i].query_ids in chosen}
 
     def remember(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> None:
         """Queries just run fused: a later work with one of them recurs."""
@@ -148,7 +154,8 @@ class SharedPrefixLayout:
         self._turn = -1  # whose turn to hold a query many blocks read (see _homes)
         self._extender = PrefixExtender(model, runner)
         self._fused = FusedLayout(model, runner)
-        self._recurrence = Recurrence()
+        groups = runner.groups
+        self._recurrence = Recurrence(data_buckets(runner.settings.batch_buckets, groups)[-1])
 
     # -- compiling ----------------------------------------------------------------------
 
@@ -194,8 +201,9 @@ class SharedPrefixLayout:
         caching) and the rest."""
         small = [i for i in indices if self._fused.fits(works[i])]
         if use_cache and self._runner.cache.capacity_bytes:
+            small = [i for i in small if not self._cached(works[i])]
             recurring = self._recurrence.recurring(works, small)
-            small = [i for i in small if i not in recurring and not self._cached(works[i])]
+            small = [i for i in small if i not in recurring]
         fused = set(small)
         return small, [i for i in indices if i not in fused]
 
