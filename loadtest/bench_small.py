@@ -74,14 +74,37 @@ def step_costs(repeats: int) -> dict[str, Any]:
     slope, fixed = np.polyfit([r["tokens"] for r in fused], [r["seconds"] for r in fused], 1)
     weights = sum(int(leaf.nbytes) for leaf in jax.tree.leaves(loaded.params))
     bandwidth = read_bandwidth()
+    wide = ScoringEngine(loaded.model, loaded.params, loaded.params["embed"].sharding.mesh,
+                         settings.replace(fused_step_tokens=1024, query_cache_bytes=0),
+                         settings.model)  # fmt: skip
     return {
         "rows": rows,
+        "row_widths": row_widths(wide, repeats),
         "fixed_s": float(fixed),
         "per_token_s": float(slope),
         "weight_bytes": weights,
         "bandwidth": bandwidth,
         "floor_s": weights / bandwidth,
     }
+
+
+def row_widths(engine: Any, repeats: int) -> list[dict[str, Any]]:
+    """What the fused row's width costs a burst: 12 works of a 60-word query (80 tokens) and
+    two 5-token items, run 2, 5 or 11 to a row (rows of 256, 512 or 1024 tokens)."""
+    from replicas.contract import ScoreWork
+
+    rng = np.random.default_rng(0)
+    works = [
+        ScoreWork(tuple(map(int, rng.integers(100, 40000, 80))),
+                  tuple(tuple(map(int, rng.integers(100, 40000, 5))) for _ in range(2)), LABELS)
+        for _ in range(12)
+    ]  # fmt: skip
+    rows = []
+    for per_row in (2, 5, 11):
+        calls = [works[start : start + per_row] for start in range(0, len(works), per_row)]
+        seconds = timed(lambda c=calls: [engine.score_batch(call) for call in c], repeats)
+        rows.append({"per_row": per_row, "steps": len(calls), "seconds": seconds})
+    return rows
 
 
 def http_small(url: str, repeats: int) -> dict[str, float]:
@@ -141,6 +164,13 @@ def step_lines(costs: dict[str, Any]) -> list[str]:
         f"tokens`. The weights are {costs['weight_bytes'] / 1e6:.0f} MB and every pass reads "
         f"them once; this machine reads {costs['bandwidth'] / 1e9:.1f} GB/s (a float32 sum "
         f"over 1 GiB), a floor of {costs['floor_s']:.3f} s per pass.",
+        "",
+        "12 works of an 80-token query and two 5-token items (a burst of 60-word queries), "
+        "fused rows of different widths:",
+        "",
+        "| works per row | steps | median s for the 12 |",
+        "|---:|---:|---:|",
+        *(f"| {r['per_row']} | {r['steps']} | {r['seconds']:.3f} |" for r in costs["row_widths"]),
     ]
 
 
