@@ -84,7 +84,9 @@ def timed_runs(fn: Any, repeats: int, warm: bool) -> tuple[float, Any]:
     return statistics.median(samples), result
 
 
-def run(responses: list[int], prompt_len: int, response_len: int, repeats: int) -> list[dict]:
+def run(
+    responses: list[int], prompt_len: int, response_len: int, repeats: int, done: Any = None
+) -> list[dict]:
     # every signature compiles on its first call, not in the background: one warm-up call
     shipped = shipped_settings().replace(background_compile=False)
     with tempfile.TemporaryDirectory() as folder:
@@ -117,6 +119,8 @@ def run(responses: list[int], prompt_len: int, response_len: int, repeats: int) 
         row["token_ratio"] = n * (prompt_len + response_len) / (prompt_len + n * response_len)
         print(format_row(row), flush=True)
         rows.append(row)
+        if done is not None:
+            done(rows)  # the report so far, should a later size not finish
     return rows
 
 
@@ -174,8 +178,8 @@ def main() -> None:
     args = parser.parse_args()
     responses = [int(n) for n in args.responses.split(",")]
     print(HEADER, flush=True)
-    rows = run(responses, args.prompt_tokens, args.response_tokens, args.repeats)
-    write_report(rows, args, Path(args.output))
+    report = lambda rows: write_report(rows, args, Path(args.output))  # noqa: E731
+    run(responses, args.prompt_tokens, args.response_tokens, args.repeats, report)
     print(f"wrote {args.output}")
 
 

@@ -185,3 +185,44 @@ def test_models_and_openapi_say_how_the_model_scores(tokenizer: Any) -> None:
     causal = score_request_schema(ModelInfo("lm", VOCAB, 0, ScoringLimits()))
     assert "label_token_ids" in causal["required"]
     assert causal["properties"]["label_token_ids"]["minItems"] == 1
+
+
+def classify_bodies() -> Any:
+    """(route, body) pairs for /v1/classify: valid-shaped, one field broken, arbitrary."""
+    from hypothesis import strategies as st
+
+    from loadtest.fuzz_strategies import encode
+
+    text = st.text(max_size=40)
+    valid = st.fixed_dictionaries(
+        {"input": st.one_of(text, st.lists(text, max_size=20))},
+        optional={"activation": st.booleans(), "model": st.sampled_from(["fuzz-head", "x"])},
+    )
+    junk = st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats() | text,
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
+        max_leaves=8,
+    )
+    broken = st.builds(lambda body, key, value: {**body, key: value}, valid, text, junk)
+    return st.one_of(valid, broken, junk).map(lambda body: ("/v1/classify", encode(body)))
+
+
+def test_fuzzed_bodies_on_a_head_model_get_no_5xx_and_agree_with_its_schema() -> None:
+    from loadtest.fuzz_run import Tally, generators, in_process, run_routes
+    from tests.test_app_fuzz import CharTokenizer
+
+    head = ScoreHead("linear", 2, ("a", "b"), "multi_label_classification")
+    info = ModelInfo("fuzz-head", VOCAB, 0, ScoringLimits(16, 256, 256), head)
+    service = ScoringService(info=info, tokenizer=CharTokenizer(), clock=lambda: 0.0)
+    runners, tallies = generators(), []
+    with in_process(service) as (target, backend):
+        for name in ("schemathesis: positive", "schemathesis: negative", "fixed cases + mutations"):
+            tallies.append(Tally(name))
+            runners[name](target, tallies[-1], 30, 0)
+        classify = Tally("classify")
+        run_routes(target, classify, classify_bodies(), 60, 0)
+    assert all(tally.server_errors == 0 for tally in [*tallies, classify])
+    assert all(tally.disagreements == 0 for tally in tallies)
+    assert tallies[0].count(200, 300) >= 15  # bodies without labels reach the head
+    assert classify.count(200, 300) >= 5 and classify.count(400, 500) >= 5
+    assert backend.calls > 0
