@@ -57,3 +57,24 @@ def test_head_outputs_equal_transformers_multi_and_single_item(variant, mesh, tm
         assert np.abs(shared - reference).max() <= TOLERANCE
         assert np.abs(first - hf_head_outputs(directory, rows_first, left)).max() <= TOLERANCE
     assert np.abs(reference).max() > 0.1  # outputs are not trivially zero
+
+
+def test_many_items_chunked_and_a_cached_query_keep_head_outputs_exact(mesh, tmp_path):
+    """40 responses over several steps behind one prompt, then again with the prompt in the
+    query cache: every reward equals transformers' for its conversation alone."""
+    directory = save_tiny_head("qwen2-reward", tmp_path)
+    loaded = load_model(directory, mesh)
+    settings = ReplicaSettings(**{**SETTINGS, "item_tokens_per_step": 32})
+    engine = ScoringEngine(loaded.model, loaded.params, mesh, settings, "reward")
+    rng = np.random.default_rng(3)
+    query = tuple(int(t) for t in rng.integers(1, 256, 24))
+    items = tuple(tuple(int(t) for t in rng.integers(1, 256, n)) for n in rng.integers(1, 6, 40))
+    work = ScoreWork(query, items, (0,))
+    assert sum(map(len, items)) > 3 * 32  # more item tokens than three steps hold
+    (cold,) = engine.score_batch([work])
+    hits = engine.stats()["query_cache_hits"]
+    (warm,) = engine.score_batch([work])
+    assert engine.stats()["query_cache_hits"] == hits + 1
+    np.testing.assert_allclose(warm, cold, atol=1e-6, rtol=0)
+    reference = hf_head_outputs(directory, [list(query + item) for item in items], left=True)
+    assert np.abs(cold - reference).max() <= TOLERANCE
