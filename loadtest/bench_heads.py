@@ -36,8 +36,9 @@ SECTION = "## Best-of-N reward scoring with a score head"
 SHAPE = "Qwen3-0.6B"
 
 
-def save_reward_model(directory: Path) -> Any:
-    """A random Qwen3-0.6B-shaped one-label seq-cls model in ``directory``; returns it."""
+def save_reward_model(directory: Path, layers: int) -> Any:
+    """A random Qwen3-0.6B-shaped one-label seq-cls model with ``layers`` decoder layers in
+    ``directory``; returns it."""
     import torch
     from transformers import AutoModelForSequenceClassification
 
@@ -45,6 +46,7 @@ def save_reward_model(directory: Path) -> Any:
 
     torch.manual_seed(0)
     values = {**HF_CONFIGS[SHAPE], "num_labels": 1, "pad_token_id": 0}
+    values["num_hidden_layers"] = layers
     config = hf_config({**values, "architectures": ["Qwen3ForSequenceClassification"]})
     model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).eval()
     with torch.no_grad():  # transformers' init leaves score at N(0, 0.02): a wider spread
@@ -85,12 +87,17 @@ def timed_runs(fn: Any, repeats: int, warm: bool) -> tuple[float, Any]:
 
 
 def run(
-    responses: list[int], prompt_len: int, response_len: int, repeats: int, done: Any = None
+    responses: list[int],
+    prompt_len: int,
+    response_len: int,
+    repeats: int,
+    layers: int,
+    done: Any = None,
 ) -> list[dict]:
     # every signature compiles on its first call, not in the background: one warm-up call
     shipped = shipped_settings().replace(background_compile=False)
     with tempfile.TemporaryDirectory() as folder:
-        hf_model = save_reward_model(Path(folder))
+        hf_model = save_reward_model(Path(folder), layers)
         mesh = build_mesh(shipped.mesh_shape)
         loaded = load_model(folder, mesh, "float32")
     engines = {
@@ -155,7 +162,8 @@ def write_report(rows: list[dict], args: argparse.Namespace, path: Path) -> None
         "single-item rows, `multi_item_scoring_delimiter: null`) and transformers'",
         "`AutoModelForSequenceClassification` over the N conversations as one batch.",
         "",
-        f"- machine: {machine_description()}",
+        f"- machine: {machine_description()}; model: Qwen3-0.6B's widths (hidden 1024, 16/8",
+        f"  heads, MLP 3072, vocabulary 151936) with {args.layers} decoder layers",
         f"- request: {args.prompt_tokens}-token prompt, responses of {args.response_tokens} "
         f"tokens; median of {args.repeats} runs once compiled (1 run at >= 64 responses;",
         "  transformers there without a warm-up call)",
@@ -174,12 +182,13 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=300)
     parser.add_argument("--response-tokens", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=28, help="decoder layers (Qwen3-0.6B has 28)")
     parser.add_argument("--output", default="docs/benchmarks.md")
     args = parser.parse_args()
     responses = [int(n) for n in args.responses.split(",")]
     print(HEADER, flush=True)
     report = lambda rows: write_report(rows, args, Path(args.output))  # noqa: E731
-    run(responses, args.prompt_tokens, args.response_tokens, args.repeats, report)
+    run(responses, args.prompt_tokens, args.response_tokens, args.repeats, args.layers, report)
     print(f"wrote {args.output}")
 
 
