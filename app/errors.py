@@ -17,6 +17,9 @@ class Reason(StrEnum):
     INVALID_JSON = "invalid_json"
     INVALID_REQUEST = "invalid_request"
     EMPTY_LABEL_TOKEN_IDS = "empty_label_token_ids"
+    LABELS_WITH_HEAD = "label_token_ids_with_head"  # label ids given to a score-head model
+    NO_SCORE_HEAD = "no_score_head"  # /v1/classify on a causal LM
+    NO_LM_HEAD = "no_lm_head"  # token log-probs asked of a score-head model
     NEGATIVE_TOKEN_ID = "negative_token_id"
     TOKEN_ID_EXCEEDS_VOCAB = "token_id_exceeds_vocab"
     MIXED_INPUT_TYPES = "mixed_input_types"

@@ -179,6 +179,18 @@ def _routes(
         )
 
     @router.post(
+        "/v1/classify",
+        summary="Classify texts with a score-head model (vLLM/SGLang shape)",
+        openapi_extra=request_body("ClassifyRequest"),
+        responses=RESPONSES | {200: {"description": "One entry per input"}},
+    )
+    async def classify(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        body, timings = await service.classify_timed(payload, backend, gate)
+        _note_scored(request, timings, len(body["data"]), body["usage"]["prompt_tokens"])
+        return JSONResponse(body, headers=timing_headers(timings))
+
+    @router.post(
         "/v1/completions",
         summary="Prompt log-probabilities (OpenAI completions shape, prefill-only)",
         openapi_extra=request_body("CompletionRequest"),

@@ -47,7 +47,7 @@ def _unwrap(error: BaseException) -> BaseException:
 
 def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
     """What the replica serves that the ingress would validate differently, if anything."""
-    for name in ("vocab_size", "multi_item_scoring_delimiter", "limits"):
+    for name in ("vocab_size", "multi_item_scoring_delimiter", "limits", "head"):
         mine, theirs = getattr(ingress, name), getattr(replica, name)
         if mine != theirs:
             return f"{name}: ingress has {mine!r}, replica has {theirs!r}"
@@ -90,7 +90,7 @@ class ScoreIngress:
         self,
         query: str | list[int],
         items: list[str] | list[list[int]],
-        label_token_ids: list[int],
+        label_token_ids: list[int] | None = None,
         apply_softmax: bool = False,
         item_first: bool = False,
         model: str | None = None,
@@ -119,6 +119,14 @@ class ScoreIngress:
         payload = {"query": query, "documents": documents, "top_n": top_n}
         payload |= {"return_documents": return_documents, "instruction": instruction}
         body, _ = await self._service.rerank_timed(payload | {"model": model}, self._call_replica)
+        return body
+
+    async def classify(
+        self, input: str | list[str], activation: bool = True, model: str | None = None
+    ) -> dict[str, Any]:
+        """The /v1/classify body for these fields; raises ScoreRequestError like a 400/503."""
+        payload = {"input": input, "activation": activation, "model": model}
+        body, _ = await self._service.classify_timed(payload, self._call_replica)
         return body
 
     async def completions(

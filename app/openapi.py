@@ -20,6 +20,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from app.schema import (
+    ClassifyRequest,
     CompletionRequest,
     DetokenizeRequest,
     ErrorResponse,
@@ -125,10 +126,7 @@ def score_request_schema(
         props["model"]["anyOf"] = [{"const": info.name}, {"type": "null"}]
     props["query"]["anyOf"] = [text, query_ids]
     props["items"]["items"]["anyOf"] = [{"type": "string"}, item_ids]
-    props["label_token_ids"]["minItems"] = 1
-    if info is not None and info.limits.envelopes:
-        props["label_token_ids"]["maxItems"] = max(e.labels for e in info.limits.envelopes)
-    props["label_token_ids"]["items"] = _token_id(info, content=False)
+    _label_rules(schema, info)
     # All text or all token ids (mixed_input_types): the query's kind decides the items'.
     schema["oneOf"] = [
         {
@@ -144,6 +142,22 @@ def score_request_schema(
     return schema
 
 
+def _label_rules(schema: dict[str, Any], info: ModelInfo | None) -> None:
+    """label_token_ids: required, >= 1 in-vocabulary ids for a causal LM; absent for a
+    score-head model (semantics 18)."""
+    props = schema["properties"]
+    if info is not None and info.head is not None:
+        del props["label_token_ids"]
+        return
+    labels: dict[str, Any] = {"type": "array", "minItems": 1}
+    labels["description"] = props["label_token_ids"]["description"]
+    if info is not None and info.limits.envelopes:
+        labels["maxItems"] = max(e.labels for e in info.limits.envelopes)
+    labels["items"] = _token_id(info, content=False)
+    props["label_token_ids"] = labels
+    schema["required"] = sorted({*schema.get("required", ()), "label_token_ids"})
+
+
 def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
     """The document FastAPI generates from ``api``'s routes and their response models, with
     the request schemas the routes take: RerankRequest as pydantic states it, ScoreRequest
@@ -154,7 +168,13 @@ def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
         )
         schemas = document.setdefault("components", {}).setdefault("schemas", {})
         schemas.update(
-            _schemas(RerankRequest, CompletionRequest, TokenizeRequest, DetokenizeRequest)
+            _schemas(
+                RerankRequest,
+                CompletionRequest,
+                TokenizeRequest,
+                DetokenizeRequest,
+                ClassifyRequest,
+            )
         )
         schemas["ScoreRequest"] = score_request_schema(service.info, service.text_query_min_length)
         api.openapi_schema = document

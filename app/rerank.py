@@ -22,7 +22,14 @@ from app.schema import RerankRequest
 from app.templates import template_from_pairs
 from app.tokenization import TextTokenizer, encode_text
 from app.validation import check_item_count, check_model_name, check_work, validate_body
-from replicas.contract import ModelInfo, PromptWork, ScoreWork, ScoringLimitError, check_limits
+from replicas.contract import (
+    ModelInfo,
+    PromptWork,
+    ScoreHead,
+    ScoreWork,
+    ScoringLimitError,
+    check_limits,
+)
 from replicas.settings import ReplicaSettings, SettingsError
 
 QWEN3_RERANKER_SYSTEM = (
@@ -82,7 +89,8 @@ class Reranker:
 
     template: RerankTemplate | LikelihoodTemplate
     tokenizer: TextTokenizer
-    labels: tuple[int, int] = (0, 0)  # yes_no: the yes and no token ids
+    # yes_no: the yes and no token ids; head: (0,), the one output of a seq-cls reranker
+    labels: tuple[int, ...] = (0, 0)
 
     @classmethod
     def build(
@@ -91,11 +99,15 @@ class Reranker:
         if method == "query_likelihood":
             return cls(LikelihoodTemplate.from_pairs(pairs), tokenizer)
         template = RerankTemplate.from_pairs(pairs)
+        if method == "head":  # the template's query and document parts; no yes/no words
+            return cls(template, tokenizer, (0,))
         return cls(template, tokenizer, template.label_ids(tokenizer))
 
     @property
     def method(self) -> str:
-        return "query_likelihood" if isinstance(self.template, LikelihoodTemplate) else "yes_no"
+        if isinstance(self.template, LikelihoodTemplate):
+            return "query_likelihood"
+        return "head" if self.labels == (0,) else "yes_no"
 
     def prepare(self, payload: Any, info: ModelInfo, gate: Gate = admit_all) -> RerankWork:
         """Validate and tokenize. ``gate`` (admission) runs once the body's schema checks
@@ -132,11 +144,13 @@ class Reranker:
 
     def relevance(self, prepared: RerankWork, answer: Any) -> np.ndarray:
         """Each document's relevance in [0, 1] from the replica's answer: P(yes) / (P(yes) +
-        P(no)) from the label log-probs (yes_no), or the query's per-token likelihood
-        (query_likelihood)."""
+        P(no)) from the label log-probs (yes_no), the sigmoid of a one-label head's logit
+        (head), or the query's per-token likelihood (query_likelihood)."""
         if isinstance(prepared.work, PromptWork):
             return likelihood_relevance(prepared.work, answer)
         logprobs = np.asarray(answer)
+        if self.method == "head":
+            return 1.0 / (1.0 + np.exp(-logprobs[:, 0].astype(np.float64)))
         yes, no = logprobs[:, 0].astype(np.float64), logprobs[:, 1].astype(np.float64)
         return 1.0 / (1.0 + np.exp(no - yes))
 
@@ -177,17 +191,43 @@ class Reranker:
         }
 
 
-def reranker_for(settings: ReplicaSettings, tokenizer: TextTokenizer) -> Reranker | None:
+def reranker_for(
+    settings: ReplicaSettings, tokenizer: TextTokenizer, head: ScoreHead | None = None
+) -> Reranker | None:
     """The configured method and template (a wrong one stops start-up, naming
     ``rerank_template``); unset, the method's default template (for yes_no only where the
-    tokenizer has one-token yes/no words, else None: no rerank)."""
+    tokenizer has one-token yes/no words, else None: no rerank). A score-head model ranks
+    only with ``head`` (its default when the head has one label) and no other method."""
     method = settings.rerank_method
+    if head is not None or method == "head":
+        return _head_reranker(settings, tokenizer, head)
     if settings.rerank_template or method != "yes_no":
         return Reranker.build(settings.rerank_template, tokenizer, method)
     try:
         return Reranker.build((), tokenizer)
     except SettingsError:
         return None
+
+
+def _head_reranker(
+    settings: ReplicaSettings, tokenizer: TextTokenizer, head: ScoreHead | None
+) -> Reranker | None:
+    """rerank_method head: a one-label score head, relevance = sigmoid(logit)."""
+    method = settings.rerank_method
+    if head is None:
+        raise SettingsError("rerank_method: head needs a model with a score head")
+    if method not in ("head", "yes_no") or (method == "yes_no" and settings.rerank_template):
+        raise SettingsError(
+            f"rerank_method: {method!r} reads token log-probs; this model has a score head "
+            "(use rerank_method: head)"
+        )
+    if head.num_labels != 1:
+        if method == "head":
+            raise SettingsError(
+                f"rerank_method: head needs a one-label head; this one has {head.num_labels}"
+            )
+        return None
+    return Reranker.build(settings.rerank_template, tokenizer, "head")
 
 
 def _check(work: ScoreWork | PromptWork, info: ModelInfo) -> None:

@@ -28,14 +28,19 @@ class ScoreRequest(BaseModel):
             "lists, the same kind as the query. An empty list answers scores: []."
         )
     )
-    label_token_ids: list[StrictInt] = Field(
-        description="Token ids whose next-token probability is scored for every item."
+    label_token_ids: list[StrictInt] | None = Field(
+        default=None,
+        description=(
+            "Token ids whose next-token probability is scored for every item. Required for "
+            "a causal LM; omitted for a score-head model (each row: its num_labels outputs)."
+        ),
     )
     apply_softmax: StrictBool = Field(
         default=False,
         description=(
             "true: softmax over the requested labels (rows sum to 1); "
-            "false: exp(logprob), full-vocabulary probabilities."
+            "false: exp(logprob), full-vocabulary probabilities. A score-head model: true "
+            "gives softmax over its labels (sigmoid for one label), false raw logits."
         ),
     )
     item_first: StrictBool = Field(
@@ -147,9 +152,14 @@ class ModelCard(BaseModel):
     warm_envelopes: list[dict[str, int]] = Field(
         description="With limit_to_warmup: a request fits one (query, longest item, labels)."
     )
-    rerank_method: Literal["yes_no", "query_likelihood"] | None = Field(
+    rerank_method: Literal["yes_no", "query_likelihood", "head"] | None = Field(
         description="How /v1/rerank scores documents (null: no rerank route)."
     )
+    scoring: Literal["label_tokens", "head"] = Field(
+        description="label_tokens: /v1/score takes label_token_ids; head: a score head."
+    )
+    num_labels: int | None = Field(description="A score head's outputs (null: no head).")
+    id2label: dict[str, str] | None = Field(description="A score head's label names.")
 
 
 class ModelList(BaseModel):
@@ -188,6 +198,21 @@ class CompletionRequest(BaseModel):
     stream: StrictBool | None = Field(default=None, description="false or absent.")
     suffix: StrictStr | None = Field(default=None, description="Absent: no insertion.")
     user: StrictStr | None = Field(default=None, description="Accepted and ignored.")
+
+
+class ClassifyRequest(BaseModel):
+    """POST /v1/classify (vLLM's and SGLang's shape) on a score-head model."""
+
+    model_config = _STRICT
+
+    input: StrictStr | list[StrictStr] = Field(
+        description="A text or texts, each encoded with the tokenizer's special tokens."
+    )
+    model: StrictStr | None = Field(default=None, description="Served model name; optional.")
+    activation: StrictBool = Field(
+        default=True,
+        description="true: the config's activation (problem_type); false: raw logits.",
+    )
 
 
 class TokenizeRequest(BaseModel):

@@ -7,6 +7,7 @@ fake in unit tests) and returns the response body, or raises ScoreRequestError.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
@@ -15,24 +16,26 @@ from typing import Any
 
 import numpy as np
 
+from app.classify import classify_body, head_card, prepare_classify, refuse_score_head
 from app.completions import Completions
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.rerank import Reranker, reranker_for
 from app.schema import ScoreRequest
-from app.scores import to_scores
+from app.scores import head_scores, to_scores
 from app.tokenization import TextTokenizer, Tokenized, encode_text, pass_tokens
 from app.validation import (
     check_item_count,
-    check_labels,
     check_model_name,
     check_text_encodable,
     check_token_inputs,
     check_work,
     is_text_request,
+    score_labels,
     validate_request,
 )
 from replicas.checkpoints.sources import load_hf_config, load_tokenizer, resolve_model_source
 from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoredWork, ScoreWork
+from replicas.model.head_config import score_head_from_hf
 from replicas.serving.deployment import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
@@ -74,19 +77,21 @@ class ScoringService:
     def from_settings(cls, settings: ReplicaSettings) -> ScoringService:
         """Load the model's tokenizer and vocabulary size from local files (jax-free)."""
         source = resolve_model_source(settings.model)
-        vocab_size = model_vocab_size(load_hf_config(source))
+        hf_config = load_hf_config(source)
+        vocab_size = model_vocab_size(hf_config)
         check_delimiter_in_vocab(settings, vocab_size, source.name)
         info = ModelInfo(
             name=source.name,
             vocab_size=vocab_size,
             multi_item_scoring_delimiter=settings.multi_item_scoring_delimiter,
             limits=settings.limits,
+            head=score_head_from_hf(hf_config),
         )
         tokenizer = load_tokenizer(source)
         return cls(
             info=info,
             tokenizer=tokenizer,
-            reranker=reranker_for(settings, tokenizer),
+            reranker=reranker_for(settings, tokenizer, info.head),
             completions=Completions(tokenizer, info),
         )
 
@@ -95,7 +100,7 @@ class ScoringService:
         ``gate`` runs once the body's schema checks passed, before tokenization."""
         request = validate_request(payload)
         check_model_name(request.model, self.info)
-        check_labels(request.label_token_ids, self.info.vocab_size)
+        labels = score_labels(request.label_token_ids, self.info)
         text = is_text_request(request)
         check_item_count(len(request.items), self.info)
         if text:
@@ -109,7 +114,7 @@ class ScoringService:
         work = ScoreWork(
             query_ids=tokenized.query_ids,
             item_ids=tokenized.item_ids,
-            label_ids=tuple(request.label_token_ids),
+            label_ids=labels,
             item_first=request.item_first,
         )
         check_work(work, self.info)
@@ -130,7 +135,8 @@ class ScoringService:
         scores: list[list[float]] = []
         if prepared.work.num_items:
             logprobs, timings = await self._scored(prepared.work, backend, timings)
-            scores = to_scores(logprobs, prepared.request.apply_softmax)
+            to_rows = to_scores if self.info.head is None else head_scores
+            scores = to_rows(logprobs, prepared.request.apply_softmax)
         prompt_tokens = prepared.tokenized.prompt_tokens
         body = {
             "object": "scoring",
@@ -175,11 +181,28 @@ class ScoringService:
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/completions response body for ``payload`` (app.completions), and timings."""
         completions = self.served_tokenizer()
+        refuse_score_head(self.info, "/v1/completions")
         start = time.perf_counter()
         prompts = completions.prepare(payload, gate)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         answers, timings = await self._prompted(prompts.work, backend, timings)
         return completions.body(prompts, answers, int(self.clock())), timings
+
+    async def classify_timed(
+        self, payload: Any, backend: Backend, gate: Gate = admit_all
+    ) -> tuple[dict[str, Any], Timings]:
+        """The /v1/classify response body for ``payload`` (app.classify), and its timings:
+        every input one row, scored concurrently (the replica packs them into its steps)."""
+        start = time.perf_counter()
+        prepared = prepare_classify(payload, self.info, self.tokenizer, gate)
+        timings = Timings(tokenization_s=time.perf_counter() - start)
+        answers = await asyncio.gather(
+            *(self._scored(work, backend, timings) for work in prepared.works)
+        )
+        if answers:
+            timings = answers[-1][1]
+        outputs = np.concatenate([logits for logits, _ in answers]) if answers else None
+        return classify_body(prepared, outputs, self.info, int(self.clock())), timings
 
     async def _prompted(
         self, work: PromptWork, backend: Backend, timings: Timings
@@ -251,6 +274,7 @@ class ScoringService:
                     "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
                     # /v1/rerank's method (None: no rerank route for this model).
                     "rerank_method": self.reranker.method if self.reranker else None,
+                    **head_card(info.head),
                 }
             ],
         }

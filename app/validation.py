@@ -115,6 +115,23 @@ def check_labels(labels: Sequence[int], vocab_size: int) -> None:
     check_token_ids(labels, vocab_size, "label_token_ids")
 
 
+def score_labels(labels: Sequence[int] | None, info: ModelInfo) -> tuple[int, ...]:
+    """A ScoreWork's label ids: the request's (checked) for a causal LM; every output of a
+    score-head model, which takes no label_token_ids (semantics 18)."""
+    head = info.head
+    if head is None:
+        check_labels(labels or [], info.vocab_size)
+        return tuple(labels or ())
+    if labels is not None:
+        raise ScoreRequestError(
+            Reason.LABELS_WITH_HEAD,
+            f"label_token_ids: model {info.name!r} scores with a head of {head.num_labels} "
+            "label(s); omit label_token_ids (each row holds the head's outputs)",
+            param="label_token_ids",
+        )
+    return head.label_ids
+
+
 def is_text_request(request: ScoreRequest) -> bool:
     """True for text input, False for token input; a mix is ``mixed_input_types``."""
     text = isinstance(request.query, str)

@@ -25,6 +25,8 @@ LOGICAL_AXIS_RULES: Mapping[str, str | None] = {
     "mlp": "model",
     "norm": None,
     "seq": None,
+    "labels": None,  # a score head's outputs (few)
+    "head_hidden": "model",  # a reward head's inner width, split like the MLP's
 }
 
 

@@ -27,8 +27,12 @@ class UnsoundWork(AssertionError):
 def check_sound(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
     """Every precondition the engine assumes of a work; raises UnsoundWork on a breach."""
     if isinstance(work, PromptWork):
+        if info.head is not None:
+            raise UnsoundWork("token log-probs asked of a score-head model")
         check_sound_prompts(work, info)
         return
+    if info.head is not None and work.label_ids != info.head.label_ids:
+        raise UnsoundWork("a score-head model's work must ask for every head output")
     if not work.query_ids or not work.label_ids:
         raise UnsoundWork("empty query or no labels")
     for ids in (work.query_ids, work.label_ids, *work.item_ids):

@@ -19,7 +19,8 @@ class ScoreWork:
     """One scoring request in token space.
 
     The score row of item i is the next-token log-probability of each label after
-    ``query_ids + item_ids[i]`` (``item_ids[i] + query_ids`` when ``item_first``).
+    ``query_ids + item_ids[i]`` (``item_ids[i] + query_ids`` when ``item_first``); on a model
+    with a ScoreHead, ``label_ids`` index the head's outputs at that row's last token.
     """
 
     query_ids: tuple[int, ...]
@@ -81,8 +82,8 @@ class PromptLogprobs:
 @dataclass(frozen=True)
 class ScoredWork:
     """A replica's answer to one ScoreWork: log-probabilities ``[n_items, n_labels]``
-    (float32) and the seconds of the engine step that scored them (shared with the other
-    requests batched into that step; several steps add up)."""
+    (float32; a head model's head outputs) and the seconds of the engine step that scored
+    them (shared with the other requests batched into that step; several steps add up)."""
 
     scores: Any
     inference_s: float
@@ -140,6 +141,39 @@ class ScoringLimits:
             )
 
 
+HEAD_KINDS = ("linear", "reward_mlp")
+PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
+
+
+@dataclass(frozen=True)
+class ScoreHead:
+    """A sequence-classification or reward head on the decoder's final hidden state
+    (semantics 18). A head model's ScoreWork asks for ``label_ids = range(num_labels)`` and
+    its score row holds the head's float32 outputs (logits) in that order, read at the
+    item's (or row's) last token, in place of label log-probabilities.
+
+    ``linear``: ``*ForSequenceClassification``'s bias-free ``score`` [D -> num_labels];
+    ``reward_mlp``: ``Qwen2ForRewardModel``'s D -> D, ReLU, D -> 1 (with biases)."""
+
+    kind: str
+    num_labels: int
+    id2label: tuple[str, ...]
+    problem_type: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"head kind {self.kind!r} not in {HEAD_KINDS}")
+        if self.num_labels < 1 or len(self.id2label) != self.num_labels:
+            raise ValueError(f"num_labels: {self.num_labels} with id2label {self.id2label}")
+        if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
+            raise ValueError(f"problem_type: {self.problem_type!r} not in {PROBLEM_TYPES}")
+
+    @property
+    def label_ids(self) -> tuple[int, ...]:
+        """What a head model's ScoreWork asks for: every output, in order."""
+        return tuple(range(self.num_labels))
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     """What the ingress needs to know about the model a replica serves."""
@@ -148,6 +182,7 @@ class ModelInfo:
     vocab_size: int
     multi_item_scoring_delimiter: int | None
     limits: ScoringLimits
+    head: ScoreHead | None = None  # None: a causal LM scored by label tokens
 
 
 def packed_length(query_len: int, item_lens: Sequence[int]) -> int:

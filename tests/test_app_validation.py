@@ -7,7 +7,8 @@ import json
 import pytest
 
 from app.errors import Reason, ScoreRequestError, error_body
-from app.validation import parse_json, validate_request
+from app.validation import parse_json, score_labels, validate_request
+from replicas.contract import ModelInfo, ScoringLimits
 
 GOOD = {"query": "q", "items": ["a"], "label_token_ids": [1]}
 
@@ -85,7 +86,12 @@ def test_wrong_types_are_invalid_request(body: bytes) -> None:
     ],
 )
 def test_missing_labels_are_empty_label_token_ids(body: bytes) -> None:
-    assert reason_of(body) == "empty_label_token_ids"
+    # the schema lets them be absent (a score-head model takes none); a causal LM refuses
+    request = validate_request(parse_json(body))
+    with pytest.raises(ScoreRequestError) as caught:
+        score_labels(request.label_token_ids, ModelInfo("m", 100, None, ScoringLimits()))
+    assert caught.value.body["reason"] == "empty_label_token_ids"
+    assert caught.value.body["param"] == "label_token_ids"
 
 
 def test_huge_ints_parse_and_are_left_to_the_vocab_rule() -> None:

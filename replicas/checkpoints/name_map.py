@@ -97,6 +97,15 @@ _QK_NORM = (  # Qwen3
     _layer(("attn", "k_norm", "scale"), "self_attn.k_norm.weight", "attn_k_norm.weight", SAME),
 )
 _LM_HEAD = TensorMapping(("lm_head",), "lm_head.weight", "output.weight", TRANSPOSE)
+_HEADS = {  # score heads (safetensors only: GGUF files carry no such head)
+    "linear": (TensorMapping(("head", "score"), "score.weight", "cls.score", TRANSPOSE),),
+    "reward_mlp": (
+        TensorMapping(("head", "dense"), "score.0.weight", "cls.dense", TRANSPOSE),
+        TensorMapping(("head", "dense_bias"), "score.0.bias", "cls.dense_bias", SAME),
+        TensorMapping(("head", "out"), "score.2.weight", "cls.out", TRANSPOSE),
+        TensorMapping(("head", "out_bias"), "score.2.bias", "cls.out_bias", SAME),
+    ),
+}
 
 
 def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
@@ -106,7 +115,9 @@ def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
         mappings += _QKV_BIAS
     if config.qk_norm:
         mappings += _QK_NORM
-    if not config.tie_word_embeddings:
+    if config.head is not None:
+        mappings += _HEADS[config.head.kind]
+    elif not config.tie_word_embeddings:
         mappings.append(_LM_HEAD)
     return tuple(mappings)
 

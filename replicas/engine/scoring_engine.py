@@ -76,7 +76,8 @@ class ScoringEngine:
         check_delimiter_in_vocab(settings, vocab, name)
         model = with_attention(model, settings.attention, mesh)
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
-        self._info = ModelInfo(name, vocab, settings.multi_item_scoring_delimiter, settings.limits)
+        delimiter, head = settings.multi_item_scoring_delimiter, model.config.head
+        self._info = ModelInfo(name, vocab, delimiter, settings.limits, head)
         self._replicated = replicated(mesh)
         self._cache = QueryCache(settings.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time
@@ -181,6 +182,9 @@ class ScoringEngine:
         ids = itertools.chain(work.query_ids, work.label_ids, *work.item_ids)
         if any(not 0 <= token < vocab for token in ids):
             raise ScoringInputError("token_id_exceeds_vocab", f"token ids must be in [0, {vocab})")
+        head = self._info.head  # a head model's labels index its outputs
+        if head is not None and max(work.label_ids) >= head.num_labels:
+            raise ScoringInputError("invalid_request", f"head outputs are [0, {head.num_labels})")
         check_limits(work, self._info.limits, self.uses_multi_item(work))
         delimiter = self._settings.multi_item_scoring_delimiter
         if self.uses_multi_item(work) and any(
@@ -191,6 +195,8 @@ class ScoringEngine:
             )
 
     def _validate_prompts(self, work: PromptWork, vocab: int) -> None:
+        if self._info.head is not None:
+            raise ScoringInputError("no_lm_head", "a score-head model has no token log-probs")
         if any(not prompt for prompt in work.prompts):
             raise ScoringInputError("empty_prompt", "every prompt must contain at least one token")
         if any(not 0 <= token < vocab for token in itertools.chain(*work.prompts)):

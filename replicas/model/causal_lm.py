@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from replicas.model.config import ModelConfig
+from replicas.model.heads import head_outputs, init_head_params
 from replicas.model.layers import MLP, Attention, RMSNorm, attend_dense, attend_item_stream
 
 Array = jax.Array
@@ -144,7 +145,9 @@ class CausalLM:
             "layers": jax.vmap(init_layer)(jax.random.split(layers_rng, c.num_layers)),
             "final_norm": {"scale": jnp.ones((c.hidden_size,), self.dtype)},
         }
-        if not c.tie_word_embeddings:
+        if c.head is not None:
+            params["head"] = init_head_params(c.head, c.hidden_size, head_rng, self.dtype)
+        elif not c.tie_word_embeddings:
             params["lm_head"] = 0.02 * jax.random.normal(
                 head_rng, (c.hidden_size, c.vocab_size), self.dtype
             )
@@ -232,6 +235,10 @@ class CausalLM:
         """Full-vocabulary log-softmax, then the labels.
 
         hidden: [..., D] (scoring positions only); labels: [..., C] -> [..., C] float32.
+        A model with a score head returns its outputs instead, ``labels`` indexing them.
         """
+        if self.config.head is not None:
+            outputs = head_outputs(self.config.head, params["head"], hidden)  # [..., L]
+            return jnp.take_along_axis(outputs, labels, axis=-1)
         logprobs = jax.nn.log_softmax(self.logits(params, hidden), axis=-1)  # [..., V]
         return jnp.take_along_axis(logprobs, labels, axis=-1)

@@ -10,6 +10,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from replicas.contract import ScoreHead
+from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
+
 FAMILIES = ("llama", "qwen2", "qwen3")
 
 
@@ -44,6 +47,7 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
     rope_scaling: RopeScaling | None = None
     max_position_embeddings: int = 8192
+    head: ScoreHead | None = None  # a seq-cls / reward head in place of the LM head
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -69,6 +73,7 @@ _ARCH_TO_FAMILY = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    **{arch: family for arch, (family, _) in HEAD_ARCHITECTURES.items()},
 }
 _MODEL_TYPE_TO_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
@@ -135,4 +140,5 @@ def config_from_hf(hf: Any) -> ModelConfig:
         qk_norm=family == "qwen3",
         rope_scaling=scaling,
         max_position_embeddings=int(getattr(hf, "max_position_embeddings", 8192)),
+        head=score_head_from_hf(hf),
     )

@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from cluster.sharding import tree_shardings
 from replicas.model.config import ModelConfig
+from replicas.model.heads import head_logical_axes
 
 Axes = tuple[str | None, ...]
 
@@ -45,7 +46,9 @@ def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
         },
         "final_norm": {"scale": ("norm",)},
     }
-    if not config.tie_word_embeddings:
+    if config.head is not None:
+        tree["head"] = head_logical_axes(config.head)
+    elif not config.tie_word_embeddings:
         tree["lm_head"] = ("embed", "vocab")
     return tree
 
@@ -59,6 +62,8 @@ _SIZES = {
     "kv_heads": lambda c: c.num_kv_heads,
     "head_dim": lambda c: c.head_dim,
     "mlp": lambda c: c.intermediate_size,
+    "head_hidden": lambda c: c.hidden_size,
+    "labels": lambda c: c.head.num_labels,
 }
 
 

@@ -1,0 +1,117 @@
+"""/v1/classify (semantics 18) on a score-head model, in vLLM's and SGLang's shape, and what
+/v1/models says about the head.
+
+Each input is one row: its tokens (encoded with the tokenizer's special tokens) as a query
+with one empty item, so the head reads the row's last token, exactly where transformers reads
+a sequence classifier. The inputs of one request go to the replica together and are packed
+into its steps like any rows. The activation runs here with SciPy (``app.scores``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.schema import ClassifyRequest
+from app.scores import classify_probs
+from app.tokenization import TextTokenizer
+from app.validation import check_item_count, check_model_name, check_work, validate_body
+from replicas.contract import ModelInfo, ScoreHead, ScoreWork
+
+
+@dataclass(frozen=True)
+class ClassifyWork:
+    """A validated /v1/classify request and one ScoreWork per input."""
+
+    request: ClassifyRequest
+    works: tuple[ScoreWork, ...]
+    prompt_tokens: int
+
+
+def refuse_score_head(info: ModelInfo, route: str) -> None:
+    """Routes that read token log-probabilities refuse a score-head model (400)."""
+    if info.head is not None:
+        raise ScoreRequestError(
+            Reason.NO_LM_HEAD,
+            f"{route}: model {info.name!r} has a score head, not a language-model head; "
+            "use /v1/score or /v1/classify",
+        )
+
+
+def head_of(info: ModelInfo) -> ScoreHead:
+    """The served head, or a 400 ``no_score_head`` naming the model."""
+    if info.head is None:
+        raise ScoreRequestError(
+            Reason.NO_SCORE_HEAD,
+            f"/v1/classify: model {info.name!r} has no score head (a causal LM is scored "
+            "through /v1/score with label_token_ids)",
+        )
+    return info.head
+
+
+def prepare_classify(
+    payload: Any, info: ModelInfo, tokenizer: TextTokenizer, gate: Gate = admit_all
+) -> ClassifyWork:
+    """Validate and tokenize; ``gate`` (admission) runs before tokenization."""
+    request = validate_body(payload, ClassifyRequest)
+    check_model_name(request.model, info)
+    head = head_of(info)
+    texts = [request.input] if isinstance(request.input, str) else list(request.input)
+    check_item_count(len(texts), info)
+    for text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            message = "input: text is not valid Unicode"
+            raise ScoreRequestError(Reason.INVALID_REQUEST, message, "input") from None
+    gate()
+    encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
+    works = tuple(ScoreWork(tuple(int(t) for t in ids), ((),), head.label_ids) for ids in encoded)
+    for work in works:
+        try:
+            check_work(work, info)
+        except ScoreRequestError as error:
+            raise ScoreRequestError(error.reason, error.message, "input") from None
+    return ClassifyWork(request, works, sum(len(work.query_ids) for work in works))
+
+
+def classify_body(
+    prepared: ClassifyWork, outputs: np.ndarray | None, info: ModelInfo, created: int
+) -> dict[str, Any]:
+    """``{id, object: "list", created, model, data: [{index, label, probs, num_classes}],
+    usage}``; ``outputs``: the head's logits ``[inputs, num_labels]`` (None: no inputs)."""
+    head = head_of(info)
+    data = []
+    if outputs is not None:
+        activated = prepared.request.activation
+        values = classify_probs(outputs, head.problem_type) if activated else outputs
+        for index, row in enumerate(np.asarray(values, np.float64)):
+            data.append(
+                {
+                    "index": index,
+                    "label": head.id2label[int(np.argmax(row))],
+                    "probs": row.tolist(),
+                    "num_classes": head.num_labels,
+                }
+            )
+    tokens = prepared.prompt_tokens
+    return {
+        "id": f"classify-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": created,
+        "model": info.name,
+        "data": data,
+        "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
+    }
+
+
+def head_card(head: ScoreHead | None) -> dict[str, Any]:
+    """/v1/models' fields about how the model scores."""
+    if head is None:
+        return {"scoring": "label_tokens", "num_labels": None, "id2label": None}
+    labels = {str(i): name for i, name in enumerate(head.id2label)}
+    return {"scoring": "head", "num_labels": head.num_labels, "id2label": labels}

@@ -1,0 +1,53 @@
+"""Which score head a Hugging Face config asks for (jax-free: the ingress reads it too).
+
+``*ForSequenceClassification`` of the Llama, Qwen2 and Qwen3 families put a bias-free linear
+``score`` [D -> num_labels] on the final hidden state; ``Qwen2ForRewardModel`` (remote code of
+Qwen2.5-Math-RM and process reward models) puts D -> D, ReLU, D -> 1 there. Both read the
+last token of a sequence.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replicas.contract import PROBLEM_TYPES, ScoreHead
+
+HEAD_ARCHITECTURES = {
+    "LlamaForSequenceClassification": ("llama", "linear"),
+    "Qwen2ForSequenceClassification": ("qwen2", "linear"),
+    "Qwen3ForSequenceClassification": ("qwen3", "linear"),
+    "Qwen2ForRewardModel": ("qwen2", "reward_mlp"),
+}
+
+
+class UnsupportedHeadError(ValueError):
+    """The config's head fields are unusable (they are named in the message)."""
+
+
+def _head_architecture(hf: Any) -> str | None:
+    for arch in getattr(hf, "architectures", None) or ():
+        if arch in HEAD_ARCHITECTURES:
+            return arch
+    return None
+
+
+def _id2label(hf: Any, num_labels: int) -> tuple[str, ...]:
+    given = dict(getattr(hf, "id2label", None) or {})
+    if sorted(int(k) for k in given) != list(range(num_labels)):
+        return tuple(f"LABEL_{i}" for i in range(num_labels))
+    return tuple(str(given[k]) for k in sorted(given, key=int))
+
+
+def score_head_from_hf(hf: Any) -> ScoreHead | None:
+    """The head of a transformers config (config.json), or None for a causal LM."""
+    arch = _head_architecture(hf)
+    if arch is None:
+        return None
+    kind = HEAD_ARCHITECTURES[arch][1]
+    num_labels = 1 if kind == "reward_mlp" else int(getattr(hf, "num_labels", 0) or 0)
+    if num_labels < 1:
+        raise UnsupportedHeadError(f"num_labels: {num_labels} (a head needs at least one)")
+    problem_type = getattr(hf, "problem_type", None)
+    if problem_type is not None and problem_type not in PROBLEM_TYPES:
+        raise UnsupportedHeadError(f"problem_type: {problem_type!r} not in {PROBLEM_TYPES}")
+    return ScoreHead(kind, num_labels, _id2label(hf, num_labels), problem_type)
