@@ -15,6 +15,7 @@ for the item stream) are the reference everywhere and what CPUs run.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -25,11 +26,13 @@ from jax.sharding import Mesh, PartitionSpec
 
 from cluster.sharding import partition_spec
 from replicas.model.causal_lm import CausalLM, CausalSpec, DenseSpec, masked_attention
+from replicas.model.config import ModelConfig
 from replicas.model.layers import attend_item_stream
 from replicas.model.pallas_attention import item_stream_attention
 from replicas.settings import SettingsError
 
 Array = jax.Array
+logger = logging.getLogger(__name__)
 
 
 def mesh_platform(mesh: Mesh) -> str:
@@ -47,10 +50,30 @@ def uses_cudnn(choice: str, mesh: Mesh, dtype: Any) -> bool:
     return choice == "cudnn" or (choice == "auto" and mesh_platform(mesh) == "gpu" and half)
 
 
+def kernel_options(config: ModelConfig) -> list[str]:
+    """The family's attention options that the fused kernels (Pallas, cuDNN) do not take."""
+    named = {
+        "sliding_window": config.windowed,
+        "attn_logit_softcapping": config.attn_softcap is not None,
+        "query_pre_attn_scalar": config.query_scale is not None,
+    }
+    return [name for name, used in named.items() if used]
+
+
 def with_attention(model: CausalLM, choice: str, mesh: Mesh) -> CausalLM:
-    """``model`` running the attention kernels the setting and the mesh call for."""
+    """``model`` running the attention kernels the setting and the mesh call for. A family
+    with options the kernels lack (``kernel_options``) runs the XLA reference (logged)."""
     if choice == "cudnn" and mesh_platform(mesh) != "gpu":
         raise SettingsError(f"attention: cudnn needs a GPU, this mesh is {mesh_platform(mesh)}")
+    fused = uses_cudnn(choice, mesh, model.dtype) or uses_pallas(choice, mesh)
+    if fused and (missing := kernel_options(model.config)):
+        logger.warning(
+            "attention: %s runs the XLA reference: the fused kernels lack %s",
+            model.config.family, ", ".join(missing),
+        )  # fmt: skip
+        return dataclasses.replace(
+            model, stream_attention=attend_item_stream, dense_attention=masked_attention
+        )
     dense = cudnn_dense_attention if uses_cudnn(choice, mesh, model.dtype) else masked_attention
     if not uses_pallas(choice, mesh):
         stream: Callable[..., Array] = attend_item_stream
