@@ -195,6 +195,14 @@ def test_items_crossing_the_window_score_differently_without_it(engines, every_o
     assert _max_diff(engines["shared_prefix"].score_batch(WORKS), plain.score_batch(WORKS)) > 1e-3
 
 
+def test_pallas_engine_equals_single_item_across_the_window(engines, every_option):
+    """The Pallas item-stream kernels (interpret mode on CPU) inside the engine's sharded
+    step: windows per layer, soft-caps and query scale reach them."""
+    pallas = _engine(every_option, multi_item_scoring_delimiter=DELIMITER, attention="pallas")
+    works = WORKS[:1]
+    assert _max_diff(engines["single"].score_batch(works), pallas.score_batch(works)) <= 1e-5
+
+
 def test_changing_one_item_leaves_the_others_bit_identical(engines):
     engine = engines["shared_prefix"]
     base = _work(4, 13, (3, 6, 2, 7))
@@ -226,3 +234,54 @@ def test_cached_and_extended_queries_stay_exact(every_option):
     # cold query runs dense: the same math summed otherwise, equal to fp32 rounding (1e-6
     # relative; these log-probs reach ~10 nats).
     np.testing.assert_allclose(warm, cold.score_batch([extended])[0], atol=1e-6, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- Pallas
+
+
+def test_pallas_item_stream_takes_windows_and_soft_caps_like_the_reference():
+    """Interpret mode (the TPU kernels' code on CPU) against the XLA reference: items of 1-8
+    tokens behind prefixes of 20 and 7 tokens, window 6 (items' late tokens see little or
+    none of the prefix), query scale and soft-cap of Gemma."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from replicas.model.layers import attend_item_stream
+    from replicas.model.pallas_attention import item_stream_attention
+
+    rng = np.random.default_rng(0)
+    rows, prefix_lengths, s, t = (
+        [[1, 3, 8, 5, 1, 7, 8, 2, 6], [8, 8, 1, 1, 4, 7, 2]],
+        [20, 7],
+        45,
+        24,
+    )
+    item_ids = np.full((2, s), -1, np.int32)
+    positions = np.zeros((2, s), np.int32)
+    for row, lengths in enumerate(rows):
+        cursor = 0
+        for item, n in enumerate(lengths):
+            item_ids[row, cursor : cursor + n] = item
+            positions[row, cursor : cursor + n] = prefix_lengths[row] + np.arange(n)
+            cursor += n
+
+    def normal(*shape):
+        return jnp.asarray(3.0 * rng.standard_normal(shape), jnp.float32)
+
+    valid = jnp.asarray(np.arange(t)[None] < np.asarray(prefix_lengths)[:, None])
+    args = (normal(2, s, 4, 16), normal(2, t, 2, 16), normal(2, t, 2, 16), valid)
+    args += (normal(2, s, 2, 16), normal(2, s, 2, 16), jnp.asarray(item_ids))
+    options = {"scale": 24**-0.5, "softcap": 5.0, "positions": jnp.asarray(positions)}
+    reference = jax.jit(attend_item_stream, static_argnames=("window", "scale", "softcap"))
+    kernel = jax.jit(
+        functools.partial(item_stream_attention, window=8, interpret=True, block=8),
+        static_argnames=("scale", "softcap"),
+    )
+    real = item_ids >= 0
+    windowed = np.asarray(kernel(*args, **options, sliding_window=jnp.int32(6)))[real]
+    expected = np.asarray(reference(*args, window=8, **options, sliding_window=jnp.int32(6)))
+    np.testing.assert_allclose(windowed, expected[real], rtol=0, atol=1e-5)
+    unwindowed = np.asarray(reference(*args, window=8, scale=24**-0.5, softcap=5.0))[real]
+    assert np.abs(unwindowed - expected[real]).max() > 1e-2  # the window changed the rows

@@ -50,8 +50,8 @@ def uses_cudnn(choice: str, mesh: Mesh, dtype: Any) -> bool:
     return choice == "cudnn" or (choice == "auto" and mesh_platform(mesh) == "gpu" and half)
 
 
-def kernel_options(config: ModelConfig) -> list[str]:
-    """The family's attention options that the fused kernels (Pallas, cuDNN) do not take."""
+def cudnn_lacks(config: ModelConfig) -> list[str]:
+    """The family's attention options that cuDNN's fused kernel does not take."""
     named = {
         "sliding_window": config.windowed,
         "attn_logit_softcapping": config.attn_softcap is not None,
@@ -61,20 +61,19 @@ def kernel_options(config: ModelConfig) -> list[str]:
 
 
 def with_attention(model: CausalLM, choice: str, mesh: Mesh) -> CausalLM:
-    """``model`` running the attention kernels the setting and the mesh call for. A family
-    with options the kernels lack (``kernel_options``) runs the XLA reference (logged)."""
+    """``model`` running the attention kernels the setting and the mesh call for. The Pallas
+    kernels take windows and soft-caps; where cuDNN lacks one (``cudnn_lacks``) dense rows
+    run the XLA reference (logged once, here)."""
     if choice == "cudnn" and mesh_platform(mesh) != "gpu":
         raise SettingsError(f"attention: cudnn needs a GPU, this mesh is {mesh_platform(mesh)}")
-    fused = uses_cudnn(choice, mesh, model.dtype) or uses_pallas(choice, mesh)
-    if fused and (missing := kernel_options(model.config)):
+    cudnn = uses_cudnn(choice, mesh, model.dtype)
+    if cudnn and (missing := cudnn_lacks(model.config)):
         logger.warning(
-            "attention: %s runs the XLA reference: the fused kernels lack %s",
+            "attention: %s dense rows run the XLA reference: cuDNN lacks %s",
             model.config.family, ", ".join(missing),
         )  # fmt: skip
-        return dataclasses.replace(
-            model, stream_attention=attend_item_stream, dense_attention=masked_attention
-        )
-    dense = cudnn_dense_attention if uses_cudnn(choice, mesh, model.dtype) else masked_attention
+        cudnn = False
+    dense = cudnn_dense_attention if cudnn else masked_attention
     if not uses_pallas(choice, mesh):
         stream: Callable[..., Array] = attend_item_stream
     else:
@@ -112,20 +111,29 @@ def sharded_stream_attention(
     v: Array,
     item_ids: Array,  # [B, S]
     window: int,
+    scale: float | None = None,
+    softcap: float | None = None,
+    positions: Array | None = None,  # [B, S], with a sliding window
+    sliding_window: Array | None = None,  # []
     *,
     mesh: Mesh,
     interpret: bool,
 ) -> Array:
     """``attend_item_stream``'s contract through the Pallas kernels, per device."""
     q_spec, kv_spec, rows = _specs(q, k, mesh)
-    kernel: Callable[..., Array] = partial(
-        item_stream_attention, window=window, interpret=interpret
-    )
+    arrays = [q, prefix_k, prefix_v, prefix_valid, k, v, item_ids]
+    specs = [q_spec, kv_spec, kv_spec, rows, kv_spec, kv_spec, rows]
+    if sliding_window is not None:
+        arrays += [positions, sliding_window]
+        specs += [rows, PartitionSpec()]
+
+    def kernel(*shard: Array) -> Array:
+        sliding = dict(zip(("positions", "sliding_window"), shard[7:], strict=False))
+        return item_stream_attention(
+            *shard[:7], window, scale, softcap, **sliding, interpret=interpret
+        )
+
     sharded = jax.shard_map(
-        kernel,
-        mesh=mesh,
-        in_specs=(q_spec, kv_spec, kv_spec, rows, kv_spec, kv_spec, rows),
-        out_specs=q_spec,
-        check_vma=False,
+        kernel, mesh=mesh, in_specs=tuple(specs), out_specs=q_spec, check_vma=False
     )
-    return sharded(q, prefix_k, prefix_v, prefix_valid, k, v, item_ids)
+    return sharded(*arrays)
