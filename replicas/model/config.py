@@ -102,6 +102,11 @@ class ModelConfig:
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
+    def with_layers(self, num_layers: int) -> ModelConfig:
+        """The first ``num_layers`` layers (their kinds kept; for per-layer cost compiles)."""
+        kinds = self.sliding_layers and tuple(self.sliding_layers[:num_layers])
+        return self.replace(num_layers=num_layers, sliding_layers=kinds)
+
 
 _ARCH_TO_FAMILY = {
     "LlamaForCausalLM": "llama",
