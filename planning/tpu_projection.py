@@ -58,7 +58,7 @@ def layer_engines(engine: Any, mesh: Any, abstract_params: Any) -> list[Any]:
 
     engines = []
     for layers in COMPILED_LAYERS:
-        config = dataclasses.replace(engine.model.config, num_layers=layers)
+        config = engine.model.config.with_layers(layers)
         model = dataclasses.replace(engine.model, config=config, unroll_layers=True)
         params, _ = abstract_params(model, mesh)
         engines.append(ScoringEngine(model, params, mesh, engine.settings, f"{layers} layers"))

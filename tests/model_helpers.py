@@ -32,6 +32,25 @@ LLAMA3_ROPE = {
     "original_max_position_embeddings": 16,
     "rope_theta": 500000.0,
 }
+GEMMA2 = {
+    "head_dim": 16,
+    "query_pre_attn_scalar": 24,
+    "sliding_window": 4,
+    "attn_logit_softcapping": 5.0,
+    "final_logit_softcapping": 8.0,
+    "layer_types": ["sliding_attention", "full_attention"],
+}
+GEMMA3 = {
+    "head_dim": 16,
+    "num_hidden_layers": 3,
+    "query_pre_attn_scalar": 24,
+    "sliding_window": 4,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "rope_parameters": {
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+}
 # name -> (transformers config class, overrides of TINY)
 TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {"tie_word_embeddings": True}),
@@ -43,6 +62,10 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
         "LlamaConfig",
         {"hidden_size": 48, "num_attention_heads": 6, "num_key_value_heads": 3},
     ),
+    # Windows of 4-5 tokens (sequences of 12 cross them); soft-caps small enough to bite.
+    "mistral": ("MistralConfig", {"tie_word_embeddings": False, "sliding_window": 5}),
+    "gemma2": ("Gemma2Config", GEMMA2),
+    "gemma3": ("Gemma3TextConfig", GEMMA3),
 }
 
 

@@ -32,6 +32,7 @@ from replicas.checkpoints.name_map import (
     hf_shape,
     set_path,
     tensor_mappings,
+    text_tower_name,
     to_our_layout,
 )
 from replicas.checkpoints.sources import ModelSource, load_hf_config, resolve_model_source
@@ -124,29 +125,33 @@ class SafetensorsFiles:
 
         self._handles: dict[str, Any] = {}
         self._paths: dict[str, Path] = {}
+        self._file_names: dict[str, str] = {}  # our name -> the file's (a text tower's)
         for path in _safetensors_files(directory):
             try:
                 handle = stack.enter_context(safe_open(str(path), framework="numpy"))
             except Exception as error:
                 message = f"{path.name}: not a readable safetensors file: {error}"
                 raise CheckpointError(message) from error
-            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                self._handles[name] = handle
-                self._paths[name] = path
+            for file_name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                name = text_tower_name(file_name)
+                if name is not None:
+                    self._handles[name] = handle
+                    self._paths[name] = path
+                    self._file_names[name] = file_name
 
     def names(self) -> set[str]:
         return set(self._handles)
 
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._handles[name].get_slice(name).get_shape())
+        return tuple(self._handles[name].get_slice(self._file_names[name]).get_shape())
 
     def read(self, name: str) -> np.ndarray:
-        handle = self._handles[name]
-        kind = handle.get_slice(name).get_dtype()
+        handle, file_name = self._handles[name], self._file_names[name]
+        kind = handle.get_slice(file_name).get_dtype()
         if kind in _RAW_DTYPES:
-            return _read_raw(self._paths[name], name, _RAW_DTYPES[kind])
+            return _read_raw(self._paths[name], file_name, _RAW_DTYPES[kind])
         try:
-            return handle.get_tensor(name)
+            return handle.get_tensor(file_name)
         except (TypeError, KeyError) as error:
             message = f"{name}: unsupported safetensors dtype {kind}: {error}"
             raise CheckpointError(message) from error

@@ -6,9 +6,9 @@ Hugging Face name, its GGUF name and the layout change from the Hugging Face lay
 Hugging Face layout (ggml order reversed, llama q/k rows un-permuted, see
 ``replicas.checkpoints.gguf_loading``), so one layout table serves both formats.
 
-The three families share the Llama names; Qwen2 adds q/k/v biases and Qwen3 per-head q/k
-RMSNorm. Shapes below: D hidden, H query heads, K key/value heads, Dh head dim, F MLP width,
-V vocabulary.
+The families share the Llama names; Qwen2 adds q/k/v biases, Qwen3 and Gemma 3 per-head
+q/k RMSNorm, Gemma 2/3 four norms per layer (``_GEMMA_NORMS``). Shapes below: D hidden,
+H query heads, K key/value heads, Dh head dim, F MLP width, V vocabulary.
 """
 
 from __future__ import annotations
@@ -106,11 +106,27 @@ _HEADS = {  # score heads (safetensors only: GGUF files carry no such head)
         TensorMapping(("head", "out_bias"), "score.2.bias", "cls.out_bias", SAME),
     ),
 }
+_MLP_NORM = ("mlp_norm", "scale")
+# Gemma 2/3: four norms per layer; Gemma's post_attention_layernorm is the attention block's
+# output norm (Llama's name for the MLP's input norm).
+_GEMMA_NORMS = (
+    _layer(_MLP_NORM, "pre_feedforward_layernorm.weight", "ffn_norm.weight", SAME),
+    _layer(
+        ("post_attn_norm", "scale"), "post_attention_layernorm.weight",
+        "post_attention_norm.weight", SAME,
+    ),
+    _layer(
+        ("post_mlp_norm", "scale"), "post_feedforward_layernorm.weight", "post_ffw_norm.weight",
+        SAME,
+    ),
+)  # fmt: skip
 
 
 def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
     """Every leaf of ``param_logical_axes(config)`` with its source names and layout."""
     mappings = list(_COMMON)
+    if config.post_norms:
+        mappings = [m for m in mappings if m.path != ("layers", *_MLP_NORM)] + list(_GEMMA_NORMS)
     if config.qkv_bias:
         mappings += _QKV_BIAS
     if config.qk_norm:
@@ -120,6 +136,22 @@ def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
     elif not config.tie_word_embeddings:
         mappings.append(_LM_HEAD)
     return tuple(mappings)
+
+
+# A multimodal checkpoint's text tower (Gemma3ForConditionalGeneration, transformers v5 and
+# v4 names) is read under the causal LM's names; its vision parts are not read.
+_TEXT_TOWERS = (("model.language_model.", "model."), ("language_model.model.", "model."))
+_TEXT_TOWERS += (("language_model.lm_head.", "lm_head."),)
+_VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
+
+
+def text_tower_name(name: str) -> str | None:
+    """A safetensors name as the causal LM's name, or None for a vision-tower tensor."""
+    for prefix, ours in _TEXT_TOWERS:
+        if name.startswith(prefix):
+            return ours + name[len(prefix) :]
+    bare = name.removeprefix("model.")
+    return None if bare.startswith(_VISION_PARTS) else name
 
 
 def hf_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ for the item stream) are the reference everywhere and what CPUs run.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -25,11 +26,13 @@ from jax.sharding import Mesh, PartitionSpec
 
 from cluster.sharding import partition_spec
 from replicas.model.causal_lm import CausalLM, CausalSpec, DenseSpec, masked_attention
+from replicas.model.config import ModelConfig
 from replicas.model.layers import attend_item_stream
 from replicas.model.pallas_attention import item_stream_attention
 from replicas.settings import SettingsError
 
 Array = jax.Array
+logger = logging.getLogger(__name__)
 
 
 def mesh_platform(mesh: Mesh) -> str:
@@ -47,11 +50,30 @@ def uses_cudnn(choice: str, mesh: Mesh, dtype: Any) -> bool:
     return choice == "cudnn" or (choice == "auto" and mesh_platform(mesh) == "gpu" and half)
 
 
+def cudnn_lacks(config: ModelConfig) -> list[str]:
+    """The family's attention options that cuDNN's fused kernel does not take."""
+    named = {
+        "sliding_window": config.windowed,
+        "attn_logit_softcapping": config.attn_softcap is not None,
+        "query_pre_attn_scalar": config.query_scale is not None,
+    }
+    return [name for name, used in named.items() if used]
+
+
 def with_attention(model: CausalLM, choice: str, mesh: Mesh) -> CausalLM:
-    """``model`` running the attention kernels the setting and the mesh call for."""
+    """``model`` running the attention kernels the setting and the mesh call for. The Pallas
+    kernels take windows and soft-caps; where cuDNN lacks one (``cudnn_lacks``) dense rows
+    run the XLA reference (logged once, here)."""
     if choice == "cudnn" and mesh_platform(mesh) != "gpu":
         raise SettingsError(f"attention: cudnn needs a GPU, this mesh is {mesh_platform(mesh)}")
-    dense = cudnn_dense_attention if uses_cudnn(choice, mesh, model.dtype) else masked_attention
+    cudnn = uses_cudnn(choice, mesh, model.dtype)
+    if cudnn and (missing := cudnn_lacks(model.config)):
+        logger.warning(
+            "attention: %s dense rows run the XLA reference: cuDNN lacks %s",
+            model.config.family, ", ".join(missing),
+        )  # fmt: skip
+        cudnn = False
+    dense = cudnn_dense_attention if cudnn else masked_attention
     if not uses_pallas(choice, mesh):
         stream: Callable[..., Array] = attend_item_stream
     else:
@@ -89,20 +111,29 @@ def sharded_stream_attention(
     v: Array,
     item_ids: Array,  # [B, S]
     window: int,
+    scale: float | None = None,
+    softcap: float | None = None,
+    positions: Array | None = None,  # [B, S], with a sliding window
+    sliding_window: Array | None = None,  # []
     *,
     mesh: Mesh,
     interpret: bool,
 ) -> Array:
     """``attend_item_stream``'s contract through the Pallas kernels, per device."""
     q_spec, kv_spec, rows = _specs(q, k, mesh)
-    kernel: Callable[..., Array] = partial(
-        item_stream_attention, window=window, interpret=interpret
-    )
+    arrays = [q, prefix_k, prefix_v, prefix_valid, k, v, item_ids]
+    specs = [q_spec, kv_spec, kv_spec, rows, kv_spec, kv_spec, rows]
+    if sliding_window is not None:
+        arrays += [positions, sliding_window]
+        specs += [rows, PartitionSpec()]
+
+    def kernel(*shard: Array) -> Array:
+        sliding = dict(zip(("positions", "sliding_window"), shard[7:], strict=False))
+        return item_stream_attention(
+            *shard[:7], window, scale, softcap, **sliding, interpret=interpret
+        )
+
     sharded = jax.shard_map(
-        kernel,
-        mesh=mesh,
-        in_specs=(q_spec, kv_spec, kv_spec, rows, kv_spec, kv_spec, rows),
-        out_specs=q_spec,
-        check_vma=False,
+        kernel, mesh=mesh, in_specs=tuple(specs), out_specs=q_spec, check_vma=False
     )
-    return sharded(q, prefix_k, prefix_v, prefix_valid, k, v, item_ids)
+    return sharded(*arrays)

@@ -23,6 +23,35 @@ _LLAMA3 = {
     "num_key_value_heads": 8,
 }
 
+_GEMMA2 = {
+    "model_type": "gemma2",
+    "architectures": ["Gemma2ForCausalLM"],
+    "vocab_size": 256000,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+_GEMMA3 = {  # text towers; 4B and up: 262208 tokens, window 1024, global RoPE scaled 8x
+    "model_type": "gemma3_text",
+    "architectures": ["Gemma3ForCausalLM"],
+    "vocab_size": 262208,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 1024,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": True,
+}
+
 
 def _llama3_rope(factor: float) -> dict[str, Any]:
     return {
@@ -33,6 +62,13 @@ def _llama3_rope(factor: float) -> dict[str, Any]:
         "original_max_position_embeddings": 8192,
         "rope_theta": 500000.0,
     }
+
+
+def _sized(base: Mapping[str, Any], *shape: int, **changes: Any) -> dict[str, Any]:
+    """``base`` with (hidden, MLP width, layers, heads, kv heads) and other ``changes``."""
+    names = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+    names += ("num_key_value_heads",)
+    return {**base, **dict(zip(names, shape, strict=True)), **changes}
 
 
 HF_CONFIGS: Mapping[str, Mapping[str, Any]] = {
@@ -95,7 +131,37 @@ HF_CONFIGS: Mapping[str, Mapping[str, Any]] = {
         "tie_word_embeddings": False,
         "rope_scaling": _llama3_rope(8.0),
     },
-}
+    "Mistral-7B-v0.1": {
+        "model_type": "mistral",
+        "architectures": ["MistralForCausalLM"],
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": False,
+    },
+    "Gemma-2-2B": _sized(_GEMMA2, 2304, 9216, 26, 8, 4),
+    "Gemma-2-9B": _sized(_GEMMA2, 3584, 14336, 42, 16, 8),
+    "Gemma-2-27B": _sized(
+        _GEMMA2, 4608, 36864, 46, 32, 16, head_dim=128, query_pre_attn_scalar=144
+    ),
+    "Gemma-3-1B": _sized(
+        _GEMMA3, 1152, 6912, 26, 4, 1, vocab_size=262144, sliding_window=512, rope_scaling=None,
+        max_position_embeddings=32768,
+    ),
+    "Gemma-3-4B": _sized(_GEMMA3, 2560, 10240, 34, 8, 4),
+    "Gemma-3-12B": _sized(_GEMMA3, 3840, 15360, 48, 16, 8),
+    "Gemma-3-27B": _sized(
+        _GEMMA3, 5376, 21504, 62, 32, 16, head_dim=128, query_pre_attn_scalar=168
+    ),
+}  # fmt: skip
 
 
 def hf_config(values: Mapping[str, Any]) -> Any:

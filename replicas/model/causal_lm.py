@@ -4,7 +4,8 @@ Two forward passes: a dense one over token rows with an explicit mask (it also r
 layer's keys and values), and an item-stream one whose tokens read those keys and values as a
 shared prefix plus their own item (``ItemStreamSpec``). Positions are always explicit.
 Parameters are a plain pytree whose layer leaves are stacked on a leading ``layers`` axis, so
-the stack compiles once.
+the stack compiles once; what differs between layers (a sliding window, Gemma 3's local RoPE
+base) is scanned beside them as ``LayerKind``.
 """
 
 from __future__ import annotations
@@ -17,10 +18,19 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from replicas.model.config import ModelConfig
 from replicas.model.heads import head_outputs, init_head_params
-from replicas.model.layers import MLP, Attention, RMSNorm, attend_dense, attend_item_stream
+from replicas.model.layers import (
+    MLP,
+    Attention,
+    RMSNorm,
+    attend_dense,
+    attend_item_stream,
+    soft_cap,
+)
+from replicas.model.masks import within_window
 
 Array = jax.Array
 Params = dict[str, Any]
@@ -31,6 +41,8 @@ class AttentionSpec:
     """Who attends to whom in a dense row. ``mask[b, t, s]``: token t of row b may read s."""
 
     mask: Array  # [B, T, T] bool
+    scale: float | None = flax.struct.field(pytree_node=False, default=None)  # None: Dh**-0.5
+    softcap: float | None = flax.struct.field(pytree_node=False, default=None)
 
     def dense_mask(self) -> Array:
         return self.mask
@@ -60,7 +72,15 @@ def masked_attention(q: Array, k: Array, v: Array, spec: DenseSpec) -> Array:
     """The reference dense attention (XLA) of either spec: q [B, T, H, Dh], k/v [B, T, K, Dh]."""
     if isinstance(spec, CausalSpec):
         return attend_dense(q, k, v, spec.dense_mask(q.shape[1]))
-    return attend_dense(q, k, v, spec.mask)
+    return attend_dense(q, k, v, spec.mask, spec.scale, spec.softcap)
+
+
+@flax.struct.dataclass
+class LayerKind:
+    """What differs between the layers of one stack, scanned beside their parameters."""
+
+    window: Array  # [] int32 (stacked: [layers]): sliding window, config.NO_WINDOW if global
+    local: Array  # [] bool: a windowed layer (Gemma 3 reads its local RoPE base)
 
 
 @flax.struct.dataclass
@@ -79,19 +99,58 @@ class DecoderLayer(nn.Module):
     dense_attention: Callable[..., Array] = masked_attention  # see replicas.model.attention
 
     def setup(self) -> None:
-        eps = self.config.rms_norm_eps
-        self.attn_norm = RMSNorm(eps, self.dtype)
-        self.attn = Attention(self.config, self.dtype)
-        self.mlp_norm = RMSNorm(eps, self.dtype)
-        self.mlp = MLP(self.config, self.dtype)
+        c = self.config
+        eps, offset = c.rms_norm_eps, c.norm_offset
+        self.attn_norm = RMSNorm(eps, self.dtype, offset)
+        self.attn = Attention(c, self.dtype)
+        self.mlp_norm = RMSNorm(eps, self.dtype, offset)
+        self.mlp = MLP(c, self.dtype)
+        if c.post_norms:
+            self.post_attn_norm = RMSNorm(eps, self.dtype, offset)
+            self.post_mlp_norm = RMSNorm(eps, self.dtype, offset)
 
     def _mlp_block(self, x: Array) -> Array:
-        return x + self.mlp(self.mlp_norm(x))
+        out = self.mlp(self.mlp_norm(x))
+        return x + (self.post_mlp_norm(out) if self.config.post_norms else out)
 
-    def __call__(self, x: Array, positions: Array, spec: DenseSpec) -> tuple[Array, Array, Array]:
+    def _attn_block(self, x: Array, attended: Array) -> Array:
+        out = self.attn.out(attended)
+        return x + (self.post_attn_norm(out) if self.config.post_norms else out)
+
+    def _qkv(self, x: Array, positions: Array, kind: LayerKind | None) -> tuple[Array, ...]:
+        local = None if kind is None else kind.local
+        return self.attn.qkv(self.attn_norm(x), positions, local)
+
+    def _dense_spec(self, spec: DenseSpec, positions: Array, kind: LayerKind | None) -> DenseSpec:
+        """``spec`` with this layer's window, logit scale and soft-cap (unchanged when the
+        family has none, so a fused causal kernel still sees a ``CausalSpec``)."""
+        c = self.config
+        if not c.windowed and c.query_scale is None and c.attn_softcap is None:
+            return spec
+        mask = spec.dense_mask(positions.shape[1]) if isinstance(spec, CausalSpec) else spec.mask
+        if c.windowed and kind is not None:
+            mask = mask & within_window(positions, positions, kind.window)  # [B, T, T]
+        return AttentionSpec(mask=mask, scale=c.query_scale, softcap=c.attn_softcap)
+
+    def __call__(
+        self, x: Array, positions: Array, spec: DenseSpec, kind: LayerKind | None = None
+    ) -> tuple[Array, Array, Array]:
         """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh])."""
-        q, k, v = self.attn.qkv(self.attn_norm(x), positions)
-        return self._mlp_block(x + self.attn.out(self.dense_attention(q, k, v, spec))), k, v
+        q, k, v = self._qkv(x, positions, kind)
+        attended = self.dense_attention(q, k, v, self._dense_spec(spec, positions, kind))
+        return self._mlp_block(self._attn_block(x, attended)), k, v
+
+    def _stream_options(self, positions: Array, kind: LayerKind | None) -> dict[str, Any]:
+        """Keyword arguments of ``attend_item_stream`` that this family needs."""
+        c = self.config
+        options: dict[str, Any] = {}
+        if c.query_scale is not None:
+            options["scale"] = c.query_scale
+        if c.attn_softcap is not None:
+            options["softcap"] = c.attn_softcap
+        if c.windowed and kind is not None:
+            options.update(positions=positions, sliding_window=kind.window)
+        return options
 
     def stream(
         self,
@@ -100,14 +159,16 @@ class DecoderLayer(nn.Module):
         spec: ItemStreamSpec,
         prefix_k: Array,
         prefix_v: Array,
+        kind: LayerKind | None = None,
     ) -> tuple[Array, Array, Array]:
         """x: [B, S, D] item stream reading prefix keys/values [B, T, K, Dh] -> (x one layer
         on [B, S, D], the stream's own keys and values [B, S, K, Dh])."""
-        q, k, v = self.attn.qkv(self.attn_norm(x), positions)
+        q, k, v = self._qkv(x, positions, kind)
         attended = self.stream_attention(
-            q, prefix_k, prefix_v, spec.prefix_valid, k, v, spec.item_ids, spec.window
-        )
-        return self._mlp_block(x + self.attn.out(attended)), k, v
+            q, prefix_k, prefix_v, spec.prefix_valid, k, v, spec.item_ids, spec.window,
+            **self._stream_options(positions, kind),
+        )  # fmt: skip
+        return self._mlp_block(self._attn_block(x, attended)), k, v
 
 
 @dataclass(frozen=True)
@@ -143,7 +204,9 @@ class CausalLM:
         params: Params = {
             "embed": 0.02 * jax.random.normal(embed_rng, (c.vocab_size, c.hidden_size), self.dtype),
             "layers": jax.vmap(init_layer)(jax.random.split(layers_rng, c.num_layers)),
-            "final_norm": {"scale": jnp.ones((c.hidden_size,), self.dtype)},
+            "final_norm": {
+                "scale": (jnp.zeros if c.norm_offset else jnp.ones)((c.hidden_size,), self.dtype)
+            },
         }
         if c.head is not None:
             params["head"] = init_head_params(c.head, c.hidden_size, head_rng, self.dtype)
@@ -153,11 +216,25 @@ class CausalLM:
             )
         return params
 
+    def layer_kinds(self) -> LayerKind | None:
+        """Every layer's ``LayerKind`` stacked ``[layers]``; None when all layers are alike."""
+        c = self.config
+        if not c.windowed and c.local_rope_theta is None:
+            return None
+        local = c.sliding_layers or (c.sliding_window is not None,) * c.num_layers
+        return LayerKind(
+            window=jnp.asarray(np.asarray(c.layer_windows(), np.int32)),
+            local=jnp.asarray(np.asarray(local, bool)),
+        )
+
     def _embed(self, params: Params, tokens: Array) -> Array:
-        return jnp.take(params["embed"], tokens, axis=0).astype(self.dtype)
+        x = jnp.take(params["embed"], tokens, axis=0).astype(self.dtype)
+        if self.config.embed_scale:
+            x = x * jnp.asarray(self.config.hidden_size**0.5, self.dtype)
+        return x
 
     def _final_norm(self, params: Params, x: Array) -> Array:
-        norm = RMSNorm(self.config.rms_norm_eps, self.dtype)
+        norm = RMSNorm(self.config.rms_norm_eps, self.dtype, self.config.norm_offset)
         return norm.apply({"params": params["final_norm"]}, x)
 
     def hidden_and_kv(
@@ -167,12 +244,16 @@ class CausalLM:
         keys and values [layers, B, T, K, Dh] (what an item stream reads as its prefix)."""
         layer = self.layer
 
-        def step(h: Array, layer_params: Params) -> tuple[Array, tuple[Array, Array]]:
-            h, k, v = layer.apply({"params": layer_params}, h, positions, spec)
+        def step(
+            h: Array, scanned: tuple[Params, LayerKind | None]
+        ) -> tuple[Array, tuple[Array, Array]]:
+            layer_params, kind = scanned
+            h, k, v = layer.apply({"params": layer_params}, h, positions, spec, kind)
             return h, (k, v)
 
+        scanned = (params["layers"], self.layer_kinds())
         x, (keys, values) = jax.lax.scan(
-            step, self._embed(params, tokens), params["layers"], unroll=self.unroll_layers
+            step, self._embed(params, tokens), scanned, unroll=self.unroll_layers
         )
         return self._final_norm(params, x), keys, values
 
@@ -209,15 +290,16 @@ class CausalLM:
         layer = self.layer
 
         def step(
-            h: Array, scanned: tuple[Params, Array, Array]
+            h: Array, scanned: tuple[Params, Array, Array, LayerKind | None]
         ) -> tuple[Array, tuple[Array, Array]]:
-            layer_params, k, v = scanned
+            layer_params, k, v, kind = scanned
             out, own_k, own_v = layer.apply(
-                {"params": layer_params}, h, positions, spec, k, v, method=DecoderLayer.stream
-            )
+                {"params": layer_params}, h, positions, spec, k, v, kind,
+                method=DecoderLayer.stream,
+            )  # fmt: skip
             return out, (own_k, own_v)
 
-        scanned = (params["layers"], prefix_k, prefix_v)
+        scanned = (params["layers"], prefix_k, prefix_v, self.layer_kinds())
         x, (keys, values) = jax.lax.scan(
             step, self._embed(params, tokens), scanned, unroll=self.unroll_layers
         )
@@ -229,7 +311,7 @@ class CausalLM:
             out = jnp.einsum("...d,vd->...v", hidden, params["embed"])
         else:
             out = jnp.einsum("...d,dv->...v", hidden, params["lm_head"])
-        return out.astype(jnp.float32)
+        return soft_cap(out.astype(jnp.float32), self.config.final_softcap)
 
     def label_logprobs(self, params: Params, hidden: Array, labels: Array) -> Array:
         """Full-vocabulary log-softmax, then the labels.

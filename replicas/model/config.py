@@ -1,4 +1,4 @@
-"""Typed model configuration for the Llama, Qwen2 and Qwen3 families.
+"""Typed model configuration for the Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3 families.
 
 Built from a transformers ``PretrainedConfig`` (config.json or GGUF metadata) so that one
 parser covers every source. Errors name the field that is unsupported.
@@ -11,13 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from replicas.contract import ScoreHead
+from replicas.model.errors import UnsupportedModelError
+from replicas.model.families import family_fields, text_config
 from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
 
-FAMILIES = ("llama", "qwen2", "qwen3")
-
-
-class UnsupportedModelError(ValueError):
-    """The checkpoint's architecture or a config field is not supported."""
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3")
+NO_WINDOW = 1 << 30  # the window of a global layer: every earlier key is inside it
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,23 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     max_position_embeddings: int = 8192
     head: ScoreHead | None = None  # a seq-cls / reward head in place of the LM head
+    # Options of the shared layers that Mistral and Gemma turn on (replicas.model.families
+    # reads them from the transformers config); the defaults are Llama's behaviour.
+    hidden_act: str = "silu"  # MLP gate activation: silu, or gelu_tanh (Gemma)
+    norm_offset: bool = False  # Gemma: every RMSNorm scales by (1 + w), not w
+    post_norms: bool = False  # Gemma 2/3: RMSNorm on each block's output before the residual
+    embed_scale: bool = False  # Gemma: embeddings are multiplied by sqrt(hidden_size)
+    query_scale: float | None = None  # attention logit scale; None: head_dim ** -0.5
+    attn_softcap: float | None = None  # Gemma 2: logits -> cap * tanh(logits / cap)
+    final_softcap: float | None = None  # Gemma 2: the same on the LM head's logits
+    # A windowed layer's token at position p reads keys at positions q with p - window < q <= p
+    # (transformers' sliding_window convention). None: no layer is windowed.
+    sliding_window: int | None = None
+    # Per layer: True where the layer is windowed (Gemma: local layers); () with a window:
+    # every layer (Mistral).
+    sliding_layers: tuple[bool, ...] = ()
+    local_rope_theta: float | None = None  # Gemma 3: RoPE base of the windowed layers
+    rope_linear_factor: float = 1.0  # Gemma 3 4B+: linear RoPE scaling of the global layers
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -59,6 +75,27 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise UnsupportedModelError(f"head_dim: must be even for RoPE, got {self.head_dim}")
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise UnsupportedModelError(f"hidden_act: {self.hidden_act!r} not in (silu, gelu_tanh)")
+        if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
+            raise UnsupportedModelError(
+                f"layer_types: {len(self.sliding_layers)} entries for {self.num_layers} layers"
+            )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise UnsupportedModelError(f"sliding_window: must be >= 1, got {self.sliding_window}")
+
+    @property
+    def windowed(self) -> bool:
+        """Some layer attends within a sliding window."""
+        return self.sliding_window is not None and (
+            not self.sliding_layers or any(self.sliding_layers)
+        )
+
+    def layer_windows(self) -> tuple[int, ...]:
+        """Each layer's window (``NO_WINDOW`` for a global layer)."""
+        window = self.sliding_window or NO_WINDOW
+        local = self.sliding_layers or (True,) * self.num_layers
+        return tuple(window if is_local else NO_WINDOW for is_local in local)
 
     @property
     def num_groups(self) -> int:
@@ -68,6 +105,11 @@ class ModelConfig:
     def replace(self, **changes: Any) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
+    def with_layers(self, num_layers: int) -> ModelConfig:
+        """The first ``num_layers`` layers (their kinds kept; for per-layer cost compiles)."""
+        kinds = self.sliding_layers and tuple(self.sliding_layers[:num_layers])
+        return self.replace(num_layers=num_layers, sliding_layers=kinds)
+
 
 _ARCH_TO_FAMILY = {
     "LlamaForCausalLM": "llama",
@@ -76,6 +118,17 @@ _ARCH_TO_FAMILY = {
     **{arch: family for arch, (family, _) in HEAD_ARCHITECTURES.items()},
 }
 _MODEL_TYPE_TO_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# Families whose fields replicas.model.families reads (windows, soft-caps, Gemma norms).
+OPTION_FAMILIES = {
+    "MistralForCausalLM": "mistral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text tower
+}
+_ARCH_TO_FAMILY.update(OPTION_FAMILIES)
+_MODEL_TYPE_TO_FAMILY.update(
+    {"mistral": "mistral", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+)
 
 
 def _family(hf: Any) -> str:
@@ -120,6 +173,8 @@ def _check_unsupported(hf: Any, family: str) -> None:
 def config_from_hf(hf: Any) -> ModelConfig:
     """Translate a transformers config of a supported family into ModelConfig."""
     family = _family(hf)
+    if family in OPTION_FAMILIES.values():
+        return ModelConfig(**family_fields(text_config(hf), family), head=score_head_from_hf(hf))
     _check_unsupported(hf, family)
     theta, scaling = _rope(hf)
     heads = int(hf.num_attention_heads)

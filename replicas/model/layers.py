@@ -1,4 +1,7 @@
-"""Flax building blocks of the decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU MLP.
+"""Flax building blocks of the decoder: RMSNorm, RoPE, grouped-query attention, gated MLP.
+
+Options that other families turn on (``ModelConfig``): (1 + w) norms, attention-logit scale
+and soft-cap, sliding windows (a mask from explicit positions), per-layer RoPE base, gelu-tanh.
 
 Shapes use B batch, T/S query/key tokens, N items, L item tokens, D hidden, H query heads,
 K key/value heads, G = H // K, Dh head dim, F MLP width.
@@ -14,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replicas.model.config import ModelConfig
-from replicas.model.masks import own_item_mask, window_blocks
+from replicas.model.masks import own_item_mask, window_blocks, within_window
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
@@ -24,19 +27,33 @@ _INIT = nn.initializers.normal(0.02)
 class RMSNorm(nn.Module):
     eps: float
     dtype: Any = jnp.float32
+    offset: bool = False  # Gemma: scale by (1 + w), computed in float32
 
     @nn.compact
     def __call__(self, x: Array) -> Array:  # [..., D] -> [..., D]
-        scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), self.dtype)
+        init = nn.initializers.zeros if self.offset else nn.initializers.ones
+        scale = self.param("scale", init, (x.shape[-1],), self.dtype)
         x32 = x.astype(jnp.float32)
         normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        if self.offset:
+            return ((1.0 + scale.astype(jnp.float32)) * normed).astype(self.dtype)
         return scale * normed.astype(self.dtype)
 
 
-def rope_inv_freq(config: ModelConfig) -> np.ndarray:
-    """[Dh/2] float32 inverse frequencies, with Llama 3 scaling when configured."""
+def soft_cap(logits: Array, cap: float | None) -> Array:
+    """``cap * tanh(logits / cap)`` (Gemma 2's attention and final logits); None: unchanged."""
+    return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+
+def rope_inv_freq(config: ModelConfig, local: bool = False) -> np.ndarray:
+    """[Dh/2] float32 inverse frequencies, with Llama 3 or linear scaling when configured;
+    ``local``: those of the windowed layers (``local_rope_theta``, unscaled)."""
     exponents = np.arange(0, config.head_dim, 2, dtype=np.int64).astype(np.float32)
-    inv_freq = (1.0 / (config.rope_theta ** (exponents / config.head_dim))).astype(np.float32)
+    theta = config.local_rope_theta if local else config.rope_theta
+    inv_freq = (1.0 / (theta ** (exponents / config.head_dim))).astype(np.float32)
+    if local:
+        return inv_freq
+    inv_freq = (inv_freq / np.float32(config.rope_linear_factor)).astype(np.float32)
     scaling = config.rope_scaling
     if scaling is None:
         return inv_freq
@@ -79,13 +96,22 @@ def _masked_softmax(logits: Array, mask: Array, dtype: Any) -> Array:
     return jax.nn.softmax(logits, axis=-1).astype(dtype)
 
 
-def attend_dense(q: Array, k: Array, v: Array, mask: Array) -> Array:
+def attend_dense(
+    q: Array,
+    k: Array,
+    v: Array,
+    mask: Array,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> Array:
     """Attention within one stream.
 
     q: [B, T, H, Dh]; k, v: [B, S, K, Dh]; mask: [B, T, S] bool -> [B, T, H, Dh].
+    ``scale``: logit scale (None: Dh ** -0.5); ``softcap``: see ``soft_cap``.
     """
     qg = _group(q, k.shape[-2])  # [B, T, K, G, Dh]
-    logits = jnp.einsum("btkgd,bskd->bkgts", qg, k) * q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = soft_cap(jnp.einsum("btkgd,bskd->bkgts", qg, k) * scale, softcap)
     probs = _masked_softmax(logits, mask[:, None, None], q.dtype)  # [B, K, G, T, S]
     return _ungroup(jnp.einsum("bkgts,bskd->btkgd", probs, v))
 
@@ -99,6 +125,10 @@ def attend_item_stream(
     v: Array,
     item_ids: Array,
     window: int,
+    scale: float | None = None,
+    softcap: float | None = None,
+    positions: Array | None = None,
+    sliding_window: Array | None = None,
 ) -> Array:
     """Item tokens of a flat stream read the shared prefix and their own item, nothing else.
 
@@ -107,20 +137,34 @@ def attend_item_stream(
     Two partial attentions share one running max and are summed: the prefix part (no mask
     beyond the query length) and the own-item part over blocks of ``window`` queries reading
     their block and the one before (exact when no item is longer than ``window``).
+    ``scale``/``softcap``: as ``attend_dense``. ``sliding_window`` ([] int) with the stream's
+    ``positions`` [B, S]: a token at p reads only keys at positions > p - sliding_window (a
+    prefix key's position is its index).
     """
     batch, length, _, head_dim = q.shape
     kv_heads = k.shape[-2]
-    scale = head_dim**-0.5
+    scale = head_dim**-0.5 if scale is None else scale
     qg = _group(q, kv_heads)  # [B, S, K, G, Dh]
     prefix_logits = jnp.einsum("bskgd,btkd->bkgst", qg, prefix_k).astype(jnp.float32) * scale
-    prefix_logits = jnp.where(prefix_valid[:, None, None, None, :], prefix_logits, NEG_INF)
+    prefix_logits = soft_cap(prefix_logits, softcap)
+    readable = prefix_valid[:, None, :]  # [B, 1, T]
+    if sliding_window is not None:
+        prefix_pos = jnp.arange(prefix_valid.shape[1], dtype=jnp.int32)[None]  # [1, T]
+        readable = readable & within_window(positions, prefix_pos, sliding_window)  # [B, S, T]
+    prefix_logits = jnp.where(readable[:, None, None], prefix_logits, NEG_INF)
     padded = -(-length // window) * window
     pad = [(0, 0), (0, padded - length)]
     qb = jnp.pad(qg, pad + [(0, 0)] * 3).reshape(batch, padded // window, window, *qg.shape[2:])
     kw = window_blocks(jnp.pad(k, pad + [(0, 0)] * 2), window)  # [B, nb, C, K, Dh]
     vw = window_blocks(jnp.pad(v, pad + [(0, 0)] * 2), window)
     mask = own_item_mask(jnp.pad(item_ids, pad, constant_values=-1), window)  # [B, nb, W, C]
+    if sliding_window is not None:
+        pos = jnp.pad(positions, pad)
+        q_pos = pos.reshape(batch, padded // window, window)  # [B, nb, W]
+        k_pos = window_blocks(pos, window)  # [B, nb, C]
+        mask = mask & within_window(q_pos, k_pos, sliding_window)
     own_logits = jnp.einsum("bnwkgd,bnckd->bnkgwc", qb, kw).astype(jnp.float32) * scale
+    own_logits = soft_cap(own_logits, softcap)
     own_logits = jnp.where(mask[:, :, None, None], own_logits, NEG_INF)
     # Running max of both parts, laid out like the prefix part: [B, K, G, S].
     own_max = jnp.moveaxis(own_logits.max(-1), 1, 3).reshape(batch, kv_heads, -1, padded)
@@ -161,12 +205,20 @@ class Attention(nn.Module):
             self.k_bias = self.param("k_bias", nn.initializers.zeros, (k, dh), self.dtype)
             self.v_bias = self.param("v_bias", nn.initializers.zeros, (k, dh), self.dtype)
         if c.qk_norm:
-            self.q_norm = RMSNorm(c.rms_norm_eps, self.dtype)
-            self.k_norm = RMSNorm(c.rms_norm_eps, self.dtype)
+            self.q_norm = RMSNorm(c.rms_norm_eps, self.dtype, c.norm_offset)
+            self.k_norm = RMSNorm(c.rms_norm_eps, self.dtype, c.norm_offset)
         self.inv_freq = rope_inv_freq(c)
+        if c.local_rope_theta is not None:
+            self.local_inv_freq = rope_inv_freq(c, local=True)
 
-    def qkv(self, x: Array, positions: Array) -> tuple[Array, Array, Array]:
-        """x: [..., T, D], positions: [..., T] -> q [..., T, H, Dh], k and v [..., T, K, Dh]."""
+    def qkv(
+        self, x: Array, positions: Array, local: Array | None = None
+    ) -> tuple[Array, Array, Array]:
+        """x: [..., T, D], positions: [..., T] -> q [..., T, H, Dh], k and v [..., T, K, Dh].
+        ``local`` ([] bool, traced): this layer is windowed (Gemma 3: other RoPE base)."""
+        inv_freq: Any = self.inv_freq
+        if self.config.local_rope_theta is not None and local is not None:
+            inv_freq = jnp.where(local, self.local_inv_freq, self.inv_freq)
         q = jnp.einsum("...td,dhk->...thk", x, self.q)
         k = jnp.einsum("...td,dhk->...thk", x, self.k)
         v = jnp.einsum("...td,dhk->...thk", x, self.v)
@@ -174,7 +226,7 @@ class Attention(nn.Module):
             q, k, v = q + self.q_bias, k + self.k_bias, v + self.v_bias
         if self.config.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, positions, self.inv_freq), apply_rope(k, positions, self.inv_freq), v
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
     def out(self, attended: Array) -> Array:
         """[..., T, H, Dh] -> [..., T, D]."""
@@ -182,7 +234,8 @@ class Attention(nn.Module):
 
     def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
         q, k, v = self.qkv(x, positions)
-        return self.out(attend_dense(q, k, v, mask))
+        c = self.config
+        return self.out(attend_dense(q, k, v, mask, c.query_scale, c.attn_softcap))
 
 
 class MLP(nn.Module):
@@ -195,5 +248,10 @@ class MLP(nn.Module):
         gate = self.param("gate", _INIT, (d, f), self.dtype)
         up = self.param("up", _INIT, (d, f), self.dtype)
         down = self.param("down", _INIT, (f, d), self.dtype)
-        hidden = jax.nn.silu(x @ gate) * (x @ up)  # [..., F]
+        gated = x @ gate
+        if self.config.hidden_act == "gelu_tanh":
+            gated = jax.nn.gelu(gated, approximate=True)
+        else:
+            gated = jax.nn.silu(gated)
+        hidden = gated * (x @ up)  # [..., F]
         return hidden @ down

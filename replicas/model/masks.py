@@ -42,6 +42,13 @@ def work_segment_mask(works: Array, segments: Array) -> Array:
     return segment_mask(segments) & same_work
 
 
+def within_window(q_positions: Array, k_positions: Array, window: Array) -> Array:
+    """[B, ..., T] query and [B or 1, ..., S] key positions, window [] -> [B, ..., T, S]: key
+    at position s is inside the sliding window of the token at p iff p - s < window (keys
+    after p are left to the causal or item mask)."""
+    return (q_positions[..., :, None] - k_positions[..., None, :]) < window
+
+
 def window_blocks(x: Array, window: int, fill: int = 0) -> Array:
     """[B, S', ...] in blocks of ``window`` -> [B, S'/W, 2W (W when one block), ...]: each
     block with the block before it (``fill`` before the first)."""

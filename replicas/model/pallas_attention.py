@@ -13,7 +13,11 @@ copied from HBM once per (batch, kv head). VMEM: 2 buffers x (K + V) of T' x Dh 
 [nk, 1, bk] kv segment ids (padded to 8 sublanes), e.g. T' = 8192, Dh = 128, bf16: ~9 MiB.
 
 Segment ids follow the library's flash attention: queries as [B, S', 128] lanes, keys as
-[B, nk, 1, bk] rows. The LSE leaves the kernel as [B, H, 1, S'] (a lane-major row per query
+[B, nk, 1, bk] rows. A sliding window (Gemma, Mistral) travels the same way, folded into two
+more such arrays so the per-layer (traced) window needs no scalar input: each query's lowest
+visible position ``p - window`` and each key's position; key s is inside iff its position is
+above the query's low bound. Logit scale and soft-cap are static.
+The LSE leaves the kernel as [B, H, 1, S'] (a lane-major row per query
 block) rather than [B, H, S', 128], which would cost 128x its size in HBM.
 """
 
@@ -55,18 +59,27 @@ def _visible(qseg: Array, kvseg: Array, qi: Array, j: Array, *, causal, window, 
     return mask
 
 
-def _kernel(qseg_ref, kvseg_ref, q_ref, k_ref, v_ref, o_ref, lse_ref, *, scale, causal, window):
+def _kernel(*refs, scale, softcap, causal, window, sliding):
+    """refs: qseg, kvseg, (qlow, kvpos when ``sliding``), q, k, v -> o, lse."""
+    qseg_ref, kvseg_ref = refs[:2]
+    qlow_ref, kvpos_ref = refs[2:4] if sliding else (None, None)
+    q_ref, k_ref, v_ref, o_ref, lse_ref = refs[4:] if sliding else refs[2:]
     block, head_dim = q_ref.shape[-2:]
     qi = pl.program_id(2)
     q = q_ref[0, 0]  # [bq, Dh]
     qseg = qseg_ref[0][:, :1]  # [bq, 1]
+    qlow = qlow_ref[0][:, :1] if sliding else None  # [bq, 1]
     lo, hi = _kv_range(qi, causal=causal, window=window, block=block, nk=k_ref.shape[2])
 
     def step(j, carry):
         m, denom, acc = carry  # [bq, 1], [bq, 1], [bq, Dh] float32
         k = k_ref[0, 0, j]  # [bk, Dh]
         s = jax.lax.dot_general(q, k, NT_DIMS, preferred_element_type=jnp.float32) * scale
+        if softcap is not None:
+            s = softcap * jnp.tanh(s / softcap)
         mask = _visible(qseg, kvseg_ref[0, j], qi, j, causal=causal, window=window, block=block)
+        if sliding:
+            mask = mask & (kvpos_ref[0, j] > qlow)  # [1, bk] vs [bq, 1]
         s = jnp.where(mask, s, -jnp.inf)  # [bq, bk]
         m_new = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
         m_safe = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # no (-inf) - (-inf)
@@ -118,22 +131,30 @@ def _cost(qt, kb, vb, qseg, kvseg, *, causal, window) -> pl.CostEstimate:
     )
 
 
-def _flash(qt, kb, vb, qseg, kvseg, *, causal, window, interpret):
-    """qt [B, H, S', Dh]; kb, vb [B, K, nk, bk, Dh]; qseg [B, S', 128]; kvseg [B, nk, 1, bk]
-    -> out [B, H, S', Dh] (q's dtype), lse [B, H, 1, S'] float32."""
+def _flash(qt, kb, vb, qseg, kvseg, sliding_arrays, *, options, causal, window, interpret):
+    """qt [B, H, S', Dh]; kb, vb [B, K, nk, bk, Dh]; qseg [B, S', 128]; kvseg [B, nk, 1, bk];
+    sliding_arrays: () or (qlow [B, S', 128], kvpos [B, nk, 1, bk]); options: (scale or
+    None, softcap or None) -> out [B, H, S', Dh] (q's dtype), lse [B, H, 1, S'] float32."""
     batch, heads, length, head_dim = qt.shape
     _, kv_heads, nk, block, _ = kb.shape
     groups = heads // kv_heads
-    kernel = functools.partial(_kernel, scale=head_dim**-0.5, causal=causal, window=window)
+    scale, softcap = options
+    kernel = functools.partial(
+        _kernel, scale=head_dim**-0.5 if scale is None else scale, softcap=softcap,
+        causal=causal, window=window, sliding=bool(sliding_arrays),
+    )  # fmt: skip
     kv_spec = pl.BlockSpec(
         (1, 1, nk, block, head_dim), lambda b, h, i: (b, jax.lax.div(h, groups), 0, 0, 0)
     )
+    q_rows = pl.BlockSpec((1, block, LANES), lambda b, h, i: (b, i, 0))
+    kv_rows = pl.BlockSpec((1, nk, 1, block), lambda b, h, i: (b, 0, 0, 0))
     return pl.pallas_call(
         kernel,
         grid=(batch, heads, length // block),
         in_specs=[
-            pl.BlockSpec((1, block, LANES), lambda b, h, i: (b, i, 0)),
-            pl.BlockSpec((1, nk, 1, block), lambda b, h, i: (b, 0, 0, 0)),
+            q_rows,
+            kv_rows,
+            *((q_rows, kv_rows) if sliding_arrays else ()),
             pl.BlockSpec((1, 1, block, head_dim), lambda b, h, i: (b, h, i, 0)),
             kv_spec,
             kv_spec,
@@ -151,7 +172,7 @@ def _flash(qt, kb, vb, qseg, kvseg, *, causal, window, interpret):
         ),
         cost_estimate=_cost(qt, kb, vb, qseg, kvseg, causal=causal, window=window),
         interpret=interpret,
-    )(qseg, kvseg, qt, kb, vb)
+    )(qseg, kvseg, *sliding_arrays, qt, kb, vb)
 
 
 def attention_part(
@@ -165,14 +186,18 @@ def attention_part(
     window: int | None,
     interpret: bool,
     block: int = 128,
+    options: tuple[float | None, float | None] = (None, None),
+    sliding: tuple[Array, Array] | None = None,
 ) -> tuple[Array, Array]:
     """One softmax-normalized attention part and its log-sum-exp.
 
     q: [B, S, H, Dh]; k, v: [B, T, K, Dh]; q_segments: [B, S] int; kv_segments: [B, T] int.
     Key t is visible to query s iff q_segments[s] == kv_segments[t] >= 0, and when causal
-    (S == T) t <= s and, with ``window``, t > s - window. Returns out [B, S, H, Dh] in q's dtype
-    (0 where nothing is visible) and lse [B, S, H] float32 (-inf there). On TPU ``block`` must
-    be a multiple of 128; interpret mode takes any multiple of 8.
+    (S == T) t <= s and, with ``window``, t > s - window; with ``sliding`` (q_low [B, S],
+    kv_positions [B, T]) also kv_positions[t] > q_low[s]. ``options``: logit scale (None:
+    Dh ** -0.5) and soft-cap. Returns out [B, S, H, Dh] in q's dtype (0 where nothing is
+    visible) and lse [B, S, H] float32 (-inf there). On TPU ``block`` must be a multiple of
+    128; interpret mode takes any multiple of 8.
     """
     batch, length, heads, head_dim = q.shape
     kv_len, kv_heads = k.shape[1], k.shape[2]
@@ -189,7 +214,19 @@ def attention_part(
     qseg = jnp.broadcast_to(qseg[:, :, None], (batch, s_pad, LANES))  # [B, S', 128]
     kvseg = _pad_to(kv_segments.astype(jnp.int32), t_pad, 1, -2)
     kvseg = kvseg.reshape(batch, t_pad // block, 1, block)  # [B, nk, 1, bk]
-    out, lse = _flash(qt, kb, vb, qseg, kvseg, causal=causal, window=window, interpret=interpret)
+    sliding_arrays: tuple[Array, ...] = ()
+    if sliding is not None:
+        q_low, kv_pos = sliding
+        q_low = _pad_to(q_low.astype(jnp.int32), s_pad, 1)  # [B, S']
+        kv_pos = _pad_to(kv_pos.astype(jnp.int32), t_pad, 1)
+        sliding_arrays = (
+            jnp.broadcast_to(q_low[:, :, None], (batch, s_pad, LANES)),  # [B, S', 128]
+            kv_pos.reshape(batch, t_pad // block, 1, block),  # [B, nk, 1, bk]
+        )
+    out, lse = _flash(
+        qt, kb, vb, qseg, kvseg, sliding_arrays,
+        options=options, causal=causal, window=window, interpret=interpret,
+    )  # fmt: skip
     out = jnp.swapaxes(out[:, :, :length], 1, 2)  # [B, S, H, Dh]
     return out, jnp.swapaxes(lse[:, :, 0, :length], 1, 2)  # [B, S, H]
 
@@ -218,11 +255,16 @@ def item_stream_attention(
     v: Array,
     item_ids: Array,
     window: int,
+    scale: float | None = None,
+    softcap: float | None = None,
+    positions: Array | None = None,
+    sliding_window: Array | None = None,
     *,
     interpret: bool = False,
     block: int = 128,
 ) -> Array:
-    """Pallas twin of ``layers.attend_item_stream`` (equal on rows with item_ids >= 0).
+    """Pallas twin of ``layers.attend_item_stream`` (equal on rows with item_ids >= 0),
+    with the same scale, soft-cap and sliding window.
 
     q: [B, S, H, Dh]; prefix_k/v: [B, T, K, Dh]; prefix_valid: [B, T] bool; k, v:
     [B, S, K, Dh]; item_ids: [B, S] int (-1 padding) -> [B, S, H, Dh] in q's dtype.
@@ -230,7 +272,19 @@ def item_stream_attention(
     item_ids = item_ids.astype(jnp.int32)
     prefix_q = jnp.where(item_ids >= 0, 0, -1)  # [B, S]
     prefix_kv = jnp.where(prefix_valid, 0, -1)  # [B, T]
-    part = functools.partial(attention_part, interpret=interpret, block=block)
-    prefix = part(q, prefix_k, prefix_v, prefix_q, prefix_kv, causal=False, window=None)
-    own = part(q, k, v, item_ids, item_ids, causal=True, window=window)
+    part = functools.partial(
+        attention_part, interpret=interpret, block=block, options=(scale, softcap)
+    )
+    prefix_sliding = own_sliding = None
+    if sliding_window is not None:
+        q_low = positions - sliding_window  # [B, S]: lowest position outside the window
+        prefix_pos = jnp.broadcast_to(
+            jnp.arange(prefix_k.shape[1], dtype=jnp.int32), prefix_valid.shape
+        )  # [B, T]: a prefix key's position is its index
+        prefix_sliding, own_sliding = (q_low, prefix_pos), (q_low, positions)
+    prefix = part(
+        q, prefix_k, prefix_v, prefix_q, prefix_kv, causal=False, window=None,
+        sliding=prefix_sliding,
+    )  # fmt: skip
+    own = part(q, k, v, item_ids, item_ids, causal=True, window=window, sliding=own_sliding)
     return merge_parts([prefix, own]).astype(q.dtype)

@@ -32,6 +32,10 @@ def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
     if config.qk_norm:
         attn["q_norm"] = {"scale": ("layers", "head_dim")}
         attn["k_norm"] = {"scale": ("layers", "head_dim")}
+    layers: dict[str, Any] = {}
+    if config.post_norms:
+        layers["post_attn_norm"] = {"scale": ("layers", "norm")}
+        layers["post_mlp_norm"] = {"scale": ("layers", "norm")}
     tree: dict[str, Any] = {
         "embed": ("vocab", "embed"),
         "layers": {
@@ -43,6 +47,7 @@ def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
                 "up": ("layers", "embed", "mlp"),
                 "down": ("layers", "mlp", "embed"),
             },
+            **layers,
         },
         "final_norm": {"scale": ("norm",)},
     }

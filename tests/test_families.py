@@ -1,0 +1,287 @@
+"""Mistral, Gemma 2 and Gemma 3 (text, and a multimodal checkpoint's text tower): equal to
+transformers (PyTorch fp32) on sequences longer than their sliding windows, and multi-item
+scoring equal to single-item across the window in every layout (semantics 19).
+
+Tiny random checkpoints are saved with transformers (tests/model_helpers.py: windows of 4-5
+tokens, soft-caps small enough to bite); the engine tests run one model with every option on
+at once (windows on some layers, local RoPE base, soft-caps, QK-norm, Gemma norms).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from cluster.mesh import build_mesh
+from replicas.checkpoints.loading import load_model
+from replicas.contract import ScoreWork
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.model.causal_lm import CausalLM
+from replicas.model.masks import segment_mask, within_window
+from replicas.settings import ReplicaSettings
+from tests.model_helpers import batch, hf_logprobs, max_valid_diff, our_logprobs
+
+LENGTHS = [12, 9, 3]  # right-padded to 12; windows are 4 (Gemma) and 5 (Mistral)
+TOLERANCE = 1e-4
+DELIMITER = 0
+SETTINGS = {
+    "token_buckets": (16, 32, 64),
+    "item_token_buckets": (16, 32, 64),
+    "max_multi_item_seq_len": 256,
+    "background_compile": False,
+}
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    return build_mesh((1, 1))
+
+
+def _without(loaded, **changes):
+    """``loaded`` with config fields changed (same weights)."""
+    config = loaded.config.replace(**changes)
+    return dataclasses.replace(loaded, model=CausalLM(config), config=config)
+
+
+def test_window_mask_of_a_packed_row_is_the_literal_matrix():
+    # query q0 q1 q2, item 1 (positions 3, 4), item 2 (positions 3, 4); window 2.
+    import jax.numpy as jnp
+
+    segments = jnp.asarray([[0, 0, 0, 1, 1, 2, 2]])
+    positions = jnp.asarray([[0, 1, 2, 3, 4, 3, 4]])
+    mask = segment_mask(segments) & within_window(positions, positions, 2)
+    expected = np.array(
+        [
+            [1, 0, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0, 0],
+            [0, 1, 1, 0, 0, 0, 0],
+            [0, 0, 1, 1, 0, 0, 0],  # item 1 token 0 (pos 3): q2 and itself
+            [0, 0, 0, 1, 1, 0, 0],  # item 1 token 1 (pos 4): its item only, q2 is out
+            [0, 0, 1, 0, 0, 1, 0],  # item 2 token 0: q2 and itself, never item 1
+            [0, 0, 0, 0, 0, 1, 1],
+        ],
+        bool,
+    )
+    np.testing.assert_array_equal(np.asarray(mask[0]), expected)
+
+
+@pytest.mark.parametrize("variant", ["mistral", "gemma2", "gemma3"])
+def test_logits_equal_transformers_past_the_window(variant, tiny_checkpoint, mesh):
+    model_dir = tiny_checkpoint(variant)
+    loaded = load_model(model_dir, mesh)
+    assert loaded.config.family == variant and loaded.config.windowed
+    tokens = batch(loaded.config.vocab_size, LENGTHS, 12)
+    reference = hf_logprobs(model_dir, tokens, LENGTHS)
+    diff = max_valid_diff(reference, our_logprobs(loaded, tokens, LENGTHS), LENGTHS)
+    print(f"\n[parity] {variant}: max abs logprob diff vs transformers fp32 = {diff:.3g}")
+    assert diff <= TOLERANCE
+    # The window is what makes it equal: without it the same weights disagree.
+    unwindowed = our_logprobs(_without(loaded, sliding_window=None), tokens, LENGTHS)
+    assert max_valid_diff(reference, unwindowed, LENGTHS) > 1e-2
+    if variant == "gemma2":
+        uncapped = _without(loaded, attn_softcap=None, final_softcap=None)
+        assert max_valid_diff(reference, our_logprobs(uncapped, tokens, LENGTHS), LENGTHS) > 1e-2
+
+
+def test_gemma3_config_reads_layer_types_and_both_rope_bases(tiny_checkpoint, mesh):
+    config = load_model(tiny_checkpoint("gemma3"), mesh).config
+    assert config.sliding_layers == (True, False, True) and config.sliding_window == 4
+    assert (config.rope_theta, config.rope_linear_factor, config.local_rope_theta) == (
+        1e6,
+        8.0,
+        1e4,
+    )
+    assert config.qk_norm and config.norm_offset and config.post_norms and config.embed_scale
+    assert config.attn_softcap is None and config.final_softcap is None
+
+
+def _save_gemma3_multimodal(directory):
+    """A tiny Gemma3ForConditionalGeneration (text tower of the gemma3 variant, a one-layer
+    SigLIP tower) saved with save_pretrained."""
+    import torch
+    import transformers
+
+    from tests.model_helpers import randomize_, tiny_hf_config
+
+    text = tiny_hf_config("gemma3").to_dict()
+    vision = {
+        "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+    }  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=text, vision_config=vision, mm_tokens_per_image=4, image_token_index=255
+    )
+    model = transformers.Gemma3ForConditionalGeneration(config).to(torch.float32)
+    randomize_(model, 3)
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def test_gemma3_multimodal_checkpoint_loads_its_text_tower(tmp_path, mesh):
+    model_dir = _save_gemma3_multimodal(tmp_path / "gemma3-mm")
+    loaded = load_model(model_dir, mesh)
+    assert loaded.config.family == "gemma3" and loaded.config.num_layers == 3
+    tokens = batch(loaded.config.vocab_size - 1, LENGTHS, 12)  # no image token
+    reference = hf_logprobs(model_dir, tokens, LENGTHS)
+    diff = max_valid_diff(reference, our_logprobs(loaded, tokens, LENGTHS), LENGTHS)
+    print(f"\n[parity] gemma3 text tower: max abs logprob diff = {diff:.3g}")
+    assert diff <= TOLERANCE
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+@pytest.fixture(scope="module")
+def every_option(tiny_checkpoint, mesh):
+    """The tiny Gemma 3 with Gemma 2's soft-caps added: windows on layers 0 and 2, local RoPE
+    base, QK-norm, soft-caps, (1 + w) norms before and after each block. The final cap of 2
+    keeps log-probs within ~10 nats, so fp32 rounding (~1e-6 relative; the same without
+    windows) stays under the 1e-5 bound."""
+    loaded = load_model(tiny_checkpoint("gemma3"), mesh)
+    loaded = _without(loaded, attn_softcap=5.0, final_softcap=2.0)
+    return loaded.model, loaded.params, mesh
+
+
+def _engine(tiny, **overrides) -> ScoringEngine:
+    model, params, mesh = tiny
+    return ScoringEngine(model, params, mesh, ReplicaSettings(**SETTINGS | overrides), "tiny")
+
+
+@pytest.fixture(scope="module")
+def engines(every_option):
+    multi = {"multi_item_scoring_delimiter": DELIMITER}
+    return {
+        "single": _engine(every_option),
+        "shared_prefix": _engine(every_option, **multi),
+        "packed_reference": _engine(every_option, **multi, layout="packed_reference"),
+        "fused": _engine(every_option, **multi, fused_step_tokens=64),
+    }
+
+
+def _work(seed: int, query: int, item_lens: tuple[int, ...]) -> ScoreWork:
+    rng = np.random.default_rng(seed)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(1, 255, n))
+
+    return ScoreWork(ids(query), tuple(ids(n) for n in item_lens), (5, 7, 9))
+
+
+def _max_diff(a, b) -> float:
+    return max(float(np.abs(x - y).max(initial=0.0)) for x, y in zip(a, b, strict=True))
+
+
+# Queries longer than the window; items of 0 to 7 tokens (longer ones cross the window, so
+# their last tokens see none of the query on the windowed layers).
+WORKS = [_work(0, 13, (3, 0, 7, 1)), _work(1, 30, (5,) * 6), _work(2, 2, (6, 2))]
+
+
+@pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference", "fused"])
+def test_multi_item_equals_single_item_across_the_window(engines, layout):
+    single = engines["single"].score_batch(WORKS)
+    multi = engines[layout].score_batch(WORKS)
+    diff = _max_diff(single, multi)
+    print(f"\n[windows] {layout} vs single-item: max abs logprob diff = {diff:.2g}")
+    assert diff <= 1e-5
+
+
+def test_items_crossing_the_window_score_differently_without_it(engines, every_option):
+    """The works above do cross the window: the same weights without it score otherwise."""
+    model, params, mesh = every_option
+    unwindowed = (CausalLM(model.config.replace(sliding_window=None)), params, mesh)
+    plain = _engine(unwindowed, multi_item_scoring_delimiter=DELIMITER)
+    assert _max_diff(engines["shared_prefix"].score_batch(WORKS), plain.score_batch(WORKS)) > 1e-3
+
+
+def test_pallas_engine_equals_single_item_across_the_window(engines, every_option):
+    """The Pallas item-stream kernels (interpret mode on CPU) inside the engine's sharded
+    step: windows per layer, soft-caps and query scale reach them."""
+    pallas = _engine(every_option, multi_item_scoring_delimiter=DELIMITER, attention="pallas")
+    works = WORKS[:1]
+    assert _max_diff(engines["single"].score_batch(works), pallas.score_batch(works)) <= 1e-5
+
+
+def test_changing_one_item_leaves_the_others_bit_identical(engines):
+    engine = engines["shared_prefix"]
+    base = _work(4, 13, (3, 6, 2, 7))
+    changed = ScoreWork(base.query_ids, ((7, 8, 9), *base.item_ids[1:]), base.label_ids)
+    (a,), (b,) = engine.score_batch([base]), engine.score_batch([changed])
+    assert not np.array_equal(a[0], b[0])
+    np.testing.assert_array_equal(a[1:], b[1:])
+
+
+def test_cached_and_extended_queries_stay_exact(every_option):
+    engine = _engine(every_option, multi_item_scoring_delimiter=DELIMITER, background_compile=True)
+    cold = _engine(every_option, multi_item_scoring_delimiter=DELIMITER, query_cache_bytes=0)
+    system = _work(5, 40, ()).query_ids  # two whole 16-token blocks, then 8 more
+    first = ScoreWork((*system, 3, 4, 5), _work(6, 0, (4, 6)).item_ids, (5, 7, 9))
+    engine.score_batch([first])
+    again = ScoreWork(first.query_ids, _work(7, 0, (2, 7, 5)).item_ids, (5, 7, 9))
+    hits = engine.stats()["query_cache_hits"]
+    [cached] = engine.score_batch([again])
+    assert engine.stats()["query_cache_hits"] == hits + 1
+    np.testing.assert_allclose(cached, cold.score_batch([again])[0], atol=1e-6, rtol=0)
+    longer = ScoreWork((*system, 9, 8, 7, 6), again.item_ids, (5, 7, 9))
+    engine.score_batch([longer])  # computed whole; the extension step compiles meanwhile
+    engine.wait_for_background_compiles()
+    extended = ScoreWork((*system, 1, 2, 3, 4), again.item_ids, (5, 7, 9))
+    [warm] = engine.score_batch([extended])
+    assert [kind for kind, _ in engine.last_signatures] == ["extend", "items"]
+    assert engine.stats()["reused_prefix_tokens"] == 32
+    # The extension reads the cached keys through the item stream's two merged parts, the
+    # cold query runs dense: the same math summed otherwise, equal to fp32 rounding (1e-6
+    # relative; these log-probs reach ~10 nats).
+    np.testing.assert_allclose(warm, cold.score_batch([extended])[0], atol=1e-6, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- Pallas
+
+
+def test_pallas_item_stream_takes_windows_and_soft_caps_like_the_reference():
+    """Interpret mode (the TPU kernels' code on CPU) against the XLA reference: items of 1-8
+    tokens behind prefixes of 20 and 7 tokens, window 6 (items' late tokens see little or
+    none of the prefix), query scale and soft-cap of Gemma."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    from replicas.model.layers import attend_item_stream
+    from replicas.model.pallas_attention import item_stream_attention
+
+    rng = np.random.default_rng(0)
+    rows, prefix_lengths, s, t = (
+        [[1, 3, 8, 5, 1, 7, 8, 2, 6], [8, 8, 1, 1, 4, 7, 2]],
+        [20, 7],
+        45,
+        24,
+    )
+    item_ids = np.full((2, s), -1, np.int32)
+    positions = np.zeros((2, s), np.int32)
+    for row, lengths in enumerate(rows):
+        cursor = 0
+        for item, n in enumerate(lengths):
+            item_ids[row, cursor : cursor + n] = item
+            positions[row, cursor : cursor + n] = prefix_lengths[row] + np.arange(n)
+            cursor += n
+
+    def normal(*shape):
+        return jnp.asarray(3.0 * rng.standard_normal(shape), jnp.float32)
+
+    valid = jnp.asarray(np.arange(t)[None] < np.asarray(prefix_lengths)[:, None])
+    args = (normal(2, s, 4, 16), normal(2, t, 2, 16), normal(2, t, 2, 16), valid)
+    args += (normal(2, s, 2, 16), normal(2, s, 2, 16), jnp.asarray(item_ids))
+    options = {"scale": 24**-0.5, "softcap": 5.0, "positions": jnp.asarray(positions)}
+    reference = jax.jit(attend_item_stream, static_argnames=("window", "scale", "softcap"))
+    kernel = jax.jit(
+        functools.partial(item_stream_attention, window=8, interpret=True, block=8),
+        static_argnames=("scale", "softcap"),
+    )
+    real = item_ids >= 0
+    windowed = np.asarray(kernel(*args, **options, sliding_window=jnp.int32(6)))[real]
+    expected = np.asarray(reference(*args, window=8, **options, sliding_window=jnp.int32(6)))
+    np.testing.assert_allclose(windowed, expected[real], rtol=0, atol=1e-5)
+    unwindowed = np.asarray(reference(*args, window=8, scale=24**-0.5, softcap=5.0))[real]
+    assert np.abs(unwindowed - expected[real]).max() > 1e-2  # the window changed the rows
