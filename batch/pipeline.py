@@ -1,0 +1,169 @@
+"""Score a Ray Dataset: tokenize (CPU tasks) -> engine actors -> scores, and the whole job
+(read, score, write, summary) that ``python -m batch score`` runs.
+
+No scheduler of our own: Ray Data streams the blocks, sizes the actor pool, retries the work
+of a dead actor and checkpoints written ids (``CheckpointConfig`` on the id column).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import ray
+import ray.data
+
+from batch.rows import ScoreColumns
+from batch.stages import EngineScore, Tokenize, finish
+from batch.summary import Summary, Tally
+from planning.serve_args import SERVE_CONFIG, serve_args
+from replicas.settings import ReplicaSettings, SettingsError
+
+RESULT_COLUMNS = ("scores", "error", "error_message")
+FORMATS = ("parquet", "jsonl", "csv")
+
+
+def settings_from_config(config: Path | None = None) -> ReplicaSettings:
+    """The scoring app's settings from a serve config (the shipped serve_config.yaml)."""
+    return ReplicaSettings.from_mapping(serve_args(config or SERVE_CONFIG))
+
+
+def engine_remote_args(settings: ReplicaSettings) -> dict[str, Any]:
+    """One engine actor holds one host's ``host_resources`` (as a serving replica does)."""
+    resources = dict(settings.host_bundle)
+    args: dict[str, Any] = {
+        "num_cpus": resources.pop("CPU", 0),
+        "num_gpus": resources.pop("GPU", 0),
+    }
+    if resources:
+        args["resources"] = resources
+    if settings.host_label_selector:
+        args["label_selector"] = dict(settings.host_label_selector)
+    return args
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How many engine actors, and how many rows each engine call receives."""
+
+    replicas: int = 1
+    batch_size: int = 512
+    tokenize_cpus: float = 0.25
+
+
+def score_dataset(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    columns: ScoreColumns,
+    options: EngineOptions | None = None,
+    keep: Sequence[str] | None = None,
+    tally: Any = None,
+) -> ray.data.Dataset:
+    """``ds`` scored as ``/v1/score`` scores each row: ``keep`` (None: every input column),
+    the id column, then ``scores`` (null on a refused row), ``error`` and ``error_message``."""
+    options = options or EngineOptions()
+    if settings.hosts_per_replica > 1:
+        raise SettingsError(
+            "hosts_per_replica: --engine local runs one engine actor per host "
+            f"(hosts_per_replica 1), got {settings.hosts_per_replica}"
+        )
+    scored = ds.map_batches(
+        Tokenize,
+        fn_constructor_args=(settings, columns),
+        batch_format="pyarrow",
+        batch_size=options.batch_size,
+        concurrency=1,
+        num_cpus=options.tokenize_cpus,
+    ).map_batches(
+        EngineScore,
+        fn_constructor_args=(settings, columns, tally),
+        batch_format="pyarrow",
+        batch_size=options.batch_size,
+        concurrency=options.replicas,
+        **engine_remote_args(settings),
+    )
+    scored = scored.map_batches(
+        finish,
+        fn_kwargs={"apply_softmax": columns.apply_softmax, "tally": tally},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=options.tokenize_cpus,
+    )
+    if keep is None:
+        return scored
+    return scored.select_columns(list(dict.fromkeys([columns.id, *keep, *RESULT_COLUMNS])))
+
+
+def read_input(path: str) -> ray.data.Dataset:
+    """JSONL/JSON, Parquet or CSV (by suffix; a directory by its files' suffix)."""
+    suffixes = (
+        {Path(path).suffix} if Path(path).suffix else {p.suffix for p in Path(path).iterdir()}
+    )
+    if suffixes & {".parquet"}:
+        return ray.data.read_parquet(path)
+    if suffixes & {".csv"}:
+        return ray.data.read_csv(path)
+    if suffixes & {".jsonl", ".json"}:
+        return ray.data.read_json(path, lines=".jsonl" in suffixes)
+    raise SettingsError(f"--input: {path} is no .jsonl, .json, .parquet or .csv file or folder")
+
+
+def _json_cells(batch: pa.Table) -> pa.Table:
+    """Nested list columns as JSON text (CSV holds no lists)."""
+    for name in batch.column_names:
+        if pa.types.is_list(batch.schema.field(name).type):
+            text = pa.array([None if v is None else json.dumps(v) for v in batch[name].to_pylist()])
+            index = batch.column_names.index(name)
+            batch = batch.set_column(index, name, text)
+    return batch
+
+
+def write_output(ds: ray.data.Dataset, output: str, output_format: str) -> None:
+    if output_format == "parquet":
+        ds.write_parquet(output)
+    elif output_format == "jsonl":
+        ds.write_json(output)
+    elif output_format == "csv":
+        ds.map_batches(_json_cells, batch_format="pyarrow", batch_size=None).write_csv(output)
+    else:
+        raise SettingsError(f"--output-format: one of {FORMATS}, got {output_format!r}")
+
+
+def use_checkpoint(directory: str | None, id_column: str) -> None:
+    """Ray Data's checkpointing on ``id_column`` under ``directory`` (None: off): rows whose
+    id a write already recorded are filtered out at read, so a job run again with the same
+    command computes only the rest."""
+    from ray.data.checkpoint import CheckpointConfig
+
+    context = ray.data.DataContext.get_current()
+    context.checkpoint_config = (
+        None
+        if directory is None
+        else CheckpointConfig(
+            id_column, str(Path(directory).resolve()), delete_checkpoint_on_success=False
+        )
+    )
+
+
+def run_score_job(
+    input_path: str,
+    output: str,
+    settings: ReplicaSettings,
+    columns: ScoreColumns,
+    options: EngineOptions | None = None,
+    output_format: str = "parquet",
+    keep: Sequence[str] | None = None,
+    checkpoint: str | None = None,
+) -> Summary:
+    """Read, score, write; the job's summary."""
+    use_checkpoint(checkpoint, columns.id)
+    tally = ray.remote(Tally).options(num_cpus=0).remote()
+    start = time.perf_counter()
+    ds = read_input(input_path)
+    write_output(score_dataset(ds, settings, columns, options, keep, tally), output, output_format)
+    return Summary.from_totals(ray.get(tally.totals.remote()), time.perf_counter() - start)

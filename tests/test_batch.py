@@ -1,0 +1,203 @@
+"""Batch scoring equals serving (DESIGN.md semantics 17), on the session's Ray cluster.
+
+The tiny random Llama, the shipped serve_config.yaml pointed at it (small buckets, no
+warm-up). Every row of a small dataset (three queries of several rows, a multi-item row, an
+empty item list, token-id rows, bad rows) is scored by ``python -m batch score`` and by
+``batch.score_dataset`` at two batch sizes in two row orders; each row's scores equal what
+``ScoringService.score`` (the /v1/score route's code) answers for the same row with the same
+engine settings, and each bad row carries the reason the route answers with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from app.errors import ScoreRequestError
+from app.service import ScoringService
+from batch.__main__ import main
+from batch.pipeline import EngineOptions, score_dataset, settings_from_config
+from batch.rows import ScoreColumns, row_payload
+from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
+
+pytestmark = [pytest.mark.slow, RAY_SERVE]
+
+CONFIG = Path(__file__).resolve().parents[1] / "serve_config.yaml"
+LABELS = (7042, 4528, 11452)
+QUERIES = ("The capital of France is", "Bees make", "One two three four five six seven")
+
+
+def text_rows() -> list[dict[str, Any]]:
+    """Three queries of several one-item rows each, and a query that tokenizes to nothing."""
+    items = [" Paris", " honey", "", " a long item of several tokens", " x", " rain"]
+    out = [
+        {"id": f"r{q}-{i}", "query": query, "item": item}
+        for q, query in enumerate(QUERIES)
+        for i, item in enumerate(items[: 4 + q])
+    ]
+    return [*out, {"id": "empty-query", "query": "", "item": " Paris"}]  # SmolLM2: no BOS
+
+
+def list_rows() -> list[dict[str, Any]]:
+    """An item column of lists: each row is one multi-item request."""
+    return [
+        {"id": "multi", "query": QUERIES[0], "item": [" Lyon", " Nice", ""]},
+        {"id": "none", "query": QUERIES[1], "item": []},
+        {"id": "many", "query": QUERIES[2], "item": [" a"] * 9},  # max_items_per_request 8
+        {"id": "multi-2", "query": QUERIES[0], "item": [" Paris"]},
+    ]
+
+
+def token_rows() -> list[dict[str, Any]]:
+    """Token-id columns (an item: a list of ids; a row: a list of items)."""
+    return [
+        {"id": "tokens", "query": [504, 3575, 282], "item": [[4649], [314, 12]]},
+        {"id": "tokens-2", "query": [504, 3575, 282], "item": [[4649, 7]]},
+        {"id": "delimiter", "query": [504, 3575], "item": [[0, 5]]},
+        {"id": "vocab", "query": [504, 49152], "item": [[5]]},
+    ]
+
+
+def rows() -> list[dict[str, Any]]:
+    return [*text_rows(), *list_rows(), *token_rows()]
+
+
+def tiny_config(model_dir: Path) -> dict[str, Any]:
+    """The shipped file with the tiny model, small buckets and CPU shares, no warm-up."""
+    config = yaml.safe_load(CONFIG.read_text())
+    (app,) = config["applications"]
+    app["args"].update(
+        model=str(model_dir),
+        token_buckets=[16, 64],
+        item_token_buckets=[16, 64],
+        batch_buckets=[1, 4],
+        max_items_per_request=8,
+        max_multi_item_seq_len=128,
+        warmup_shapes=[],
+        completion_warmup_shapes=[],
+        limit_to_warmup=False,
+        compilation_cache_dir=None,
+        host_resources={"CPU": 0.5},
+    )
+    return config
+
+
+@pytest.fixture(scope="module")
+def config_file(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("batch-config") / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tiny_llama_dir)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected(config_file: Path) -> dict[str, Any]:
+    """Each row's /v1/score answer from the route's code and an engine of the same settings:
+    its scores (apply_softmax false: exp of the log-probs), or its 400 reason."""
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    settings = settings_from_config(config_file)
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings)
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    answers: dict[str, Any] = {}
+    for row in rows():
+        payload = row_payload(row, ScoreColumns(LABELS))
+        try:
+            answers[row["id"]] = asyncio.run(service.score(payload, backend))["scores"]
+        except ScoreRequestError as error:
+            assert error.status_code == 400
+            answers[row["id"]] = error.reason.value
+    return answers
+
+
+def assert_rows_equal(got: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+    assert sorted(r["id"] for r in got) == sorted(expected), "every id exactly once"
+    for row in got:
+        want = expected[row["id"]]
+        if isinstance(want, str):
+            assert row["error"] == want, row
+            assert row["scores"] is None and row["error_message"]
+            continue
+        assert row["error"] is None, row
+        assert len(row["scores"]) == len(want)
+        if want:  # log-probabilities within 1e-5
+            np.testing.assert_allclose(np.log(row["scores"]), np.log(want), atol=1e-5, rtol=0)
+
+
+def test_the_fixture_rows_cover_every_case(expected: dict[str, Any]) -> None:
+    reasons = {v for v in expected.values() if isinstance(v, str)}
+    assert reasons == {
+        "empty_query",
+        "delimiter_in_content",
+        "token_id_exceeds_vocab",
+        "too_many_items",
+    }
+    assert expected["none"] == [] and len(expected["multi"]) == 3 and len(expected["tokens"]) == 2
+
+
+def test_the_command_writes_what_v1_score_answers(
+    serve_cluster: ServeCluster,  # noqa: F811
+    config_file: Path,
+    expected: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    source = tmp_path / "rows.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in text_rows()))
+    labels = ",".join(map(str, LABELS))
+    argv = ["score", "--input", str(source), "--output", str(tmp_path / "out"), "--labels", labels]
+    assert main([*argv, "--config", str(config_file), "--output-format", "jsonl"]) == 0
+    written = [json.loads(line) for f in (tmp_path / "out").glob("*.json*") for line in f.open()]
+    assert_rows_equal(written, {row["id"]: expected[row["id"]] for row in text_rows()})
+    assert {"query", "item"} <= set(written[0]), "input columns are kept"
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["rows"] == len(text_rows())
+    assert summary["items"] == len(text_rows()) - 1
+    assert summary["errors"] == {"empty_query": 1}
+    # Rows that share a query are packed: far fewer engine steps than scored rows.
+    assert 0 < summary["engine_steps"] < summary["rows"] / 2
+
+
+def scored_rows(source: list[dict[str, Any]], config_file: Path, batch_size: int) -> list[Any]:
+    import ray.data
+
+    settings = settings_from_config(config_file)
+    options = EngineOptions(batch_size=batch_size)
+    ds = score_dataset(
+        ray.data.from_items(source), settings, ScoreColumns(LABELS), options, keep=()
+    )
+    got = ds.take_all()
+    assert set(got[0]) == {"id", "scores", "error", "error_message"}
+    return got
+
+
+def test_a_small_batch_in_another_order_gives_the_same_rows(
+    serve_cluster: ServeCluster,  # noqa: F811
+    config_file: Path,
+    expected: dict[str, Any],
+) -> None:
+    source = text_rows()
+    random.Random(7).shuffle(source)
+    got = scored_rows(source, config_file, batch_size=5)
+    assert_rows_equal(got, {row["id"]: expected[row["id"]] for row in source})
+
+
+@pytest.mark.parametrize("source", [list_rows, token_rows])
+def test_list_and_token_columns_give_the_same_rows(
+    serve_cluster: ServeCluster,  # noqa: F811
+    config_file: Path,
+    expected: dict[str, Any],
+    source: Any,
+) -> None:
+    got = scored_rows(source(), config_file, batch_size=64)
+    assert_rows_equal(got, {row["id"]: expected[row["id"]] for row in source()})
