@@ -22,6 +22,7 @@ from batch.rows import ScoreColumns
 from batch.stages import EngineScore, Tokenize, finish
 from batch.summary import Summary, Tally
 from planning.serve_args import SERVE_CONFIG, serve_args
+from replicas.serving.deployment import DEFAULT_ENGINE
 from replicas.settings import ReplicaSettings, SettingsError
 
 RESULT_COLUMNS = ("scores", "error", "error_message")
@@ -33,7 +34,9 @@ def settings_from_config(config: Path | None = None) -> ReplicaSettings:
     return ReplicaSettings.from_mapping(serve_args(config or SERVE_CONFIG))
 
 
-def engine_remote_args(settings: ReplicaSettings) -> dict[str, Any]:
+def engine_remote_args(
+    settings: ReplicaSettings, env: tuple[tuple[str, str], ...] = ()
+) -> dict[str, Any]:
     """One engine actor holds one host's ``host_resources`` (as a serving replica does)."""
     resources = dict(settings.host_bundle)
     args: dict[str, Any] = {
@@ -44,6 +47,8 @@ def engine_remote_args(settings: ReplicaSettings) -> dict[str, Any]:
         args["resources"] = resources
     if settings.host_label_selector:
         args["label_selector"] = dict(settings.host_label_selector)
+    if env:
+        args["runtime_env"] = {"env_vars": dict(env)}
     return args
 
 
@@ -54,6 +59,10 @@ class EngineOptions:
     replicas: int = 1
     batch_size: int = 512
     tokenize_cpus: float = 0.25
+    # "module:Class" whose from_settings makes the engine, as serving's engine_factory.
+    engine_factory: str = DEFAULT_ENGINE
+    # Environment variables of the engine actors (XLA/libtpu flags, a test's fault marker).
+    engine_env: tuple[tuple[str, str], ...] = ()
 
 
 def score_dataset(
@@ -81,11 +90,11 @@ def score_dataset(
         num_cpus=options.tokenize_cpus,
     ).map_batches(
         EngineScore,
-        fn_constructor_args=(settings, columns, tally),
+        fn_constructor_args=(settings, columns, tally, options.engine_factory),
         batch_format="pyarrow",
         batch_size=options.batch_size,
         concurrency=options.replicas,
-        **engine_remote_args(settings),
+        **engine_remote_args(settings, options.engine_env),
     )
     scored = scored.map_batches(
         finish,

@@ -18,6 +18,7 @@ from app.service import ScoringService
 from batch.packing import pack_works, unpack
 from batch.rows import PreparedRow, ScoreColumns, prepare_rows
 from replicas.contract import ScoreWork
+from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings
 
 QUERY_IDS, ITEM_IDS, LOGPROBS = "_sj_query_ids", "_sj_item_ids", "_sj_logprobs"
@@ -84,13 +85,18 @@ def row_works(batch: pa.Table, columns: ScoreColumns) -> list[ScoreWork | None]:
 
 
 class EngineScore:
-    """One ScoringEngine (the serving replica's, from the same settings) per actor; each
-    batch's engine counters go to ``tally`` (a ``batch.summary.Tally`` actor, or None)."""
+    """One engine per actor, made as a serving replica makes it (``engine_factory``, the same
+    settings); each batch's engine counters go to ``tally`` (a ``batch.summary.Tally``
+    actor, or None)."""
 
-    def __init__(self, settings: ReplicaSettings, columns: ScoreColumns, tally: Any) -> None:
-        from replicas.engine.scoring_engine import ScoringEngine
-
-        self._engine = ScoringEngine.from_settings(settings)
+    def __init__(
+        self,
+        settings: ReplicaSettings,
+        columns: ScoreColumns,
+        tally: Any,
+        engine_factory: str = DEFAULT_ENGINE,
+    ) -> None:
+        self._engine = load_engine_factory(engine_factory)(settings)
         self._columns, self._tally = columns, tally
 
     def __call__(self, batch: pa.Table) -> pa.Table:

@@ -1,11 +1,11 @@
-"""Batch scoring equals serving (DESIGN.md semantics 17), on the session's Ray cluster.
+"""Batch scoring equals serving (DESIGN.md semantics 17).
 
 The tiny random Llama, the shipped serve_config.yaml pointed at it (small buckets, no
-warm-up). Every row of a small dataset (three queries of several rows, a multi-item row, an
-empty item list, token-id rows, bad rows) is scored by ``python -m batch score`` and by
-``batch.score_dataset`` at two batch sizes in two row orders; each row's scores equal what
-``ScoringService.score`` (the /v1/score route's code) answers for the same row with the same
-engine settings, and each bad row carries the reason the route answers with.
+warm-up). Each row's expected answer is what ``ScoringService.score`` (the /v1/score route's
+code) answers for the same row with an engine of the same settings: its scores, or its 400
+reason. ``python -m batch score`` on a JSONL of text rows, run on the session's Ray cluster,
+writes those answers; the pipeline's stages, run in this process, give them at any batch size
+and row order, for item columns of lists (multi-item rows) and token-id columns too.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import yaml
 
 from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.__main__ import main
-from batch.pipeline import EngineOptions, score_dataset, settings_from_config
+from batch.pipeline import settings_from_config
 from batch.rows import ScoreColumns, row_payload
+from batch.stages import EngineScore, Tokenize, finish
 from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slow, RAY_SERVE]
@@ -168,36 +170,38 @@ def test_the_command_writes_what_v1_score_answers(
     assert 0 < summary["engine_steps"] < summary["rows"] / 2
 
 
-def scored_rows(source: list[dict[str, Any]], config_file: Path, batch_size: int) -> list[Any]:
-    import ray.data
-
+@pytest.fixture(scope="module")
+def stages(config_file: Path) -> tuple[Tokenize, EngineScore]:
+    """The pipeline's two stateful stages, in this process (what Ray Data's actors hold)."""
     settings = settings_from_config(config_file)
-    options = EngineOptions(batch_size=batch_size)
-    ds = score_dataset(
-        ray.data.from_items(source), settings, ScoreColumns(LABELS), options, keep=()
+    return Tokenize(settings, ScoreColumns(LABELS)), EngineScore(
+        settings, ScoreColumns(LABELS), None
     )
-    got = ds.take_all()
-    assert set(got[0]) == {"id", "scores", "error", "error_message"}
-    return got
 
 
-def test_a_small_batch_in_another_order_gives_the_same_rows(
-    serve_cluster: ServeCluster,  # noqa: F811
-    config_file: Path,
-    expected: dict[str, Any],
+def staged(source: list[dict[str, Any]], stages: Any, batch_size: int) -> list[dict[str, Any]]:
+    """``source`` through tokenize -> engine -> finish, ``batch_size`` rows per engine call."""
+    tokenize, engine = stages
+    table = pa.Table.from_pylist(source)
+    batches = [table.slice(at, batch_size) for at in range(0, table.num_rows, batch_size)]
+    return pa.concat_tables([finish(engine(tokenize(b)), False) for b in batches]).to_pylist()
+
+
+@pytest.mark.parametrize("batch_size", [3, 64])
+def test_any_batch_size_and_order_gives_the_same_rows(
+    stages: Any, expected: dict[str, Any], batch_size: int
 ) -> None:
     source = text_rows()
-    random.Random(7).shuffle(source)
-    got = scored_rows(source, config_file, batch_size=5)
-    assert_rows_equal(got, {row["id"]: expected[row["id"]] for row in source})
+    random.Random(batch_size).shuffle(source)
+    assert_rows_equal(staged(source, stages, batch_size), expected_of(source, expected))
 
 
 @pytest.mark.parametrize("source", [list_rows, token_rows])
 def test_list_and_token_columns_give_the_same_rows(
-    serve_cluster: ServeCluster,  # noqa: F811
-    config_file: Path,
-    expected: dict[str, Any],
-    source: Any,
+    stages: Any, expected: dict[str, Any], source: Any
 ) -> None:
-    got = scored_rows(source(), config_file, batch_size=64)
-    assert_rows_equal(got, {row["id"]: expected[row["id"]] for row in source()})
+    assert_rows_equal(staged(source(), stages, 64), expected_of(source(), expected))
+
+
+def expected_of(source: list[dict[str, Any]], expected: dict[str, Any]) -> dict[str, Any]:
+    return {row["id"]: expected[row["id"]] for row in source}
