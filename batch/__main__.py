@@ -34,6 +34,7 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--apply-softmax", action="store_true")
     score.add_argument("--item-first", action="store_true")
     score.add_argument("--config", type=Path, default=None, help="serve config (shipped one)")
+    score.add_argument("--input-format", choices=FORMATS, default=None, help="default: suffix")
     score.add_argument("--output-format", choices=FORMATS, default="parquet")
     score.add_argument("--engine", choices=("local",), default="local")
     score.add_argument("--replicas", type=int, default=1, help="engine actors")
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         args.output_format,
         keep,
         args.checkpoint,
+        args.input_format,
     )
     print(summary.line())
     print(json.dumps(summary.as_dict()))

@@ -58,7 +58,9 @@ class EngineOptions:
 
     replicas: int = 1
     batch_size: int = 512
-    tokenize_cpus: float = 0.25
+    # CPUs of each tokenize actor, score task, read and write task: light work, so that on a
+    # small cluster they never hold the CPUs an engine actor is waiting for.
+    cpu_share: float = 0.25
     # "module:Class" whose from_settings makes the engine, as serving's engine_factory.
     engine_factory: str = DEFAULT_ENGINE
     # Environment variables of the engine actors (XLA/libtpu flags, a test's fault marker).
@@ -87,7 +89,7 @@ def score_dataset(
         batch_format="pyarrow",
         batch_size=options.batch_size,
         concurrency=1,
-        num_cpus=options.tokenize_cpus,
+        num_cpus=options.cpu_share,
     ).map_batches(
         EngineScore,
         fn_constructor_args=(settings, columns, tally, options.engine_factory),
@@ -101,25 +103,40 @@ def score_dataset(
         fn_kwargs={"apply_softmax": columns.apply_softmax, "tally": tally},
         batch_format="pyarrow",
         batch_size=None,
-        num_cpus=options.tokenize_cpus,
+        num_cpus=options.cpu_share,
     )
     if keep is None:
         return scored
     return scored.select_columns(list(dict.fromkeys([columns.id, *keep, *RESULT_COLUMNS])))
 
 
-def read_input(path: str) -> ray.data.Dataset:
-    """JSONL/JSON, Parquet or CSV (by suffix; a directory by its files' suffix)."""
-    suffixes = (
-        {Path(path).suffix} if Path(path).suffix else {p.suffix for p in Path(path).iterdir()}
+def input_format(path: str) -> str:
+    """``parquet``, ``jsonl`` or ``csv`` from a path's suffix (a local folder: its files')."""
+    suffixes = {Path(path).suffix}
+    if not Path(path).suffix and "://" not in path and Path(path).is_dir():
+        suffixes = {p.suffix for p in Path(path).iterdir()}
+    for name, endings in (
+        ("parquet", {".parquet"}),
+        ("csv", {".csv"}),
+        ("jsonl", {".jsonl", ".json"}),
+    ):
+        if suffixes & endings:
+            return name
+    raise SettingsError(
+        f"--input-format: none given, and {path} has no .jsonl, .parquet or .csv files"
     )
-    if suffixes & {".parquet"}:
-        return ray.data.read_parquet(path)
-    if suffixes & {".csv"}:
-        return ray.data.read_csv(path)
-    if suffixes & {".jsonl", ".json"}:
-        return ray.data.read_json(path, lines=".jsonl" in suffixes)
-    raise SettingsError(f"--input: {path} is no .jsonl, .json, .parquet or .csv file or folder")
+
+
+def read_input(path: str, fmt: str | None = None, num_cpus: float = 0.25) -> ray.data.Dataset:
+    """Parquet, JSON lines or CSV (``fmt``, else by suffix) from a path or URI."""
+    fmt = fmt or input_format(path)
+    if fmt == "parquet":
+        return ray.data.read_parquet(path, num_cpus=num_cpus)
+    if fmt == "csv":
+        return ray.data.read_csv(path, num_cpus=num_cpus)
+    if fmt == "jsonl":
+        return ray.data.read_json(path, num_cpus=num_cpus)  # Arrow blocks (lines: pandas)
+    raise SettingsError(f"--input-format: one of {FORMATS}, got {fmt!r}")
 
 
 def _json_cells(batch: pa.Table) -> pa.Table:
@@ -132,13 +149,16 @@ def _json_cells(batch: pa.Table) -> pa.Table:
     return batch
 
 
-def write_output(ds: ray.data.Dataset, output: str, output_format: str) -> None:
+def write_output(
+    ds: ray.data.Dataset, output: str, output_format: str, num_cpus: float = 0.25
+) -> None:
     if output_format == "parquet":
-        ds.write_parquet(output)
+        ds.write_parquet(output, ray_remote_args={"num_cpus": num_cpus})
     elif output_format == "jsonl":
-        ds.write_json(output)
+        ds.write_json(output, ray_remote_args={"num_cpus": num_cpus})
     elif output_format == "csv":
-        ds.map_batches(_json_cells, batch_format="pyarrow", batch_size=None).write_csv(output)
+        ds = ds.map_batches(_json_cells, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus)
+        ds.write_csv(output, ray_remote_args={"num_cpus": num_cpus})
     else:
         raise SettingsError(f"--output-format: one of {FORMATS}, got {output_format!r}")
 
@@ -159,6 +179,10 @@ def use_checkpoint(directory: str | None, id_column: str) -> None:
     )
 
 
+def _absolute(path: str) -> str:
+    return path if "://" in path else str(Path(path).resolve())
+
+
 def run_score_job(
     input_path: str,
     output: str,
@@ -168,11 +192,14 @@ def run_score_job(
     output_format: str = "parquet",
     keep: Sequence[str] | None = None,
     checkpoint: str | None = None,
+    input_format: str | None = None,
 ) -> Summary:
     """Read, score, write; the job's summary."""
+    options = options or EngineOptions()
     use_checkpoint(checkpoint, columns.id)
     tally = ray.remote(Tally).options(num_cpus=0).remote()
     start = time.perf_counter()
-    ds = read_input(input_path)
-    write_output(score_dataset(ds, settings, columns, options, keep, tally), output, output_format)
+    ds = read_input(input_path, input_format, options.cpu_share)
+    scored = score_dataset(ds, settings, columns, options, keep, tally)
+    write_output(scored, output, output_format, options.cpu_share)
     return Summary.from_totals(ray.get(tally.totals.remote()), time.perf_counter() - start)

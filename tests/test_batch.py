@@ -24,15 +24,17 @@ import yaml
 from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.__main__ import main
-from batch.pipeline import settings_from_config
+from batch.pipeline import EngineOptions, run_score_job, settings_from_config, use_checkpoint
 from batch.rows import ScoreColumns, row_payload
 from batch.stages import EngineScore, Tokenize, finish
+from tests.batch_fault_engine import DIE_ENV, STOP_ENV
 from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slow, RAY_SERVE]
 
 CONFIG = Path(__file__).resolve().parents[1] / "serve_config.yaml"
 LABELS = (7042, 4528, 11452)
+FAULTY = "tests.batch_fault_engine:FaultyEngine"
 QUERIES = ("The capital of France is", "Bees make", "One two three four five six seven")
 
 
@@ -86,7 +88,7 @@ def tiny_config(model_dir: Path) -> dict[str, Any]:
         completion_warmup_shapes=[],
         limit_to_warmup=False,
         compilation_cache_dir=None,
-        host_resources={"CPU": 0.5},
+        host_resources={"CPU": 0.25},
     )
     return config
 
@@ -147,27 +149,56 @@ def test_the_fixture_rows_cover_every_case(expected: dict[str, Any]) -> None:
     assert expected["none"] == [] and len(expected["multi"]) == 3 and len(expected["tokens"]) == 2
 
 
-def test_the_command_writes_what_v1_score_answers(
+def written_rows(folder: Path, files: set[Path] | None = None) -> list[dict[str, Any]]:
+    files = set(folder.glob("*.json*")) if files is None else files
+    return [json.loads(line) for f in sorted(files) for line in f.open()]
+
+
+def test_a_stopped_job_with_a_dead_actor_resumes_and_writes_what_v1_score_answers(
     serve_cluster: ServeCluster,  # noqa: F811
     config_file: Path,
     expected: dict[str, Any],
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    source = tmp_path / "rows.jsonl"
-    source.write_text("".join(json.dumps(row) + "\n" for row in text_rows()))
-    labels = ",".join(map(str, LABELS))
-    argv = ["score", "--input", str(source), "--output", str(tmp_path / "out"), "--labels", labels]
-    assert main([*argv, "--config", str(config_file), "--output-format", "jsonl"]) == 0
-    written = [json.loads(line) for f in (tmp_path / "out").glob("*.json*") for line in f.open()]
-    assert_rows_equal(written, {row["id"]: expected[row["id"]] for row in text_rows()})
+    """Run 1 (batch.run_score_job, what the command runs): its engine actor dies in its first
+    batch (Ray Data restarts it and retries the batch), and once a block is written the job
+    stops with an error. Run 2, ``python -m batch score`` with the same arguments, computes
+    only the rows run 1 did not write; together they hold every id once, as /v1/score."""
+    source, out, checkpoint = tmp_path / "rows", tmp_path / "out", tmp_path / "checkpoint"
+    source.mkdir()
+    text = text_rows()
+    for n in range(4):  # four files of four rows: four blocks, one engine call each
+        lines = "".join(json.dumps(row) + "\n" for row in text[4 * n : 4 * n + 4])
+        (source / f"part-{n}.jsonl").write_text(lines)
+    settings, columns = settings_from_config(config_file), ScoreColumns(LABELS)
+    faults = ((DIE_ENV, str(tmp_path / "died")), (STOP_ENV, str(checkpoint)))
+    options = EngineOptions(batch_size=4, engine_factory=FAULTY, engine_env=faults)
+    try:
+        with pytest.raises(Exception, match="injected stop"):
+            run_score_job(
+                str(source), str(out), settings, columns, options, "jsonl", None, str(checkpoint)
+            )
+        assert (tmp_path / "died").exists(), "the engine actor died in run 1"
+        first_files = set(out.glob("*.json*"))
+        labels = ",".join(map(str, LABELS))
+        argv = ["score", "--input", str(source), "--output", str(out), "--labels", labels]
+        argv += ["--config", str(config_file), "--output-format", "jsonl", "--batch-size", "4"]
+        assert main([*argv, "--checkpoint", str(checkpoint)]) == 0
+    finally:
+        use_checkpoint(None, "id")
+    written = written_rows(out)
+    # Run 2 first deletes the files of blocks whose checkpoint run 1 had not committed.
+    first = written_rows(out, first_files & set(out.glob("*.json*")))
+    assert 0 < len(first) < len(text)
+    assert_rows_equal(written, expected_of(text, expected))  # every id exactly once
     assert {"query", "item"} <= set(written[0]), "input columns are kept"
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["rows"] == len(text_rows())
-    assert summary["items"] == len(text_rows()) - 1
-    assert summary["errors"] == {"empty_query": 1}
-    # Rows that share a query are packed: far fewer engine steps than scored rows.
-    assert 0 < summary["engine_steps"] < summary["rows"] / 2
+    second = [row for row in written if row["id"] not in {r["id"] for r in first}]
+    assert summary["rows"] == len(second) == len(text) - len(first)
+    assert summary["items"] == sum(len(row["scores"] or []) for row in second)
+    errors = [row["error"] for row in second if row["error"]]
+    assert summary["errors"] == {reason: errors.count(reason) for reason in errors}
 
 
 @pytest.fixture(scope="module")
