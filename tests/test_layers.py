@@ -1,10 +1,10 @@
 """The layers point one way (README, "What is where"): every import of the source tree, lazy
 ones inside functions included, is read from the files themselves.
 
-Top-level order: ``cluster`` < ``replicas`` < ``app`` | ``planning`` < ``loadtest``; inside
-``replicas``: ``contract`` < ``settings`` < ``model`` < ``checkpoints`` < ``engine`` <
-``serving``. A package may import its own layer and the layers below it, never one above or
-beside it, and no two modules import each other, directly or around a longer loop.
+Top-level order: ``cluster`` < ``replicas`` < ``app`` | ``planning`` < ``batch`` <
+``loadtest``; inside ``replicas``: ``contract`` < ``settings`` < ``model`` < ``checkpoints``
+< ``engine`` < ``serving``. A package may import its own layer and the layers below it, never
+one above or beside it, and no two modules import each other, directly or around a longer loop.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("cluster", "replicas", "app", "planning", "loadtest")
-RANK = {"cluster": 0, "replicas": 1, "app": 2, "planning": 2, "loadtest": 3}
+PACKAGES = ("cluster", "replicas", "app", "planning", "batch", "loadtest")
+RANK = {"cluster": 0, "replicas": 1, "app": 2, "planning": 2, "batch": 3, "loadtest": 4}
 REPLICAS_RANK = {
     "_exports": 0,
     "contract": 0,

@@ -1,0 +1,85 @@
+"""``python -m batch score --input PATH --output DIR --labels 7042,4528,11452 ...``: score a
+dataset as /v1/score scores each row (docs/batch.md); prints the job's summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from batch.pipeline import FORMATS, EngineOptions, run_score_job, settings_from_config
+from batch.rows import ScoreColumns
+from replicas.settings import SettingsError
+
+
+def token_ids(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"comma-separated token ids, got {text!r}") from None
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m batch", description=__doc__)
+    modes = top.add_subparsers(dest="mode", required=True)
+    score = modes.add_parser("score", help="label-token scores of each row, as /v1/score")
+    score.add_argument("--input", required=True, help="a JSONL, Parquet or CSV file or folder")
+    score.add_argument("--output", required=True, help="a folder the output files go into")
+    score.add_argument("--labels", required=True, type=token_ids, help="label token ids")
+    score.add_argument("--query-column", default="query")
+    score.add_argument("--item-column", default="item")
+    score.add_argument("--id-column", default="id")
+    score.add_argument("--keep", default=None, help="input columns to keep (default: all)")
+    score.add_argument("--apply-softmax", action="store_true")
+    score.add_argument("--item-first", action="store_true")
+    score.add_argument("--config", type=Path, default=None, help="serve config (shipped one)")
+    score.add_argument("--input-format", choices=FORMATS, default=None, help="default: suffix")
+    score.add_argument("--output-format", choices=FORMATS, default="parquet")
+    score.add_argument("--engine", choices=("local",), default="local")
+    score.add_argument("--replicas", type=int, default=1, help="engine actors")
+    score.add_argument("--batch-size", type=int, default=512, help="rows per engine call")
+    score.add_argument("--checkpoint", default=None, help="resume folder (Ray Data checkpoints)")
+    score.add_argument("--address", default=None, help="Ray cluster (default: RAY_ADDRESS/local)")
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    import ray
+
+    args = parser().parse_args(argv)
+    columns = ScoreColumns(
+        label_token_ids=args.labels,
+        query=args.query_column,
+        item=args.item_column,
+        id=args.id_column,
+        apply_softmax=args.apply_softmax,
+        item_first=args.item_first,
+    )
+    try:
+        settings = settings_from_config(args.config)
+    except (SettingsError, OSError) as error:
+        print(f"python -m batch: {error}", file=sys.stderr)
+        return 2
+    if not ray.is_initialized():  # batch.__main__.main from a driver that has a cluster
+        ray.init(address=args.address, log_to_driver=False)
+    keep = None if args.keep is None else [c for c in args.keep.split(",") if c]
+    options = EngineOptions(replicas=args.replicas, batch_size=args.batch_size)
+    summary = run_score_job(
+        args.input,
+        args.output,
+        settings,
+        columns,
+        options,
+        args.output_format,
+        keep,
+        args.checkpoint,
+        args.input_format,
+    )
+    print(summary.line())
+    print(json.dumps(summary.as_dict()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

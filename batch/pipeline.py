@@ -1,0 +1,205 @@
+"""Score a Ray Dataset: tokenize (CPU tasks) -> engine actors -> scores, and the whole job
+(read, score, write, summary) that ``python -m batch score`` runs.
+
+No scheduler of our own: Ray Data streams the blocks, sizes the actor pool, retries the work
+of a dead actor and checkpoints written ids (``CheckpointConfig`` on the id column).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import ray
+import ray.data
+
+from batch.rows import ScoreColumns
+from batch.stages import EngineScore, Tokenize, finish
+from batch.summary import Summary, Tally
+from planning.serve_args import SERVE_CONFIG, serve_args
+from replicas.serving.deployment import DEFAULT_ENGINE
+from replicas.settings import ReplicaSettings, SettingsError
+
+RESULT_COLUMNS = ("scores", "error", "error_message")
+FORMATS = ("parquet", "jsonl", "csv")
+
+
+def settings_from_config(config: Path | None = None) -> ReplicaSettings:
+    """The scoring app's settings from a serve config (the shipped serve_config.yaml)."""
+    return ReplicaSettings.from_mapping(serve_args(config or SERVE_CONFIG))
+
+
+def engine_remote_args(
+    settings: ReplicaSettings, env: tuple[tuple[str, str], ...] = ()
+) -> dict[str, Any]:
+    """One engine actor holds one host's ``host_resources`` (as a serving replica does)."""
+    resources = dict(settings.host_bundle)
+    args: dict[str, Any] = {
+        "num_cpus": resources.pop("CPU", 0),
+        "num_gpus": resources.pop("GPU", 0),
+    }
+    if resources:
+        args["resources"] = resources
+    if settings.host_label_selector:
+        args["label_selector"] = dict(settings.host_label_selector)
+    if env:
+        args["runtime_env"] = {"env_vars": dict(env)}
+    return args
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How many engine actors, and how many rows each engine call receives."""
+
+    replicas: int = 1
+    batch_size: int = 512
+    # CPUs of each tokenize actor, score task, read and write task: light work, so that on a
+    # small cluster they never hold the CPUs an engine actor is waiting for.
+    cpu_share: float = 0.25
+    # "module:Class" whose from_settings makes the engine, as serving's engine_factory.
+    engine_factory: str = DEFAULT_ENGINE
+    # Environment variables of the engine actors (XLA/libtpu flags, a test's fault marker).
+    engine_env: tuple[tuple[str, str], ...] = ()
+
+
+def score_dataset(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    columns: ScoreColumns,
+    options: EngineOptions | None = None,
+    keep: Sequence[str] | None = None,
+    tally: Any = None,
+) -> ray.data.Dataset:
+    """``ds`` scored as ``/v1/score`` scores each row: ``keep`` (None: every input column),
+    the id column, then ``scores`` (null on a refused row), ``error`` and ``error_message``."""
+    options = options or EngineOptions()
+    if settings.hosts_per_replica > 1:
+        raise SettingsError(
+            "hosts_per_replica: --engine local runs one engine actor per host "
+            f"(hosts_per_replica 1), got {settings.hosts_per_replica}"
+        )
+    scored = ds.map_batches(
+        Tokenize,
+        fn_constructor_args=(settings, columns),
+        batch_format="pyarrow",
+        batch_size=options.batch_size,
+        concurrency=1,
+        num_cpus=options.cpu_share,
+    ).map_batches(
+        EngineScore,
+        fn_constructor_args=(settings, columns, tally, options.engine_factory),
+        batch_format="pyarrow",
+        batch_size=options.batch_size,
+        concurrency=options.replicas,
+        **engine_remote_args(settings, options.engine_env),
+    )
+    scored = scored.map_batches(
+        finish,
+        fn_kwargs={"apply_softmax": columns.apply_softmax, "tally": tally},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=options.cpu_share,
+    )
+    if keep is None:
+        return scored
+    return scored.select_columns(list(dict.fromkeys([columns.id, *keep, *RESULT_COLUMNS])))
+
+
+def input_format(path: str) -> str:
+    """``parquet``, ``jsonl`` or ``csv`` from a path's suffix (a local folder: its files')."""
+    suffixes = {Path(path).suffix}
+    if not Path(path).suffix and "://" not in path and Path(path).is_dir():
+        suffixes = {p.suffix for p in Path(path).iterdir()}
+    for name, endings in (
+        ("parquet", {".parquet"}),
+        ("csv", {".csv"}),
+        ("jsonl", {".jsonl", ".json"}),
+    ):
+        if suffixes & endings:
+            return name
+    raise SettingsError(
+        f"--input-format: none given, and {path} has no .jsonl, .parquet or .csv files"
+    )
+
+
+def read_input(path: str, fmt: str | None = None, num_cpus: float = 0.25) -> ray.data.Dataset:
+    """Parquet, JSON lines or CSV (``fmt``, else by suffix) from a path or URI."""
+    fmt = fmt or input_format(path)
+    if fmt == "parquet":
+        return ray.data.read_parquet(path, num_cpus=num_cpus)
+    if fmt == "csv":
+        return ray.data.read_csv(path, num_cpus=num_cpus)
+    if fmt == "jsonl":
+        return ray.data.read_json(path, num_cpus=num_cpus)  # Arrow blocks (lines: pandas)
+    raise SettingsError(f"--input-format: one of {FORMATS}, got {fmt!r}")
+
+
+def _json_cells(batch: pa.Table) -> pa.Table:
+    """Nested list columns as JSON text (CSV holds no lists)."""
+    for name in batch.column_names:
+        if pa.types.is_list(batch.schema.field(name).type):
+            text = pa.array([None if v is None else json.dumps(v) for v in batch[name].to_pylist()])
+            index = batch.column_names.index(name)
+            batch = batch.set_column(index, name, text)
+    return batch
+
+
+def write_output(
+    ds: ray.data.Dataset, output: str, output_format: str, num_cpus: float = 0.25
+) -> None:
+    if output_format == "parquet":
+        ds.write_parquet(output, ray_remote_args={"num_cpus": num_cpus})
+    elif output_format == "jsonl":
+        ds.write_json(output, ray_remote_args={"num_cpus": num_cpus})
+    elif output_format == "csv":
+        ds = ds.map_batches(_json_cells, batch_format="pyarrow", batch_size=None, num_cpus=num_cpus)
+        ds.write_csv(output, ray_remote_args={"num_cpus": num_cpus})
+    else:
+        raise SettingsError(f"--output-format: one of {FORMATS}, got {output_format!r}")
+
+
+def use_checkpoint(directory: str | None, id_column: str) -> None:
+    """Ray Data's checkpointing on ``id_column`` under ``directory`` (None: off): rows whose
+    id a write already recorded are filtered out at read, so a job run again with the same
+    command computes only the rest."""
+    from ray.data.checkpoint import CheckpointConfig
+
+    context = ray.data.DataContext.get_current()
+    context.checkpoint_config = (
+        None
+        if directory is None
+        else CheckpointConfig(
+            id_column, str(Path(directory).resolve()), delete_checkpoint_on_success=False
+        )
+    )
+
+
+def _absolute(path: str) -> str:
+    return path if "://" in path else str(Path(path).resolve())
+
+
+def run_score_job(
+    input_path: str,
+    output: str,
+    settings: ReplicaSettings,
+    columns: ScoreColumns,
+    options: EngineOptions | None = None,
+    output_format: str = "parquet",
+    keep: Sequence[str] | None = None,
+    checkpoint: str | None = None,
+    input_format: str | None = None,
+) -> Summary:
+    """Read, score, write; the job's summary."""
+    options = options or EngineOptions()
+    use_checkpoint(checkpoint, columns.id)
+    tally = ray.remote(Tally).options(num_cpus=0).remote()
+    start = time.perf_counter()
+    ds = read_input(input_path, input_format, options.cpu_share)
+    scored = score_dataset(ds, settings, columns, options, keep, tally)
+    write_output(scored, output, output_format, options.cpu_share)
+    return Summary.from_totals(ray.get(tally.totals.remote()), time.perf_counter() - start)

@@ -1,0 +1,86 @@
+"""A dataset row -> the /v1/score request it stands for -> a ScoreWork or its 400 reason.
+
+Jax-free and Ray-free: the tokenize stage runs it in CPU tasks. Every rule is
+``app.service.ScoringService.prepare``'s, so a row gets exactly the work (or the error) that
+the same row sent to ``/v1/score`` gets.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.errors import ScoreRequestError
+from app.service import ScoringService
+from replicas.contract import ScoreWork
+
+
+@dataclass(frozen=True)
+class ScoreColumns:
+    """Which input columns hold what, and the request fields every row shares."""
+
+    label_token_ids: tuple[int, ...]
+    query: str = "query"
+    item: str = "item"
+    id: str = "id"
+    apply_softmax: bool = False
+    item_first: bool = False
+
+
+@dataclass(frozen=True)
+class PreparedRow:
+    """A row's work (None when it was refused), or its 400 reason and message."""
+
+    work: ScoreWork | None
+    error: str | None = None
+    message: str | None = None
+
+
+def plain(value: Any) -> Any:
+    """Arrow/NumPy values (arrays of ids, nested arrays of items) as Python lists and scalars."""
+    if isinstance(value, np.ndarray):
+        return [plain(v) for v in value.tolist()] if value.dtype == object else value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def is_one_item(item: Any) -> bool:
+    """A string or a list of token ids is one item; a list of those is a multi-item row."""
+    return isinstance(item, str) or (
+        isinstance(item, list)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in item)
+        and bool(item)
+    )
+
+
+def row_payload(row: Mapping[str, Any], columns: ScoreColumns) -> dict[str, Any]:
+    """The /v1/score body of one row: its query, its item(s) and the shared fields."""
+    item = plain(row.get(columns.item))
+    items = [item] if is_one_item(item) else item
+    return {
+        "query": plain(row.get(columns.query)),
+        "items": items,
+        "label_token_ids": list(columns.label_token_ids),
+        "apply_softmax": columns.apply_softmax,
+        "item_first": columns.item_first,
+    }
+
+
+def prepare_row(service: ScoringService, payload: Mapping[str, Any]) -> PreparedRow:
+    """The row's ScoreWork, or the reason and message /v1/score answers it with."""
+    try:
+        return PreparedRow(service.prepare(dict(payload)).work)
+    except ScoreRequestError as error:
+        return PreparedRow(None, error.reason.value, error.message)
+
+
+def prepare_rows(
+    service: ScoringService, rows: Sequence[Mapping[str, Any]], columns: ScoreColumns
+) -> list[PreparedRow]:
+    return [prepare_row(service, row_payload(row, columns)) for row in rows]

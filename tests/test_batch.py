@@ -1,0 +1,238 @@
+"""Batch scoring equals serving (DESIGN.md semantics 17).
+
+The tiny random Llama, the shipped serve_config.yaml pointed at it (small buckets, no
+warm-up). Each row's expected answer is what ``ScoringService.score`` (the /v1/score route's
+code) answers for the same row with an engine of the same settings: its scores, or its 400
+reason. ``python -m batch score`` on a JSONL of text rows, run on the session's Ray cluster,
+writes those answers; the pipeline's stages, run in this process, give them at any batch size
+and row order, for item columns of lists (multi-item rows) and token-id columns too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import yaml
+
+from app.errors import ScoreRequestError
+from app.service import ScoringService
+from batch.__main__ import main
+from batch.pipeline import EngineOptions, run_score_job, settings_from_config, use_checkpoint
+from batch.rows import ScoreColumns, row_payload
+from batch.stages import EngineScore, Tokenize, finish
+from tests.batch_fault_engine import DIE_ENV, STOP_ENV
+from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
+
+pytestmark = [pytest.mark.slow, RAY_SERVE]
+
+CONFIG = Path(__file__).resolve().parents[1] / "serve_config.yaml"
+LABELS = (7042, 4528, 11452)
+FAULTY = "tests.batch_fault_engine:FaultyEngine"
+QUERIES = ("The capital of France is", "Bees make", "One two three four five six seven")
+
+
+def text_rows() -> list[dict[str, Any]]:
+    """Three queries of several one-item rows each, and a query that tokenizes to nothing."""
+    items = [" Paris", " honey", "", " a long item of several tokens", " x", " rain"]
+    out = [
+        {"id": f"r{q}-{i}", "query": query, "item": item}
+        for q, query in enumerate(QUERIES)
+        for i, item in enumerate(items[: 4 + q])
+    ]
+    return [*out, {"id": "empty-query", "query": "", "item": " Paris"}]  # SmolLM2: no BOS
+
+
+def list_rows() -> list[dict[str, Any]]:
+    """An item column of lists: each row is one multi-item request."""
+    return [
+        {"id": "multi", "query": QUERIES[0], "item": [" Lyon", " Nice", ""]},
+        {"id": "none", "query": QUERIES[1], "item": []},
+        {"id": "many", "query": QUERIES[2], "item": [" a"] * 9},  # max_items_per_request 8
+        {"id": "multi-2", "query": QUERIES[0], "item": [" Paris"]},
+    ]
+
+
+def token_rows() -> list[dict[str, Any]]:
+    """Token-id columns (an item: a list of ids; a row: a list of items)."""
+    return [
+        {"id": "tokens", "query": [504, 3575, 282], "item": [[4649], [314, 12]]},
+        {"id": "tokens-2", "query": [504, 3575, 282], "item": [[4649, 7]]},
+        {"id": "delimiter", "query": [504, 3575], "item": [[0, 5]]},
+        {"id": "vocab", "query": [504, 49152], "item": [[5]]},
+    ]
+
+
+def rows() -> list[dict[str, Any]]:
+    return [*text_rows(), *list_rows(), *token_rows()]
+
+
+def tiny_config(model_dir: Path) -> dict[str, Any]:
+    """The shipped file with the tiny model, small buckets and CPU shares, no warm-up."""
+    config = yaml.safe_load(CONFIG.read_text())
+    (app,) = config["applications"]
+    app["args"].update(
+        model=str(model_dir),
+        token_buckets=[16, 64],
+        item_token_buckets=[16, 64],
+        batch_buckets=[1, 4],
+        max_items_per_request=8,
+        max_multi_item_seq_len=128,
+        warmup_shapes=[],
+        completion_warmup_shapes=[],
+        limit_to_warmup=False,
+        compilation_cache_dir=None,
+        host_resources={"CPU": 0.25},
+    )
+    return config
+
+
+@pytest.fixture(scope="module")
+def config_file(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("batch-config") / "serve_config.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tiny_llama_dir)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def expected(config_file: Path) -> dict[str, Any]:
+    """Each row's /v1/score answer from the route's code and an engine of the same settings:
+    its scores (apply_softmax false: exp of the log-probs), or its 400 reason."""
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    settings = settings_from_config(config_file)
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings)
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    answers: dict[str, Any] = {}
+    for row in rows():
+        payload = row_payload(row, ScoreColumns(LABELS))
+        try:
+            answers[row["id"]] = asyncio.run(service.score(payload, backend))["scores"]
+        except ScoreRequestError as error:
+            assert error.status_code == 400
+            answers[row["id"]] = error.reason.value
+    return answers
+
+
+def assert_rows_equal(got: list[dict[str, Any]], expected: dict[str, Any]) -> None:
+    assert sorted(r["id"] for r in got) == sorted(expected), "every id exactly once"
+    for row in got:
+        want = expected[row["id"]]
+        if isinstance(want, str):
+            assert row["error"] == want, row
+            assert row["scores"] is None and row["error_message"]
+            continue
+        assert row["error"] is None, row
+        assert len(row["scores"]) == len(want)
+        if want:  # log-probabilities within 1e-5
+            np.testing.assert_allclose(np.log(row["scores"]), np.log(want), atol=1e-5, rtol=0)
+
+
+def test_the_fixture_rows_cover_every_case(expected: dict[str, Any]) -> None:
+    reasons = {v for v in expected.values() if isinstance(v, str)}
+    assert reasons == {
+        "empty_query",
+        "delimiter_in_content",
+        "token_id_exceeds_vocab",
+        "too_many_items",
+    }
+    assert expected["none"] == [] and len(expected["multi"]) == 3 and len(expected["tokens"]) == 2
+
+
+def written_rows(folder: Path, files: set[Path] | None = None) -> list[dict[str, Any]]:
+    files = set(folder.glob("*.json*")) if files is None else files
+    return [json.loads(line) for f in sorted(files) for line in f.open()]
+
+
+def test_a_stopped_job_with_a_dead_actor_resumes_and_writes_what_v1_score_answers(
+    serve_cluster: ServeCluster,  # noqa: F811
+    config_file: Path,
+    expected: dict[str, Any],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Run 1 (batch.run_score_job, what the command runs): its engine actor dies in its first
+    batch (Ray Data restarts it and retries the batch), and once a block is written the job
+    stops with an error. Run 2, ``python -m batch score`` with the same arguments, computes
+    only the rows run 1 did not write; together they hold every id once, as /v1/score."""
+    source, out, checkpoint = tmp_path / "rows", tmp_path / "out", tmp_path / "checkpoint"
+    source.mkdir()
+    text = text_rows()
+    for n in range(4):  # four files of four rows: four blocks, one engine call each
+        lines = "".join(json.dumps(row) + "\n" for row in text[4 * n : 4 * n + 4])
+        (source / f"part-{n}.jsonl").write_text(lines)
+    settings, columns = settings_from_config(config_file), ScoreColumns(LABELS)
+    faults = ((DIE_ENV, str(tmp_path / "died")), (STOP_ENV, str(checkpoint)))
+    options = EngineOptions(batch_size=4, engine_factory=FAULTY, engine_env=faults)
+    try:
+        with pytest.raises(Exception, match="injected stop"):
+            run_score_job(
+                str(source), str(out), settings, columns, options, "jsonl", None, str(checkpoint)
+            )
+        assert (tmp_path / "died").exists(), "the engine actor died in run 1"
+        first_files = set(out.glob("*.json*"))
+        labels = ",".join(map(str, LABELS))
+        argv = ["score", "--input", str(source), "--output", str(out), "--labels", labels]
+        argv += ["--config", str(config_file), "--output-format", "jsonl", "--batch-size", "4"]
+        assert main([*argv, "--checkpoint", str(checkpoint)]) == 0
+    finally:
+        use_checkpoint(None, "id")
+    written = written_rows(out)
+    # Run 2 first deletes the files of blocks whose checkpoint run 1 had not committed.
+    first = written_rows(out, first_files & set(out.glob("*.json*")))
+    assert 0 < len(first) < len(text)
+    assert_rows_equal(written, expected_of(text, expected))  # every id exactly once
+    assert {"query", "item"} <= set(written[0]), "input columns are kept"
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    second = [row for row in written if row["id"] not in {r["id"] for r in first}]
+    assert summary["rows"] == len(second) == len(text) - len(first)
+    assert summary["items"] == sum(len(row["scores"] or []) for row in second)
+    errors = [row["error"] for row in second if row["error"]]
+    assert summary["errors"] == {reason: errors.count(reason) for reason in errors}
+
+
+@pytest.fixture(scope="module")
+def stages(config_file: Path) -> tuple[Tokenize, EngineScore]:
+    """The pipeline's two stateful stages, in this process (what Ray Data's actors hold)."""
+    settings = settings_from_config(config_file)
+    return Tokenize(settings, ScoreColumns(LABELS)), EngineScore(
+        settings, ScoreColumns(LABELS), None
+    )
+
+
+def staged(source: list[dict[str, Any]], stages: Any, batch_size: int) -> list[dict[str, Any]]:
+    """``source`` through tokenize -> engine -> finish, ``batch_size`` rows per engine call."""
+    tokenize, engine = stages
+    table = pa.Table.from_pylist(source)
+    batches = [table.slice(at, batch_size) for at in range(0, table.num_rows, batch_size)]
+    return pa.concat_tables([finish(engine(tokenize(b)), False) for b in batches]).to_pylist()
+
+
+@pytest.mark.parametrize("batch_size", [3, 64])
+def test_any_batch_size_and_order_gives_the_same_rows(
+    stages: Any, expected: dict[str, Any], batch_size: int
+) -> None:
+    source = text_rows()
+    random.Random(batch_size).shuffle(source)
+    assert_rows_equal(staged(source, stages, batch_size), expected_of(source, expected))
+
+
+@pytest.mark.parametrize("source", [list_rows, token_rows])
+def test_list_and_token_columns_give_the_same_rows(
+    stages: Any, expected: dict[str, Any], source: Any
+) -> None:
+    assert_rows_equal(staged(source(), stages, 64), expected_of(source(), expected))
+
+
+def expected_of(source: list[dict[str, Any]], expected: dict[str, Any]) -> dict[str, Any]:
+    return {row["id"]: expected[row["id"]] for row in source}

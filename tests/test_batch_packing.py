@@ -1,0 +1,56 @@
+"""Rows that share a query become one multi-item work per engine call, cut by the limits the
+engine enforces, and each row gets back exactly its own items' scores (batch/packing.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from batch.packing import Slot, pack_works, unpack
+from batch.rows import ScoreColumns, is_one_item, row_payload
+from replicas.contract import ScoreWork, ScoringLimits
+
+LABELS = (5, 6)
+
+
+def work(query: tuple[int, ...], *items: tuple[int, ...]) -> ScoreWork:
+    return ScoreWork(query, items, LABELS)
+
+
+def test_rows_of_one_query_are_one_work_in_row_order() -> None:
+    q, r = (1, 2, 3), (4, 5)
+    works = [work(q, (7,)), work(r, (8,)), None, work(q, (9, 9), (10,)), work(q)]
+    packs = pack_works(works, ScoringLimits(), multi_item=True)
+    assert [p.work for p in packs] == [work(q, (7,), (9, 9), (10,)), work(r, (8,))]
+    assert packs[0].slots == (Slot(0, 0, 1), Slot(3, 1, 3))
+    assert packs[1].slots == (Slot(1, 0, 1),)
+
+
+def test_a_pack_is_cut_where_the_next_row_would_break_a_limit() -> None:
+    q = (1, 2, 3)
+    works = [work(q, (7,), (7,)), work(q, (8,)), work(q, (9,), (9,))]
+    packs = pack_works(works, ScoringLimits(max_items_per_request=3), multi_item=True)
+    assert [p.work.num_items for p in packs] == [3, 2]
+    assert [p.slots for p in packs] == [(Slot(0, 0, 2), Slot(1, 2, 3)), (Slot(2, 0, 2),)]
+    # packed length: query 3 + 1, each item 1 + 1 -> 2 items of one token fit 8
+    packs = pack_works(works, ScoringLimits(max_multi_item_seq_len=8), multi_item=True)
+    assert [p.work.num_items for p in packs] == [2, 1, 2]
+
+
+def test_unpack_gives_each_row_its_own_items() -> None:
+    q = (1,)
+    works = [work(q, (7,)), None, work(q, (8,), (9,)), work(q)]
+    packs = pack_works(works, ScoringLimits(), multi_item=True)
+    answer = np.arange(6, dtype=np.float32).reshape(3, 2)  # [items, labels]
+    rows = unpack(packs, [answer], len(works))
+    np.testing.assert_array_equal(rows[0], [[0, 1]])
+    np.testing.assert_array_equal(rows[2], [[2, 3], [4, 5]])
+    assert rows[1].shape == (0, 0) and rows[3].shape == (0, 0)
+
+
+def test_a_string_or_a_list_of_ids_is_one_item_a_list_of_them_is_many() -> None:
+    assert is_one_item("x") and is_one_item([1, 2])
+    assert not is_one_item(["x", "y"]) and not is_one_item([[1], [2]]) and not is_one_item([])
+    columns = ScoreColumns((5,), query="q", item="i")
+    assert row_payload({"q": "a", "i": "b"}, columns)["items"] == ["b"]
+    assert row_payload({"q": [1], "i": np.array([2, 3])}, columns)["items"] == [[2, 3]]
+    assert row_payload({"q": "a", "i": ["b", "c"]}, columns)["items"] == ["b", "c"]
