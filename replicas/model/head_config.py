@@ -1,7 +1,8 @@
 """Which score head a Hugging Face config asks for (jax-free: the ingress reads it too).
 
-``*ForSequenceClassification`` of the Llama, Qwen2 and Qwen3 families put a bias-free linear
-``score`` [D -> num_labels] on the final hidden state; ``Qwen2ForRewardModel`` (remote code of
+``*ForSequenceClassification`` of the Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3
+(text) families put a bias-free linear ``score`` [D -> num_labels] on the final hidden state
+(no final soft-cap: that belongs to Gemma's LM head); ``Qwen2ForRewardModel`` (remote code of
 Qwen2.5-Math-RM and process reward models) puts D -> D, ReLU, D -> 1 there. Both read the
 last token of a sequence.
 """
@@ -17,6 +18,9 @@ HEAD_ARCHITECTURES = {
     "Qwen2ForSequenceClassification": ("qwen2", "linear"),
     "Qwen3ForSequenceClassification": ("qwen3", "linear"),
     "Qwen2ForRewardModel": ("qwen2", "reward_mlp"),
+    "MistralForSequenceClassification": ("mistral", "linear"),
+    "Gemma2ForSequenceClassification": ("gemma2", "linear"),
+    "Gemma3TextForSequenceClassification": ("gemma3", "linear"),
 }
 
 
