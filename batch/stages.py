@@ -106,7 +106,9 @@ class EngineScore:
         before = self._engine.stats()
         answers = self._engine.score_batch([pack.work for pack in packs]) if packs else []
         after = self._engine.stats()
-        report(self._tally, {name: after[name] - before[name] for name in COUNTERS})
+        counts = {name: after[name] - before[name] for name in COUNTERS}
+        engine_ms = round(1000 * (after["engine_seconds"] - before["engine_seconds"]))
+        report(self._tally, counts | {"engine_ms": engine_ms})
         rows = unpack(packs, answers, len(works))
         logprobs = [None if w is None else r.tolist() for w, r in zip(works, rows, strict=True)]
         return with_columns(batch, {LOGPROBS: pa.array(logprobs, MATRIX)})
