@@ -36,8 +36,9 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--config", type=Path, default=None, help="serve config (shipped one)")
     score.add_argument("--input-format", choices=FORMATS, default=None, help="default: suffix")
     score.add_argument("--output-format", choices=FORMATS, default="parquet")
-    score.add_argument("--engine", choices=("local",), default="local")
-    score.add_argument("--replicas", type=int, default=1, help="engine actors")
+    score.add_argument("--engine", choices=("local", "serve"), default="local")
+    score.add_argument("--app", default="scorejax", help="--engine serve: the Serve app")
+    score.add_argument("--replicas", type=int, default=1, help="engine actors (serve: callers)")
     score.add_argument("--batch-size", type=int, default=512, help="rows per engine call")
     score.add_argument("--checkpoint", default=None, help="resume folder (Ray Data checkpoints)")
     score.add_argument("--address", default=None, help="Ray cluster (default: RAY_ADDRESS/local)")
@@ -64,7 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     if not ray.is_initialized():  # batch.__main__.main from a driver that has a cluster
         ray.init(address=args.address, log_to_driver=False)
     keep = None if args.keep is None else [c for c in args.keep.split(",") if c]
-    options = EngineOptions(replicas=args.replicas, batch_size=args.batch_size)
+    options = EngineOptions(
+        replicas=args.replicas, batch_size=args.batch_size, engine=args.engine, app=args.app
+    )
     summary = run_score_job(
         args.input,
         args.output,

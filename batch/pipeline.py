@@ -19,6 +19,7 @@ import ray
 import ray.data
 
 from batch.rows import ScoreColumns
+from batch.serve_stage import ServeScore
 from batch.stages import EngineScore, Tokenize, finish
 from batch.summary import Summary, Tally
 from planning.serve_args import SERVE_CONFIG, serve_args
@@ -65,6 +66,9 @@ class EngineOptions:
     engine_factory: str = DEFAULT_ENGINE
     # Environment variables of the engine actors (XLA/libtpu flags, a test's fault marker).
     engine_env: tuple[tuple[str, str], ...] = ()
+    # "local": engine actors in the job; "serve": the running Serve app ``app`` scores.
+    engine: str = "local"
+    app: str = "scorejax"
 
 
 def score_dataset(
@@ -78,11 +82,6 @@ def score_dataset(
     """``ds`` scored as ``/v1/score`` scores each row: ``keep`` (None: every input column),
     the id column, then ``scores`` (null on a refused row), ``error`` and ``error_message``."""
     options = options or EngineOptions()
-    if settings.hosts_per_replica > 1:
-        raise SettingsError(
-            "hosts_per_replica: --engine local runs one engine actor per host "
-            f"(hosts_per_replica 1), got {settings.hosts_per_replica}"
-        )
     scored = ds.map_batches(
         Tokenize,
         fn_constructor_args=(settings, columns),
@@ -90,14 +89,8 @@ def score_dataset(
         batch_size=options.batch_size,
         concurrency=1,
         num_cpus=options.cpu_share,
-    ).map_batches(
-        EngineScore,
-        fn_constructor_args=(settings, columns, tally, options.engine_factory),
-        batch_format="pyarrow",
-        batch_size=options.batch_size,
-        concurrency=options.replicas,
-        **engine_remote_args(settings, options.engine_env),
     )
+    scored = _scoring_stage(scored, settings, columns, options, tally)
     scored = scored.map_batches(
         finish,
         fn_kwargs={"apply_softmax": columns.apply_softmax, "tally": tally},
@@ -124,6 +117,39 @@ def input_format(path: str) -> str:
             return name
     raise SettingsError(
         f"--input-format: none given, and {path} has no .jsonl, .parquet or .csv files"
+    )
+
+
+def _scoring_stage(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    columns: ScoreColumns,
+    options: EngineOptions,
+    tally: Any,
+) -> ray.data.Dataset:
+    """Engine actors (``local``) or handle callers (``serve``), ``options.replicas`` of them."""
+    common = {"batch_format": "pyarrow", "batch_size": options.batch_size}
+    if options.engine == "serve":
+        return ds.map_batches(
+            ServeScore,
+            fn_constructor_args=(options.app, settings, columns, tally),
+            concurrency=options.replicas,
+            num_cpus=options.cpu_share,
+            **common,
+        )
+    if options.engine != "local":
+        raise SettingsError(f"--engine: local or serve, got {options.engine!r}")
+    if settings.hosts_per_replica > 1:
+        raise SettingsError(
+            "hosts_per_replica: --engine local runs one engine actor per host "
+            f"(hosts_per_replica 1), got {settings.hosts_per_replica}"
+        )
+    return ds.map_batches(
+        EngineScore,
+        fn_constructor_args=(settings, columns, tally, options.engine_factory),
+        concurrency=options.replicas,
+        **common,
+        **engine_remote_args(settings, options.engine_env),
     )
 
 

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from app.scores import to_scores
 from app.service import ScoringService
-from batch.packing import pack_works, unpack
+from batch.packing import Pack, pack_works, unpack
 from batch.rows import PreparedRow, ScoreColumns, prepare_rows
 from replicas.contract import ScoreWork
 from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
@@ -109,9 +109,17 @@ class EngineScore:
         counts = {name: after[name] - before[name] for name in COUNTERS}
         engine_ms = round(1000 * (after["engine_seconds"] - before["engine_seconds"]))
         report(self._tally, counts | {"engine_ms": engine_ms})
-        rows = unpack(packs, answers, len(works))
-        logprobs = [None if w is None else r.tolist() for w, r in zip(works, rows, strict=True)]
-        return with_columns(batch, {LOGPROBS: pa.array(logprobs, MATRIX)})
+        return with_columns(batch, {LOGPROBS: logprob_column(works, packs, answers)})
+
+
+def logprob_column(
+    works: list[ScoreWork | None], packs: list[Pack], answers: list[Any]
+) -> pa.Array:
+    """Each row's ``[items, labels]`` log-probabilities from its pack's answer (null: refused)."""
+    rows = unpack(packs, answers, len(works))
+    return pa.array(
+        [None if w is None else r.tolist() for w, r in zip(works, rows, strict=True)], MATRIX
+    )
 
 
 def report(tally: Any, counts: dict[str, int]) -> None:

@@ -24,7 +24,13 @@ import yaml
 from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.__main__ import main
-from batch.pipeline import EngineOptions, run_score_job, settings_from_config, use_checkpoint
+from batch.pipeline import (
+    EngineOptions,
+    run_score_job,
+    score_dataset,
+    settings_from_config,
+    use_checkpoint,
+)
 from batch.rows import ScoreColumns, row_payload
 from batch.stages import EngineScore, Tokenize, finish
 from tests.batch_fault_engine import DIE_ENV, STOP_ENV
@@ -236,3 +242,23 @@ def test_list_and_token_columns_give_the_same_rows(
 
 def expected_of(source: list[dict[str, Any]], expected: dict[str, Any]) -> dict[str, Any]:
     return {row["id"]: expected[row["id"]] for row in source}
+
+
+def test_engine_serve_scores_the_rows_through_a_running_app(
+    serve_cluster: ServeCluster,  # noqa: F811
+    config_file: Path,
+    expected: dict[str, Any],
+) -> None:
+    """``--engine serve``: the same rows, packed the same way, through the app's handle."""
+    import ray.data
+
+    from app.builder import scoring_app
+
+    settings = settings_from_config(config_file)
+    ingress = {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
+    serve_cluster.deploy(scoring_app(settings, ingress_options=ingress), "batch-serve", None)
+    source = text_rows()
+    random.Random(3).shuffle(source)
+    options = EngineOptions(batch_size=5, engine="serve", app="batch-serve")
+    scored = score_dataset(ray.data.from_items(source), settings, ScoreColumns(LABELS), options)
+    assert_rows_equal(scored.take_all(), expected_of(source, expected))
