@@ -37,6 +37,7 @@ class Summary:
     query_cache_hits: int = 0
     steps: int = 0
     engine_ms: int = 0  # the engines' step time, summed over engine actors
+    retried_503: int = 0  # --engine serve: calls refused with a 503 and sent again
 
     @classmethod
     def from_totals(cls, totals: dict[str, int], wall_s: float) -> Summary:
@@ -52,6 +53,7 @@ class Summary:
             "query_cache_hits",
             "steps",
             "engine_ms",
+            "retried_503",
         )
         return cls(
             errors=errors, wall_s=wall_s, **{name: int(totals.get(name, 0)) for name in names}
@@ -76,6 +78,7 @@ class Summary:
             "query_cache_hits": self.query_cache_hits,
             "engine_steps": self.steps,
             "engine_s": round(self.engine_ms / 1000, 2),
+            "retried_503": self.retried_503,
             "wall_s": round(self.wall_s, 2),
         }
 

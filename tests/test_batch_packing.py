@@ -86,3 +86,14 @@ def test_engine_serve_sends_a_refused_pack_again_after_retry_after() -> None:
     assert stage._handle.calls == 2
     np.testing.assert_allclose(answer, [[-1.5, -2.5], [-1.5, -2.5]])
     assert stage._handle.fields["items"] == [[3], [4, 5]]
+
+
+def test_the_summary_adds_up_the_stages_counts() -> None:
+    from batch.summary import Summary
+
+    totals = {"rows": 5, "items": 8, "error:empty_query": 2, "error:too_many_items": 1}
+    totals |= {"computed_tokens": 120, "useful_tokens": 100, "engine_ms": 2500, "retried_503": 3}
+    summary = Summary.from_totals(totals, wall_s=4.0).as_dict()
+    assert summary["errors"] == {"empty_query": 2, "too_many_items": 1}
+    assert (summary["items_per_s"], summary["padding"], summary["engine_s"]) == (2.0, 1.2, 2.5)
+    assert summary["retried_503"] == 3
