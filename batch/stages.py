@@ -99,6 +99,13 @@ class EngineScore:
         self._engine = load_engine_factory(engine_factory)(settings)
         self._columns, self._tally = columns, tally
 
+    @classmethod
+    def around(cls, engine: Any, columns: ScoreColumns, tally: Any = None) -> EngineScore:
+        """The stage over an engine already built (in-process use, tests)."""
+        stage = cls.__new__(cls)
+        stage._engine, stage._columns, stage._tally = engine, columns, tally
+        return stage
+
     def __call__(self, batch: pa.Table) -> pa.Table:
         works = row_works(batch, self._columns)
         info = self._engine.info
