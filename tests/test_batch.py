@@ -262,3 +262,80 @@ def test_engine_serve_scores_the_rows_through_a_running_app(
     options = EngineOptions(batch_size=5, engine="serve", app="batch-serve")
     scored = score_dataset(ray.data.from_items(source), settings, ScoreColumns(LABELS), options)
     assert_rows_equal(scored.take_all(), expected_of(source, expected))
+
+
+DOCUMENTS = ("Paris is in France.", "Bees make honey.", "", "The sky is blue over Paris.")
+
+
+@pytest.mark.parametrize("method", ["query_likelihood", "yes_no"])
+def test_rerank_rows_equal_what_v1_rerank_answers(config_file: Path, method: str) -> None:
+    """``rerank``'s stage in this process, two calls of shuffled rows, against the route."""
+    from batch.rerank_stage import RerankColumns, RerankScore
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    settings = settings_from_config(config_file).replace(rerank_method=method)
+    if method == "yes_no":  # Qwen3-Reranker's template: a query part of about 100 tokens
+        buckets = (16, 64, 256)
+        settings = settings.replace(
+            token_buckets=buckets, item_token_buckets=buckets, max_multi_item_seq_len=512
+        )
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings)
+    stage = RerankScore.around(engine, service, RerankColumns())
+    rows = [
+        {"id": f"{q}-{d}", "query": query, "document": document}
+        for q, query in enumerate([*QUERIES[:2], ""])
+        for d, document in enumerate(DOCUMENTS)
+    ]
+    random.Random(5).shuffle(rows)
+    table = pa.Table.from_pylist(rows)
+    out = pa.concat_tables([stage(table.slice(0, 6)), stage(table.slice(6))]).to_pylist()
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    for row, source in zip(out, rows, strict=True):
+        payload = {"query": source["query"], "documents": [source["document"]]}
+        try:
+            body, _ = asyncio.run(service.rerank_timed(payload, backend))
+        except ScoreRequestError as error:
+            assert row["error"] == error.reason.value and row["relevance"] is None
+            continue
+        assert row["error"] is None
+        assert row["relevance"] == pytest.approx(body["results"][0]["relevance_score"], abs=1e-6)
+    assert {r["error"] for r in out} >= {None, "invalid_request"}  # "" query: refused
+
+
+def test_the_rerank_command_writes_what_v1_rerank_answers(
+    serve_cluster: ServeCluster,  # noqa: F811
+    config_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m batch rerank`` on the cluster (the config's query_likelihood), vs the route."""
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    rows = [
+        {"id": f"{q}-{d}", "query": query, "document": document}
+        for q, query in enumerate(QUERIES[:2])
+        for d, document in enumerate(DOCUMENTS[:3])
+    ]
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["rerank", "--input", str(source), "--output", str(tmp_path / "out")]
+    assert main([*argv, "--config", str(config_file), "--output-format", "jsonl"]) == 0
+    written = {row["id"]: row for row in written_rows(tmp_path / "out")}
+    settings = settings_from_config(config_file)
+    service, engine = ScoringService.from_settings(settings), ScoringEngine.from_settings(settings)
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    assert sorted(written) == sorted(row["id"] for row in rows)
+    for row in rows:
+        payload = {"query": row["query"], "documents": [row["document"]]}
+        body, _ = asyncio.run(service.rerank_timed(payload, backend))
+        relevance = body["results"][0]["relevance_score"]
+        assert written[row["id"]]["relevance"] == pytest.approx(relevance, abs=1e-6)
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (summary["rows"], summary["items"], summary["errors"]) == (6, 6, {})
