@@ -1,5 +1,6 @@
-"""``python -m batch score|rerank --input PATH --output DIR ...``: score a dataset as
-/v1/score (or /v1/rerank) scores each row (docs/batch.md); prints the job's summary."""
+"""``python -m batch score|rerank|loglik --input PATH --output DIR ...``: score a dataset as
+/v1/score (/v1/rerank, /v1/completions with echo) answers each row (docs/batch.md); prints the
+job's summary."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from batch.loglik_stage import LoglikColumns
 from batch.pipeline import (
     FORMATS,
     EngineOptions,
     Job,
+    loglik_dataset,
     rerank_dataset,
     run_score_job,
     settings_from_config,
@@ -33,7 +36,6 @@ def token_ids(text: str) -> tuple[int, ...]:
 def _common(mode: argparse.ArgumentParser) -> None:
     mode.add_argument("--input", required=True, help="a JSONL, Parquet or CSV file or folder")
     mode.add_argument("--output", required=True, help="a folder the output files go into")
-    mode.add_argument("--query-column", default="query")
     mode.add_argument("--id-column", default="id")
     mode.add_argument("--keep", default=None, help="input columns to keep (default: all)")
     mode.add_argument("--config", type=Path, default=None, help="serve config (shipped one)")
@@ -50,6 +52,7 @@ def parser() -> argparse.ArgumentParser:
     modes = top.add_subparsers(dest="mode", required=True)
     score = modes.add_parser("score", help="label-token scores of each row, as /v1/score")
     _common(score)
+    score.add_argument("--query-column", default="query")
     score.add_argument("--labels", required=True, type=token_ids, help="label token ids")
     score.add_argument("--item-column", default="item")
     score.add_argument("--apply-softmax", action="store_true")
@@ -58,21 +61,33 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--app", default="scorejax", help="--engine serve: the Serve app")
     rerank = modes.add_parser("rerank", help="each (query, document) row's relevance")
     _common(rerank)
+    rerank.add_argument("--query-column", default="query")
     rerank.add_argument("--document-column", default="document")
+    loglik = modes.add_parser("loglik", help="lm-eval loglikelihood of each row's continuation")
+    _common(loglik)
+    loglik.add_argument("--context-column", default="context")
+    loglik.add_argument("--continuation-column", default="continuation")
     return top
 
 
 def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
     keep = None if args.keep is None else [c for c in args.keep.split(",") if c]
+    job = Job(args.input, args.output, args.output_format, args.input_format, args.checkpoint)
+    options = EngineOptions(replicas=args.replicas, batch_size=args.batch_size)
     if args.mode == "rerank":
         columns = RerankColumns(args.query_column, args.document_column, args.id_column)
-        options = EngineOptions(replicas=args.replicas, batch_size=args.batch_size)
 
         def ranked(ds: Any, tally: Any) -> Any:
             return rerank_dataset(ds, settings, columns, options, keep, tally)
 
-        job = Job(args.input, args.output, args.output_format, args.input_format, args.checkpoint)
         return job.run(ranked, args.id_column)
+    if args.mode == "loglik":
+        pairs = LoglikColumns(args.context_column, args.continuation_column, args.id_column)
+
+        def scored(ds: Any, tally: Any) -> Any:
+            return loglik_dataset(ds, settings, pairs, options, keep, tally)
+
+        return job.run(scored, args.id_column)
     score_columns = ScoreColumns(
         label_token_ids=args.labels,
         query=args.query_column,

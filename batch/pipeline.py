@@ -18,6 +18,7 @@ import pyarrow as pa
 import ray
 import ray.data
 
+from batch.loglik_stage import LoglikColumns, LoglikScore
 from batch.rerank_stage import RerankColumns, RerankScore
 from batch.rows import ScoreColumns
 from batch.serve_stage import ServeScore
@@ -259,6 +260,32 @@ def rerank_dataset(
         return ranked
     wanted = [columns.id, *keep, "relevance", "error", "error_message"]
     return ranked.select_columns(list(dict.fromkeys(wanted)))
+
+
+def loglik_dataset(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    columns: LoglikColumns,
+    options: EngineOptions | None = None,
+    keep: Sequence[str] | None = None,
+    tally: Any = None,
+) -> ray.data.Dataset:
+    """Each (context, continuation) row's ``logprob`` and ``is_greedy`` as /v1/completions
+    with echo gives them, with ``error`` and ``error_message`` as ``score_dataset``'s."""
+    options = options or EngineOptions()
+    _check_local(settings)
+    scored = ds.map_batches(
+        LoglikScore,
+        fn_constructor_args=(settings, columns, tally, options.engine_factory),
+        batch_format="pyarrow",
+        batch_size=options.batch_size,
+        concurrency=options.replicas,
+        **engine_remote_args(settings, options.engine_env),
+    )
+    if keep is None:
+        return scored
+    wanted = [columns.id, *keep, "logprob", "is_greedy", "error", "error_message"]
+    return scored.select_columns(list(dict.fromkeys(wanted)))
 
 
 @dataclass(frozen=True)

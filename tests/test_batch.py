@@ -1,11 +1,13 @@
 """Batch scoring equals serving (DESIGN.md semantics 17).
 
 The tiny random Llama, the shipped serve_config.yaml pointed at it (small buckets, no
-warm-up). Each row's expected answer is what ``ScoringService.score`` (the /v1/score route's
-code) answers for the same row with an engine of the same settings: its scores, or its 400
-reason. ``python -m batch score`` on a JSONL of text rows, run on the session's Ray cluster,
-writes those answers; the pipeline's stages, run in this process, give them at any batch size
-and row order, for item columns of lists (multi-item rows) and token-id columns too.
+warm-up). Each row's expected answer is what the route's code (``ScoringService.score``,
+``rerank_timed``, ``complete_timed``) answers for the same row with an engine of the same
+settings: its scores, or its 400 reason. On the session's Ray cluster: a ``score`` job whose
+engine actor dies and which stops half-way, resumed by ``python -m batch score`` (every id
+once, as /v1/score); ``--engine serve`` through a deployed app; ``python -m batch rerank``.
+In this process: the pipeline's stages at any batch size and row order, for item columns of
+lists and token-id columns too, and the rerank (both methods) and loglik stages.
 """
 
 from __future__ import annotations
@@ -339,3 +341,45 @@ def test_the_rerank_command_writes_what_v1_rerank_answers(
         assert written[row["id"]]["relevance"] == pytest.approx(relevance, abs=1e-6)
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["rows"], summary["items"], summary["errors"]) == (6, 6, {})
+
+
+def test_loglik_rows_equal_what_v1_completions_echo_answers(config_file: Path) -> None:
+    """``loglik``'s stage in this process, two calls of shuffled rows, against the route's
+    echoed log-probs: the continuation's summed log-prob, and greedy as lm-eval reads it."""
+    from batch.loglik_stage import LoglikColumns, LoglikScore
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    settings = settings_from_config(config_file)
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings)
+    stage = LoglikScore.around(engine, service, LoglikColumns())
+    continuations = (" Paris", " honey and wax", ",", "")
+    rows = [
+        {"id": f"{c}-{k}", "context": context, "continuation": continuation}
+        for c, context in enumerate(QUERIES)
+        for k, continuation in enumerate(continuations)
+    ]
+    random.Random(9).shuffle(rows)
+    table = pa.Table.from_pylist(rows)
+    out = pa.concat_tables([stage(table.slice(0, 7)), stage(table.slice(7))]).to_pylist()
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    tokenizer = service.served_tokenizer().tokenizer
+    for row, source in zip(out, rows, strict=True):
+        if not source["continuation"]:
+            assert row["error"] == "empty_prompt" and row["logprob"] is None
+            continue
+        n = len(tokenizer(source["continuation"], add_special_tokens=False)["input_ids"])
+        payload = {"prompt": source["context"] + source["continuation"], "echo": True}
+        body, _ = asyncio.run(
+            service.complete_timed(payload | {"max_tokens": 0, "logprobs": 1}, backend)
+        )
+        logprobs = body["choices"][0]["logprobs"]
+        assert row["logprob"] == pytest.approx(sum(logprobs["token_logprobs"][-n:]), abs=1e-5)
+        tops, tokens = logprobs["top_logprobs"][-n:], logprobs["tokens"][-n:]
+        greedy = all(
+            max(top, key=top.get) == token for top, token in zip(tops, tokens, strict=True)
+        )
+        assert row["is_greedy"] == greedy
