@@ -46,6 +46,7 @@ ifneq ($(filter command line environment,$(origin URL)),)
 else
 	$(PY) -m loadtest.bench_engine
 	$(PY) -m loadtest.bench_choices
+	$(PY) -m loadtest.bench_batch
 endif
 
 # `make loadtest URL=...`: an open-loop sweep of a running server on this machine: Poisson

@@ -1,5 +1,6 @@
-"""``python -m batch score --input PATH --output DIR --labels 7042,4528,11452 ...``: score a
-dataset as /v1/score scores each row (docs/batch.md); prints the job's summary."""
+"""``python -m batch score|rerank|loglik --input PATH --output DIR ...``: score a dataset as
+/v1/score (/v1/rerank, /v1/completions with echo) answers each row (docs/batch.md); prints the
+job's summary."""
 
 from __future__ import annotations
 
@@ -7,10 +8,22 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from batch.pipeline import FORMATS, EngineOptions, run_score_job, settings_from_config
+from batch.loglik_stage import LoglikColumns
+from batch.pipeline import (
+    FORMATS,
+    EngineOptions,
+    Job,
+    loglik_dataset,
+    rerank_dataset,
+    run_score_job,
+    settings_from_config,
+)
+from batch.rerank_stage import RerankColumns
 from batch.rows import ScoreColumns
-from replicas.settings import SettingsError
+from batch.summary import Summary
+from replicas.settings import ReplicaSettings, SettingsError
 
 
 def token_ids(text: str) -> tuple[int, ...]:
@@ -20,35 +33,62 @@ def token_ids(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"comma-separated token ids, got {text!r}") from None
 
 
+def _common(mode: argparse.ArgumentParser) -> None:
+    mode.add_argument("--input", required=True, help="a JSONL, Parquet or CSV file or folder")
+    mode.add_argument("--output", required=True, help="a folder the output files go into")
+    mode.add_argument("--id-column", default="id")
+    mode.add_argument("--keep", default=None, help="input columns to keep (default: all)")
+    mode.add_argument("--config", type=Path, default=None, help="serve config (shipped one)")
+    mode.add_argument("--input-format", choices=FORMATS, default=None, help="default: suffix")
+    mode.add_argument("--output-format", choices=FORMATS, default="parquet")
+    mode.add_argument("--replicas", type=int, default=1, help="engine actors (serve: callers)")
+    mode.add_argument("--batch-size", type=int, default=512, help="rows per engine call")
+    mode.add_argument("--checkpoint", default=None, help="resume folder (Ray Data checkpoints)")
+    mode.add_argument("--address", default=None, help="Ray cluster (default: RAY_ADDRESS/local)")
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="python -m batch", description=__doc__)
     modes = top.add_subparsers(dest="mode", required=True)
     score = modes.add_parser("score", help="label-token scores of each row, as /v1/score")
-    score.add_argument("--input", required=True, help="a JSONL, Parquet or CSV file or folder")
-    score.add_argument("--output", required=True, help="a folder the output files go into")
-    score.add_argument("--labels", required=True, type=token_ids, help="label token ids")
+    _common(score)
     score.add_argument("--query-column", default="query")
+    score.add_argument("--labels", required=True, type=token_ids, help="label token ids")
     score.add_argument("--item-column", default="item")
-    score.add_argument("--id-column", default="id")
-    score.add_argument("--keep", default=None, help="input columns to keep (default: all)")
     score.add_argument("--apply-softmax", action="store_true")
     score.add_argument("--item-first", action="store_true")
-    score.add_argument("--config", type=Path, default=None, help="serve config (shipped one)")
-    score.add_argument("--input-format", choices=FORMATS, default=None, help="default: suffix")
-    score.add_argument("--output-format", choices=FORMATS, default="parquet")
-    score.add_argument("--engine", choices=("local",), default="local")
-    score.add_argument("--replicas", type=int, default=1, help="engine actors")
-    score.add_argument("--batch-size", type=int, default=512, help="rows per engine call")
-    score.add_argument("--checkpoint", default=None, help="resume folder (Ray Data checkpoints)")
-    score.add_argument("--address", default=None, help="Ray cluster (default: RAY_ADDRESS/local)")
+    score.add_argument("--engine", choices=("local", "serve"), default="local")
+    score.add_argument("--app", default="scorejax", help="--engine serve: the Serve app")
+    rerank = modes.add_parser("rerank", help="each (query, document) row's relevance")
+    _common(rerank)
+    rerank.add_argument("--query-column", default="query")
+    rerank.add_argument("--document-column", default="document")
+    loglik = modes.add_parser("loglik", help="lm-eval loglikelihood of each row's continuation")
+    _common(loglik)
+    loglik.add_argument("--context-column", default="context")
+    loglik.add_argument("--continuation-column", default="continuation")
     return top
 
 
-def main(argv: list[str] | None = None) -> int:
-    import ray
+def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
+    keep = None if args.keep is None else [c for c in args.keep.split(",") if c]
+    job = Job(args.input, args.output, args.output_format, args.input_format, args.checkpoint)
+    options = EngineOptions(replicas=args.replicas, batch_size=args.batch_size)
+    if args.mode == "rerank":
+        columns = RerankColumns(args.query_column, args.document_column, args.id_column)
 
-    args = parser().parse_args(argv)
-    columns = ScoreColumns(
+        def ranked(ds: Any, tally: Any) -> Any:
+            return rerank_dataset(ds, settings, columns, options, keep, tally)
+
+        return job.run(ranked, args.id_column)
+    if args.mode == "loglik":
+        pairs = LoglikColumns(args.context_column, args.continuation_column, args.id_column)
+
+        def scored(ds: Any, tally: Any) -> Any:
+            return loglik_dataset(ds, settings, pairs, options, keep, tally)
+
+        return job.run(scored, args.id_column)
+    score_columns = ScoreColumns(
         label_token_ids=args.labels,
         query=args.query_column,
         item=args.item_column,
@@ -56,6 +96,26 @@ def main(argv: list[str] | None = None) -> int:
         apply_softmax=args.apply_softmax,
         item_first=args.item_first,
     )
+    options = EngineOptions(
+        replicas=args.replicas, batch_size=args.batch_size, engine=args.engine, app=args.app
+    )
+    return run_score_job(
+        args.input,
+        args.output,
+        settings,
+        score_columns,
+        options,
+        args.output_format,
+        keep,
+        args.checkpoint,
+        args.input_format,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    import ray
+
+    args = parser().parse_args(argv)
     try:
         settings = settings_from_config(args.config)
     except (SettingsError, OSError) as error:
@@ -63,19 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not ray.is_initialized():  # batch.__main__.main from a driver that has a cluster
         ray.init(address=args.address, log_to_driver=False)
-    keep = None if args.keep is None else [c for c in args.keep.split(",") if c]
-    options = EngineOptions(replicas=args.replicas, batch_size=args.batch_size)
-    summary = run_score_job(
-        args.input,
-        args.output,
-        settings,
-        columns,
-        options,
-        args.output_format,
-        keep,
-        args.checkpoint,
-        args.input_format,
-    )
+    summary = _run(args, settings)
     print(summary.line())
     print(json.dumps(summary.as_dict()))
     return 0

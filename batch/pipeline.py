@@ -18,7 +18,10 @@ import pyarrow as pa
 import ray
 import ray.data
 
+from batch.loglik_stage import LoglikColumns, LoglikScore
+from batch.rerank_stage import RerankColumns, RerankScore
 from batch.rows import ScoreColumns
+from batch.serve_stage import ServeScore
 from batch.stages import EngineScore, Tokenize, finish
 from batch.summary import Summary, Tally
 from planning.serve_args import SERVE_CONFIG, serve_args
@@ -65,6 +68,9 @@ class EngineOptions:
     engine_factory: str = DEFAULT_ENGINE
     # Environment variables of the engine actors (XLA/libtpu flags, a test's fault marker).
     engine_env: tuple[tuple[str, str], ...] = ()
+    # "local": engine actors in the job; "serve": the running Serve app ``app`` scores.
+    engine: str = "local"
+    app: str = "scorejax"
 
 
 def score_dataset(
@@ -78,11 +84,6 @@ def score_dataset(
     """``ds`` scored as ``/v1/score`` scores each row: ``keep`` (None: every input column),
     the id column, then ``scores`` (null on a refused row), ``error`` and ``error_message``."""
     options = options or EngineOptions()
-    if settings.hosts_per_replica > 1:
-        raise SettingsError(
-            "hosts_per_replica: --engine local runs one engine actor per host "
-            f"(hosts_per_replica 1), got {settings.hosts_per_replica}"
-        )
     scored = ds.map_batches(
         Tokenize,
         fn_constructor_args=(settings, columns),
@@ -90,14 +91,8 @@ def score_dataset(
         batch_size=options.batch_size,
         concurrency=1,
         num_cpus=options.cpu_share,
-    ).map_batches(
-        EngineScore,
-        fn_constructor_args=(settings, columns, tally, options.engine_factory),
-        batch_format="pyarrow",
-        batch_size=options.batch_size,
-        concurrency=options.replicas,
-        **engine_remote_args(settings, options.engine_env),
     )
+    scored = _scoring_stage(scored, settings, columns, options, tally)
     scored = scored.map_batches(
         finish,
         fn_kwargs={"apply_softmax": columns.apply_softmax, "tally": tally},
@@ -125,6 +120,43 @@ def input_format(path: str) -> str:
     raise SettingsError(
         f"--input-format: none given, and {path} has no .jsonl, .parquet or .csv files"
     )
+
+
+def _scoring_stage(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    columns: ScoreColumns,
+    options: EngineOptions,
+    tally: Any,
+) -> ray.data.Dataset:
+    """Engine actors (``local``) or handle callers (``serve``), ``options.replicas`` of them."""
+    common = {"batch_format": "pyarrow", "batch_size": options.batch_size}
+    if options.engine == "serve":
+        return ds.map_batches(
+            ServeScore,
+            fn_constructor_args=(options.app, settings, columns, tally),
+            concurrency=options.replicas,
+            num_cpus=options.cpu_share,
+            **common,
+        )
+    if options.engine != "local":
+        raise SettingsError(f"--engine: local or serve, got {options.engine!r}")
+    _check_local(settings)
+    return ds.map_batches(
+        EngineScore,
+        fn_constructor_args=(settings, columns, tally, options.engine_factory),
+        concurrency=options.replicas,
+        **common,
+        **engine_remote_args(settings, options.engine_env),
+    )
+
+
+def _check_local(settings: ReplicaSettings) -> None:
+    if settings.hosts_per_replica > 1:
+        raise SettingsError(
+            "hosts_per_replica: --engine local runs one engine actor per host "
+            f"(hosts_per_replica 1), got {settings.hosts_per_replica}"
+        )
 
 
 def read_input(path: str, fmt: str | None = None, num_cpus: float = 0.25) -> ray.data.Dataset:
@@ -196,10 +228,82 @@ def run_score_job(
 ) -> Summary:
     """Read, score, write; the job's summary."""
     options = options or EngineOptions()
-    use_checkpoint(checkpoint, columns.id)
-    tally = ray.remote(Tally).options(num_cpus=0).remote()
-    start = time.perf_counter()
-    ds = read_input(input_path, input_format, options.cpu_share)
-    scored = score_dataset(ds, settings, columns, options, keep, tally)
-    write_output(scored, output, output_format, options.cpu_share)
-    return Summary.from_totals(ray.get(tally.totals.remote()), time.perf_counter() - start)
+
+    def scored(ds: ray.data.Dataset, tally: Any) -> ray.data.Dataset:
+        return score_dataset(ds, settings, columns, options, keep, tally)
+
+    job = Job(input_path, output, output_format, input_format, checkpoint, options.cpu_share)
+    return job.run(scored, columns.id)
+
+
+def rerank_dataset(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    columns: RerankColumns,
+    options: EngineOptions | None = None,
+    keep: Sequence[str] | None = None,
+    tally: Any = None,
+) -> ray.data.Dataset:
+    """Each (query, document) row's ``relevance`` as /v1/rerank gives it (the configured
+    ``rerank_method``), with ``error`` and ``error_message`` as ``score_dataset``'s."""
+    options = options or EngineOptions()
+    _check_local(settings)
+    ranked = ds.map_batches(
+        RerankScore,
+        fn_constructor_args=(settings, columns, tally, options.engine_factory),
+        batch_format="pyarrow",
+        batch_size=options.batch_size,
+        concurrency=options.replicas,
+        **engine_remote_args(settings, options.engine_env),
+    )
+    if keep is None:
+        return ranked
+    wanted = [columns.id, *keep, "relevance", "error", "error_message"]
+    return ranked.select_columns(list(dict.fromkeys(wanted)))
+
+
+def loglik_dataset(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    columns: LoglikColumns,
+    options: EngineOptions | None = None,
+    keep: Sequence[str] | None = None,
+    tally: Any = None,
+) -> ray.data.Dataset:
+    """Each (context, continuation) row's ``logprob`` and ``is_greedy`` as /v1/completions
+    with echo gives them, with ``error`` and ``error_message`` as ``score_dataset``'s."""
+    options = options or EngineOptions()
+    _check_local(settings)
+    scored = ds.map_batches(
+        LoglikScore,
+        fn_constructor_args=(settings, columns, tally, options.engine_factory),
+        batch_format="pyarrow",
+        batch_size=options.batch_size,
+        concurrency=options.replicas,
+        **engine_remote_args(settings, options.engine_env),
+    )
+    if keep is None:
+        return scored
+    wanted = [columns.id, *keep, "logprob", "is_greedy", "error", "error_message"]
+    return scored.select_columns(list(dict.fromkeys(wanted)))
+
+
+@dataclass(frozen=True)
+class Job:
+    """Where a job reads and writes, and its checkpoint folder."""
+
+    input_path: str
+    output: str
+    output_format: str = "parquet"
+    input_format: str | None = None
+    checkpoint: str | None = None
+    cpu_share: float = 0.25
+
+    def run(self, scored: Any, id_column: str) -> Summary:
+        """Read, ``scored(ds, tally)``, write; the summary."""
+        use_checkpoint(self.checkpoint, id_column)
+        tally = ray.remote(Tally).options(num_cpus=0).remote()
+        start = time.perf_counter()
+        ds = read_input(self.input_path, self.input_format, self.cpu_share)
+        write_output(scored(ds, tally), self.output, self.output_format, self.cpu_share)
+        return Summary.from_totals(ray.get(tally.totals.remote()), time.perf_counter() - start)

@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from app.scores import to_scores
 from app.service import ScoringService
-from batch.packing import pack_works, unpack
+from batch.packing import Pack, pack_works, unpack
 from batch.rows import PreparedRow, ScoreColumns, prepare_rows
 from replicas.contract import ScoreWork
 from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
@@ -99,6 +99,13 @@ class EngineScore:
         self._engine = load_engine_factory(engine_factory)(settings)
         self._columns, self._tally = columns, tally
 
+    @classmethod
+    def around(cls, engine: Any, columns: ScoreColumns, tally: Any = None) -> EngineScore:
+        """The stage over an engine already built (in-process use, tests)."""
+        stage = cls.__new__(cls)
+        stage._engine, stage._columns, stage._tally = engine, columns, tally
+        return stage
+
     def __call__(self, batch: pa.Table) -> pa.Table:
         works = row_works(batch, self._columns)
         info = self._engine.info
@@ -106,10 +113,20 @@ class EngineScore:
         before = self._engine.stats()
         answers = self._engine.score_batch([pack.work for pack in packs]) if packs else []
         after = self._engine.stats()
-        report(self._tally, {name: after[name] - before[name] for name in COUNTERS})
-        rows = unpack(packs, answers, len(works))
-        logprobs = [None if w is None else r.tolist() for w, r in zip(works, rows, strict=True)]
-        return with_columns(batch, {LOGPROBS: pa.array(logprobs, MATRIX)})
+        counts = {name: after[name] - before[name] for name in COUNTERS}
+        engine_ms = round(1000 * (after["engine_seconds"] - before["engine_seconds"]))
+        report(self._tally, counts | {"engine_ms": engine_ms})
+        return with_columns(batch, {LOGPROBS: logprob_column(works, packs, answers)})
+
+
+def logprob_column(
+    works: list[ScoreWork | None], packs: list[Pack], answers: list[Any]
+) -> pa.Array:
+    """Each row's ``[items, labels]`` log-probabilities from its pack's answer (null: refused)."""
+    rows = unpack(packs, answers, len(works))
+    return pa.array(
+        [None if w is None else r.tolist() for w, r in zip(works, rows, strict=True)], MATRIX
+    )
 
 
 def report(tally: Any, counts: dict[str, int]) -> None:

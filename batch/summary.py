@@ -36,6 +36,8 @@ class Summary:
     reused_prefix_tokens: int = 0
     query_cache_hits: int = 0
     steps: int = 0
+    engine_ms: int = 0  # the engines' step time, summed over engine actors
+    retried_503: int = 0  # --engine serve: calls refused with a 503 and sent again
 
     @classmethod
     def from_totals(cls, totals: dict[str, int], wall_s: float) -> Summary:
@@ -50,6 +52,8 @@ class Summary:
             "reused_prefix_tokens",
             "query_cache_hits",
             "steps",
+            "engine_ms",
+            "retried_503",
         )
         return cls(
             errors=errors, wall_s=wall_s, **{name: int(totals.get(name, 0)) for name in names}
@@ -73,6 +77,8 @@ class Summary:
             "reused_prefix_tokens": self.reused_prefix_tokens,
             "query_cache_hits": self.query_cache_hits,
             "engine_steps": self.steps,
+            "engine_s": round(self.engine_ms / 1000, 2),
+            "retried_503": self.retried_503,
             "wall_s": round(self.wall_s, 2),
         }
 
@@ -83,5 +89,6 @@ class Summary:
             f"{self.items_per_s:.1f} items/s; tokens computed {self.computed_tokens} / useful "
             f"{self.useful_tokens}; prefix tokens reused {self.reused_prefix_tokens}, query cache "
             f"hits {self.query_cache_hits}; "
-            f"{self.steps} engine steps; wall {self.wall_s:.1f} s"
+            f"{self.steps} engine steps, {self.engine_ms / 1000:.1f} engine s; "
+            f"wall {self.wall_s:.1f} s"
         )

@@ -1,11 +1,13 @@
 """Batch scoring equals serving (DESIGN.md semantics 17).
 
 The tiny random Llama, the shipped serve_config.yaml pointed at it (small buckets, no
-warm-up). Each row's expected answer is what ``ScoringService.score`` (the /v1/score route's
-code) answers for the same row with an engine of the same settings: its scores, or its 400
-reason. ``python -m batch score`` on a JSONL of text rows, run on the session's Ray cluster,
-writes those answers; the pipeline's stages, run in this process, give them at any batch size
-and row order, for item columns of lists (multi-item rows) and token-id columns too.
+warm-up). Each row's expected answer is what the route's code (``ScoringService.score``,
+``rerank_timed``, ``complete_timed``) answers for the same row with an engine of the same
+settings: its scores, or its 400 reason. On the session's Ray cluster: a ``score`` job whose
+engine actor dies and which stops half-way, resumed by ``python -m batch score`` (every id
+once, as /v1/score); ``--engine serve`` through a deployed app; ``python -m batch rerank``.
+In this process: the pipeline's stages at any batch size and row order, for item columns of
+lists and token-id columns too, and the rerank (both methods) and loglik stages.
 """
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ import yaml
 from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.__main__ import main
-from batch.pipeline import EngineOptions, run_score_job, settings_from_config, use_checkpoint
+from batch.pipeline import (
+    EngineOptions,
+    run_score_job,
+    score_dataset,
+    settings_from_config,
+    use_checkpoint,
+)
 from batch.rows import ScoreColumns, row_payload
 from batch.stages import EngineScore, Tokenize, finish
 from tests.batch_fault_engine import DIE_ENV, STOP_ENV
@@ -236,3 +244,142 @@ def test_list_and_token_columns_give_the_same_rows(
 
 def expected_of(source: list[dict[str, Any]], expected: dict[str, Any]) -> dict[str, Any]:
     return {row["id"]: expected[row["id"]] for row in source}
+
+
+def test_engine_serve_scores_the_rows_through_a_running_app(
+    serve_cluster: ServeCluster,  # noqa: F811
+    config_file: Path,
+    expected: dict[str, Any],
+) -> None:
+    """``--engine serve``: the same rows, packed the same way, through the app's handle."""
+    import ray.data
+
+    from app.builder import scoring_app
+
+    settings = settings_from_config(config_file)
+    ingress = {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
+    serve_cluster.deploy(scoring_app(settings, ingress_options=ingress), "batch-serve", None)
+    source = text_rows()
+    random.Random(3).shuffle(source)
+    options = EngineOptions(batch_size=5, engine="serve", app="batch-serve")
+    scored = score_dataset(ray.data.from_items(source), settings, ScoreColumns(LABELS), options)
+    assert_rows_equal(scored.take_all(), expected_of(source, expected))
+
+
+DOCUMENTS = ("Paris is in France.", "Bees make honey.", "", "The sky is blue over Paris.")
+
+
+@pytest.mark.parametrize("method", ["query_likelihood", "yes_no"])
+def test_rerank_rows_equal_what_v1_rerank_answers(config_file: Path, method: str) -> None:
+    """``rerank``'s stage in this process, two calls of shuffled rows, against the route."""
+    from batch.rerank_stage import RerankColumns, RerankScore
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    settings = settings_from_config(config_file).replace(rerank_method=method)
+    if method == "yes_no":  # Qwen3-Reranker's template: a query part of about 100 tokens
+        buckets = (16, 64, 256)
+        settings = settings.replace(
+            token_buckets=buckets, item_token_buckets=buckets, max_multi_item_seq_len=512
+        )
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings)
+    stage = RerankScore.around(engine, service, RerankColumns())
+    rows = [
+        {"id": f"{q}-{d}", "query": query, "document": document}
+        for q, query in enumerate([*QUERIES[:2], ""])
+        for d, document in enumerate(DOCUMENTS)
+    ]
+    random.Random(5).shuffle(rows)
+    table = pa.Table.from_pylist(rows)
+    out = pa.concat_tables([stage(table.slice(0, 6)), stage(table.slice(6))]).to_pylist()
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    for row, source in zip(out, rows, strict=True):
+        payload = {"query": source["query"], "documents": [source["document"]]}
+        try:
+            body, _ = asyncio.run(service.rerank_timed(payload, backend))
+        except ScoreRequestError as error:
+            assert row["error"] == error.reason.value and row["relevance"] is None
+            continue
+        assert row["error"] is None
+        assert row["relevance"] == pytest.approx(body["results"][0]["relevance_score"], abs=1e-6)
+    assert {r["error"] for r in out} >= {None, "invalid_request"}  # "" query: refused
+
+
+def test_the_rerank_command_writes_what_v1_rerank_answers(
+    serve_cluster: ServeCluster,  # noqa: F811
+    config_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``python -m batch rerank`` on the cluster (the config's query_likelihood), vs the route."""
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    rows = [
+        {"id": f"{q}-{d}", "query": query, "document": document}
+        for q, query in enumerate(QUERIES[:2])
+        for d, document in enumerate(DOCUMENTS[:3])
+    ]
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["rerank", "--input", str(source), "--output", str(tmp_path / "out")]
+    assert main([*argv, "--config", str(config_file), "--output-format", "jsonl"]) == 0
+    written = {row["id"]: row for row in written_rows(tmp_path / "out")}
+    settings = settings_from_config(config_file)
+    service, engine = ScoringService.from_settings(settings), ScoringEngine.from_settings(settings)
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    assert sorted(written) == sorted(row["id"] for row in rows)
+    for row in rows:
+        payload = {"query": row["query"], "documents": [row["document"]]}
+        body, _ = asyncio.run(service.rerank_timed(payload, backend))
+        relevance = body["results"][0]["relevance_score"]
+        assert written[row["id"]]["relevance"] == pytest.approx(relevance, abs=1e-6)
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (summary["rows"], summary["items"], summary["errors"]) == (6, 6, {})
+
+
+def test_loglik_rows_equal_what_v1_completions_echo_answers(config_file: Path) -> None:
+    """``loglik``'s stage in this process, two calls of shuffled rows, against the route's
+    echoed log-probs: the continuation's summed log-prob, and greedy as lm-eval reads it."""
+    from batch.loglik_stage import LoglikColumns, LoglikScore
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    settings = settings_from_config(config_file)
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings)
+    stage = LoglikScore.around(engine, service, LoglikColumns())
+    continuations = (" Paris", " honey and wax", ",", "")
+    rows = [
+        {"id": f"{c}-{k}", "context": context, "continuation": continuation}
+        for c, context in enumerate(QUERIES)
+        for k, continuation in enumerate(continuations)
+    ]
+    random.Random(9).shuffle(rows)
+    table = pa.Table.from_pylist(rows)
+    out = pa.concat_tables([stage(table.slice(0, 7)), stage(table.slice(7))]).to_pylist()
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    tokenizer = service.served_tokenizer().tokenizer
+    for row, source in zip(out, rows, strict=True):
+        if not source["continuation"]:
+            assert row["error"] == "empty_prompt" and row["logprob"] is None
+            continue
+        n = len(tokenizer(source["continuation"], add_special_tokens=False)["input_ids"])
+        payload = {"prompt": source["context"] + source["continuation"], "echo": True}
+        body, _ = asyncio.run(
+            service.complete_timed(payload | {"max_tokens": 0, "logprobs": 1}, backend)
+        )
+        logprobs = body["choices"][0]["logprobs"]
+        assert row["logprob"] == pytest.approx(sum(logprobs["token_logprobs"][-n:]), abs=1e-5)
+        tops, tokens = logprobs["top_logprobs"][-n:], logprobs["tokens"][-n:]
+        greedy = all(
+            max(top, key=top.get) == token for top, token in zip(tops, tokens, strict=True)
+        )
+        assert row["is_greedy"] == greedy

@@ -54,3 +54,46 @@ def test_a_string_or_a_list_of_ids_is_one_item_a_list_of_them_is_many() -> None:
     assert row_payload({"q": "a", "i": "b"}, columns)["items"] == ["b"]
     assert row_payload({"q": [1], "i": np.array([2, 3])}, columns)["items"] == [[2, 3]]
     assert row_payload({"q": "a", "i": ["b", "c"]}, columns)["items"] == ["b", "c"]
+
+
+class FakeHandle:
+    """A DeploymentHandle's ``score`` that answers 503 overloaded first, then exp(logprobs)."""
+
+    def __init__(self, refusals: int) -> None:
+        self.refusals, self.calls = refusals, 0
+        self.score = self
+
+    def remote(self, **fields: object) -> FakeHandle:
+        self.fields = fields
+        return self
+
+    def result(self) -> dict[str, object]:
+        from app.errors import Reason, ScoreRequestError
+
+        self.calls += 1
+        if self.calls <= self.refusals:
+            raise ScoreRequestError(Reason.OVERLOADED, "busy", status_code=503, retry_after_s=1)
+        items = self.fields["items"]
+        return {"scores": [[np.exp(-1.5), np.exp(-2.5)] for _ in items]}  # type: ignore[attr-defined]
+
+
+def test_engine_serve_sends_a_refused_pack_again_after_retry_after() -> None:
+    from batch.serve_stage import ServeScore
+
+    stage = ServeScore.__new__(ServeScore)
+    stage._handle, stage._tally = FakeHandle(refusals=1), None
+    answer = stage._score(work((1, 2), (3,), (4, 5)))
+    assert stage._handle.calls == 2
+    np.testing.assert_allclose(answer, [[-1.5, -2.5], [-1.5, -2.5]])
+    assert stage._handle.fields["items"] == [[3], [4, 5]]
+
+
+def test_the_summary_adds_up_the_stages_counts() -> None:
+    from batch.summary import Summary
+
+    totals = {"rows": 5, "items": 8, "error:empty_query": 2, "error:too_many_items": 1}
+    totals |= {"computed_tokens": 120, "useful_tokens": 100, "engine_ms": 2500, "retried_503": 3}
+    summary = Summary.from_totals(totals, wall_s=4.0).as_dict()
+    assert summary["errors"] == {"empty_query": 2, "too_many_items": 1}
+    assert (summary["items_per_s"], summary["padding"], summary["engine_s"]) == (2.0, 1.2, 2.5)
+    assert summary["retried_503"] == 3
