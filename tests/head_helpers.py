@@ -131,7 +131,7 @@ def hf_head_outputs(directory: Path, rows: list[list[int]], left: bool) -> np.nd
     }
     with torch.no_grad():
         if isinstance(model, RewardModel):
-            per_token = model(**inputs)[..., :]  # [B, T, 1]
+            per_token = model(**inputs)  # [B, T, 1]
             last = np.array([len(row) - 1 for row in rows]) + (
                 tokens.shape[1] - np.array([len(r) for r in rows]) if left else 0
             )
