@@ -74,16 +74,19 @@ def hf_rewards(model: Any, work: ScoreWork) -> Any:
     return score
 
 
-def timed_runs(fn: Any, repeats: int, warm: bool) -> tuple[float, Any]:
-    """Median seconds of ``repeats`` calls (after one untimed call when ``warm``: the
-    engine compiles its signatures there) and the last call's result."""
-    result = fn() if warm else None
-    samples = []
+def interleaved(fns: dict[str, Any], repeats: int, warm: set[str]) -> tuple[dict, dict]:
+    """Median seconds of each function over ``repeats`` rounds, one call of each per round
+    (so a load that comes and goes on a shared machine falls on all of them alike), after
+    one untimed call of those in ``warm`` (the engines compile their signatures there);
+    and each one's last result."""
+    results = {name: fns[name]() for name in warm}
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples), result
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            results[name] = fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(times) for name, times in samples.items()}, results
 
 
 def run(
@@ -115,12 +118,15 @@ def run(
         work = best_of_n(n, prompt_len, response_len)
         reps = 1 if n >= 64 else repeats
         row: dict = {"responses": n}
-        scores = {}
-        for name, engine in engines.items():
-            row[name], (scores[name],) = timed_runs(
-                lambda e=engine, w=work: e.score_batch([w]), reps, True
-            )
-        row["transformers"], reference = timed_runs(hf_rewards(hf_model, work), reps, n < 64)
+        fns = {
+            name: (lambda e=engine, w=work: e.score_batch([w])[0])
+            for name, engine in engines.items()
+        }
+        fns["transformers"] = hf_rewards(hf_model, work)
+        warm = {"multi", "single", *(["transformers"] if n < 64 else [])}
+        times, scores = interleaved(fns, reps, warm)
+        row.update(times)
+        reference = scores["transformers"]
         row["parity"] = float(np.abs(scores["multi"] - scores["single"]).max())
         row["hf_diff"] = float(np.abs(reference - scores["multi"]).max())
         row["token_ratio"] = n * (prompt_len + response_len) / (prompt_len + n * response_len)
@@ -165,8 +171,8 @@ def write_report(rows: list[dict], args: argparse.Namespace, path: Path) -> None
         f"- machine: {machine_description()}; model: Qwen3-0.6B's widths (hidden 1024, 16/8",
         f"  heads, MLP 3072, vocabulary 151936) with {args.layers} decoder layers",
         f"- request: {args.prompt_tokens}-token prompt, responses of {args.response_tokens} "
-        f"tokens; median of {args.repeats} runs once compiled (1 run at >= 64 responses;",
-        "  transformers there without a warm-up call)",
+        f"tokens; median of {args.repeats} rounds once compiled, each round one call of each",
+        "  contender in turn (1 round at >= 64 responses, transformers there without a warm-up)",
         "- shipped serve_config.yaml settings, query cache off; token ratio: tokens of the N",
         "  conversations alone / tokens multi-item computes (the ideal speed-up)",
         "",
