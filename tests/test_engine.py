@@ -202,15 +202,15 @@ def test_a_recurring_query_is_fused_once_then_cached_and_its_items_run_behind_it
     pair = [ScoreWork((*short.query_ids, 3), item, short.label_ids) for item in (((4,),), ((5,),))]
     engine.score_batch(pair)
     assert [kind for kind, _ in engine.last_signatures] == ["prefix", "items"]
-    # Two recurring queries in one call where a prefix step holds one (the shipped CPU's
-    # batch_buckets): one is cached now, the other stays fused until a later call.
+    # Where a prefix step holds one query (the shipped CPU's batch_buckets), two recurring
+    # queries in one call keep sharing a fused row; each alone is cached.
     one = make_engine(
         tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=128, batch_buckets=(1,)
     )
     seen = [work(48 + s, query=33, item_lens=(2,)) for s in range(2)]
-    one.score_batch(seen)
-    for kinds in (["fused", "prefix", "items"], ["items", "prefix", "items"], ["items", "items"]):
-        one.score_batch(seen)
+    expected = (["fused"], ["fused"], ["prefix", "items"], ["items"])
+    for call, kinds in zip((seen, seen, seen[:1], seen[:1]), expected, strict=True):
+        one.score_batch(call)
         assert [kind for kind, _ in one.last_signatures] == kinds
 
 

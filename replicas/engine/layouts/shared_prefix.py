@@ -106,10 +106,11 @@ RECENT_FUSED_QUERIES = 4096  # queries remembered for recurrence (hashes: a few 
 class Recurrence:
     """Which small works' queries recur: seen fused in a recent call, or shared by several
     works of this call. A recurring query long enough to pay (``min_tokens``) goes through
-    the prefix step once and into the query cache instead of being fused again; at most
-    ``per_call`` distinct queries a call (what one prefix step holds), so a burst of
-    recurring queries fills the cache over several calls instead of leaving the shared fused
-    rows for one prefix step and one item step each."""
+    the prefix step once and into the query cache instead of being fused again, but only in
+    a call whose small works one prefix step holds (``per_call``: one on the shipped CPU, so
+    a lone request): a burst keeps sharing fused rows, where a cached query's work would
+    take an item step of its own (measured: 12 recurring 60-word queries, 11 steps and 2.4 s
+    against 5 and 1.5 s fused)."""
 
     def __init__(self, per_call: int, min_tokens: int = CACHE_WORTHY_QUERY_TOKENS) -> None:
         self._per_call = per_call
@@ -118,15 +119,15 @@ class Recurrence:
 
     def recurring(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> set[int]:
         """The indices whose query is worth caching now."""
+        if len({works[i].query_ids for i in indices}) > self._per_call:
+            return set()
         long = [i for i in indices if len(works[i].query_ids) >= self._min_tokens]
         in_call = Counter(works[i].query_ids for i in long)
-        chosen: list[tuple[int, ...]] = []
-        for i in long:
-            query = works[i].query_ids
-            recurs = in_call[query] > 1 or hash(query) in self._seen
-            if recurs and query not in chosen and len(chosen) < self._per_call:
-                chosen.append(query)
-        return {i for i in long if works[i].query_ids in chosen}
+        return {
+            i
+            for i in long
+            if in_call[works[i].query_ids] > 1 or hash(works[i].query_ids) in self._seen
+        }
 
     def remember(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> None:
         """Queries just run fused: a later work with one of them recurs."""
