@@ -21,7 +21,7 @@ from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.causal_lm import CausalLM
 from replicas.model.masks import segment_mask, within_window
 from replicas.settings import ReplicaSettings
-from tests.model_helpers import batch, hf_logprobs, max_valid_diff, our_logprobs
+from tests.model_helpers import batch, hf_logprobs, max_valid_diff, our_logprobs, write_gguf
 
 LENGTHS = [12, 9, 3]  # right-padded to 12; windows are 4 (Gemma) and 5 (Mistral)
 TOLERANCE = 1e-4
@@ -83,6 +83,20 @@ def test_logits_equal_transformers_past_the_window(variant, tiny_checkpoint, mes
     if variant == "gemma2":
         uncapped = _without(loaded, attn_softcap=None, final_softcap=None)
         assert max_valid_diff(reference, our_logprobs(uncapped, tokens, LENGTHS), LENGTHS) > 1e-2
+
+
+def test_gemma2_gguf_loads_with_its_norms_soft_caps_and_window(tiny_checkpoint, tmp_path, mesh):
+    """A GGUF written as llama.cpp's converter writes Gemma 2 (gguf's names, norms stored as
+    1 + w, soft-caps and window in the metadata) scores like the safetensors in transformers."""
+    model_dir = tiny_checkpoint("gemma2-gguf")
+    loaded = load_model(write_gguf(model_dir, tmp_path / "gemma2.gguf"), mesh)
+    config = loaded.config
+    assert (config.attn_softcap, config.final_softcap, config.sliding_window) == (5.0, 8.0, 4)
+    tokens = batch(config.vocab_size, LENGTHS, 12)
+    reference = hf_logprobs(model_dir, tokens, LENGTHS)
+    diff = max_valid_diff(reference, our_logprobs(loaded, tokens, LENGTHS), LENGTHS)
+    print(f"\n[parity] gemma2 GGUF: max abs logprob diff vs transformers fp32 = {diff:.3g}")
+    assert diff <= TOLERANCE
 
 
 def test_gemma3_config_reads_layer_types_and_both_rope_bases(tiny_checkpoint, mesh):
