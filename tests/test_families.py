@@ -201,14 +201,6 @@ def test_multi_item_equals_single_item_across_the_window(engines, layout):
     assert diff <= 1e-5
 
 
-def test_items_crossing_the_window_score_differently_without_it(engines, every_option):
-    """The works above do cross the window: the same weights without it score otherwise."""
-    model, params, mesh = every_option
-    unwindowed = (CausalLM(model.config.replace(sliding_window=None)), params, mesh)
-    plain = _engine(unwindowed, multi_item_scoring_delimiter=DELIMITER)
-    assert _max_diff(engines["shared_prefix"].score_batch(WORKS), plain.score_batch(WORKS)) > 1e-3
-
-
 def test_pallas_engine_equals_single_item_across_the_window(engines, every_option):
     """The Pallas item-stream kernels (interpret mode on CPU) inside the engine's sharded
     step: windows per layer, soft-caps and query scale reach them."""
