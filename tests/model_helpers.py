@@ -65,6 +65,8 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # Windows of 4-5 tokens (sequences of 12 cross them); soft-caps small enough to bite.
     "mistral": ("MistralConfig", {"tie_word_embeddings": False, "sliding_window": 5}),
     "gemma2": ("Gemma2Config", GEMMA2),
+    # What a GGUF can say: llama.cpp's query scale (head_dim ** -0.5), alternating layers.
+    "gemma2-gguf": ("Gemma2Config", {**GEMMA2, "query_pre_attn_scalar": 16}),
     "gemma3": ("Gemma3TextConfig", GEMMA3),
 }
 
@@ -194,11 +196,18 @@ def write_gguf(model_dir: Path, path: Path, qtype_name: str = "F32") -> Path:
     writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
+    if arch_name.startswith("gemma"):
+        writer.add_sliding_window(config.sliding_window)
+        if getattr(config, "attn_logit_softcapping", None) is not None:
+            writer.add_attn_logit_softcapping(config.attn_logit_softcapping)
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
     qtype = gguf.GGMLQuantizationType[qtype_name]
     for name, tensor in sorted(load_file(str(model_dir / "model.safetensors")).items()):
         gguf_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, name
         tensor = tensor.astype(np.float32)
+        if arch_name.startswith("gemma") and name.endswith("norm.weight"):
+            tensor = tensor + 1.0  # llama.cpp's Gemma converter stores 1 + w
         if arch_name == "llama" and "q_proj" in name:
             tensor = permute_qk(tensor, heads, heads)
         elif arch_name == "llama" and "k_proj" in name:

@@ -8,6 +8,12 @@ llama.cpp's converter permutes the rows of the q and k projections of ``llama``-
 models (its RoPE rotates interleaved pairs, Hugging Face rotates halves). ``unpermute_qk``
 undoes it exactly as transformers' ``LlamaTensorProcessor`` does; Qwen2/Qwen3 files are not
 permuted.
+
+Gemma 2/3 files: llama.cpp's converter stores every ``*norm.weight`` as ``1 + w`` (its RMSNorm
+multiplies by the weight alone), so ``GGUFTensors`` subtracts 1 again, as transformers'
+``Gemma2TensorProcessor`` does; the soft-caps, RoPE scaling and query scale that transformers'
+GGUF config parsing leaves at their defaults are read from the metadata here
+(``gguf_config_overrides``).
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from replicas.checkpoints.name_map import CheckpointError
 from replicas.model.config import ModelConfig, UnsupportedModelError
 
 PERMUTED_ARCHITECTURES = ("llama",)
+NORM_PLUS_ONE_ARCHITECTURES = ("gemma2", "gemma3")
+# llama.cpp's query scale for Gemma: (hidden / heads) ** -0.5 for the 27B models (told apart
+# by their layer count, as llama.cpp does), head_dim ** -0.5 otherwise.
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
 def permute_qk(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
@@ -83,14 +93,33 @@ def gguf_config_overrides(reader: Any, config: ModelConfig) -> dict[str, Any]:
     key_length = _field(reader, f"{arch}.attention.key_length")
     if key_length is not None and int(key_length) != config.head_dim:
         overrides["head_dim"] = int(key_length)
+    if arch in NORM_PLUS_ONE_ARCHITECTURES:
+        overrides.update(_gemma_overrides(reader, arch, config.replace(**overrides)))
     scaling = _field(reader, f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
+    if scaling not in (None, "none") and not (arch == "gemma3" and scaling == "linear"):
         raise UnsupportedModelError(f"{arch}.rope.scaling.type: {scaling!r} is not supported")
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise UnsupportedModelError(
             "rope_freqs.weight: GGUF RoPE frequency factors (Llama 3 rope scaling) are not "
             "supported; load the Hugging Face checkpoint instead"
         )
+    return overrides
+
+
+def _gemma_overrides(reader: Any, arch: str, config: ModelConfig) -> dict[str, Any]:
+    """Soft-caps, query scale and (Gemma 3) linear RoPE factor from llama.cpp's metadata."""
+    attn_cap = _field(reader, f"{arch}.attn_logit_softcapping")
+    final_cap = _field(reader, f"{arch}.final_logit_softcapping")
+    scalar = config.head_dim
+    if config.num_layers == GEMMA_27B_LAYERS[arch]:
+        scalar = config.hidden_size // config.num_heads
+    overrides: dict[str, Any] = {
+        "attn_softcap": None if attn_cap is None else float(attn_cap),
+        "final_softcap": None if final_cap is None else float(final_cap),
+        "query_scale": float(scalar) ** -0.5,
+    }
+    if _field(reader, f"{arch}.rope.scaling.type") == "linear":
+        overrides["rope_linear_factor"] = float(_field(reader, f"{arch}.rope.scaling.factor"))
     return overrides
 
 
@@ -102,6 +131,7 @@ class GGUFTensors:
     def __init__(self, reader: Any, config: ModelConfig) -> None:
         self._tensors = {t.name: t for t in reader.tensors}
         self._permuted = gguf_architecture(reader) in PERMUTED_ARCHITECTURES
+        self._norm_plus_one = gguf_architecture(reader) in NORM_PLUS_ONE_ARCHITECTURES
         self._heads = (config.num_heads, config.num_kv_heads)
 
     def names(self) -> set[str]:
@@ -125,4 +155,6 @@ class GGUFTensors:
             weights = unpermute_qk(weights, self._heads[0], self._heads[0])
         elif self._permuted and ".attn_k." in name:
             weights = unpermute_qk(weights, self._heads[0], self._heads[1])
+        elif self._norm_plus_one and name.endswith("norm.weight"):
+            weights = weights - 1.0
         return weights
