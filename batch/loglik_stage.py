@@ -18,13 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from app.errors import Reason, ScoreRequestError
-from app.service import ScoringService
 from batch.rerank_stage import pack_prompts
 from batch.rows import plain
-from batch.stages import report, with_columns
+from batch.stages import ServiceStage, report, with_columns
 from replicas.contract import PromptLogprobs, PromptWork
-from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
-from replicas.settings import ReplicaSettings
 
 
 @dataclass(frozen=True)
@@ -49,26 +46,8 @@ def continuation_answer(row: LoglikRow, answer: PromptLogprobs) -> tuple[float, 
     return logprob, greedy
 
 
-class LoglikScore:
+class LoglikScore(ServiceStage):
     """An engine and the route's Completions per actor."""
-
-    def __init__(
-        self,
-        settings: ReplicaSettings,
-        columns: LoglikColumns,
-        tally: Any,
-        engine_factory: str = DEFAULT_ENGINE,
-    ) -> None:
-        self._engine = load_engine_factory(engine_factory)(settings)
-        self._service = ScoringService.from_settings(settings)
-        self._columns, self._tally = columns, tally
-
-    @classmethod
-    def around(cls, engine: Any, service: ScoringService, columns: LoglikColumns) -> LoglikScore:
-        """The stage over an engine and service already built (in-process use, tests)."""
-        stage = cls.__new__(cls)
-        stage._engine, stage._service, stage._columns, stage._tally = engine, service, columns, None
-        return stage
 
     def _ids(self, value: Any, special: bool) -> list[int]:
         value = plain(value)

@@ -17,12 +17,9 @@ import pyarrow as pa
 
 from app.errors import ScoreRequestError
 from app.rerank import RerankWork
-from app.service import ScoringService
 from batch.packing import pack_works, unpack
-from batch.stages import report, with_columns
+from batch.stages import ServiceStage, report, with_columns
 from replicas.contract import PromptWork, ScoringLimitError, ScoringLimits, check_limits
-from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
-from replicas.settings import ReplicaSettings
 
 
 @dataclass(frozen=True)
@@ -78,26 +75,8 @@ def _prompt_pack(
     return PromptWork(prompts, first.top_k, None, first.keep_lone_prefixes, first.scored_tail), rows
 
 
-class RerankScore:
+class RerankScore(ServiceStage):
     """An engine and the route's Reranker per actor."""
-
-    def __init__(
-        self,
-        settings: ReplicaSettings,
-        columns: RerankColumns,
-        tally: Any,
-        engine_factory: str = DEFAULT_ENGINE,
-    ) -> None:
-        self._engine = load_engine_factory(engine_factory)(settings)
-        self._service = ScoringService.from_settings(settings)
-        self._columns, self._tally = columns, tally
-
-    @classmethod
-    def around(cls, engine: Any, service: ScoringService, columns: RerankColumns) -> RerankScore:
-        """The stage over an engine and service already built (in-process use, tests)."""
-        stage = cls.__new__(cls)
-        stage._engine, stage._service, stage._columns, stage._tally = engine, service, columns, None
-        return stage
 
     def _prepare(self, row: dict[str, Any]) -> RerankWork | ScoreRequestError:
         payload = {

@@ -155,3 +155,26 @@ def finish(batch: pa.Table, apply_softmax: bool, tally: Any = None) -> pa.Table:
     counts = {"rows": batch.num_rows, "items": sum(len(s) for s in scores if s)}
     report(tally, counts | {f"error:{e}": errors.count(e) for e in set(errors)})
     return with_columns(batch.drop_columns(list(HELPERS)), {"scores": pa.array(scores, MATRIX)})
+
+
+class ServiceStage:
+    """An engine and the route's ScoringService per actor: the state of the rerank and loglik
+    stages (Ray Data callable classes), which prepare rows with the route's own code."""
+
+    def __init__(
+        self,
+        settings: ReplicaSettings,
+        columns: Any,
+        tally: Any,
+        engine_factory: str = DEFAULT_ENGINE,
+    ) -> None:
+        self._engine = load_engine_factory(engine_factory)(settings)
+        self._service = ScoringService.from_settings(settings)
+        self._columns, self._tally = columns, tally
+
+    @classmethod
+    def around(cls, engine: Any, service: ScoringService, columns: Any) -> Any:
+        """The stage over an engine and service already built (in-process use, tests)."""
+        stage = cls.__new__(cls)
+        stage._engine, stage._service, stage._columns, stage._tally = engine, service, columns, None
+        return stage
