@@ -20,7 +20,7 @@ import pyarrow as pa
 from app.errors import Reason, ScoreRequestError
 from batch.rerank_stage import pack_prompts
 from batch.rows import plain
-from batch.stages import ServiceStage, report, with_columns
+from batch.stages import ServiceStage
 from replicas.contract import PromptLogprobs, PromptWork
 
 
@@ -80,16 +80,12 @@ class LoglikScore(ServiceStage):
         for (_, members), answer in zip(packs, answers, strict=True):
             for at, member in enumerate(members):
                 found[member] = continuation_answer(rows[member], answer[at])  # type: ignore[arg-type]
-        errors = [p if isinstance(p, ScoreRequestError) else None for p in prepared]
-        reasons = [e.reason.value for e in errors if e]
-        counts = {"rows": batch.num_rows, "items": sum(f is not None for f in found)}
-        report(self._tally, counts | {f"error:{r}": reasons.count(r) for r in set(reasons)})
-        return with_columns(
+        return self.finish(
             batch,
+            prepared,
+            sum(f is not None for f in found),
             {
                 "logprob": pa.array([f[0] if f else None for f in found], pa.float64()),
                 "is_greedy": pa.array([f[1] if f else None for f in found], pa.bool_()),
-                "error": pa.array([e.reason.value if e else None for e in errors], pa.string()),
-                "error_message": pa.array([e.message if e else None for e in errors], pa.string()),
             },
         )

@@ -18,7 +18,7 @@ import pyarrow as pa
 from app.errors import ScoreRequestError
 from app.rerank import RerankWork
 from batch.packing import pack_works, unpack
-from batch.stages import ServiceStage, report, with_columns
+from batch.stages import ServiceStage
 from replicas.contract import PromptWork, ScoringLimitError, ScoringLimits, check_limits
 
 
@@ -99,18 +99,8 @@ class RerankScore(ServiceStage):
             None if a is None else float(reranker.relevance(p, a)[0])  # type: ignore[union-attr,arg-type]
             for p, a in zip(prepared, answers, strict=True)
         ]
-        errors = [p if isinstance(p, ScoreRequestError) else None for p in prepared]
-        reasons = [e.reason.value for e in errors if e]
-        counts = {"rows": batch.num_rows, "items": sum(r is not None for r in relevance)}
-        report(self._tally, counts | {f"error:{r}": reasons.count(r) for r in set(reasons)})
-        return with_columns(
-            batch,
-            {
-                "relevance": pa.array(relevance, pa.float64()),
-                "error": pa.array([e.reason.value if e else None for e in errors], pa.string()),
-                "error_message": pa.array([e.message if e else None for e in errors], pa.string()),
-            },
-        )
+        items = sum(r is not None for r in relevance)
+        return self.finish(batch, prepared, items, {"relevance": pa.array(relevance, pa.float64())})
 
     def _answers(self, prepared: list[RerankWork | None]) -> list[Any]:
         """Each row's own answer (a ``[1, 2]`` log-prob array or a one-prompt list), None for

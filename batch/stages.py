@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from app.errors import ScoreRequestError
 from app.scores import to_scores
 from app.service import ScoringService
 from batch.packing import Pack, pack_works, unpack
@@ -178,3 +179,21 @@ class ServiceStage:
         stage = cls.__new__(cls)
         stage._engine, stage._service, stage._columns, stage._tally = engine, service, columns, None
         return stage
+
+    def finish(
+        self, batch: pa.Table, prepared: list[Any], items: int, results: dict[str, pa.Array]
+    ) -> pa.Table:
+        """``batch`` with ``results`` and the route's refusal of each row (``error``,
+        ``error_message``: null where the row was scored); counts rows, items and refusals."""
+        errors = [p if isinstance(p, ScoreRequestError) else None for p in prepared]
+        reasons = [e.reason.value for e in errors if e]
+        counts = {"rows": batch.num_rows, "items": items}
+        report(self._tally, counts | {f"error:{r}": reasons.count(r) for r in set(reasons)})
+        return with_columns(
+            batch,
+            results
+            | {
+                "error": pa.array([e.reason.value if e else None for e in errors], pa.string()),
+                "error_message": pa.array([e.message if e else None for e in errors], pa.string()),
+            },
+        )
