@@ -12,6 +12,7 @@ by scorejax), side by side in one run, and writes its section of docs/benchmarks
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,8 @@ def write_report(rows: list[dict], args: argparse.Namespace) -> None:
         f"multi-item: median of {args.repeats}.",
         "",
         f"- machine: {machine_description()}, jax {jax.__version__} on "
-        f"{jax.devices()[0].platform}; shared with other jobs while measured (the ratios are",
-        "  side by side in one run, absolute seconds are not comparable with other sections)",
+        f"{jax.devices()[0].platform}; load average {args.load_before:.1f} before the run, "
+        f"{os.getloadavg()[0]:.1f} after (the ratios are side by side in one run)",
         "",
         HEADER,
         *(format_row(r) for r in rows),
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument("--output", default="docs/benchmarks.md")
     args = parser.parse_args()
+    args.load_before = os.getloadavg()[0]
     print(HEADER, flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-families-") as directory:
         rows = run(args, Path(directory))
