@@ -4,7 +4,8 @@ HTTP (app.http's FastAPI app through ``@serve.ingress``): ``POST /v1/score``, ``
 ``/v1/completions``, ``/tokenize``, ``/detokenize``, ``GET /tokenizer_info``, ``/v1/models``,
 ``/health``, ``/v1/stats``, ``/openapi.json``, ``/docs``.
 Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` returns the
-same body as the HTTP route (and raises ScoreRequestError, whose ``body`` is the HTTP error).
+same body as the HTTP route (and raises ScoreRequestError, whose ``body`` is the HTTP error);
+``handle.score_work.remote(work)`` takes a work a batch job prepared with app/'s code.
 Never imports jax; only token ids go to the replicas.
 """
 
@@ -28,6 +29,7 @@ from app.errors import Reason, ScoreRequestError
 from app.http import build_api
 from app.metrics import IngressMetrics
 from app.service import ScoringService
+from app.works import check_prepared
 from cluster.niceness import warn_if_niced
 from replicas.contract import ModelInfo, PromptWork, ScoredWork, ScoreWork, work_cost
 from replicas.serving.admission import QueueEstimate, admit
@@ -143,6 +145,13 @@ class ScoreIngress:
         payload |= {"max_tokens": max_tokens, "temperature": temperature, "model": model}
         body, _ = await self._service.complete_timed(payload, self._call_replica)
         return body
+
+    async def score_work(self, work: ScoreWork | PromptWork) -> Any:
+        """A work already prepared with app/'s code (a batch job's CPU stage), checked again:
+        the replica's answer (``[items, labels]`` log-probs, or one PromptLogprobs per
+        prompt); raises ScoreRequestError like a 400/503."""
+        check_prepared(work, self._service.info)
+        return (await self._call_replica(work)).scores
 
     async def describe(self) -> ModelInfo:
         return self._service.info

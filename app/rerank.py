@@ -146,13 +146,7 @@ class Reranker:
         """Each document's relevance in [0, 1] from the replica's answer: P(yes) / (P(yes) +
         P(no)) from the label log-probs (yes_no), the sigmoid of a one-label head's logit
         (head), or the query's per-token likelihood (query_likelihood)."""
-        if isinstance(prepared.work, PromptWork):
-            return likelihood_relevance(prepared.work, answer)
-        logprobs = np.asarray(answer)
-        if self.method == "head":
-            return 1.0 / (1.0 + np.exp(-logprobs[:, 0].astype(np.float64)))
-        yes, no = logprobs[:, 0].astype(np.float64), logprobs[:, 1].astype(np.float64)
-        return 1.0 / (1.0 + np.exp(no - yes))
+        return work_relevance(prepared.work, answer)
 
     def _cut(self, texts: list[str], limit: int) -> list[str]:
         """Each text cut to its first ``limit`` tokens (decoded back to text)."""
@@ -189,6 +183,19 @@ class Reranker:
             },
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         }
+
+
+def work_relevance(work: ScoreWork | PromptWork, answer: Any) -> np.ndarray:
+    """``Reranker.relevance`` from the work alone (its labels say the method: ``(0,)`` a
+    head, two ids yes/no; a PromptWork query_likelihood), as a batch job's engine stage
+    computes it from token ids."""
+    if isinstance(work, PromptWork):
+        return likelihood_relevance(work, answer)
+    logprobs = np.asarray(answer)
+    if work.label_ids == (0,):
+        return 1.0 / (1.0 + np.exp(-logprobs[:, 0].astype(np.float64)))
+    yes, no = logprobs[:, 0].astype(np.float64), logprobs[:, 1].astype(np.float64)
+    return 1.0 / (1.0 + np.exp(no - yes))
 
 
 def reranker_for(

@@ -1,6 +1,6 @@
-"""``python -m batch score|rerank|loglik --input PATH --output DIR ...``: score a dataset as
-/v1/score (/v1/rerank, /v1/completions with echo) answers each row (docs/batch.md); prints the
-job's summary."""
+"""``python -m batch score|rerank|loglik|classify --input PATH --output DIR ...``: score a
+dataset as /v1/score (/v1/rerank, /v1/completions with echo, /v1/classify) answers each row
+(docs/batch.md); prints the job's summary."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from batch.classify_stage import ClassifyColumns
 from batch.loglik_stage import LoglikColumns
 from batch.pipeline import (
     FORMATS,
     EngineOptions,
     Job,
+    classify_dataset,
     loglik_dataset,
     rerank_dataset,
     run_score_job,
@@ -45,6 +47,11 @@ def _common(mode: argparse.ArgumentParser) -> None:
     mode.add_argument("--batch-size", type=int, default=512, help="rows per engine call")
     mode.add_argument("--checkpoint", default=None, help="resume folder (Ray Data checkpoints)")
     mode.add_argument("--address", default=None, help="Ray cluster (default: RAY_ADDRESS/local)")
+    mode.add_argument("--engine", choices=("local", "serve"), default="local")
+    mode.add_argument("--app", default="scorejax", help="--engine serve: the Serve app")
+    mode.add_argument(
+        "--max-in-flight", type=int, default=4, help="--engine serve: calls per caller actor"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -57,8 +64,6 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--item-column", default="item")
     score.add_argument("--apply-softmax", action="store_true")
     score.add_argument("--item-first", action="store_true")
-    score.add_argument("--engine", choices=("local", "serve"), default="local")
-    score.add_argument("--app", default="scorejax", help="--engine serve: the Serve app")
     rerank = modes.add_parser("rerank", help="each (query, document) row's relevance")
     _common(rerank)
     rerank.add_argument("--query-column", default="query")
@@ -67,13 +72,23 @@ def parser() -> argparse.ArgumentParser:
     _common(loglik)
     loglik.add_argument("--context-column", default="context")
     loglik.add_argument("--continuation-column", default="continuation")
+    classify = modes.add_parser("classify", help="each row's label and probs, as /v1/classify")
+    _common(classify)
+    classify.add_argument("--input-column", default="input")
+    classify.add_argument("--no-activation", action="store_true", help="the raw head outputs")
     return top
 
 
 def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
     keep = None if args.keep is None else [c for c in args.keep.split(",") if c]
     job = Job(args.input, args.output, args.output_format, args.input_format, args.checkpoint)
-    options = EngineOptions(replicas=args.replicas, batch_size=args.batch_size)
+    options = EngineOptions(
+        replicas=args.replicas,
+        batch_size=args.batch_size,
+        engine=args.engine,
+        app=args.app,
+        max_in_flight=args.max_in_flight,
+    )
     if args.mode == "rerank":
         columns = RerankColumns(args.query_column, args.document_column, args.id_column)
 
@@ -81,6 +96,13 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
             return rerank_dataset(ds, settings, columns, options, keep, tally)
 
         return job.run(ranked, args.id_column)
+    if args.mode == "classify":
+        texts = ClassifyColumns(args.input_column, args.id_column, not args.no_activation)
+
+        def classified(ds: Any, tally: Any) -> Any:
+            return classify_dataset(ds, settings, texts, options, keep, tally)
+
+        return job.run(classified, args.id_column)
     if args.mode == "loglik":
         pairs = LoglikColumns(args.context_column, args.continuation_column, args.id_column)
 
@@ -95,9 +117,6 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
         id=args.id_column,
         apply_softmax=args.apply_softmax,
         item_first=args.item_first,
-    )
-    options = EngineOptions(
-        replicas=args.replicas, batch_size=args.batch_size, engine=args.engine, app=args.app
     )
     return run_score_job(
         args.input,
@@ -123,7 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not ray.is_initialized():  # batch.__main__.main from a driver that has a cluster
         ray.init(address=args.address, log_to_driver=False)
-    summary = _run(args, settings)
+    try:
+        summary = _run(args, settings)
+    except SettingsError as error:  # an option the job refuses before it starts
+        print(f"python -m batch: {error}", file=sys.stderr)
+        return 2
     print(summary.line())
     print(json.dumps(summary.as_dict()))
     return 0

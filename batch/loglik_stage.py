@@ -1,12 +1,13 @@
 """``python -m batch loglik``: lm-eval's loglikelihood of each (context, continuation) row,
 as /v1/completions with ``echo`` gives it (semantics 14).
 
-The context is encoded with the tokenizer's special tokens, the continuation without, joined as
-token ids (token-id columns pass through); the prompt is prepared by the route's own
-``Completions`` (``echo: true, max_tokens: 0, logprobs: 1``), so a row gets the route's checks
-and 400 reasons. Rows of one engine call are merged into prompt works; prompts that share
-their context's whole blocks compute it once (semantics 15). ``logprob``: the continuation's
-summed log-probability; ``is_greedy``: every continuation token is the most likely one.
+``LoglikPrepare`` (CPU): the context is encoded with the tokenizer's special tokens, the
+continuation without, joined as token ids (token-id columns pass through); the prompt is
+prepared by the route's own ``Completions`` (``echo: true, max_tokens: 0, logprobs: 1``), so
+a row gets the route's checks and 400 reasons. The engine stage merges a batch's rows into
+prompt works; prompts that share their context's whole blocks compute it once (semantics
+15). ``loglik_columns``: ``logprob``, the continuation's summed log-probability;
+``is_greedy``, every continuation token is the most likely one.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import numpy as np
 import pyarrow as pa
 
 from app.errors import Reason, ScoreRequestError
-from batch.rerank_stage import pack_prompts
 from batch.rows import plain
-from batch.stages import ServiceStage
+from batch.work_stages import PrepareRows
+from batch.works import Work
 from replicas.contract import PromptLogprobs, PromptWork
+
+CONTINUATION = "_sj_continuation"  # how many of the prompt's last tokens are the continuation
 
 
 @dataclass(frozen=True)
@@ -37,17 +40,19 @@ class LoglikRow:
     continuation: int  # its last this many tokens
 
 
-def continuation_answer(row: LoglikRow, answer: PromptLogprobs) -> tuple[float, bool]:
+def continuation_answer(
+    work: PromptWork, continuation: int, answer: PromptLogprobs
+) -> tuple[float, bool]:
     """(summed log-prob of the continuation's tokens, whether each is the greedy token)."""
-    (prompt,) = row.work.prompts
-    start = len(prompt) - row.continuation
+    (prompt,) = work.prompts
+    start = len(prompt) - continuation
     logprob = float(np.sum(np.asarray(answer.token_logprobs[start:], np.float64)))
     greedy = all(int(answer.top_ids[j, 0]) == prompt[j] for j in range(start, len(prompt)))
     return logprob, greedy
 
 
-class LoglikScore(ServiceStage):
-    """An engine and the route's Completions per actor."""
+class LoglikPrepare(PrepareRows):
+    """The route's Completions per CPU actor."""
 
     def _ids(self, value: Any, special: bool) -> list[int]:
         value = plain(value)
@@ -71,21 +76,21 @@ class LoglikScore(ServiceStage):
             return error
         return LoglikRow(prompts.work, len(continuation))
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        prepared = [self.prepare(row) for row in batch.to_pylist()]
-        rows = [p if isinstance(p, LoglikRow) else None for p in prepared]
-        packs = pack_prompts([r.work if r else None for r in rows], self._engine.info.limits)
-        answers = self._engine.score_batch([work for work, _ in packs])
-        found: list[tuple[float, bool] | None] = [None] * len(rows)
-        for (_, members), answer in zip(packs, answers, strict=True):
-            for at, member in enumerate(members):
-                found[member] = continuation_answer(rows[member], answer[at])  # type: ignore[arg-type]
-        return self.finish(
-            batch,
-            prepared,
-            sum(f is not None for f in found),
-            {
-                "logprob": pa.array([f[0] if f else None for f in found], pa.float64()),
-                "is_greedy": pa.array([f[1] if f else None for f in found], pa.bool_()),
-            },
-        )
+    def extra(self, prepared: list[Any]) -> dict[str, pa.Array]:
+        counts = [p.continuation if isinstance(p, LoglikRow) else None for p in prepared]
+        return {CONTINUATION: pa.array(counts, pa.int32())}
+
+
+def loglik_columns(
+    batch: pa.Table, works: list[Work | None], answers: list[Any]
+) -> dict[str, pa.Array]:
+    """``logprob`` and ``is_greedy`` of each scored row (null: refused)."""
+    counts = batch.column(CONTINUATION).to_pylist()
+    found = [
+        None if answer is None else continuation_answer(work, count, answer)  # type: ignore[arg-type]
+        for work, count, answer in zip(works, counts, answers, strict=True)
+    ]
+    return {
+        "logprob": pa.array([f[0] if f else None for f in found], pa.float64()),
+        "is_greedy": pa.array([f[1] if f else None for f in found], pa.bool_()),
+    }

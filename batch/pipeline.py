@@ -18,12 +18,14 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from batch.loglik_stage import LoglikColumns, LoglikScore
-from batch.rerank_stage import RerankColumns, RerankScore
+from batch.classify_stage import ClassifyColumns, ClassifyPrepare, ClassifyResults
+from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
+from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
 from batch.rows import ScoreColumns
-from batch.serve_stage import ServeScore
+from batch.serve_stage import ServeScore, ServeWorks
 from batch.stages import EngineScore, Tokenize, finish
 from batch.summary import Summary, Tally
+from batch.work_stages import EngineWorks, finish_rows
 from planning.serve_args import SERVE_CONFIG, serve_args
 from replicas.serving.deployment import DEFAULT_ENGINE
 from replicas.settings import ReplicaSettings, SettingsError
@@ -71,6 +73,9 @@ class EngineOptions:
     # "local": engine actors in the job; "serve": the running Serve app ``app`` scores.
     engine: str = "local"
     app: str = "scorejax"
+    # --engine serve: calls each caller actor keeps in flight (so the job adds at most
+    # replicas x max_in_flight calls to the app's queues).
+    max_in_flight: int = 4
 
 
 def score_dataset(
@@ -130,17 +135,16 @@ def _scoring_stage(
     tally: Any,
 ) -> ray.data.Dataset:
     """Engine actors (``local``) or handle callers (``serve``), ``options.replicas`` of them."""
+    _check_options(options)
     common = {"batch_format": "pyarrow", "batch_size": options.batch_size}
     if options.engine == "serve":
         return ds.map_batches(
             ServeScore,
-            fn_constructor_args=(options.app, settings, columns, tally),
+            fn_constructor_args=(options.app, settings, columns, tally, options.max_in_flight),
             concurrency=options.replicas,
             num_cpus=options.cpu_share,
             **common,
         )
-    if options.engine != "local":
-        raise SettingsError(f"--engine: local or serve, got {options.engine!r}")
     _check_local(settings)
     return ds.map_batches(
         EngineScore,
@@ -149,6 +153,13 @@ def _scoring_stage(
         **common,
         **engine_remote_args(settings, options.engine_env),
     )
+
+
+def _check_options(options: EngineOptions) -> None:
+    if options.engine not in ("local", "serve"):
+        raise SettingsError(f"--engine: local or serve, got {options.engine!r}")
+    if options.max_in_flight < 1:
+        raise SettingsError(f"--max-in-flight: at least 1, got {options.max_in_flight}")
 
 
 def _check_local(settings: ReplicaSettings) -> None:
@@ -246,20 +257,8 @@ def rerank_dataset(
 ) -> ray.data.Dataset:
     """Each (query, document) row's ``relevance`` as /v1/rerank gives it (the configured
     ``rerank_method``), with ``error`` and ``error_message`` as ``score_dataset``'s."""
-    options = options or EngineOptions()
-    _check_local(settings)
-    ranked = ds.map_batches(
-        RerankScore,
-        fn_constructor_args=(settings, columns, tally, options.engine_factory),
-        batch_format="pyarrow",
-        batch_size=options.batch_size,
-        concurrency=options.replicas,
-        **engine_remote_args(settings, options.engine_env),
-    )
-    if keep is None:
-        return ranked
-    wanted = [columns.id, *keep, "relevance", "error", "error_message"]
-    return ranked.select_columns(list(dict.fromkeys(wanted)))
+    mode = WorkMode(RerankPrepare, relevance_columns, ("relevance",))
+    return _work_dataset(ds, settings, mode, columns, options or EngineOptions(), keep, tally)
 
 
 def loglik_dataset(
@@ -272,20 +271,93 @@ def loglik_dataset(
 ) -> ray.data.Dataset:
     """Each (context, continuation) row's ``logprob`` and ``is_greedy`` as /v1/completions
     with echo gives them, with ``error`` and ``error_message`` as ``score_dataset``'s."""
-    options = options or EngineOptions()
-    _check_local(settings)
-    scored = ds.map_batches(
-        LoglikScore,
-        fn_constructor_args=(settings, columns, tally, options.engine_factory),
+    mode = WorkMode(LoglikPrepare, loglik_columns, ("logprob", "is_greedy"), (CONTINUATION,))
+    return _work_dataset(ds, settings, mode, columns, options or EngineOptions(), keep, tally)
+
+
+def classify_dataset(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    columns: ClassifyColumns,
+    options: EngineOptions | None = None,
+    keep: Sequence[str] | None = None,
+    tally: Any = None,
+) -> ray.data.Dataset:
+    """Each row's ``label`` and ``probs`` as /v1/classify gives them on a score-head model,
+    with ``error`` and ``error_message`` as ``score_dataset``'s."""
+    from replicas.checkpoints.sources import load_hf_config, resolve_model_source
+    from replicas.model.head_config import score_head_from_hf
+
+    head = score_head_from_hf(load_hf_config(resolve_model_source(settings.model)))
+    if head is None:
+        raise SettingsError(
+            f"model: {settings.model} has no score head; classify needs a sequence-"
+            "classification or reward model"
+        )
+    results = ClassifyResults(head, columns.activation)
+    mode = WorkMode(ClassifyPrepare, results, ("probs", "label"))
+    return _work_dataset(ds, settings, mode, columns, options or EngineOptions(), keep, tally)
+
+
+@dataclass(frozen=True)
+class WorkMode:
+    """A mode on token-id works (rerank, loglik): its CPU stage, its result columns from
+    the answers, their names, and its own helper columns."""
+
+    prepare: type
+    results: Any  # batch.work_stages.Results
+    outputs: tuple[str, ...]
+    helpers: tuple[str, ...] = ()
+
+
+def _work_dataset(
+    ds: ray.data.Dataset,
+    settings: ReplicaSettings,
+    mode: WorkMode,
+    columns: Any,
+    options: EngineOptions,
+    keep: Sequence[str] | None,
+    tally: Any,
+) -> ray.data.Dataset:
+    """Prepare (CPU actor) -> engine actors or handle callers -> tally (CPU tasks)."""
+    _check_options(options)
+    prepared = ds.map_batches(
+        mode.prepare,
+        fn_constructor_args=(settings, columns),
         batch_format="pyarrow",
         batch_size=options.batch_size,
-        concurrency=options.replicas,
-        **engine_remote_args(settings, options.engine_env),
+        concurrency=1,
+        num_cpus=options.cpu_share,
+    )
+    common = {"batch_format": "pyarrow", "batch_size": options.batch_size}
+    if options.engine == "serve":
+        scored = prepared.map_batches(
+            ServeWorks,
+            fn_constructor_args=(options.app, settings, mode.results, tally, options.max_in_flight),
+            concurrency=options.replicas,
+            num_cpus=options.cpu_share,
+            **common,
+        )
+    else:
+        _check_local(settings)
+        scored = prepared.map_batches(
+            EngineWorks,
+            fn_constructor_args=(settings, mode.results, tally, options.engine_factory),
+            concurrency=options.replicas,
+            **common,
+            **engine_remote_args(settings, options.engine_env),
+        )
+    finished = scored.map_batches(
+        finish_rows,
+        fn_kwargs={"result": mode.outputs[0], "helpers": mode.helpers, "tally": tally},
+        batch_format="pyarrow",
+        batch_size=None,
+        num_cpus=options.cpu_share,
     )
     if keep is None:
-        return scored
-    wanted = [columns.id, *keep, "logprob", "is_greedy", "error", "error_message"]
-    return scored.select_columns(list(dict.fromkeys(wanted)))
+        return finished
+    wanted = [columns.id, *keep, *mode.outputs, "error", "error_message"]
+    return finished.select_columns(list(dict.fromkeys(wanted)))
 
 
 @dataclass(frozen=True)

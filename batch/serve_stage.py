@@ -2,16 +2,21 @@
 DeploymentHandle (DESIGN.md: calls from other Ray apps), so a batch job shares the replicas
 with online traffic.
 
-Each batch's rows are packed by query as for the local engine and each pack is sent as token
-ids to the ingress's ``score`` method (the /v1/score code path), one call at a time per actor:
-the job has at most as many calls in flight as it has actors (``--replicas``), so online
-requests keep their place in the replicas' queues. A 503 (``overloaded``, ``unavailable``)
-is sent again after its ``Retry-After`` (1 s if none), never dropped.
+``score``: each batch's rows are packed by query as for the local engine and each pack is
+sent as token ids to the ingress's ``score`` method (the /v1/score code path). ``rerank`` and
+``loglik``: the CPU stage's works, packed as for the local engine, go to the ingress's
+``score_work`` method (checked again there, then the replicas). Each actor keeps at most
+``max_in_flight`` calls in flight (DeploymentHandle responses, collected in order), so the
+job never adds more than ``replicas x max_in_flight`` calls to the replicas' queues and
+online requests keep their place among them. A 503 (``overloaded``, ``unavailable``) is sent
+again after its ``Retry-After`` (1 s if none), never dropped.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -21,46 +26,106 @@ from app.errors import Reason, ScoreRequestError
 from batch.packing import pack_works
 from batch.rows import ScoreColumns
 from batch.stages import LOGPROBS, logprob_column, report, row_works, with_columns
+from batch.works import Work, read_works, row_answers
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings
 
 RETRIED = (Reason.OVERLOADED, Reason.UNAVAILABLE)
 
 
+def call_all(
+    send: Callable[[Any], Any], requests: Sequence[Any], max_in_flight: int, tally: Any
+) -> list[Any]:
+    """``send(request).result()`` of each request, in order, with at most ``max_in_flight``
+    responses outstanding; a retryable 503 is sent again after its Retry-After."""
+    results: list[Any] = [None] * len(requests)
+    pending: deque[tuple[int, Any]] = deque()
+    sent = 0
+    while sent < len(requests) or pending:
+        while sent < len(requests) and len(pending) < max_in_flight:
+            pending.append((sent, send(requests[sent])))
+            sent += 1
+        index, response = pending.popleft()
+        try:
+            results[index] = response.result()
+        except ScoreRequestError as error:
+            if error.status_code != 503 or error.reason not in RETRIED:
+                raise
+            report(tally, {"retried_503": 1})
+            time.sleep(error.retry_after_s or 1)  # the app's Retry-After
+            pending.appendleft((index, send(requests[index])))
+    return results
+
+
 class ServeScore:
     """One DeploymentHandle to the app per actor; packs as ``EngineScore`` packs."""
 
     def __init__(
-        self, app_name: str, settings: ReplicaSettings, columns: ScoreColumns, tally: Any
+        self,
+        app_name: str,
+        settings: ReplicaSettings,
+        columns: ScoreColumns,
+        tally: Any,
+        max_in_flight: int = 4,
     ) -> None:
         from ray import serve
 
         self._handle = serve.get_app_handle(app_name)
         self._limits, self._columns, self._tally = settings.limits, columns, tally
         self._multi_item = settings.multi_item_scoring_delimiter is not None
+        self._max_in_flight = max_in_flight
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         works = row_works(batch, self._columns)
         packs = pack_works(works, self._limits, self._multi_item)
-        answers = [self._score(pack.work) for pack in packs]
+        answers = self._scores([pack.work for pack in packs], self._max_in_flight)
         return with_columns(batch, {LOGPROBS: logprob_column(works, packs, answers)})
 
     def _score(self, work: ScoreWork) -> np.ndarray:
-        """``[items, labels]`` log-probabilities: the app answers ``exp(logprob)``
-        (``apply_softmax`` false), whose log is the log-probability to float64 rounding."""
-        while True:
-            try:
-                body = self._handle.score.remote(
-                    query=list(work.query_ids),
-                    items=[list(item) for item in work.item_ids],
-                    label_token_ids=list(work.label_ids),
-                    item_first=work.item_first,
-                ).result()
-            except ScoreRequestError as error:
-                if error.status_code != 503 or error.reason not in RETRIED:
-                    raise
-                report(self._tally, {"retried_503": 1})
-                time.sleep(error.retry_after_s or 1)  # the app's Retry-After
-                continue
-            with np.errstate(divide="ignore"):
-                return np.log(np.asarray(body["scores"], np.float64))
+        """One work's ``[items, labels]`` log-probabilities (sent again after a 503)."""
+        return self._scores([work], 1)[0]
+
+    def _scores(self, works: list[ScoreWork], max_in_flight: int) -> list[np.ndarray]:
+        """The app answers ``exp(logprob)`` (``apply_softmax`` false), whose log is the
+        log-probability to float64 rounding."""
+
+        def send(work: ScoreWork) -> Any:
+            return self._handle.score.remote(
+                query=list(work.query_ids),
+                items=[list(item) for item in work.item_ids],
+                label_token_ids=list(work.label_ids),
+                item_first=work.item_first,
+            )
+
+        bodies = call_all(send, works, max_in_flight, self._tally)
+        with np.errstate(divide="ignore"):
+            return [np.log(np.asarray(body["scores"], np.float64)) for body in bodies]
+
+
+class ServeWorks:
+    """``rerank`` / ``loglik`` through the app: the CPU stage's works, packed as the local
+    engine stage packs them, sent to the ingress's ``score_work``; ``results(batch, works,
+    answers)`` gives the mode's columns (as ``batch.work_stages.EngineWorks``)."""
+
+    def __init__(
+        self,
+        app_name: str,
+        settings: ReplicaSettings,
+        results: Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]],
+        tally: Any,
+        max_in_flight: int = 4,
+    ) -> None:
+        from ray import serve
+
+        self._handle = serve.get_app_handle(app_name)
+        self._limits, self._results, self._tally = settings.limits, results, tally
+        self._multi_item = settings.multi_item_scoring_delimiter is not None
+        self._max_in_flight = max_in_flight
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        works = read_works(batch)
+        answers = row_answers(works, self._limits, self._multi_item, self._call)
+        return with_columns(batch, self._results(batch, works, answers))
+
+    def _call(self, works: list[Work]) -> list[Any]:
+        return call_all(self._handle.score_work.remote, works, self._max_in_flight, self._tally)

@@ -13,7 +13,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from app.errors import ScoreRequestError
 from app.scores import to_scores
 from app.service import ScoringService
 from batch.packing import Pack, pack_works, unpack
@@ -111,13 +110,19 @@ class EngineScore:
         works = row_works(batch, self._columns)
         info = self._engine.info
         packs = pack_works(works, info.limits, info.multi_item_scoring_delimiter is not None)
-        before = self._engine.stats()
-        answers = self._engine.score_batch([pack.work for pack in packs]) if packs else []
-        after = self._engine.stats()
-        counts = {name: after[name] - before[name] for name in COUNTERS}
-        engine_ms = round(1000 * (after["engine_seconds"] - before["engine_seconds"]))
-        report(self._tally, counts | {"engine_ms": engine_ms})
+        answers = counted_call(self._engine, [pack.work for pack in packs], self._tally)
         return with_columns(batch, {LOGPROBS: logprob_column(works, packs, answers)})
+
+
+def counted_call(engine: Any, works: list[Any], tally: Any) -> list[Any]:
+    """``engine.score_batch(works)``; the engine's counters of the call go to ``tally``."""
+    before = engine.stats()
+    answers = engine.score_batch(works) if works else []
+    after = engine.stats()
+    counts = {name: after[name] - before[name] for name in COUNTERS}
+    engine_ms = round(1000 * (after["engine_seconds"] - before["engine_seconds"]))
+    report(tally, counts | {"engine_ms": engine_ms})
+    return answers
 
 
 def logprob_column(
@@ -156,44 +161,3 @@ def finish(batch: pa.Table, apply_softmax: bool, tally: Any = None) -> pa.Table:
     counts = {"rows": batch.num_rows, "items": sum(len(s) for s in scores if s)}
     report(tally, counts | {f"error:{e}": errors.count(e) for e in set(errors)})
     return with_columns(batch.drop_columns(list(HELPERS)), {"scores": pa.array(scores, MATRIX)})
-
-
-class ServiceStage:
-    """An engine and the route's ScoringService per actor: the state of the rerank and loglik
-    stages (Ray Data callable classes), which prepare rows with the route's own code."""
-
-    def __init__(
-        self,
-        settings: ReplicaSettings,
-        columns: Any,
-        tally: Any,
-        engine_factory: str = DEFAULT_ENGINE,
-    ) -> None:
-        self._engine = load_engine_factory(engine_factory)(settings)
-        self._service = ScoringService.from_settings(settings)
-        self._columns, self._tally = columns, tally
-
-    @classmethod
-    def around(cls, engine: Any, service: ScoringService, columns: Any) -> Any:
-        """The stage over an engine and service already built (in-process use, tests)."""
-        stage = cls.__new__(cls)
-        stage._engine, stage._service, stage._columns, stage._tally = engine, service, columns, None
-        return stage
-
-    def finish(
-        self, batch: pa.Table, prepared: list[Any], items: int, results: dict[str, pa.Array]
-    ) -> pa.Table:
-        """``batch`` with ``results`` and the route's refusal of each row (``error``,
-        ``error_message``: null where the row was scored); counts rows, items and refusals."""
-        errors = [p if isinstance(p, ScoreRequestError) else None for p in prepared]
-        reasons = [e.reason.value for e in errors if e]
-        counts = {"rows": batch.num_rows, "items": items}
-        report(self._tally, counts | {f"error:{r}": reasons.count(r) for r in set(reasons)})
-        return with_columns(
-            batch,
-            results
-            | {
-                "error": pa.array([e.reason.value if e else None for e in errors], pa.string()),
-                "error_message": pa.array([e.message if e else None for e in errors], pa.string()),
-            },
-        )

@@ -266,13 +266,31 @@ def test_engine_serve_scores_the_rows_through_a_running_app(
     assert_rows_equal(scored.take_all(), expected_of(source, expected))
 
 
+def in_process(
+    prepare: Any, engine: Any, results: Any, result: str, helpers: tuple[str, ...] = ()
+) -> Any:
+    """A rerank or loglik job's stages in this process: prepare (CPU) -> the engine stage,
+    which reads token ids only (the text columns are dropped before it) -> finish."""
+    from batch.work_stages import EngineWorks, finish_rows
+
+    scorer = EngineWorks.around(engine, results)
+
+    def stage(batch: pa.Table) -> pa.Table:
+        prepared = prepare(batch)
+        texts = [c for c in batch.column_names if c != "id"]
+        scored = scorer(prepared.drop_columns(texts))
+        return finish_rows(scored, result, helpers, None)
+
+    return stage
+
+
 DOCUMENTS = ("Paris is in France.", "Bees make honey.", "", "The sky is blue over Paris.")
 
 
 @pytest.mark.parametrize("method", ["query_likelihood", "yes_no"])
 def test_rerank_rows_equal_what_v1_rerank_answers(config_file: Path, method: str) -> None:
     """``rerank``'s stage in this process, two calls of shuffled rows, against the route."""
-    from batch.rerank_stage import RerankColumns, RerankScore
+    from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
     from replicas.engine.scoring_engine import ScoringEngine
 
     settings = settings_from_config(config_file).replace(rerank_method=method)
@@ -283,7 +301,9 @@ def test_rerank_rows_equal_what_v1_rerank_answers(config_file: Path, method: str
         )
     service = ScoringService.from_settings(settings)
     engine = ScoringEngine.from_settings(settings)
-    stage = RerankScore.around(engine, service, RerankColumns())
+    stage = in_process(
+        RerankPrepare.around(service, RerankColumns()), engine, relevance_columns, "relevance"
+    )
     rows = [
         {"id": f"{q}-{d}", "query": query, "document": document}
         for q, query in enumerate([*QUERIES[:2], ""])
@@ -346,13 +366,14 @@ def test_the_rerank_command_writes_what_v1_rerank_answers(
 def test_loglik_rows_equal_what_v1_completions_echo_answers(config_file: Path) -> None:
     """``loglik``'s stage in this process, two calls of shuffled rows, against the route's
     echoed log-probs: the continuation's summed log-prob, and greedy as lm-eval reads it."""
-    from batch.loglik_stage import LoglikColumns, LoglikScore
+    from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
     from replicas.engine.scoring_engine import ScoringEngine
 
     settings = settings_from_config(config_file)
     service = ScoringService.from_settings(settings)
     engine = ScoringEngine.from_settings(settings)
-    stage = LoglikScore.around(engine, service, LoglikColumns())
+    prepare = LoglikPrepare.around(service, LoglikColumns())
+    stage = in_process(prepare, engine, loglik_columns, "logprob", (CONTINUATION,))
     continuations = (" Paris", " honey and wax", ",", "")
     rows = [
         {"id": f"{c}-{k}", "context": context, "continuation": continuation}

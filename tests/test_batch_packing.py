@@ -1,9 +1,12 @@
 """Rows that share a query become one multi-item work per engine call, cut by the limits the
-engine enforces, and each row gets back exactly its own items' scores (batch/packing.py)."""
+engine enforces, and each row gets back exactly its own items' scores (batch/packing.py);
+``--engine serve`` keeps a bounded number of calls in flight and retries 503s
+(batch/serve_stage.py)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from batch.packing import Slot, pack_works, unpack
 from batch.rows import ScoreColumns, is_one_item, row_payload
@@ -86,6 +89,53 @@ def test_engine_serve_sends_a_refused_pack_again_after_retry_after() -> None:
     assert stage._handle.calls == 2
     np.testing.assert_allclose(answer, [[-1.5, -2.5], [-1.5, -2.5]])
     assert stage._handle.fields["items"] == [[3], [4, 5]]
+
+
+class Outstanding:
+    """Responses of a fake handle: counts those sent and not yet collected; request 2's
+    first response is a 503 overloaded."""
+
+    def __init__(self) -> None:
+        self.open, self.most, self.sent = 0, 0, []
+
+    def send(self, request: int) -> Outstanding.Response:
+        self.sent.append(request)
+        self.open += 1
+        self.most = max(self.most, self.open)
+        return Outstanding.Response(self, request, refuse=self.sent == [0, 1, 2])
+
+    class Response:
+        def __init__(self, owner: Outstanding, request: int, refuse: bool) -> None:
+            self.owner, self.request, self.refuse = owner, request, refuse
+
+        def result(self) -> int:
+            from app.errors import Reason, ScoreRequestError
+
+            self.owner.open -= 1
+            if self.refuse:
+                raise ScoreRequestError(Reason.OVERLOADED, "busy", status_code=503, retry_after_s=0)
+            return 10 * self.request
+
+
+def test_engine_serve_keeps_max_in_flight_calls_and_answers_in_order() -> None:
+    from batch.serve_stage import call_all
+
+    handle = Outstanding()
+    assert call_all(handle.send, list(range(7)), 3, None) == [10 * n for n in range(7)]
+    assert handle.most == 3, "never more than max_in_flight responses outstanding"
+    assert sorted(handle.sent) == [0, 1, 2, 2, 3, 4, 5, 6], "the refused call sent again"
+
+
+def test_engine_serve_raises_a_400_instead_of_retrying_it() -> None:
+    from app.errors import Reason, ScoreRequestError
+    from batch.serve_stage import call_all
+
+    class Refused:
+        def result(self) -> None:
+            raise ScoreRequestError(Reason.EMPTY_QUERY, "empty", status_code=400)
+
+    with pytest.raises(ScoreRequestError):
+        call_all(lambda request: Refused(), [1], 4, None)
 
 
 def test_the_summary_adds_up_the_stages_counts() -> None:

@@ -1,0 +1,25 @@
+"""Works prepared by a caller with app/'s own code (a batch job's CPU stage), checked again
+at the ingress before they reach the replicas: token ids inside the vocabulary, the
+delimiter rule and the shared limits (the checks the routes run once text is token ids)."""
+
+from __future__ import annotations
+
+from app.errors import ScoreRequestError
+from app.validation import check_token_ids, check_work
+from replicas.contract import ModelInfo, PromptWork, ScoreWork, ScoringLimitError, check_limits
+
+
+def check_prepared(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
+    """Raise ScoreRequestError (a 400) where ``work`` breaks a rule of its route."""
+    if isinstance(work, PromptWork):
+        for prompt in work.prompts:
+            check_token_ids(prompt, info.vocab_size, "prompt")
+        try:
+            check_limits(work, info.limits, multi_item=True)
+        except ScoringLimitError as error:
+            raise ScoreRequestError(error.reason, str(error), "prompt") from None
+        return
+    check_token_ids(work.query_ids, info.vocab_size, "query")
+    for item in work.item_ids:
+        check_token_ids(item, info.vocab_size, "items")
+    check_work(work, info)

@@ -1,0 +1,77 @@
+"""``python -m batch classify``: each row's /v1/classify answer on a score-head model
+(semantics 18): ``label`` (the head's best label) and ``probs`` (the config's activation of
+the head outputs; ``--no-activation``: the raw outputs).
+
+``ClassifyPrepare`` (CPU): the row's text prepared by the route's own ``prepare_classify``
+(one input: its tokens as a query with one empty item), or the route's 400. The engine stage
+scores every row's work in one call (the replica packs them into its steps) and
+``classify_columns`` reads each row's answer as ``classify_body`` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from app.classify import ClassifyWork, prepare_classify
+from app.errors import Reason, ScoreRequestError
+from app.scores import classify_probs
+from batch.rows import plain
+from batch.work_stages import PrepareRows
+from batch.works import Work
+from replicas.contract import ScoreHead, ScoreWork
+
+
+@dataclass(frozen=True)
+class ClassifyColumns:
+    input: str = "input"
+    id: str = "id"
+    activation: bool = True
+
+
+class ClassifyPrepare(PrepareRows):
+    """The route's tokenizer and model card per CPU actor."""
+
+    def prepare(self, row: dict[str, Any]) -> ClassifyWork | ScoreRequestError:
+        text = plain(row.get(self._columns.input))
+        if not isinstance(text, str):
+            message = "input: one text per row"
+            return ScoreRequestError(Reason.INVALID_REQUEST, message, "input")
+        service = self._service
+        payload = {"input": text, "activation": self._columns.activation}
+        try:
+            return prepare_classify(payload, service.info, service.tokenizer)
+        except ScoreRequestError as error:
+            return error
+
+    def work_of(self, prepared: ClassifyWork) -> ScoreWork:
+        (work,) = prepared.works  # one text: one work
+        return work
+
+
+@dataclass(frozen=True)
+class ClassifyResults:
+    """The mode's result columns (a picklable callable: the head and the activation)."""
+
+    head: ScoreHead
+    activation: bool = True
+
+    def __call__(
+        self, batch: pa.Table, works: list[Work | None], answers: list[Any]
+    ) -> dict[str, pa.Array]:
+        probs: list[list[float] | None] = []
+        for answer in answers:
+            if answer is None:
+                probs.append(None)
+                continue
+            outputs = np.asarray(answer, np.float64).reshape(1, -1)  # [1, num_labels]
+            row = classify_probs(outputs, self.head.problem_type) if self.activation else outputs
+            probs.append(np.asarray(row, np.float64)[0].tolist())
+        labels = [None if p is None else self.head.id2label[int(np.argmax(p))] for p in probs]
+        return {
+            "label": pa.array(labels, pa.string()),
+            "probs": pa.array(probs, pa.list_(pa.float64())),
+        }

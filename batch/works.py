@@ -1,0 +1,116 @@
+"""The works of the rerank and loglik modes as Arrow columns (CPU stage -> engine stage),
+and one engine call's answers for them, each row its own.
+
+A row's work is a one-item ScoreWork (rerank yes_no / head) or a one-prompt PromptWork
+(rerank query_likelihood, loglik), or None (refused). The engine stage packs a batch's works
+(score works by query, ``batch.packing``; prompt works into prompt works, ``pack_prompts``),
+makes one call for all packs and hands each row its own answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from batch.packing import pack_works, unpack
+from replicas.contract import PromptWork, ScoreWork, ScoringLimitError, ScoringLimits, check_limits
+
+Work = ScoreWork | PromptWork
+QUERY, ITEMS, LABELS = "_sj_work_query", "_sj_work_items", "_sj_work_labels"
+TOP_K, TAIL, KEEP = "_sj_work_top_k", "_sj_work_tail", "_sj_work_keep"
+WORK_COLUMNS = (QUERY, ITEMS, LABELS, TOP_K, TAIL, KEEP)
+IDS = pa.list_(pa.int32())  # [tokens]
+
+
+def work_columns(works: Sequence[Work | None]) -> dict[str, pa.Array]:
+    """Each row's work as token-id columns (``QUERY`` null: a prompt work; all null: none)."""
+    scored = [w if isinstance(w, ScoreWork) else None for w in works]
+    prompted = [w if isinstance(w, PromptWork) else None for w in works]
+    items = [
+        None if w is None else [list(i) for i in (w.item_ids if s else w.prompts)]  # type: ignore[union-attr]
+        for w, s in zip(works, scored, strict=True)
+    ]
+    return {
+        QUERY: pa.array([list(w.query_ids) if w else None for w in scored], IDS),
+        ITEMS: pa.array(items, pa.list_(IDS)),
+        LABELS: pa.array([list(w.label_ids) if w else None for w in scored], IDS),
+        TOP_K: pa.array([w.top_k if w else None for w in prompted], pa.int32()),
+        TAIL: pa.array([w.scored_tail if w else None for w in prompted], pa.int32()),
+        KEEP: pa.array([w.keep_lone_prefixes if w else None for w in prompted], pa.bool_()),
+    }
+
+
+def read_works(batch: pa.Table) -> list[Work | None]:
+    """The works ``work_columns`` wrote into ``batch``."""
+    columns = {name: batch.column(name).to_pylist() for name in WORK_COLUMNS}
+    out: list[Work | None] = []
+    for query, items, labels, top_k, tail, keep in zip(*columns.values(), strict=True):
+        if items is None:
+            out.append(None)
+        elif query is not None:
+            out.append(ScoreWork(tuple(query), tuple(map(tuple, items)), tuple(labels)))
+        else:
+            out.append(PromptWork(tuple(map(tuple, items)), top_k, None, keep, tail))
+    return out
+
+
+def _fits(work: PromptWork, limits: ScoringLimits) -> bool:
+    try:
+        check_limits(work, limits, True)
+    except ScoringLimitError:
+        return False
+    return True
+
+
+def _merged(works: Sequence[Work | None], rows: list[int]) -> PromptWork:
+    first = works[rows[0]]
+    assert isinstance(first, PromptWork)
+    prompts = tuple(p for r in rows for p in works[r].prompts)  # type: ignore[union-attr]
+    return PromptWork(prompts, first.top_k, None, first.keep_lone_prefixes, first.scored_tail)
+
+
+def pack_prompts(
+    works: Sequence[Work | None], limits: ScoringLimits
+) -> list[tuple[PromptWork, list[int]]]:
+    """One-prompt works of the same kind (scored tail, top_k) merged into prompt works, in row
+    order, cut where the next prompt would break a limit; with the rows each holds."""
+    groups: dict[tuple, list[int]] = {}
+    for row, work in enumerate(works):
+        if isinstance(work, PromptWork):
+            key = (work.scored_tail, work.top_k, work.keep_lone_prefixes)
+            groups.setdefault(key, []).append(row)
+    packs: list[tuple[PromptWork, list[int]]] = []
+    for rows in groups.values():
+        current: list[int] = []
+        for row in rows:
+            if current and not _fits(_merged(works, [*current, row]), limits):
+                packs.append((_merged(works, current), current))
+                current = []
+            current.append(row)
+        packs.append((_merged(works, current), current))
+    return packs
+
+
+def row_answers(
+    works: Sequence[Work | None],
+    limits: ScoringLimits,
+    multi_item: bool,
+    call: Callable[[list[Work]], list[Any]],
+) -> list[Any]:
+    """Each row's own answer (``[1, labels]`` log-probs, or its one PromptLogprobs), None for
+    a refused row; ``call`` scores a list of works (an engine's ``score_batch``, or calls
+    through a Serve handle) and answers them in order."""
+    scoring = [w if isinstance(w, ScoreWork) and w.num_items else None for w in works]
+    score_packs = pack_works(scoring, limits, multi_item)
+    prompt_packs = pack_prompts(works, limits)
+    answers = call([p.work for p in score_packs] + [w for w, _ in prompt_packs])
+    out: list[Any] = [None] * len(works)
+    for row, answer in enumerate(unpack(score_packs, answers[: len(score_packs)], len(works))):
+        if scoring[row] is not None:
+            out[row] = answer
+    for (_, rows), answer in zip(prompt_packs, answers[len(score_packs) :], strict=True):
+        for at, row in enumerate(rows):
+            out[row] = answer[at]
+    return out
