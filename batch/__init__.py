@@ -1,16 +1,34 @@
 """Batch scoring on Ray Data (docs/batch.md): a dataset's rows scored exactly as /v1/score
 scores them, rows that share a query packed into one multi-item work per engine call.
 
-``score_dataset`` (a Dataset in, a Dataset out), ``run_score_job`` (read, score, write,
-summary), ``python -m batch score`` (the command).
+``score_dataset`` (a Dataset in, a Dataset out), ``rerank_dataset``, ``loglik_dataset`` and
+``classify_dataset`` (the other modes), ``run_score_job`` (read, score, write, summary),
+``python -m batch score|rerank|loglik|classify`` (the command).
 """
 
-from batch.pipeline import EngineOptions, run_score_job, score_dataset, settings_from_config
+from batch.classify_stage import ClassifyColumns
+from batch.loglik_stage import LoglikColumns
+from batch.pipeline import (
+    EngineOptions,
+    classify_dataset,
+    loglik_dataset,
+    rerank_dataset,
+    run_score_job,
+    score_dataset,
+    settings_from_config,
+)
+from batch.rerank_stage import RerankColumns
 from batch.rows import ScoreColumns
 
 __all__ = [
+    "ClassifyColumns",
     "EngineOptions",
+    "LoglikColumns",
+    "RerankColumns",
     "ScoreColumns",
+    "classify_dataset",
+    "loglik_dataset",
+    "rerank_dataset",
     "run_score_job",
     "score_dataset",
     "settings_from_config",
