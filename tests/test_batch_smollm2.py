@@ -6,7 +6,7 @@ them) over shuffled text rows of two queries, multi-item on, at two rows per eng
 all rows in one (one run of each, shared by the tests): each row's log-probabilities equal
 what ``ScoringService.score`` (the route's code) answers for it with the same engine, within
 1e-5, and what transformers' ``AutoModelForCausalLM`` on the same GGUF weights gives the row
-scored alone, within 1e-4 (loading transformers' copy of the GGUF costs 15-50 s, once).
+scored alone, within 1e-4 (transformers' copy of the GGUF: conftest's session fixture).
 """
 
 from __future__ import annotations
@@ -82,7 +82,9 @@ def test_batch_rows_equal_the_route_on_smollm2(
         np.testing.assert_allclose(np.log(row["scores"]), np.log(body["scores"]), atol=1e-5)
 
 
-def test_batch_rows_equal_transformers_on_smollm2(batched: dict[int, Run]) -> None:
+def test_batch_rows_equal_transformers_on_smollm2(
+    batched: dict[int, Run], smollm2_transformers: Any
+) -> None:
     """Each row's label log-probs, at both batch sizes, against transformers fp32 on the same
     GGUF weights scoring the row alone (the query's and the item's token ids as the stages
     tokenized them, the labels after the last): within 1e-4, the design's bound against
@@ -90,10 +92,7 @@ def test_batch_rows_equal_transformers_on_smollm2(batched: dict[int, Run]) -> No
     1e-5 above)."""
     import torch
 
-    from loadtest.bench_common import load_hf_model
-
-    model = load_hf_model()
-    reference = {}
+    model, reference = smollm2_transformers, {}
     _, _, token_ids = batched[2]
     for row_id, ids in token_ids.items():
         with torch.inference_mode():
