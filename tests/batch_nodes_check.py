@@ -1,12 +1,12 @@
-"""Run as ``python -m tests.batch_nodes_check CONFIG INPUT OUTPUT MARKERS FAULT`` (from
+"""Run as ``python -m tests.batch_nodes_check CONFIG INPUT OUTPUT MARKERS`` (from
 tests/test_batch_nodes.py): a ``score`` job on a 2-node local Ray cluster
 (``ray.cluster_utils.Cluster``) whose worker node holding an engine actor is lost mid-job.
 
 Each node has room for one engine actor (3 CPUs, the engine takes 2), so ``--replicas 2``
 puts one on each. The engines are ``tests.batch_fault_engine:HeldEngine``: the one off the
 head node holds its first batch unscored; once it does and the head's engine has scored a
-batch, this script kills it (FAULT ``node``: ``Cluster.remove_node`` of its node, then a
-replacement node joins; ``process``: SIGKILL of the actor's process) and the job runs on.
+batch, this script removes its node (``Cluster.remove_node``, no graceful stop), a replacement
+node joins, and the job runs on.
 Writes ``MARKERS/report.json``: the head and victim nodes, the batches scored before the kill and by
 which node each batch was scored, and the job's summary. Its own process, since a
 ``Cluster`` cannot be joined by a process connected to another Ray cluster (the suite's).
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -73,7 +72,6 @@ def main(argv: list[str]) -> int:
     from ray.cluster_utils import Cluster
 
     config, source, output, markers = (Path(a) for a in argv[:4])
-    fault = argv[4]
     cluster = Cluster(
         initialize_head=True,
         head_node_args={**NODE, "include_dashboard": False, "_system_config": SYSTEM_CONFIG},
@@ -89,12 +87,9 @@ def main(argv: list[str]) -> int:
             wait_for(lambda: scored(markers), 180, "the head's engine to score a batch")
             held = json.loads((markers / "held").read_text())
             before = scored(markers)
-            if fault == "node":
-                assert held["node"] == worker.node_id, (held, worker.node_id)
-                cluster.remove_node(worker, allow_graceful=False)
-                cluster.add_node(**NODE)
-            else:
-                os.kill(held["pid"], signal.SIGKILL)
+            assert held["node"] == worker.node_id, (held, worker.node_id)
+            cluster.remove_node(worker, allow_graceful=False)
+            cluster.add_node(**NODE)
             summary = job.result(timeout=240)
         report = {
             "head": head,
