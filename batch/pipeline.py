@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import ray
 import ray.data
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from batch.classify_stage import ClassifyColumns, ClassifyPrepare, ClassifyResults
 from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
@@ -374,7 +375,9 @@ class Job:
     def run(self, scored: Any, id_column: str) -> Summary:
         """Read, ``scored(ds, tally)``, write; the summary."""
         use_checkpoint(self.checkpoint, id_column)
-        tally = ray.remote(Tally).options(num_cpus=0).remote()
+        # On the driver's node: a node lost mid-job must not take the job's counts with it.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+        tally = ray.remote(Tally).options(num_cpus=0, scheduling_strategy=here).remote()
         start = time.perf_counter()
         ds = read_input(self.input_path, self.input_format, self.cpu_share)
         write_output(scored(ds, tally), self.output, self.output_format, self.cpu_share)

@@ -84,6 +84,16 @@ def smollm2_loaded():
     return load_model("SmolLM2-135M-Instruct", build_mesh((1, 1)))
 
 
+@pytest.fixture(scope="session")
+def smollm2_transformers():
+    """transformers fp32 on the same packaged GGUF (``loadtest.bench_common.load_hf_model``),
+    once per session: the modules that compare SmolLM2 with transformers share one load."""
+    smollm2_package_dir()
+    from loadtest.bench_common import load_hf_model
+
+    return load_hf_model()
+
+
 # --- how the suite compiles (tests/xla_flags.py) ---
 
 JAX_CACHE = pytest.StashKey[str]()

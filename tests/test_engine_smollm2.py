@@ -75,13 +75,12 @@ def test_query_cache_warm_equals_cold_on_the_real_model(smollm2):
     np.testing.assert_allclose(warm, cold, atol=1e-6, rtol=0)
 
 
-def test_prompt_log_probs_equal_transformers_and_warm_equals_cold(smollm2):
+def test_prompt_log_probs_equal_transformers_and_warm_equals_cold(smollm2, smollm2_transformers):
     """/v1/completions' engine work on the real model: every token's log-prob within 1e-4 of
     transformers (fp32, the same GGUF weights) and the same top-1; prompts sharing a context
     (a prefix computed once), then again from the prefix cache (within 1e-6 of cold)."""
     import torch
 
-    from loadtest.bench_common import load_hf_model
     from replicas.contract import PromptWork
 
     tokenizer, engines = smollm2
@@ -97,7 +96,7 @@ def test_prompt_log_probs_equal_transformers_and_warm_equals_cold(smollm2):
     reused = engine.stats()["reused_prefix_tokens"]
     (warm,) = engine.score_batch([work])
     assert engine.stats()["reused_prefix_tokens"] > reused  # the second call read the cache
-    model = load_hf_model()
+    model = smollm2_transformers
     worst = 0.0
     for prompt, answer, again in zip(prompts, cold, warm, strict=True):
         with torch.inference_mode():

@@ -52,10 +52,8 @@ def served(smollm2_loaded: Any) -> dict[str, tuple[ScoringService, Any]]:
 
 
 @pytest.fixture(scope="module")
-def hf() -> Any:
-    from loadtest.bench_common import load_hf_model
-
-    return load_hf_model()
+def hf(smollm2_transformers: Any) -> Any:
+    return smollm2_transformers
 
 
 def hf_log_softmax(model: Any, ids: list[int]) -> np.ndarray:
