@@ -13,7 +13,9 @@ run on this machine, with the shipped serve_config.yaml's settings and model:
   8000 when free), then (b) ``batch.score_dataset(..., EngineOptions(engine="serve"))`` from
   the same cluster, (c) one /v1/score request per row of the first ``--http-rows`` rows at
   concurrency 4 (503s retried after Retry-After), (c') one request per query group of the
-  first ``--group-rows`` rows (0: all); the cluster is stopped after.
+  first ``--group-rows`` rows (0: all); (c) and (c') draw queries of their own (the same
+  shapes, other random ids), so the app's query cache holds none of them; the cluster is
+  stopped after.
 
 Each part prints its figures as it ends; the table goes to docs/benchmarks.md ("Batch
 scoring") unless ``--no-write``. A part not started by ``--deadline-s`` is skipped (noted).
@@ -93,10 +95,15 @@ def group_works(rows: Rows) -> list[ScoreWork]:
 
 
 def bench_settings() -> ReplicaSettings:
-    """The shipped settings without the start-up warm-up (minutes of compiles on a CPU)."""
+    """The shipped settings without the start-up warm-up (minutes of compiles on a CPU) and
+    without the persistent compilation cache, so both (a) jobs pay their own compiles."""
     from batch.pipeline import settings_from_config
 
-    return settings_from_config().replace(warmup_shapes=(), limit_to_warmup=False)
+    return settings_from_config().replace(
+        warmup_shapes=(),
+        limit_to_warmup=False,
+        compilation_cache_dir=None,  # every job compiles alike (and loads no recorded ones)
+    )
 
 
 def engine_rate(rows: Rows, settings: ReplicaSettings) -> Rate:
@@ -232,6 +239,7 @@ class Run:
             self.part(shape, "d", lambda h=head, m=model: transformers_rate(h, m))
         del model
         ray.init(
+            address="local",  # a new private cluster, never one `ray start` left running
             num_cpus=2,
             include_dashboard=False,
             log_to_driver=False,
@@ -257,13 +265,17 @@ class Run:
         with served_app(self.args.port) as url:
             print(f"[{time.perf_counter() - self.start:7.0f} s] app ready at {url}", flush=True)
             for shape in self.shapes:
-                fresh = dataset_rows(1, shape.rows_per_query, seed=1 + shape.rows_per_query)
-                warm(url, [*group_bodies(fresh), *row_bodies(fresh[:1])])
+                # Each run's queries are its own (another seed): the app's query cache never
+                # holds a query an earlier run computed.
+                probe = dataset_rows(1, shape.rows_per_query, seed=1000 + shape.rows_per_query)
+                warm(url, [*group_bodies(probe), *row_bodies(probe[:1])])
                 rows = self.sorted[shape.label]
                 self.part(shape, "b", lambda r=rows: serve_batch_rate(url, r, settings, size))
-                head = rows[: self.args.http_rows]
+                head = dataset_rows(shape.queries, shape.rows_per_query, seed=1)
+                head = head[: self.args.http_rows]
                 self.part(shape, "c", lambda h=head: http_rate(url, row_bodies(h), len(h)))
-                grouped = rows[: self.args.group_rows or len(rows)]
+                grouped = dataset_rows(shape.queries, shape.rows_per_query, seed=2)
+                grouped = grouped[: self.args.group_rows or len(grouped)]
                 self.part(shape, "c'", lambda g=grouped: http_rate(url, group_bodies(g), len(g)))
 
 

@@ -208,7 +208,10 @@ def section_body(
         f"{before}, after {after}",
         "- wall: the job's whole time (actor start, model load and compiles included for (a)); "
         "steady: items after the first result arrived over the time after it ((a), (b)), "
-        "else per engine second; HTTP runs and (d) after untimed warm-up requests",
+        "else per engine second; HTTP runs and (d) after untimed warm-up requests; (a) without "
+        "the persistent compilation cache (each job compiles), the app with it as shipped",
+        "- (b) scores the same rows as (a); (c) and (c') rows of the same shape with queries of "
+        "their own, so the app's query cache holds none of them when they start",
         "- engine s, steps, cache hits, tokens: the engine's counters ((b), (c), (c'): the "
         "replica's /v1/stats around the run)",
         *(f"- {note}" for note in notes),

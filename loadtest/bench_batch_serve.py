@@ -69,6 +69,7 @@ def served_app(port: int = 8000, ready_timeout_s: float = 1800.0) -> Iterator[st
     port = port if port_is_free(port) else free_port()
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     ray.init(
+        address="local",  # a new private cluster, never one `ray start` left running
         num_cpus=SERVE_CLUSTER_CPUS,
         include_dashboard=False,
         log_to_driver=False,
