@@ -1,40 +1,73 @@
-"""Benchmark: batch scoring of the RFC-008 workload as a dataset (docs/batch.md).
+"""Benchmark: batch scoring of the RFC-008 workload as a dataset (docs/batch.md, issue 34).
 
-Rows of a 300-token query, one 10-token item, 3 labels (token ids), ``--queries`` queries of
-``--rows-per-query`` rows each, in query order ("sorted") and shuffled. Side by side in one
-run on this machine, with the shipped serve_config.yaml's settings (no warm-up, as
-``loadtest.bench_engine``): (e) the engine itself, each query's rows handed to it as one work
-(the best packing, no Ray); (a) ``batch.score_dataset`` on a local Ray cluster, sorted and
-shuffled input. Items/s of (a) count its whole wall time (actor start and model load
-included: the job's cost); "steady" counts its engine seconds only. Writes its section of
-docs/benchmarks.md.
+Rows of a 300-token query, one 10-token item, 3 labels (token ids); each ``--shapes`` entry
+``QxR`` is Q queries of R rows, in query order ("sorted") and shuffled. Side by side in one
+run on this machine, with the shipped serve_config.yaml's settings and model:
 
-    python -m loadtest.bench_batch [--queries 200] [--rows-per-query 10] [--batch-size 512]
+- local part (no server): (e) the engine itself, each query's rows handed to it as one work
+  (the best packing, in process); (d) transformers scoring batched ``query + item`` rows of
+  the first ``--http-rows`` rows; (a) ``batch.score_dataset`` (``--engine local``) on a local
+  Ray cluster, sorted and shuffled (wall: the job's whole time, actor start, model load and
+  compiles included; steady: after its first result);
+- served part: the shipped app deployed on a private Ray cluster this process starts (port
+  8000 when free), then (b) ``batch.score_dataset(..., EngineOptions(engine="serve"))`` from
+  the same cluster, (c) one /v1/score request per row of the first ``--http-rows`` rows at
+  concurrency 4 (503s retried after Retry-After), (c') one request per query group of the
+  first ``--group-rows`` rows (0: all); (c) and (c') draw queries of their own (the same
+  shapes, other random ids), so the app's query cache holds none of them; the cluster is
+  stopped after.
+
+Each part prints its figures as it ends; the table goes to docs/benchmarks.md ("Batch
+scoring") unless ``--no-write``. A part not started by ``--deadline-s`` is skipped (noted).
+
+    python -m loadtest.bench_batch [--shapes 200x10,20x100] [--only local|serve]
+        [--http-rows 200] [--group-rows 0] [--batch-size 512] [--deadline-s 7200] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import shlex
+import sys
 import time
+import traceback
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from batch.pipeline import EngineOptions, score_dataset, settings_from_config
-from batch.rows import ScoreColumns
-from batch.summary import Summary, Tally
-from loadtest.bench_common import LABELS, MODEL, machine_description, write_section
+from loadtest.bench_batch_report import (
+    Rate,
+    Shape,
+    parse_shapes,
+    section_body,
+    steady_items_per_s,
+)
+from loadtest.bench_batch_serve import (
+    arrivals,
+    check_complete,
+    group_bodies,
+    http_rate,
+    row_bodies,
+    serve_batch_rate,
+    served_app,
+    warm,
+)
+from loadtest.bench_common import LABELS, machine_description, write_section
+from loadtest.bench_serve import Deadline, DeadlineExceeded
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 SECTION = "## Batch scoring (python -m batch), RFC-008 workload as a dataset"
 QUERY_TOKENS, ITEM_TOKENS = 300, 10
+Rows = list[dict[str, Any]]
 
 
-def dataset_rows(queries: int, rows_per_query: int, seed: int = 0) -> list[dict[str, Any]]:
+def dataset_rows(queries: int, rows_per_query: int, seed: int = 0) -> Rows:
     """Token-id rows, grouped by query (sorted)."""
     rng = np.random.default_rng(seed)
     ids = lambda n: [int(t) for t in rng.integers(100, 40000, n)]  # noqa: E731
@@ -48,38 +81,79 @@ def dataset_rows(queries: int, rows_per_query: int, seed: int = 0) -> list[dict[
     return out
 
 
+def group_works(rows: Rows) -> list[ScoreWork]:
+    """One work per run of rows with the same query (rows sorted by query)."""
+    works: list[ScoreWork] = []
+    for row in rows:
+        query = tuple(row["query"])
+        if works and works[-1].query_ids == query:
+            last = works[-1]
+            works[-1] = ScoreWork(query, (*last.item_ids, tuple(row["item"])), LABELS)
+        else:
+            works.append(ScoreWork(query, (tuple(row["item"]),), LABELS))
+    return works
+
+
 def bench_settings() -> ReplicaSettings:
-    """The shipped settings without the start-up warm-up (minutes of compiles on a CPU)."""
-    return settings_from_config().replace(warmup_shapes=(), limit_to_warmup=False)
+    """The shipped settings without the start-up warm-up (minutes of compiles on a CPU) and
+    without the persistent compilation cache, so both (a) jobs pay their own compiles."""
+    from batch.pipeline import settings_from_config
+
+    return settings_from_config().replace(
+        warmup_shapes=(),
+        limit_to_warmup=False,
+        compilation_cache_dir=None,  # every job compiles alike (and loads no recorded ones)
+    )
 
 
-def engine_items_per_s(
-    rows: list[dict[str, Any]], rows_per_query: int, settings: ReplicaSettings
-) -> float:
-    """The engine alone, each query's rows as one work, after one untimed work of each shape."""
+def engine_rate(rows: Rows, settings: ReplicaSettings) -> Rate:
+    """(e): the engine alone, each query's rows as one work, after one untimed work."""
     from replicas.engine.scoring_engine import ScoringEngine
 
     engine = ScoringEngine.from_settings(settings, warm=False)
-    works = [
-        ScoreWork(
-            tuple(rows[at]["query"]),
-            tuple(tuple(r["item"]) for r in rows[at : at + rows_per_query]),
-            LABELS,
-        )
-        for at in range(0, len(rows), rows_per_query)
-    ]
+    works = group_works(rows)
     engine.score_batch(works[:1])
     engine.wait_for_background_compiles()
     engine.score_batch(works[:1])
-    start = time.perf_counter()
+    before, start = engine.stats(), time.perf_counter()
     for work in works[1:]:
         engine.score_batch([work])
-    return (len(works) - 1) * rows_per_query / (time.perf_counter() - start)
+    wall, after = time.perf_counter() - start, engine.stats()
+    items = sum(len(work.item_ids) for work in works[1:])
+    grown = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int | float)}
+    return Rate(
+        items,
+        wall,
+        steady_items_per_s=items / wall,
+        engine_s=grown["engine_seconds"],
+        steps=grown["steps"],
+        cache_hits=grown.get("query_cache_hits"),
+        computed_tokens=grown["computed_tokens"],
+        useful_tokens=grown["useful_tokens"],
+    )
 
 
-def batch_run(rows: list[dict[str, Any]], settings: ReplicaSettings, batch_size: int) -> Summary:
+def transformers_rate(rows: Rows, model: Any) -> Rate:
+    """(d): transformers' batched ``query + item`` rows, one batch per query, after one
+    untimed batch."""
+    from loadtest.bench_common import hf_scorer
+
+    scorers = [hf_scorer(work, model) for work in group_works(rows)]
+    scorers[0]()
+    start = time.perf_counter()
+    for score in scorers:
+        score()
+    return Rate(len(rows), time.perf_counter() - start)
+
+
+def batch_rate(rows: Rows, settings: ReplicaSettings, batch_size: int) -> Rate:
+    """(a): ``batch.score_dataset`` with engine actors in the job, wall and steady."""
     import ray
     import ray.data
+
+    from batch.pipeline import EngineOptions, score_dataset
+    from batch.rows import ScoreColumns
+    from batch.summary import Summary, Tally
 
     tally = ray.remote(Tally).options(num_cpus=0).remote()
     start = time.perf_counter()
@@ -91,65 +165,155 @@ def batch_run(rows: list[dict[str, Any]], settings: ReplicaSettings, batch_size:
         keep=(),
         tally=tally,
     )
-    count = ds.count()
+    marks = arrivals(ds)
     wall = time.perf_counter() - start
-    assert count == len(rows)
-    return Summary.from_totals(ray.get(tally.totals.remote()), wall)
+    s = Summary.from_totals(ray.get(tally.totals.remote()), wall)
+    check_complete(s, len(rows))
+    return Rate(
+        s.items,
+        wall,
+        steady_items_per_s=steady_items_per_s(marks),
+        engine_s=s.engine_ms / 1000,
+        steps=s.steps,
+        cache_hits=s.query_cache_hits,
+        computed_tokens=s.computed_tokens,
+        useful_tokens=s.useful_tokens,
+    )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--rows-per-query", type=int, default=10)
+class Run:
+    """One bench run: the datasets, the results so far, the clock and the deadline."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args, self.shapes = args, parse_shapes(args.shapes)
+        self.sorted = {s.label: dataset_rows(s.queries, s.rows_per_query) for s in self.shapes}
+        self.shuffled = {k: random.Random(0).sample(v, len(v)) for k, v in self.sorted.items()}
+        self.results: dict[str, dict[str, Rate]] = {s.label: {} for s in self.shapes}
+        self.notes: list[str] = []
+        self.deadline = Deadline.after(args.deadline_s)
+        self.start = time.perf_counter()
+
+    def part(self, shape: Shape, name: str, measure: Callable[[], Rate]) -> None:
+        """Measure one run unless the deadline has passed; print it as it ends."""
+        try:
+            self.deadline.check()
+        except DeadlineExceeded:
+            self.notes.append(f"{shape.label} {name}: skipped, --deadline-s spent")
+            return
+        began = time.perf_counter()
+        try:
+            rate = measure()
+        except Exception as error:  # one failed run is noted; the others still measure
+            traceback.print_exc()
+            self.notes.append(f"{shape.label} {name}: failed ({type(error).__name__}: {error})")
+            return
+        self.results[shape.label][name] = rate
+        print(
+            f"[{time.perf_counter() - self.start:7.0f} s] {shape.label} {name}: "
+            f"{rate.items} items, {rate.items_per_s:.1f} items/s wall, {rate.steady:.1f} steady "
+            f"({time.perf_counter() - began:.0f} s)",
+            flush=True,
+        )
+
+    def guarded(self, name: str, part: Callable[[], None]) -> None:
+        """Run one part; a failure (the app never ready, say) is noted and the table of the
+        runs measured so far is still written."""
+        try:
+            part()
+        except Exception as error:
+            traceback.print_exc()
+            self.notes.append(f"the {name} part stopped ({type(error).__name__}: {error})")
+
+    def local(self) -> None:
+        """(e), (d), then (a) on a local Ray cluster, which is shut down after."""
+        import ray
+
+        from loadtest.bench_common import load_hf_model
+
+        settings = bench_settings()
+        for shape in self.shapes:
+            self.part(shape, "e", lambda s=shape: engine_rate(self.sorted[s.label], settings))
+        model = load_hf_model()
+        for shape in self.shapes:
+            head = self.sorted[shape.label][: self.args.http_rows]
+            self.part(shape, "d", lambda h=head, m=model: transformers_rate(h, m))
+        del model
+        ray.init(
+            address="local",  # a new private cluster, never one `ray start` left running
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            object_store_memory=512 * 1024**2,
+            _system_config={"worker_niceness": 0},  # as make serve starts Ray
+        )
+        try:
+            for shape in self.shapes:
+                for order, rows in (("sorted", self.sorted), ("shuffled", self.shuffled)):
+                    self.part(
+                        shape,
+                        f"a {order}",
+                        lambda r=rows[shape.label]: batch_rate(r, settings, self.args.batch_size),
+                    )
+        finally:
+            ray.shutdown()
+
+    def served(self) -> None:
+        """(b), (c), (c') against the shipped app on a private cluster, stopped after."""
+        from batch.pipeline import settings_from_config
+
+        settings, size = settings_from_config(), self.args.batch_size
+        with served_app(self.args.port) as url:
+            print(f"[{time.perf_counter() - self.start:7.0f} s] app ready at {url}", flush=True)
+            for shape in self.shapes:
+                # Each run's queries are its own (another seed): the app's query cache never
+                # holds a query an earlier run computed.
+                probe = dataset_rows(1, shape.rows_per_query, seed=1000 + shape.rows_per_query)
+                warm(url, [*group_bodies(probe), *row_bodies(probe[:1])])
+                rows = self.sorted[shape.label]
+                self.part(shape, "b", lambda r=rows: serve_batch_rate(url, r, settings, size))
+                head = dataset_rows(shape.queries, shape.rows_per_query, seed=1)
+                head = head[: self.args.http_rows]
+                self.part(shape, "c", lambda h=head: http_rate(url, row_bodies(h), len(h)))
+                grouped = dataset_rows(shape.queries, shape.rows_per_query, seed=2)
+                grouped = grouped[: self.args.group_rows or len(grouped)]
+                self.part(shape, "c'", lambda g=grouped: http_rate(url, group_bodies(g), len(g)))
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="200x10,20x100", help="QxR,...: Q queries of R rows")
+    parser.add_argument("--only", choices=("local", "serve"), help="(e)(a)(d) or (b)(c)(c')")
+    parser.add_argument("--http-rows", type=int, default=200, help="rows of (c) and (d)")
+    parser.add_argument("--group-rows", type=int, default=0, help="rows of (c'); 0: all")
     parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--port", type=int, default=8000, help="the app's port when free")
+    parser.add_argument("--deadline-s", type=float, default=7200.0, help="no part starts after")
     parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
-    import ray
+    args = parser.parse_args(argv)
+    try:
+        parse_shapes(args.shapes)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
 
-    settings = bench_settings()
-    rows = dataset_rows(args.queries, args.rows_per_query)
-    shuffled = random.Random(0).sample(rows, len(rows))
-    engine = engine_items_per_s(rows, args.rows_per_query, settings)
-    print(f"engine: {engine:.1f} items/s", flush=True)
-    ray.init(num_cpus=2, log_to_driver=False)
-    results = {}
-    for name, order in (("sorted", rows), ("shuffled", shuffled)):
-        results[name] = batch_run(order, settings, args.batch_size)
-        print(f"batch {name}: {results[name].line()}", flush=True)
-    ray.shutdown()
-    table = report(args, engine, results)
-    print(table)
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    run, loads = Run(args), [os.getloadavg()]
+    print(f"load average before: {loads[0]}", flush=True)
+    for name, part in (("local", run.local), ("serve", run.served)):
+        if args.only in (None, name):
+            run.guarded(name, part)
+    loads.append(os.getloadavg())
+    command = shlex.join(["python", "-m", "loadtest.bench_batch", *sys.argv[1:]])
+    if args.only:
+        run.notes.append(f"--only {args.only}: the other part's runs are not in this table")
+    table = section_body(command, machine_description(), loads, run.results, run.notes)
+    print(table, flush=True)
     if not args.no_write:
         write_section(DOCS, SECTION, table)
-
-
-def report(args: argparse.Namespace, engine: float, results: dict[str, Summary]) -> str:
-    lines = [
-        f"`python -m loadtest.bench_batch --queries {args.queries} --rows-per-query "
-        f"{args.rows_per_query} --batch-size {args.batch_size}`; {MODEL}, float32, the shipped "
-        "serve_config.yaml without warm-up; token-id rows (300-token query, one 10-token item, "
-        "3 labels).",
-        "",
-        f"- machine: {machine_description()}; one run, side by side",
-        "- engine: each query's rows as one work, in process, no Ray (the best packing)",
-        "- batch: `batch.score_dataset` on a local Ray cluster (2 CPUs), one engine actor; wall "
-        "time from the first read to the last row, actor start and model load included",
-        "",
-        "| run | rows | items/s (wall) | items/s (engine s) | wall s | engine s | engine steps "
-        "| query cache hits | computed / useful tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| engine, grouped | {args.queries * args.rows_per_query} | | {engine:.1f} | | | | | |",
-    ]
-    for name, s in results.items():
-        padding = s.computed_tokens / s.useful_tokens if s.useful_tokens else float("nan")
-        engine_s = s.engine_ms / 1000
-        steady = s.items / engine_s if engine_s else float("nan")
-        lines.append(
-            f"| batch, {name} | {s.rows} | {s.items_per_s:.1f} | {steady:.1f} | {s.wall_s:.1f} | "
-            f"{engine_s:.1f} | {s.steps} | {s.query_cache_hits} | {padding:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""loadtest.bench_batch's pure parts: dataset shapes, measured rates, the report and its ratios.
+
+No Ray, no jax, no torch: the helpers here unit-test in well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# The runs of one shape, in the table's order, with what each one is.
+RUNS = {
+    "e": "(e) engine, each query's rows as one work, in process",
+    "a sorted": "(a) `--engine local`, rows sorted by query",
+    "a shuffled": "(a) `--engine local`, rows shuffled",
+    "b": "(b) `--engine serve` through the running app, rows sorted by query",
+    "c": "(c) HTTP, one /v1/score request per row, concurrency 4",
+    "c'": "(c') HTTP, one /v1/score request per query group, concurrency 4",
+    "d": "(d) transformers, batched `query + item` rows (one batch per query)",
+}
+# Targets of issue 34 (docs/batch.md): (a) >= 0.9x (e) and (c'), >= 5x (c) at 10 rows per
+# query; sorted input within 1.15x of grouped input.
+TARGETS = {"a/e": 0.9, "a/c'": 0.9, "a/c": 5.0, "grouped/sorted": 1.15}
+
+
+@dataclass(frozen=True)
+class Shape:
+    """``queries`` queries of ``rows_per_query`` rows each."""
+
+    queries: int
+    rows_per_query: int
+
+    @property
+    def rows(self) -> int:
+        return self.queries * self.rows_per_query
+
+    @property
+    def label(self) -> str:
+        return f"{self.queries}x{self.rows_per_query}"
+
+
+def parse_shapes(text: str) -> tuple[Shape, ...]:
+    """``"200x10,20x100"`` -> shapes; ValueError naming the bad part."""
+    shapes = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        queries, sep, rows = part.partition("x")
+        if not sep or not queries.isdigit() or not rows.isdigit() or "0" in (queries, rows):
+            raise ValueError(f"--shapes: QUERIESxROWS_PER_QUERY, e.g. 200x10; got {part!r}")
+        shapes.append(Shape(int(queries), int(rows)))
+    if not shapes:
+        raise ValueError("--shapes: at least one QUERIESxROWS_PER_QUERY")
+    return tuple(shapes)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """One run: items scored in wall seconds, with what the engine counted meanwhile."""
+
+    items: int
+    wall_s: float
+    steady_items_per_s: float | None = None  # after the first result arrived (None: one batch)
+    engine_s: float | None = None
+    steps: int | None = None
+    cache_hits: int | None = None
+    computed_tokens: int | None = None
+    useful_tokens: int | None = None
+    retried_503: int = 0
+
+    @property
+    def items_per_s(self) -> float:
+        return self.items / self.wall_s if self.wall_s > 0 else math.nan
+
+    @property
+    def engine_items_per_s(self) -> float | None:
+        return self.items / self.engine_s if self.engine_s else None
+
+    @property
+    def steady(self) -> float:
+        """The steady rate: after the first result, else per engine second, else wall."""
+        for value in (self.steady_items_per_s, self.engine_items_per_s):
+            if value:
+                return value
+        return self.items_per_s
+
+    @property
+    def padding(self) -> float | None:
+        if not self.computed_tokens or not self.useful_tokens:
+            return None
+        return self.computed_tokens / self.useful_tokens
+
+
+def steady_items_per_s(marks: Sequence[tuple[float, int]]) -> float | None:
+    """Items per second after the first of ``marks`` (arrival time, items arrived then):
+    the first batch carries the job's start (actor start, model load, compiles)."""
+    if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
+        return None
+    return sum(n for _, n in marks[1:]) / (marks[-1][0] - marks[0][0])
+
+
+def stat_rate(
+    items: int, wall_s: float, before: Mapping[str, Any], after: Mapping[str, Any], **extra: Any
+) -> Rate:
+    """A run's rate with the replica's /v1/stats counters' growth around it."""
+
+    def grown(key: str) -> Any:
+        if key not in before or key not in after:
+            return None
+        return after[key] - before[key]
+
+    return Rate(
+        items,
+        wall_s,
+        engine_s=grown("engine_seconds"),
+        steps=grown("steps"),
+        cache_hits=grown("query_cache_hits"),
+        computed_tokens=grown("computed_tokens"),
+        useful_tokens=grown("useful_tokens"),
+        **extra,
+    )
+
+
+def ratio(numerator: Rate | None, denominator: Rate | None) -> float | None:
+    """Steady items/s of one run over another's (None when either is missing)."""
+    if numerator is None or denominator is None:
+        return None
+    return numerator.steady / denominator.steady
+
+
+def ratios(runs: Mapping[str, Rate]) -> dict[str, float | None]:
+    """The issue's ratios on steady items/s; ``grouped/sorted`` is (e) over (a) sorted
+    (the engine given each query's rows as one work is the grouped input's packing)."""
+    sorted_ = runs.get("a sorted")
+    return {
+        "a/e": ratio(sorted_, runs.get("e")),
+        "a/c'": ratio(sorted_, runs.get("c'")),
+        "a/c": ratio(sorted_, runs.get("c")),
+        "grouped/sorted": ratio(runs.get("e"), sorted_),
+        "shuffled slowdown": ratio(sorted_, runs.get("a shuffled")),
+        "shuffled slowdown (wall)": _wall_ratio(sorted_, runs.get("a shuffled")),
+    }
+
+
+def _wall_ratio(numerator: Rate | None, denominator: Rate | None) -> float | None:
+    if numerator is None or denominator is None:
+        return None
+    return numerator.items_per_s / denominator.items_per_s
+
+
+def _num(value: float | int | None, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def runs_table(runs: Mapping[str, Rate]) -> list[str]:
+    lines = [
+        "| run | items | items/s (wall) | items/s (steady) | items/s (engine s) | wall s "
+        "| engine s | engine steps | query cache hits | computed / useful tokens | 503 retries |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, title in RUNS.items():
+        rate = runs.get(name)
+        if rate is None:
+            continue
+        lines.append(
+            f"| {title} | {rate.items} | {_num(rate.items_per_s)} | {_num(rate.steady)} | "
+            f"{_num(rate.engine_items_per_s)} | {_num(rate.wall_s)} | {_num(rate.engine_s)} | "
+            f"{_num(rate.steps)} | {_num(rate.cache_hits)} | {_num(rate.padding, 2)} | "
+            f"{rate.retried_503} |"
+        )
+    return lines
+
+
+def ratios_table(results: Mapping[str, Mapping[str, Rate]]) -> list[str]:
+    """One line per shape: each ratio, with the target where the issue sets one."""
+    names = list(ratios({}))
+    heads = [
+        f"{n} (target {'<=' if n == 'grouped/sorted' else '>='} {TARGETS[n]})"
+        if n in TARGETS
+        else n
+        for n in names
+    ]
+    lines = ["| shape | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(names)]
+    for label, runs in results.items():
+        values = ratios(runs)
+        lines.append(f"| {label} | " + " | ".join(_num(values[n], 2) for n in names) + " |")
+    return lines
+
+
+def section_body(
+    command: str,
+    machine: str,
+    loads: Sequence[tuple[float, float, float]],
+    results: Mapping[str, Mapping[str, Rate]],
+    notes: Sequence[str] = (),
+) -> str:
+    """The docs section: the command, the machine and load, one table per shape, the ratios."""
+    before, after = (", ".join(f"{x:.2f}" for x in load) for load in (loads[0], loads[-1]))
+    lines = [
+        f"`{command}`; SmolLM2-135M-Instruct, float32; token-id rows (a 300-token query, one "
+        "10-token item, 3 labels), the shipped serve_config.yaml ((e), (a): without its "
+        "warm-up; (b), (c), (c'): the app as `make serve` deploys it, on a Ray cluster the "
+        "bench starts).",
+        "",
+        f"- machine: {machine}; one run, side by side; load average (1, 5, 15 min) before "
+        f"{before}, after {after}",
+        "- wall: the job's whole time (actor start, model load and compiles included for (a)); "
+        "steady: items after the first result arrived over the time after it ((a), (b)), "
+        "else per engine second; HTTP runs and (d) after untimed warm-up requests; (a) without "
+        "the persistent compilation cache (each job compiles), the app with it as shipped",
+        "- (b) scores the same rows as (a); (c) and (c') rows of the same shape with queries of "
+        "their own, so the app's query cache holds none of them when they start",
+        "- engine s, steps, cache hits, tokens: the engine's counters ((b), (c), (c'): the "
+        "replica's /v1/stats around the run)",
+        *(f"- {note}" for note in notes),
+        "",
+    ]
+    for label, runs in results.items():
+        lines += [f"### {label} (queries x rows per query)", "", *runs_table(runs), ""]
+    lines += [
+        "Ratios of steady items/s ((a): sorted; grouped/sorted: (e) over (a) sorted; the "
+        "shuffled slowdown: (a) sorted over (a) shuffled, steady and wall):",
+        "",
+        *ratios_table(results),
+    ]
+    return "\n".join(lines) + "\n"

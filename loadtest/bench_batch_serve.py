@@ -1,0 +1,224 @@
+"""loadtest.bench_batch's served runs: the shipped app on a Ray cluster of the bench's own, and
+(b) ``batch --engine serve``, (c) one HTTP request per row, (c') one per query group.
+
+The cluster is this process's private local one (``ray.init`` starts it, ``ray.shutdown``
+ends it): other Ray clusters on the machine are never touched. The app is serve_config.yaml as
+shipped, deployed through the Serve controller as ``serve run`` deploys it, on port 8000 when
+that is free. Readiness is polled (GET /health), never slept for.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from loadtest.bench_batch_report import Rate, stat_rate, steady_items_per_s
+from loadtest.bench_common import LABELS
+from loadtest.bench_serve import JSON_HEADERS, Deadline, Server, score_body
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVE_CONFIG = ROOT / "serve_config.yaml"
+APP = "scorejax"
+# Logical CPUs of the bench's cluster: the app holds 1.5 (the replica's 1, two ingresses'
+# 0.25 each) and the batch job's tokenize, caller and score stages 0.25 each, so 2 would
+# leave the job's last stage waiting; the machine's cores are shared either way.
+SERVE_CLUSTER_CPUS = 4
+CONCURRENCY = 4
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def shipped_config(port: int, config: Path = SERVE_CONFIG) -> tuple[dict[str, Any], dict[str, Any]]:
+    """serve_config.yaml as ``serve.start``'s keyword arguments (its proxy and HTTP options,
+    on ``port``) and the applications the controller deploys."""
+    text = yaml.safe_load(config.read_text())
+    http = {**text.get("http_options", {}), "port": port}
+    start = {"proxy_location": text.get("proxy_location"), "http_options": http}
+    return start, {"applications": text["applications"]}
+
+
+@contextmanager
+def served_app(port: int = 8000, ready_timeout_s: float = 1800.0) -> Iterator[str]:
+    """The shipped app on a private local Ray cluster; yields its URL; stops both after."""
+    import ray
+    from ray import serve
+    from ray.serve.schema import ServeDeploySchema
+
+    port = port if port_is_free(port) else free_port()
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    ray.init(
+        address="local",  # a new private cluster, never one `ray start` left running
+        num_cpus=SERVE_CLUSTER_CPUS,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=512 * 1024**2,
+        runtime_env={"env_vars": env},
+        _system_config={"worker_niceness": 0},  # as make serve starts Ray (cluster/niceness.py)
+    )
+    try:
+        start, apps = shipped_config(port)
+        serve.start(**start)
+        client = serve.context._get_global_client()
+        client.deploy_apps(ServeDeploySchema.model_validate(apps), _blocking=False)
+        url = f"http://127.0.0.1:{port}"  # the shipped host; loopback either way
+        server = Server(url, Deadline.after(ready_timeout_s + 60))
+        try:
+            server.wait_healthy(ready_timeout_s)
+        finally:
+            server.close()
+        yield url
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def warm(url: str, bodies: Sequence[bytes]) -> None:
+    """Untimed requests of each body's shape until its own signature is compiled (as
+    loadtest.bench_serve warms), so the timed runs see the steady state."""
+    server = Server(url, Deadline.after(3600))
+    try:
+        for body in bodies:
+            server.warm(body)
+    finally:
+        server.close()
+
+
+def stats(url: str) -> dict[str, Any]:
+    server = Server(url, Deadline.after(60))
+    try:
+        return server.stats()
+    finally:
+        server.close()
+
+
+def row_bodies(rows: Sequence[dict[str, Any]]) -> list[bytes]:
+    """(c): one /v1/score body per row."""
+    return [score_body(row["query"], [row["item"]]) for row in rows]
+
+
+def group_bodies(rows: Sequence[dict[str, Any]]) -> list[bytes]:
+    """(c'): one body per run of rows with the same query (rows sorted by query)."""
+    bodies, at = [], 0
+    while at < len(rows):
+        end = at
+        while end < len(rows) and rows[end]["query"] == rows[at]["query"]:
+            end += 1
+        bodies.append(score_body(rows[at]["query"], [row["item"] for row in rows[at:end]]))
+        at = end
+    return bodies
+
+
+class RetryingClient:
+    """What a user with a file of pairs writes: ``concurrency`` threads posting /v1/score,
+    each 503 sent again after its Retry-After (1 s when it has none)."""
+
+    def __init__(self, url: str, concurrency: int = CONCURRENCY, timeout_s: float = 300.0):
+        self._url, self._concurrency = f"{url}/v1/score", concurrency
+        self._client = httpx.Client(
+            timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency)
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    def post(self, body: bytes) -> int:
+        """POST until a 200; the number of 503s retried. RuntimeError on any other status."""
+        retried = 0
+        while True:
+            response = self._client.post(self._url, content=body, headers=JSON_HEADERS)
+            if response.status_code == 200:
+                return retried
+            if response.status_code != 503:
+                raise RuntimeError(f"/v1/score: HTTP {response.status_code} {response.text[:300]}")
+            retried += 1
+            time.sleep(float(response.headers.get("retry-after", 1)))  # the server's Retry-After
+
+    def run(self, bodies: Sequence[bytes]) -> tuple[float, int]:
+        """Wall seconds to answer every body, ``concurrency`` in flight; 503s retried."""
+        start = time.perf_counter()
+        with ThreadPoolExecutor(self._concurrency) as pool:
+            retried = sum(pool.map(self.post, bodies))
+        return time.perf_counter() - start, retried
+
+
+def http_rate(url: str, bodies: Sequence[bytes], items: int) -> Rate:
+    """(c) or (c'): the bodies at concurrency 4, with the replica's counters around them."""
+    client = RetryingClient(url)
+    try:
+        before = stats(url)
+        wall, retried = client.run(bodies)
+        return stat_rate(items, wall, before, stats(url), retried_503=retried)
+    finally:
+        client.close()
+
+
+def serve_batch_rate(url: str, rows: list[dict[str, Any]], settings: Any, batch_size: int) -> Rate:
+    """(b): ``batch.score_dataset(..., EngineOptions(engine="serve"))`` on the app's cluster."""
+    import ray
+    import ray.data
+
+    from batch.pipeline import EngineOptions, score_dataset
+    from batch.rows import ScoreColumns
+    from batch.summary import Summary, Tally
+
+    tally = ray.remote(Tally).options(num_cpus=0).remote()
+    before = stats(url)
+    start = time.perf_counter()
+    ds = score_dataset(
+        ray.data.from_items(rows),
+        settings,
+        ScoreColumns(LABELS),
+        EngineOptions(batch_size=batch_size, engine="serve", app=APP),
+        keep=(),
+        tally=tally,
+    )
+    marks = arrivals(ds)
+    wall = time.perf_counter() - start
+    summary = Summary.from_totals(ray.get(tally.totals.remote()), wall)
+    check_complete(summary, len(rows))
+    return stat_rate(
+        summary.items,
+        wall,
+        before,
+        stats(url),
+        steady_items_per_s=steady_items_per_s(marks),
+        retried_503=summary.retried_503,
+    )
+
+
+def arrivals(ds: Any) -> list[tuple[float, int]]:
+    """Consume ``ds``: (arrival time, rows) of each output block as the driver gets it."""
+    return [
+        (time.perf_counter(), batch.num_rows)
+        for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow")
+    ]
+
+
+def check_complete(summary: Any, rows: int) -> None:
+    """Every row scored and none refused (the workload is valid), else RuntimeError."""
+    if summary.rows != rows or summary.errors:
+        raise RuntimeError(f"batch job: {summary.rows} of {rows} rows, errors {summary.errors}")
