@@ -185,12 +185,29 @@ def plan(planner: Planner) -> list[dict[str, Any]]:
 
 
 def summary(row: dict[str, Any]) -> str:
+    spent = compile_summary(row)
     if not row["fits"]:
-        return f"refused: {row['reason']}"
+        return f"refused: {row['reason']}{spent}"
     return (
         f"{row['items_per_s_per_slice']:,.0f} items/s per slice, step "
         f"{row['step_latency_s'] * 1e3:.2f} ms, {row['need_bytes_per_chip'] / GIB:.2f} GiB per chip"
+        f"{spent}"
     )
+
+
+def compile_summary(row: dict[str, Any]) -> str:
+    """Where the layout's planning time went (``planning.compile_times``), or nothing for a
+    row refused before compiling or read from ``--cache``."""
+    if row.get("cached"):
+        return " (from --cache)"
+    if "plan_s" not in row:
+        return ""
+    cpu = row.get("compile_cpu_s", {})
+    spent = ", ".join(
+        f"{purpose} {s:.0f} s ({cpu.get(purpose, 0):.0f} s CPU)"
+        for purpose, s in row.get("compile_s", {}).items()
+    )
+    return f"; planned in {row['plan_s']:.0f} s wall ({spent or 'no compile'})"
 
 
 def command_line(argv: list[str]) -> str:

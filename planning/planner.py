@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cluster.tpu_topology import GIB, TopologyError
+from planning.compile_times import CompileTimes
 from planning.layouts import Layout, enumerate_layouts, replica_devices, replica_shape
 from planning.serve_args import base_args
 
@@ -115,7 +116,7 @@ class Planner:
 
     def evaluate(self, layout: Layout) -> dict[str, Any]:
         """One layout's row: refused (with the reason) or projected."""
-        start = time.perf_counter()
+        start, times = time.perf_counter(), CompileTimes()
         row = layout_row(layout) | {"hbm_bytes_per_chip": self.chip.hbm_bytes}
         try:
             engine, mesh, param_bytes, settings = self.engine(layout)
@@ -127,18 +128,22 @@ class Planner:
             need = (param_bytes + cache) / GIB
             return refusal(row, f"parameters + query cache {need:.1f} GiB per chip > HBM")
         try:
-            row = self.fit(engine, row, "largest")
+            row = self.fit(engine, row, "largest", times)
             if row["fits"]:
-                row |= self.project(engine, mesh, layout)
+                row |= self.project(engine, mesh, layout, times)
         except Exception as error:  # re-raised unless it is the compiler's own HBM refusal
             if not is_out_of_hbm(error):
                 raise
             row = refusal(row, f"the compiler ran out of HBM: {first_line(error)}")
-        return row | {"plan_s": round(time.perf_counter() - start, 1)}
+        plan_s = round(time.perf_counter() - start, 1)
+        spent = {"compile_s": times.totals(), "compile_cpu_s": times.totals("cpu_seconds")}
+        return row | {"plan_s": plan_s} | spent
 
-    def fit(self, engine: Any, row: dict[str, Any], signatures: str) -> dict[str, Any]:
+    def fit(
+        self, engine: Any, row: dict[str, Any], signatures: str, times: CompileTimes
+    ) -> dict[str, Any]:
         """Parameters + query cache + the largest of ``signatures``' steps against HBM."""
-        step = self.largest_step_bytes(engine, row["param_bytes_per_chip"], signatures)
+        step = self.largest_step_bytes(engine, row["param_bytes_per_chip"], signatures, times)
         need = row["param_bytes_per_chip"] + row["cache_bytes_per_chip"] + step
         row = row | {"need_bytes_per_chip": need, "signatures": signatures}
         if need > self.chip.hbm_bytes:
@@ -149,25 +154,28 @@ class Planner:
     def verify(self, layout: Layout, row: dict[str, Any]) -> dict[str, Any]:
         """The winner's fit with every warm-up signature compiled."""
         engine, *_ = self.engine(layout)
-        checked = self.fit(engine, row, "all")
+        checked = self.fit(engine, row, "all", CompileTimes())
         return checked if checked["fits"] else checked | {"reason": "winner: " + checked["reason"]}
 
-    def largest_step_bytes(self, engine: Any, param_bytes: int, signatures: str) -> int:
+    def largest_step_bytes(
+        self, engine: Any, param_bytes: int, signatures: str, times: CompileTimes
+    ) -> int:
         from planning.tpu_check import chosen_keys, step_row
 
-        keys = chosen_keys(engine, signatures)
-        engine.compile_keys(keys)
+        times.compile(engine, chosen_keys(engine, signatures), "fit")
         compiled = engine.executables().items()
         return max(step_row(*key, c, None, param_bytes)["step_bytes"] for key, c in compiled)
 
-    def project(self, engine: Any, mesh: Any, layout: Layout) -> dict[str, Any]:
+    def project(
+        self, engine: Any, mesh: Any, layout: Layout, times: CompileTimes
+    ) -> dict[str, Any]:
         """The workload at the largest batch bucket, per replica and per slice."""
         from planning.tpu_check import abstract_params
         from planning.tpu_projection import layer_engines, project_workload
 
         batch = engine.settings.batch_buckets[-1]
         engines = layer_engines(engine, mesh, abstract_params)
-        projected = project_workload(engines, engine, self.chip, self.workload, batch)
+        projected = project_workload(engines, engine, self.chip, self.workload, batch, times)
         per_replica = projected["items_per_s"]
         return {
             "requests_per_step": batch,

@@ -44,6 +44,7 @@ class Plan:
     hbm_bytes: int
     steps: list[dict[str, Any]] = field(default_factory=list)
     projection: list[dict[str, Any]] = field(default_factory=list)
+    projection_compile_s: dict[str, float] = field(default_factory=dict)  # by purpose
 
     @property
     def need_bytes(self) -> int:
@@ -187,6 +188,7 @@ def check(args: argparse.Namespace) -> Plan:
 
     from cluster.mesh import build_mesh
     from cluster.tpu_topology import axes_crossing_hosts, chip_spec, topology_devices
+    from planning.compile_times import CompileTimes
     from planning.tpu_projection import project
     from replicas.checkpoints.loading import DTYPES
     from replicas.engine.scoring_engine import ScoringEngine
@@ -209,7 +211,9 @@ def check(args: argparse.Namespace) -> Plan:
     engine = ScoringEngine(model, params, mesh, settings, name=args.model)
     compile_steps(engine, chosen_keys(engine, args.signatures), plan)
     if args.projection:
-        plan.projection = project(engine, mesh, chip, abstract_params)
+        times = CompileTimes()
+        plan.projection = project(engine, mesh, chip, abstract_params, times)
+        plan.projection_compile_s = times.totals()
     return plan
 
 

@@ -17,6 +17,7 @@ from collections import Counter
 from typing import Any
 
 from cluster.tpu_topology import ChipSpec
+from planning.compile_times import CompileTimes
 from planning.compiled_cost import (
     COMPILED_LAYERS,
     ChipCost,
@@ -65,14 +66,16 @@ def layer_engines(engine: Any, mesh: Any, abstract_params: Any) -> list[Any]:
     return engines
 
 
-def step_cost(engines: list[Any], serving: Any, key: tuple[str, Any]) -> ChipCost:
+def step_cost(
+    engines: list[Any], serving: Any, key: tuple[str, Any], times: CompileTimes
+) -> ChipCost:
     """Per-chip cost of the step ``key`` with every layer: FLOPs and collectives from the
     unrolled compiles, bytes from the serving engine's own executable."""
     costs = []
-    for engine in engines:
-        engine.compile_keys([key])
+    for engine, layers in zip(engines, COMPILED_LAYERS, strict=True):
+        times.compile(engine, [key], f"cost {layers} layers")
         costs.append(executable_cost(engine.executables()[key]))
-    serving.compile_keys([key])
+    times.compile(serving, [key], "bytes")
     scaled = all_layers(costs[0], costs[1], serving.model.config.num_layers)
     return dataclasses.replace(scaled, hbm_bytes=moved_bytes(serving.executables()[key]))
 
@@ -112,11 +115,17 @@ def workload_steps(engine: Any, shape: tuple[int, int, int, int], batch: int) ->
 
 
 def project_workload(
-    engines: list[Any], engine: Any, chip: ChipSpec, shape: tuple[int, int, int, int], batch: int
+    engines: list[Any],
+    engine: Any,
+    chip: ChipSpec,
+    shape: tuple[int, int, int, int],
+    batch: int,
+    times: CompileTimes | None = None,
 ) -> dict[str, Any]:
     """``batch`` concurrent requests of ``shape``: every step they run, cold and cached."""
     runs = workload_steps(engine, shape, batch)
-    costs = {key: step_cost(engines, engine, key) for key in runs}
+    times = times or CompileTimes(echo=None)
+    costs = {key: step_cost(engines, engine, key, times) for key in runs}
     seconds = sum(costs[key].seconds(chip) * n for key, n in runs.items())
     warm = sum(costs[key].seconds(chip) * n for key, n in runs.items() if key[0] != "prefix")
     items = shape[1] * batch
@@ -130,10 +139,12 @@ def project_workload(
     }
 
 
-def project(engine: Any, mesh: Any, chip: ChipSpec, abstract_params: Any) -> list[dict]:
+def project(
+    engine: Any, mesh: Any, chip: ChipSpec, abstract_params: Any, times: CompileTimes
+) -> list[dict]:
     """RFC-008's workload at 1 request per step and at the largest batch bucket, and one
     request of 1000 items (a ranking request's latency)."""
     engines = layer_engines(engine, mesh, abstract_params)
     batches = sorted({1, engine.settings.batch_buckets[-1]})
-    rows = [project_workload(engines, engine, chip, WORKLOAD, batch) for batch in batches]
-    return [*rows, project_workload(engines, engine, chip, RANKING, 1)]
+    rows = [project_workload(engines, engine, chip, WORKLOAD, b, times) for b in batches]
+    return [*rows, project_workload(engines, engine, chip, RANKING, 1, times)]

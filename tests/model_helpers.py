@@ -68,6 +68,12 @@ TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     # What a GGUF can say: llama.cpp's query scale (head_dim ** -0.5), alternating layers.
     "gemma2-gguf": ("Gemma2Config", {**GEMMA2, "query_pre_attn_scalar": 16}),
     "gemma3": ("Gemma3TextConfig", GEMMA3),
+    # What a GGUF can say: llama.cpp's query scale, layer kinds by Gemma 3's pattern (five
+    # windowed, then a global one), the global layers' linear RoPE factor in the metadata.
+    "gemma3-gguf": (
+        "Gemma3TextConfig",
+        {**GEMMA3, "num_hidden_layers": 6, "layer_types": None, "query_pre_attn_scalar": 16},
+    ),
 }
 
 
@@ -178,7 +184,7 @@ def write_gguf(model_dir: Path, path: Path, qtype_name: str = "F32") -> Path:
     from replicas.checkpoints.gguf_loading import permute_qk
 
     config = AutoConfig.from_pretrained(str(model_dir))
-    arch_name = config.model_type
+    arch_name = config.model_type.removesuffix("_text")  # gemma3_text: llama.cpp's gemma3
     arch = next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch_name)
     name_map = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
@@ -193,7 +199,12 @@ def write_gguf(model_dir: Path, path: Path, qtype_name: str = "F32") -> Path:
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(config.rope_parameters["rope_theta"]))
+    rope = config.rope_parameters
+    rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' RoPE
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
     if arch_name.startswith("gemma"):

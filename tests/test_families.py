@@ -18,7 +18,10 @@ from cluster.mesh import build_mesh
 from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
+from replicas.model.catalog import model_config
 from replicas.model.causal_lm import CausalLM
+from replicas.model.config import NO_WINDOW
+from replicas.model.errors import UnsupportedModelError
 from replicas.model.masks import segment_mask, within_window
 from replicas.settings import ReplicaSettings
 from tests.model_helpers import batch, hf_logprobs, max_valid_diff, our_logprobs, write_gguf
@@ -97,6 +100,50 @@ def test_gemma2_gguf_loads_with_its_norms_soft_caps_and_window(tiny_checkpoint, 
     diff = max_valid_diff(reference, our_logprobs(loaded, tokens, LENGTHS), LENGTHS)
     print(f"\n[parity] gemma2 GGUF: max abs logprob diff vs transformers fp32 = {diff:.3g}")
     assert diff <= TOLERANCE
+
+
+def test_gemma3_gguf_loads_with_its_layer_pattern_rope_bases_and_query_scale(
+    tiny_checkpoint, tmp_path, mesh
+):
+    """A Gemma 3 GGUF written as llama.cpp's converter writes it (gguf's names, QK-norms and
+    the four block norms stored as 1 + w, the window and the global layers' linear RoPE
+    factor in the metadata; layer kinds by Gemma 3's pattern of five windowed layers then a
+    global one) scores like the safetensors in transformers."""
+    model_dir = tiny_checkpoint("gemma3-gguf")
+    loaded = load_model(write_gguf(model_dir, tmp_path / "gemma3.gguf"), mesh)
+    config = loaded.config
+    assert config.family == "gemma3" and config.qk_norm
+    assert config.sliding_layers == (True,) * 5 + (False,) and config.sliding_window == 4
+    assert (config.rope_theta, config.rope_linear_factor, config.local_rope_theta) == (
+        1e6,
+        8.0,
+        1e4,
+    )
+    assert config.query_scale == 16**-0.5 and config.attn_softcap is None
+    tokens = batch(config.vocab_size, LENGTHS, 12)
+    reference = hf_logprobs(model_dir, tokens, LENGTHS)
+    diff = max_valid_diff(reference, our_logprobs(loaded, tokens, LENGTHS), LENGTHS)
+    print(f"\n[parity] gemma3 GGUF: max abs logprob diff vs transformers fp32 = {diff:.3g}")
+    assert diff <= TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("name", "kinds"), [("Gemma-2-9B", (True, False, True)), ("Gemma-3-12B", (True,) * 3)]
+)
+def test_per_layer_cost_configs_keep_the_first_layers_kinds(name, kinds):
+    """The planner's per-layer cost compiles (planning.tpu_projection.layer_engines) build a
+    3-layer model of a 42- or 48-layer family with ``layer_types``: replacing the layer count
+    alone names the mismatch (what ``plan`` printed before ``with_layers``)."""
+    config = model_config(name)
+    assert len(config.sliding_layers) == config.num_layers
+    fewer = config.with_layers(3)
+    assert fewer.num_layers == 3 and fewer.sliding_layers == kinds
+    window = config.sliding_window
+    assert fewer.layer_windows() == tuple(window if k else NO_WINDOW for k in kinds)
+    restored = fewer.replace(num_layers=config.num_layers, sliding_layers=config.sliding_layers)
+    assert restored == config  # nothing else changed
+    with pytest.raises(UnsupportedModelError, match=f"{config.num_layers} entries for 3 layers"):
+        config.replace(num_layers=3)
 
 
 def test_gemma3_config_reads_layer_types_and_both_rope_bases(tiny_checkpoint, mesh):

@@ -147,3 +147,46 @@ def test_the_compilers_hbm_refusal_is_a_refused_row_and_other_errors_propagate()
         planner.evaluate(
             Layout(chips_per_replica=4, hosts_per_replica=1, mesh=(1, 4), replicas_per_slice=1)
         )
+
+
+class _Dims(tuple):
+    def astuple(self) -> tuple[int, ...]:
+        return tuple(self)
+
+
+class _Engine:
+    """``compile_keys`` as the engine's: an items step compiles its prefix step inside it."""
+
+    def __init__(self, refuse: tuple[str, object] | None = None) -> None:
+        self.compiled: dict[tuple[str, object], str] = {}
+        self.refuse = refuse
+
+    def executables(self) -> dict[tuple[str, object], str]:
+        return dict(self.compiled)
+
+    def compile_keys(self, keys: list[tuple[str, object]]) -> None:
+        for kind, dims in keys:
+            if (kind, dims) == self.refuse:
+                raise RuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+            if kind == "items":
+                self.compiled[("prefix", _Dims((1, 32)))] = "nested"
+            self.compiled[(kind, dims)] = "compiled"
+
+
+def test_compile_times_record_each_new_compile_by_purpose_and_the_refused_one() -> None:
+    from planning.compile_times import CompileTimes
+
+    items, prefix = ("items", _Dims((1, 32, 8))), ("prefix", _Dims((1, 32)))
+    times, engine = CompileTimes(echo=None), _Engine()
+    times.compile(engine, [items, prefix], "fit")  # the prefix step came with the items step
+    times.compile(engine, [items], "bytes")  # held already: nothing compiled, nothing recorded
+    times.compile(_Engine(), [prefix], "cost 2 layers")
+    assert [(e["purpose"], e["kind"], e["dims"], e["nested"]) for e in times.entries] == [
+        ("fit", "items", [1, 32, 8], 1),
+        ("cost 2 layers", "prefix", [1, 32], 0),
+    ]
+    assert list(times.totals()) == list(times.totals("cpu_seconds")) == ["fit", "cost 2 layers"]
+    assert all(e["seconds"] >= 0 and e["cpu_seconds"] >= 0 for e in times.entries)
+    with pytest.raises(RuntimeError, match="HBM"):
+        times.compile(_Engine(refuse=prefix), [prefix], "fit")
+    assert times.entries[-1]["kind"] == "prefix" and len(times.entries) == 3
