@@ -47,13 +47,12 @@ from loadtest.bench_batch_report import (
     steady_items_per_s,
 )
 from loadtest.bench_batch_serve import (
-    arrivals,
-    check_complete,
     group_bodies,
     http_rate,
     row_bodies,
     serve_batch_rate,
     served_app,
+    timed_job,
     warm,
 )
 from loadtest.bench_common import LABELS, machine_description, write_section
@@ -148,27 +147,9 @@ def transformers_rate(rows: Rows, model: Any) -> Rate:
 
 def batch_rate(rows: Rows, settings: ReplicaSettings, batch_size: int) -> Rate:
     """(a): ``batch.score_dataset`` with engine actors in the job, wall and steady."""
-    import ray
-    import ray.data
+    from batch.pipeline import EngineOptions
 
-    from batch.pipeline import EngineOptions, score_dataset
-    from batch.rows import ScoreColumns
-    from batch.summary import Summary, Tally
-
-    tally = ray.remote(Tally).options(num_cpus=0).remote()
-    start = time.perf_counter()
-    ds = score_dataset(
-        ray.data.from_items(rows),
-        settings,
-        ScoreColumns(LABELS),
-        EngineOptions(batch_size=batch_size),
-        keep=(),
-        tally=tally,
-    )
-    marks = arrivals(ds)
-    wall = time.perf_counter() - start
-    s = Summary.from_totals(ray.get(tally.totals.remote()), wall)
-    check_complete(s, len(rows))
+    s, marks, wall = timed_job(rows, settings, EngineOptions(batch_size=batch_size))
     return Rate(
         s.items,
         wall,

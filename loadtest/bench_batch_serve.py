@@ -178,28 +178,11 @@ def http_rate(url: str, bodies: Sequence[bytes], items: int) -> Rate:
 
 def serve_batch_rate(url: str, rows: list[dict[str, Any]], settings: Any, batch_size: int) -> Rate:
     """(b): ``batch.score_dataset(..., EngineOptions(engine="serve"))`` on the app's cluster."""
-    import ray
-    import ray.data
+    from batch.pipeline import EngineOptions
 
-    from batch.pipeline import EngineOptions, score_dataset
-    from batch.rows import ScoreColumns
-    from batch.summary import Summary, Tally
-
-    tally = ray.remote(Tally).options(num_cpus=0).remote()
     before = stats(url)
-    start = time.perf_counter()
-    ds = score_dataset(
-        ray.data.from_items(rows),
-        settings,
-        ScoreColumns(LABELS),
-        EngineOptions(batch_size=batch_size, engine="serve", app=APP),
-        keep=(),
-        tally=tally,
-    )
-    marks = arrivals(ds)
-    wall = time.perf_counter() - start
-    summary = Summary.from_totals(ray.get(tally.totals.remote()), wall)
-    check_complete(summary, len(rows))
+    options = EngineOptions(batch_size=batch_size, engine="serve", app=APP)
+    summary, marks, wall = timed_job(rows, settings, options)
     return stat_rate(
         summary.items,
         wall,
@@ -208,6 +191,29 @@ def serve_batch_rate(url: str, rows: list[dict[str, Any]], settings: Any, batch_
         steady_items_per_s=steady_items_per_s(marks),
         retried_503=summary.retried_503,
     )
+
+
+def timed_job(rows: list[dict[str, Any]], settings: Any, options: Any) -> tuple[Any, list, float]:
+    """``batch.score_dataset`` over ``rows`` with ``options``, consumed by the driver: the
+    job's Summary (every row scored, else RuntimeError), each output block's arrival and the
+    wall seconds from the first read to the last row."""
+    import ray
+    import ray.data
+
+    from batch.pipeline import score_dataset
+    from batch.rows import ScoreColumns
+    from batch.summary import Summary, Tally
+
+    tally = ray.remote(Tally).options(num_cpus=0).remote()
+    start = time.perf_counter()
+    ds = score_dataset(
+        ray.data.from_items(rows), settings, ScoreColumns(LABELS), options, keep=(), tally=tally
+    )
+    marks = arrivals(ds)
+    wall = time.perf_counter() - start
+    summary = Summary.from_totals(ray.get(tally.totals.remote()), wall)
+    check_complete(summary, len(rows))
+    return summary, marks, wall
 
 
 def arrivals(ds: Any) -> list[tuple[float, int]]:
