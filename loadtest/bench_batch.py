@@ -153,7 +153,7 @@ def batch_rate(rows: Rows, settings: ReplicaSettings, batch_size: int) -> Rate:
     return Rate(
         s.items,
         wall,
-        steady_items_per_s=steady_items_per_s(marks),
+        steady_items_per_s=steady_items_per_s(marks, wall),
         engine_s=s.engine_ms / 1000,
         steps=s.steps,
         cache_hits=s.query_cache_hits,

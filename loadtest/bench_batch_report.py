@@ -91,10 +91,17 @@ class Rate:
         return self.computed_tokens / self.useful_tokens
 
 
-def steady_items_per_s(marks: Sequence[tuple[float, int]]) -> float | None:
+def steady_items_per_s(
+    marks: Sequence[tuple[float, int]], wall_s: float | None = None
+) -> float | None:
     """Items per second after the first of ``marks`` (arrival time, items arrived then):
-    the first batch carries the job's start (actor start, model load, compiles)."""
+    the first batch carries the job's start (actor start, model load, compiles). None when
+    the arrivals span less than a fifth of ``wall_s``: Ray Data handed the driver most blocks
+    at once at the end, so their spacing says nothing of the rate (the engine-second rate is
+    used then)."""
     if len(marks) < 2 or marks[-1][0] <= marks[0][0]:
+        return None
+    if wall_s is not None and marks[-1][0] - marks[0][0] < wall_s / 5:
         return None
     return sum(n for _, n in marks[1:]) / (marks[-1][0] - marks[0][0])
 

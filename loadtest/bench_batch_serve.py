@@ -188,7 +188,7 @@ def serve_batch_rate(url: str, rows: list[dict[str, Any]], settings: Any, batch_
         wall,
         before,
         stats(url),
-        steady_items_per_s=steady_items_per_s(marks),
+        steady_items_per_s=steady_items_per_s(marks, wall),
         retried_503=summary.retried_503,
     )
 

@@ -61,6 +61,9 @@ def test_http_bodies_one_per_row_and_one_per_query_group() -> None:
 def test_steady_rate_counts_only_what_arrives_after_the_first_result() -> None:
     assert steady_items_per_s([(10.0, 500), (12.0, 100), (14.0, 300)]) == 100.0
     assert steady_items_per_s([(10.0, 500)]) is None
+    # arrivals within a fifth of the wall time (a burst at the end): no steady figure
+    assert steady_items_per_s([(10.0, 500), (12.0, 100), (14.0, 300)], wall_s=20.0) == 100.0
+    assert steady_items_per_s([(10.0, 500), (10.5, 100), (11.0, 300)], wall_s=20.0) is None
     assert Rate(20, 10.0).steady == 2.0  # no steady figure, no engine seconds: wall
     assert Rate(20, 10.0, engine_s=4.0).steady == 5.0
     assert Rate(20, 10.0, steady_items_per_s=3.0, engine_s=4.0).steady == 3.0
