@@ -24,6 +24,7 @@ from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.causal_lm import AttentionSpec
 from replicas.settings import ReplicaSettings
+from tests.fp32 import fp32_ratio
 from tests.model_helpers import batch
 
 LENGTHS = [9, 4, 7, 1]
@@ -69,11 +70,11 @@ def engine_scores(loaded: LoadedModel, attention: str) -> list[np.ndarray]:
     return engine.score_batch(works)
 
 
-def pallas_engine_diff(one: LoadedModel, four: LoadedModel) -> float:
+def pallas_engine_ratio(one: LoadedModel, four: LoadedModel) -> float:
     """The Pallas item attention (interpret mode, per device in shard_map) on the 2x2 mesh
-    against the XLA attention on one device."""
+    against the XLA attention on one device, as a fraction of the float32 floor."""
     reference, pallas = engine_scores(one, "xla"), engine_scores(four, "pallas")
-    return max(float(np.abs(a - b).max()) for a, b in zip(reference, pallas, strict=True))
+    return max(fp32_ratio(b, a) for a, b in zip(reference, pallas, strict=True))
 
 
 def spec(array: jax.Array) -> list[Any]:
@@ -93,12 +94,14 @@ def check(directory: Path, pallas: bool) -> dict[str, Any]:
     diff = max(
         float(np.abs(reference[i, :n] - sharded[i, :n]).max()) for i, n in enumerate(LENGTHS)
     )
+    ratio = max(fp32_ratio(sharded[i, :n], reference[i, :n]) for i, n in enumerate(LENGTHS))
     attn, mlp = four.params["layers"]["attn"], four.params["layers"]["mlp"]
     return {
         "directory": directory.name,
         "devices": jax.device_count(),
         "max_abs_diff": diff,
-        "pallas_engine_diff": pallas_engine_diff(one, four) if pallas else None,
+        "fp32_ratio": ratio,
+        "pallas_engine_ratio": pallas_engine_ratio(one, four) if pallas else None,
         "q": spec(attn["q"]),
         "k": spec(attn["k"]),
         "o": spec(attn["o"]),

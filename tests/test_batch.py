@@ -36,6 +36,7 @@ from batch.pipeline import (
 from batch.rows import ScoreColumns, row_payload
 from batch.stages import EngineScore, Tokenize, finish
 from tests.batch_fault_engine import DIE_ENV, STOP_ENV
+from tests.fp32 import assert_fp32_close
 from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slow, RAY_SERVE]
@@ -143,7 +144,7 @@ def assert_rows_equal(got: list[dict[str, Any]], expected: dict[str, Any]) -> No
         assert row["error"] is None, row
         assert len(row["scores"]) == len(want)
         if want:  # log-probabilities within 1e-5
-            np.testing.assert_allclose(np.log(row["scores"]), np.log(want), atol=1e-5, rtol=0)
+            assert_fp32_close(np.log(row["scores"]), np.log(want))
 
 
 def test_the_fixture_rows_cover_every_case(expected: dict[str, Any]) -> None:
@@ -324,7 +325,7 @@ def test_rerank_rows_equal_what_v1_rerank_answers(config_file: Path, method: str
             assert row["error"] == error.reason.value and row["relevance"] is None
             continue
         assert row["error"] is None
-        assert row["relevance"] == pytest.approx(body["results"][0]["relevance_score"], abs=1e-6)
+        assert_fp32_close(np.log(row["relevance"]), np.log(body["results"][0]["relevance_score"]))
     assert {r["error"] for r in out} >= {None, "invalid_request"}  # "" query: refused
 
 
@@ -358,7 +359,7 @@ def test_the_rerank_command_writes_what_v1_rerank_answers(
         payload = {"query": row["query"], "documents": [row["document"]]}
         body, _ = asyncio.run(service.rerank_timed(payload, backend))
         relevance = body["results"][0]["relevance_score"]
-        assert written[row["id"]]["relevance"] == pytest.approx(relevance, abs=1e-6)
+        assert_fp32_close(np.log(written[row["id"]]["relevance"]), np.log(relevance))
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["rows"], summary["items"], summary["errors"]) == (6, 6, {})
 
@@ -398,7 +399,7 @@ def test_loglik_rows_equal_what_v1_completions_echo_answers(config_file: Path) -
             service.complete_timed(payload | {"max_tokens": 0, "logprobs": 1}, backend)
         )
         logprobs = body["choices"][0]["logprobs"]
-        assert row["logprob"] == pytest.approx(sum(logprobs["token_logprobs"][-n:]), abs=1e-5)
+        assert_fp32_close(row["logprob"], sum(logprobs["token_logprobs"][-n:]))
         tops, tokens = logprobs["top_logprobs"][-n:], logprobs["tokens"][-n:]
         greedy = all(
             max(top, key=top.get) == token for top, token in zip(tops, tokens, strict=True)

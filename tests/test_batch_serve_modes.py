@@ -26,6 +26,7 @@ from batch.pipeline import EngineOptions, loglik_dataset, settings_from_config
 from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings
+from tests.fp32 import assert_fp32_close
 from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 from tests.test_batch import DOCUMENTS, QUERIES, config_file, in_process, written_rows  # noqa: F401
 
@@ -104,7 +105,7 @@ def test_the_rerank_command_through_the_app_writes_what_the_local_engine_gives(
         if row["relevance"] is None:
             assert written[key]["relevance"] is None
         else:
-            assert written[key]["relevance"] == pytest.approx(row["relevance"], abs=1e-6)
+            assert_fp32_close(np.log(written[key]["relevance"]), np.log(row["relevance"]))
     assert {row["error"] for row in want.values()} == {None, "invalid_request"}
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (summary["rows"], summary["items"], summary["errors"]) == (12, 8, {"invalid_request": 4})
@@ -129,7 +130,7 @@ def test_loglik_through_the_app_equals_the_local_engine(
     for key, row in want.items():
         assert (got[key]["error"], got[key]["is_greedy"]) == (row["error"], row["is_greedy"])
         if row["logprob"] is not None:
-            assert got[key]["logprob"] == pytest.approx(row["logprob"], abs=1e-5)
+            assert_fp32_close(got[key]["logprob"], row["logprob"])
     assert sum(row["error"] == "empty_prompt" for row in got.values()) == len(QUERIES)
 
 
@@ -142,7 +143,7 @@ def test_score_work_checks_a_work_again_and_answers_as_the_engine(
     engine, service = local
     work = ScoreWork((504, 3575, 282), ((4649,), (314, 12)), (7042, 4528))
     answer = handle.score_work.remote(work).result(timeout_s=120)
-    np.testing.assert_allclose(answer, engine.score_batch([work])[0], atol=1e-5, rtol=0)
+    assert_fp32_close(answer, engine.score_batch([work])[0])
     vocab = service.info.vocab_size
     with pytest.raises(ScoreRequestError) as refused:
         handle.score_work.remote(ScoreWork((504, vocab), ((5,),), (7042,))).result(timeout_s=60)

@@ -24,6 +24,7 @@ from batch.rows import ScoreColumns, row_payload
 from batch.stages import ITEM_IDS, QUERY_IDS, EngineScore, Tokenize, finish
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
+from tests.fp32 import SMOLLM2_LAYERS, assert_fp32_close
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +80,7 @@ def test_batch_rows_equal_the_route_on_smollm2(
     for row, source in zip(out, rows, strict=True):
         body = asyncio.run(service.score(row_payload(source, columns), backend))
         assert row["id"] == source["id"] and row["error"] is None
-        np.testing.assert_allclose(np.log(row["scores"]), np.log(body["scores"]), atol=1e-5)
+        assert_fp32_close(np.log(row["scores"]), np.log(body["scores"]), SMOLLM2_LAYERS)
 
 
 def test_batch_rows_equal_transformers_on_smollm2(

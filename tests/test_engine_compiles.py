@@ -13,6 +13,7 @@ from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.causal_lm import CausalLM
 from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings, SettingsError
+from tests.fp32 import assert_fp32_close
 
 VOCAB = 300
 SMALL = {
@@ -68,7 +69,7 @@ def test_uncompiled_signature_runs_on_a_covering_one_while_it_compiles_in_backgr
     assert stats["background_compiles"] >= 2  # its prefix and items steps
     assert stats["compile_count"] == warm["compile_count"] + stats["background_compiles"]
     (exact,) = engine.score_batch([work(1)])  # now on its own, exact signature
-    np.testing.assert_allclose(covered, exact, atol=1e-5, rtol=0)
+    assert_fp32_close(covered, exact)
     assert engine.stats()["computed_tokens"] - stats["computed_tokens"] == 16 + 16
 
 
@@ -135,7 +136,7 @@ def test_a_thousand_items_equal_the_same_items_scored_a_hundred_at_a_time(tiny):
         for i in range(0, 1000, 100)
     ]
     assert together.shape == (1000, 2)
-    np.testing.assert_allclose(together, np.concatenate(parts), atol=1e-6, rtol=0)
+    assert_fp32_close(together, np.concatenate(parts))
     assert engine.stats()["query_cache_hits"] >= 10  # the query ran once per call at most
 
 
@@ -176,7 +177,7 @@ def test_single_item_rows_run_in_pieces_on_a_covering_signature_with_fewer_rows(
     assert engine.stats()["request_path_compiles"] == 0  # ran as 4 pieces of 1 x 64
     assert engine.wait_for_background_compiles(300)
     (exact,) = engine.score_batch([many])
-    np.testing.assert_allclose(scores, exact, atol=1e-5, rtol=0)
+    assert_fp32_close(scores, exact)
 
 
 def test_traffic_signatures_are_bounded_and_a_restart_replays_only_the_kept_ones(tiny, tmp_path):
@@ -194,4 +195,4 @@ def test_traffic_signatures_are_bounded_and_a_restart_replays_only_the_kept_ones
     second.warmup()
     assert [key for key in second.executables() if key[0] == "items"] == items_steps
     for w, before in zip(works, scores, strict=True):  # evicted ones compile again, same scores
-        np.testing.assert_allclose(second.score_batch([w])[0], before, atol=1e-6, rtol=0)
+        assert_fp32_close(second.score_batch([w])[0], before)

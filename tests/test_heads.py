@@ -13,6 +13,7 @@ from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
+from tests.fp32 import assert_fp32_close
 from tests.head_helpers import hf_head_outputs, save_tiny_head
 
 TOLERANCE = 1e-4
@@ -79,6 +80,6 @@ def test_many_items_chunked_and_a_cached_query_keep_head_outputs_exact(mesh, tmp
     hits = engine.stats()["query_cache_hits"]
     (warm,) = engine.score_batch([work])
     assert engine.stats()["query_cache_hits"] == hits + 1
-    np.testing.assert_allclose(warm, cold, atol=1e-6, rtol=0)
+    assert_fp32_close(warm, cold)
     reference = hf_head_outputs(directory, [list(query + item) for item in items], left=True)
     assert np.abs(cold - reference).max() <= TOLERANCE

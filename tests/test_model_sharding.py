@@ -35,18 +35,16 @@ def test_two_by_two_mesh_equals_one_device(variant, sharded_results):
     assert result["devices"] == 4
     assert result["q_devices"] == 4
     # The model axis sums each matmul's partials in another order: float32 rounding of these
-    # random models' full-vocabulary log-probs (tens of nats; one unit in the last place is
-    # 1.9e-6 to 3.8e-6) measured 5.7e-6 to 1.1e-5 (the suite's -O0 codegen and the shipped
-    # one alike, tests/xla_flags.py); a sharding mistake is off by orders more. The same
-    # bound as the data axis (tests/test_data_axis.py).
-    assert result["max_abs_diff"] <= 2e-5
+    # random models' full-vocabulary log-probs (tens of nats), within the float32 floor
+    # (tests/fp32.py); a sharding mistake is off by orders more.
+    assert result["fp32_ratio"] <= 1.0
 
 
 @pytest.mark.parametrize("variant", PALLAS_VARIANTS)
 def test_the_pallas_item_attention_sharded_equals_xla_on_one_device(variant, sharded_results):
     # Interpret mode on CPU: llama's heads split over the model axis in shard_map,
     # llama-kv3's indivisible kv heads run with heads replicated.
-    assert sharded_results[variant]["pallas_engine_diff"] <= 1e-5
+    assert sharded_results[variant]["pallas_engine_ratio"] <= 1.0
 
 
 def test_heads_split_over_model_axis(sharded_results):

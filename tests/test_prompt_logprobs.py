@@ -15,6 +15,7 @@ from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
 from replicas.engine.warm_coverage import warmup_prompts
 from replicas.model.causal_lm import CausalSpec
 from replicas.settings import ReplicaSettings
+from tests.fp32 import assert_fp32_close
 from tests.model_helpers import tiny_random_lm
 
 VOCAB = 300
@@ -89,7 +90,7 @@ def test_mixed_lengths_short_prompts_and_other_work_in_one_batch(tiny) -> None:
     for prompt, answer in zip(prompts[3:], out[2], strict=True):
         check(tiny, prompt, answer, 20)
     alone = make_engine(tiny).score_batch([score])[0]
-    np.testing.assert_allclose(out[1], alone, atol=1e-6)
+    assert_fp32_close(out[1], alone)
 
 
 def test_a_cached_prefix_is_reused_whole_or_by_its_first_blocks(tiny) -> None:
@@ -107,8 +108,8 @@ def test_a_cached_prefix_is_reused_whole_or_by_its_first_blocks(tiny) -> None:
     reference_answers = cold.score_batch([PromptWork((p,), 2) for p in again])
     for prompt, [hot], [plain] in zip(again, warm, reference_answers, strict=True):
         check(tiny, prompt, hot, 2)
-        np.testing.assert_allclose(hot.token_logprobs[1:], plain.token_logprobs[1:], atol=1e-6)
-        np.testing.assert_allclose(hot.top_logprobs[1:], plain.top_logprobs[1:], atol=1e-6)
+        assert_fp32_close(hot.token_logprobs[1:], plain.token_logprobs[1:])
+        assert_fp32_close(hot.top_logprobs[1:], plain.top_logprobs[1:])
 
 
 def test_lone_prompts_run_whole_many_per_step_and_keep_nothing(tiny) -> None:
@@ -125,7 +126,7 @@ def test_lone_prompts_run_whole_many_per_step_and_keep_nothing(tiny) -> None:
     [plain] = kept.score_batch([PromptWork(prompts, top_k=2)])
     for prompt, answer, other in zip(prompts, packed, plain, strict=True):
         check(tiny, prompt, answer, 2)
-        np.testing.assert_allclose(answer.token_logprobs[1:], other.token_logprobs[1:], atol=1e-5)
+        assert_fp32_close(answer.token_logprobs[1:], other.token_logprobs[1:])
     stats, plain_stats = engine.stats(), kept.stats()
     # packed: the context's prefix step and its choices' stream step, and one stream step
     # for every lone prompt (they read no prefix, a stream of another prefix width)
@@ -136,7 +137,7 @@ def test_lone_prompts_run_whole_many_per_step_and_keep_nothing(tiny) -> None:
     tail = PromptWork(prompts, keep_lone_prefixes=False, scored_tail=3)
     [tails] = make_engine(tiny).score_batch([tail])
     for answer, full in zip(tails, packed, strict=True):
-        np.testing.assert_allclose(answer.token_logprobs[-3:], full.token_logprobs[-3:], atol=1e-6)
+        assert_fp32_close(answer.token_logprobs[-3:], full.token_logprobs[-3:])
     for answer in tails[:5]:  # lone: every row came from the stream
         assert np.isnan(answer.token_logprobs[:-3]).all() and (answer.top_ids[-1] == -1).all()
 
@@ -176,7 +177,7 @@ def test_prefix_reuse_off_computes_every_prompt_whole_with_the_same_answers(tiny
         [with_reuse] = on.score_batch([PromptWork(prompts, 1)])
         [without] = off.score_batch([PromptWork(prompts, 1)])
         for a, b in zip(with_reuse, without, strict=True):
-            np.testing.assert_allclose(a.token_logprobs[1:], b.token_logprobs[1:], atol=1e-6)
+            assert_fp32_close(a.token_logprobs[1:], b.token_logprobs[1:])
             np.testing.assert_array_equal(a.top_ids[1:, 0], b.top_ids[1:, 0])
     stats = off.stats()
     assert stats["reused_prefix_tokens"] == 0 and len(off.cache) == 0

@@ -15,6 +15,7 @@ from app.service import ScoringService
 from replicas.contract import PromptWork, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
+from tests.fp32 import assert_fp32_close
 
 QUERY = "Which city is the capital of France?"
 DOCS = [
@@ -65,7 +66,7 @@ def test_documents_over_several_steps_score_as_each_document_alone(served) -> No
     together = relevance(served, DOCS)
     assert engine.stats()["steps"] - steps >= 2, "the documents fit one step: not a test"
     alone = [relevance(served, [doc])[0] for doc in DOCS]
-    np.testing.assert_allclose(together, alone, atol=1e-5)
+    assert_fp32_close(together, alone)
     assert len(set(np.round(together, 6))) > 1  # the scores tell documents apart
 
 
@@ -73,4 +74,4 @@ def test_the_order_of_the_documents_does_not_change_their_scores(served) -> None
     order = [4, 2, 0, 5, 3, 1]
     shuffled = relevance(served, [DOCS[i] for i in order])
     together = relevance(served, DOCS)
-    np.testing.assert_allclose(shuffled, [together[i] for i in order], atol=1e-5)
+    assert_fp32_close(shuffled, [together[i] for i in order])

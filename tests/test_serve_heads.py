@@ -15,6 +15,7 @@ from scipy.special import expit
 from app.builder import scoring_app
 from app.rerank import RerankTemplate
 from replicas.settings import ReplicaSettings
+from tests.fp32 import assert_fp32_close
 from tests.head_helpers import hf_head_outputs, save_tiny_head
 from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
@@ -74,7 +75,7 @@ def test_score_best_of_n_equals_transformers_and_each_conversation_alone(client,
     rows = [query + tokens(head_dir, r, False) for r in RESPONSES]
     assert np.abs(rewards - hf_head_outputs(head_dir, rows, left=False)).max() <= TOLERANCE
     alone = client.post("/v1/score", json={"query": PROMPT, "items": RESPONSES[1:2]}).json()
-    assert abs(alone["scores"][0][0] - rewards[1, 0]) <= 1e-5
+    assert_fp32_close(alone["scores"][0][0], rewards[1, 0])
     soft = client.post(
         "/v1/score", json={"query": PROMPT, "items": RESPONSES, "apply_softmax": True}
     )

@@ -23,6 +23,7 @@ from ray import serve
 from app.builder import scoring_app
 from app.errors import ScoreRequestError
 from replicas.settings import ReplicaSettings
+from tests.fp32 import assert_fp32_close
 from tests.serve_support import (  # noqa: F401
     RAY_SERVE,
     ServeCluster,
@@ -185,7 +186,7 @@ def test_text_and_token_inputs_agree(client: httpx.Client, reference: Any) -> No
     # The same request, but not always the same executable: a background compile of its
     # exact signature can finish between the two posts (the first ran on a covering one),
     # and another padding changes the last bits (CI saw 9.5e-7 relative).
-    np.testing.assert_allclose(text.json()["scores"], tokens.json()["scores"], rtol=1e-5, atol=0)
+    assert_fp32_close(logprobs_of(text), logprobs_of(tokens))
 
 
 @pytest.mark.parametrize("item_first", [False, True])
@@ -193,7 +194,7 @@ def test_multi_item_on_and_off_agree(client: httpx.Client, item_first: bool) -> 
     payload = {"query": QUERY, "items": ITEMS, "label_token_ids": LABELS, "item_first": item_first}
     multi = logprobs_of(post(client, payload))
     single = logprobs_of(post(client, payload, prefix="/single"))
-    assert np.max(np.abs(multi - single)) <= 1e-5
+    assert_fp32_close(multi, single)
 
 
 def test_item_first_changes_the_sequence(client: httpx.Client) -> None:
@@ -322,7 +323,7 @@ def test_concurrent_requests_are_batched_and_correct(client: httpx.Client) -> No
     responses = asyncio.run(fire())
     after = replica_stats("multi")
     for response, want in zip(responses, expected, strict=True):
-        np.testing.assert_allclose(logprobs_of(response), want, atol=1e-5)
+        assert_fp32_close(logprobs_of(response), want)
     assert after["requests"] - before["requests"] == 32
     assert after["batches"] - before["batches"] < 32, "concurrent work was never batched"
 

@@ -12,6 +12,7 @@ import pytest
 from app.builder import scoring_app
 from replicas.settings import ReplicaSettings
 from tests.conftest import smollm2_package_dir
+from tests.fp32 import SMOLLM2_LAYERS, assert_fp32_close
 from tests.serve_support import (  # noqa: F401
     RAY_SERVE,
     ServeCluster,
@@ -71,7 +72,7 @@ def test_the_france_context_leads_to_paris(client: httpx.Client) -> None:
     assert by_item.argmax() == 0
     # The same sequence scored as one query gives the same probability (semantics 2 and 3).
     whole = scores(client, query="The capital of France is", items=[""], label_token_ids=[PARIS])
-    assert abs(np.log(by_item[0]) - np.log(whole[0, 0])) < 1e-4
+    assert_fp32_close(np.log(by_item[0]), np.log(whole[0, 0]), SMOLLM2_LAYERS)
 
 
 def test_multi_item_scores_match_items_scored_alone(client: httpx.Client) -> None:
@@ -80,7 +81,7 @@ def test_multi_item_scores_match_items_scored_alone(client: httpx.Client) -> Non
     together = scores(client, query=query, items=items, label_token_ids=[PARIS, LONDON])
     for row, item in zip(together, items, strict=True):
         alone = scores(client, query=query, items=[item], label_token_ids=[PARIS, LONDON])[0]
-        assert np.max(np.abs(np.log(row) - np.log(alone))) < 1e-4
+        assert_fp32_close(np.log(row), np.log(alone), SMOLLM2_LAYERS)
 
 
 def test_a_burst_of_small_requests_after_a_larger_one_is_all_answered_in_shared_steps(
@@ -110,5 +111,5 @@ def test_a_burst_of_small_requests_after_a_larger_one_is_all_answered_in_shared_
     assert [answer.status_code for answer in answers] == [200] * 12
     for answer in answers:
         together = np.log(np.array(answer.json()["scores"]))
-        assert np.max(np.abs(together - np.log(alone))) < 1e-4  # 30 layers of float32
+        assert_fp32_close(together, np.log(alone), SMOLLM2_LAYERS)
     assert steps <= 6, steps  # alone, 12 requests would take 12 fused steps

@@ -17,7 +17,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
 import ray
 from ray.cluster_utils import Cluster
@@ -26,6 +25,7 @@ from app.builder import replica_placement
 from cluster.slice_group import SliceGroup, TpuSlice, reserve_slice, slice_names
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings, SettingsError
+from tests.fp32 import assert_fp32_close
 
 pytestmark = pytest.mark.slow
 TPU_ENV = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
@@ -128,7 +128,7 @@ def test_a_slice_engine_scores_over_both_hosts_of_one_slice(
     loaded = load_model(tiny_llama_dir, build_mesh((1, 1)))
     single = ScoringEngine(loaded.model, loaded.params, build_mesh((1, 1)), settings, "one")
     (reference,) = single.score_batch([work])
-    np.testing.assert_allclose(scores, reference, rtol=1e-5, atol=1e-6)
+    assert_fp32_close(scores, reference)
     assert stats["hosts"] == 2 and len(set(stats["tpu_slice"])) == 1
 
 

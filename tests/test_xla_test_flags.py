@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.fp32 import assert_fp32_close
 from tests.xla_flags import (
     CACHE_DIR_ENV,
     TEST_XLA_FLAGS,
@@ -84,5 +85,4 @@ def test_the_test_flags_change_scores_by_float32_rounding_at_most() -> None:
         for got_scores, want_scores in zip(got[layout], works, strict=True):
             a, b = np.asarray(got_scores), np.asarray(want_scores)
             assert a.shape == b.shape and np.all(np.isfinite(a))
-            # log-probs of a few nats: float32 rounding is ~5e-7 per unit in the last place
-            np.testing.assert_allclose(a, b, rtol=1e-6, atol=2e-6, err_msg=layout)
+            assert_fp32_close(a, b, what=layout)
