@@ -11,6 +11,7 @@ from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
 from replicas.model.causal_lm import CausalLM
 from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings, SettingsError
+from tests.fp32 import assert_fp32_close, assert_fp32_close_ragged
 
 VOCAB = 300
 DELIMITER = 0
@@ -68,16 +69,12 @@ def work(seed=0, query=13, item_lens=(3, 0, 7, 1), labels=(5, 7, 9), item_first=
     return ScoreWork(ids(rng, query), items, labels, item_first)
 
 
-def max_diff(a, b):
-    return max(float(np.abs(x - y).max(initial=0.0)) for x, y in zip(a, b, strict=True))
-
-
 @pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference", "fused"])
 def test_multi_item_equals_single_item(engines, layout):
     works = [work(0), work(1, query=40, item_lens=(5,) * 9, labels=(3,)), work(2, query=1)]
     single = engines["single"].score_batch(works)
     multi = engines[layout].score_batch(works)
-    assert max_diff(single, multi) <= 1e-5
+    assert_fp32_close_ragged(multi, single, what=layout)
     assert [m.shape for m in multi] == [(4, 3), (9, 1), (4, 3)]
 
 
@@ -89,8 +86,8 @@ def test_layouts_agree_with_each_other_at_128_items_and_many_labels(engines):
     prefix = engines["shared_prefix"].score_batch([big])
     reference = engines["packed_reference"].score_batch([big])
     assert prefix[0].shape == (128, 39)
-    assert max_diff(prefix, reference) <= 1e-5
-    assert max_diff(prefix, engines["single"].score_batch([big])) <= 1e-5
+    assert_fp32_close_ragged(prefix, reference)
+    assert_fp32_close_ragged(prefix, engines["single"].score_batch([big]))
 
 
 @pytest.mark.parametrize("layout", ["shared_prefix", "packed_reference", "fused"])
@@ -105,7 +102,7 @@ def test_changing_one_item_leaves_the_others_bit_identical(engines, layout):
     if layout == "shared_prefix":
         np.testing.assert_array_equal(a[1:], c[1:])
     else:  # other items move inside the packed (fused) row: same math, other summation order
-        np.testing.assert_allclose(a[1:], c[1:], atol=1e-6, rtol=0)
+        assert_fp32_close(c[1:], a[1:])
 
 
 def test_empty_items_score_the_next_token_after_the_query(engines):
@@ -113,7 +110,28 @@ def test_empty_items_score_the_next_token_after_the_query(engines):
     for engine in engines.values():
         (scores,) = engine.score_batch([query_only])
         (reference,) = engines["single"].score_batch([query_only])
-        np.testing.assert_allclose(scores, reference, atol=1e-5)
+        assert_fp32_close(scores, reference)
+
+
+def test_many_empty_items_behind_a_one_token_query_fit_their_score_rows(tiny, engines):
+    """Issue 43's schemathesis body: ``query=[1]``, 1023 empty items and one label. The work
+    is 1 token but 1023 score rows; a fused row of 128 tokens holds 128 score rows, so it
+    runs unfused, and every item scores the next token after the query alone (semantics 4)."""
+    empties = ScoreWork((1,), ((),) * 1023, (5,))
+    (alone,) = engines["single"].score_batch([ScoreWork((1,), ((),), (5,))])
+    want = np.repeat(alone, 1023, axis=0)
+    long = {"multi_item_scoring_delimiter": DELIMITER, "max_multi_item_seq_len": 2048}
+    long |= {"max_items_per_request": 1024}
+    for fused in (0, 128):
+        engine = make_engine(tiny, **long, fused_step_tokens=fused)
+        (scores,) = engine.score_batch([empties])
+        assert scores.shape == (1023, 1)
+        assert_fp32_close(scores, want, what=f"fused_step_tokens={fused}")
+    # Beside small works in one call: the fused row takes them, the empties run apart.
+    small = work(50, query=9, item_lens=(0, 1, 2))
+    mixed = engine.score_batch([small, empties, small])
+    assert [m.shape for m in mixed] == [(3, 3), (1023, 1), (3, 3)]
+    assert_fp32_close(mixed[1], want)
 
 
 def test_no_items_give_an_empty_result_without_running(engines):
@@ -148,7 +166,7 @@ def test_scores_do_not_depend_on_the_other_requests_in_the_step(engines):
     for engine in engines.values():
         alone = engine.score_batch([target])[0]
         shared = engine.score_batch([others[0], target, others[1]])[1]
-        np.testing.assert_allclose(alone, shared, atol=1e-6, rtol=0)
+        assert_fp32_close(shared, alone)
 
 
 def test_small_works_run_fused_in_one_pass_and_concurrent_ones_share_it(engines):
@@ -158,9 +176,9 @@ def test_small_works_run_fused_in_one_pass_and_concurrent_ones_share_it(engines)
     together = engine.score_batch(small)
     assert engine.stats()["steps"] == before + 2  # 144 tokens: two rows of <= 128
     assert engine.last_signatures[0][0] == "fused"
-    assert max_diff(together, reference.score_batch(small)) <= 1e-5
+    assert_fp32_close_ragged(together, reference.score_batch(small))
     for alone, scores in zip(small, together, strict=True):
-        np.testing.assert_allclose(engine.score_batch([alone])[0], scores, atol=1e-6, rtol=0)
+        assert_fp32_close(engine.score_batch([alone])[0], scores)
     # A work beyond fused_step_tokens runs as before: its prefix, then its items.
     engine.score_batch([work(43, query=100, item_lens=(20, 20))])
     assert [kind for kind, _ in engine.last_signatures] == ["prefix", "items"]
@@ -178,7 +196,7 @@ def test_a_cached_query_runs_its_items_behind_the_cache_not_fused(tiny):
     other = make_engine(tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=64)
     (fused,) = other.score_batch([small])
     assert [kind for kind, _ in other.last_signatures] == ["fused"]
-    np.testing.assert_allclose(cached, fused, atol=1e-6, rtol=0)
+    assert_fp32_close(cached, fused)
 
 
 def test_a_recurring_query_is_fused_once_then_cached_and_its_items_run_behind_it(tiny):
@@ -197,7 +215,7 @@ def test_a_recurring_query_is_fused_once_then_cached_and_its_items_run_behind_it
     (fused_again,) = make_engine(
         tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=64
     ).score_batch([again])
-    np.testing.assert_allclose(answers[1], fused_again, atol=1e-5, rtol=0)
+    assert_fp32_close(answers[1], fused_again)
     # Two works of one call sharing a long query: its prefix once, cached for the next call.
     pair = [ScoreWork((*short.query_ids, 3), item, short.label_ids) for item in (((4,),), ((5,),))]
     engine.score_batch(pair)
@@ -275,7 +293,7 @@ def test_the_queries_of_a_step_run_in_one_batched_prefix_step(tiny):
     assert engine.stats()["steps"] == 2  # one prefix step of 3 queries, one item-stream step
     for alone, scores in zip(three, together, strict=True):
         (expected,) = engine.score_batch([alone])
-        assert max_diff(scores, expected) < 1e-5
+        assert_fp32_close(scores, expected)
 
 
 def test_limits_raise_clear_errors(tiny):

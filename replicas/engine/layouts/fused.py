@@ -39,6 +39,14 @@ def fused_length(work: ScoreWork) -> int:
     return len(work.query_ids) + sum(len(item) for item in work.item_ids)
 
 
+def fused_slots(work: ScoreWork) -> int:
+    """Room a work takes in a fused row: its tokens, and one place for each empty item. A
+    row holds as many score rows as tokens, and an empty item adds a score row (it reads the
+    query's last state) but no token: ``query=[1]`` with 1023 empty items is 1 token and 1023
+    score rows, so it takes 1024 places, not 1."""
+    return len(work.query_ids) + sum(max(len(item), 1) for item in work.item_ids)
+
+
 class FusedLayout:
     """Packs small works into fused rows, runs and unpacks them."""
 
@@ -58,7 +66,7 @@ class FusedLayout:
 
     def fits(self, work: ScoreWork) -> bool:
         """Whether ``work`` runs fused."""
-        return 0 < fused_length(work) <= self.capacity
+        return 0 < fused_slots(work) <= self.capacity
 
     def compile(self, kind: str, dims: Any) -> Any:
         return compile_dense(self._model, self._runner, dims, "fused")
@@ -89,7 +97,7 @@ class FusedLayout:
         rows: list[list[int]] = [[] for _ in range(groups)]
         fill = [0] * groups
         for i in indices:
-            size = fused_length(works[i])
+            size = fused_slots(works[i])
             row = fill.index(min(fill))
             if fill[row] + size > budget:
                 yield self._dims(works, rows, fill), rows
