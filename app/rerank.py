@@ -9,6 +9,7 @@ score as if each were scored alone. The default template is Qwen3-Reranker's.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from replicas.contract import (
     check_limits,
 )
 from replicas.settings import ReplicaSettings, SettingsError
+
+logger = logging.getLogger(__name__)
 
 QWEN3_RERANKER_SYSTEM = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
@@ -223,10 +226,11 @@ def _head_reranker(
     method = settings.rerank_method
     if head is None:
         raise SettingsError("rerank_method: head needs a model with a score head")
-    if method not in ("head", "yes_no") or (method == "yes_no" and settings.rerank_template):
-        raise SettingsError(
-            f"rerank_method: {method!r} reads token log-probs; this model has a score head "
-            "(use rerank_method: head)"
+    if method != "head":  # the shipped config's method, with only `model` changed
+        logger.info(
+            "rerank_method: %r reads token log-probs, which a score-head model has not; "
+            "ignored: documents rank by the head",
+            method,
         )
     if head.num_labels != 1:
         if method == "head":
@@ -234,7 +238,7 @@ def _head_reranker(
                 f"rerank_method: head needs a one-label head; this one has {head.num_labels}"
             )
         return None
-    return Reranker.build(settings.rerank_template, tokenizer, "head")
+    return Reranker.build(settings.rerank_template if method == "head" else (), tokenizer, "head")
 
 
 def _check(work: ScoreWork | PromptWork, info: ModelInfo) -> None:

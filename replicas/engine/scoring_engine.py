@@ -33,6 +33,7 @@ from replicas.engine.memory import release_free_heap
 from replicas.engine.query_cache import QueryCache
 from replicas.engine.warm_coverage import (
     check_warm_coverage,
+    completion_shapes_for,
     covered,
     full_step_keys,
     warmup_prompts,
@@ -78,6 +79,7 @@ class ScoringEngine:
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
         delimiter, head = settings.multi_item_scoring_delimiter, model.config.head
         self._info = ModelInfo(name, vocab, delimiter, settings.limits, head)
+        self._completion_shapes = completion_shapes_for(settings, head is None, name)
         self._replicated = replicated(mesh)
         self._cache = QueryCache(settings.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time
@@ -271,14 +273,14 @@ class ScoringEngine:
         for batch_size in self._settings.warmup_batch_sizes:
             keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
             if not shapes:
-                prompts = warmup_prompts(self._settings.completion_warmup_shapes)
+                prompts = warmup_prompts(self._completion_shapes)
                 keys += self.plan([work for work in prompts for _ in range(batch_size)])
         labels = max((shape[3] for shape in shapes or self._settings.warmup_shapes), default=0)
         if labels and isinstance(self._multi, SharedPrefixLayout):
             keys += self._multi.fused_keys(labels)  # every small work's one pass
         if self._settings.limit_to_warmup and not shapes:
             keys += [k for k in full_step_keys(self._settings, self.plan) if not covered(k, keys)]
-            full = self._prompts.full_keys(self._settings.completion_warmup_shapes)
+            full = self._prompts.full_keys(self._completion_shapes)
             keys += [k for k in full if not covered(k, keys)]
         return list(dict.fromkeys(keys))
 

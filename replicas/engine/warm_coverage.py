@@ -12,6 +12,7 @@ whose largest batch bucket is not warm. Pure planning here: nothing is compiled 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from replicas.engine.layouts.common import step_capacity
 from replicas.settings import ReplicaSettings, SettingsError
 
 Key = tuple[str, Any]
+logger = logging.getLogger(__name__)
 
 
 def full_step_items(envelope: Envelope, settings: ReplicaSettings) -> list[int]:
@@ -123,3 +125,20 @@ def warmup_prompts(shapes: Sequence[tuple[int, int, int, int]]) -> list[PromptWo
         tails = tuple(shared + (2 + i,) + (1,) * (after - 1) for i in range(prompts))
         works.append(PromptWork(tails, top_k, keep_lone_prefixes=prefix > 0))
     return works
+
+
+def completion_shapes_for(
+    settings: ReplicaSettings, has_lm_head: bool, name: str
+) -> tuple[tuple[int, int, int, int], ...]:
+    """The ``completion_warmup_shapes`` this model compiles: prompt log-prob steps read the
+    LM head, so a score-head model (no LM head; /v1/completions answers it with a 400) skips
+    them, saying so once, and the shipped config starts for it with only ``model`` changed."""
+    shapes = settings.completion_warmup_shapes
+    if shapes and not has_lm_head:
+        logger.info(
+            "completion_warmup_shapes: ignored for %s, a score-head model has no LM head "
+            "(/v1/completions is refused for it)",
+            name,
+        )
+        return ()
+    return shapes
