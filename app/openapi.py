@@ -177,5 +177,32 @@ def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
             )
         )
         schemas["ScoreRequest"] = score_request_schema(service.info, service.text_query_min_length)
+        schemas["ClassifyRequest"] = classify_request_schema(
+            service.info, service.text_query_min_length
+        )
+        for path in routes_the_kind_refuses(service.info):
+            document["paths"].pop(path, None)
         api.openapi_schema = document
     return api.openapi_schema
+
+
+def routes_the_kind_refuses(info: ModelInfo) -> tuple[str, ...]:
+    """Routes that answer every body with a 400 for the served model's kind, left out of the
+    document (a client generated from it, or a fuzzer, meets only routes that can answer
+    200): /v1/classify on a causal LM (``no_score_head``), /v1/completions on a score-head
+    model (``no_lm_head``)."""
+    return ("/v1/completions",) if info.head is not None else ("/v1/classify",)
+
+
+def classify_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any]:
+    """ClassifyRequest with the route's rules: at most ``max_items_per_request`` inputs, the
+    served model name, and (where the tokenizer turns "" into no tokens) no empty text."""
+    schema = ClassifyRequest.model_json_schema(ref_template=_REF)
+    props = schema["properties"]
+    text: dict[str, Any] = {"type": "string"}
+    if text_min_length:
+        text["minLength"] = text_min_length
+    texts = {"type": "array", "items": text, "maxItems": info.limits.max_items_per_request}
+    props["input"]["anyOf"] = [text, texts]
+    props["model"]["anyOf"] = [{"const": info.name}, {"type": "null"}]
+    return schema

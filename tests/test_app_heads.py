@@ -159,6 +159,12 @@ def test_rerank_head_is_the_sigmoid_of_the_logit(tokenizer: Any) -> None:
     default = service_for(tokenizer, ONE).reranker  # a one-label head ranks by default
     assert default is not None and default.method == "head"
     assert service_for(tokenizer, THREE).reranker is None
+    # The shipped config's query_likelihood, with only `model` changed to a head model
+    # (issue 43): ignored with a log line, the head ranks.
+    for method in ("query_likelihood", "yes_no"):
+        shipped = service_for(tokenizer, ONE, rerank_method=method).reranker
+        assert shipped is not None and shipped.method == "head"
+        assert service_for(tokenizer, THREE, rerank_method=method).reranker is None
 
 
 @pytest.mark.parametrize(
@@ -166,7 +172,6 @@ def test_rerank_head_is_the_sigmoid_of_the_logit(tokenizer: Any) -> None:
     [
         (None, {"rerank_method": "head"}, "score head"),
         (THREE, {"rerank_method": "head"}, "one-label"),
-        (ONE, {"rerank_method": "query_likelihood"}, "rerank_method"),
     ],
 )
 def test_wrong_rerank_method_for_the_model_stops_start_up(tokenizer, head, settings, named):
@@ -185,6 +190,27 @@ def test_models_and_openapi_say_how_the_model_scores(tokenizer: Any) -> None:
     causal = score_request_schema(ModelInfo("lm", VOCAB, 0, ScoringLimits()))
     assert "label_token_ids" in causal["required"]
     assert causal["properties"]["label_token_ids"]["minItems"] == 1
+
+
+def test_the_openapi_document_lists_only_the_routes_the_models_kind_serves(tokenizer: Any) -> None:
+    """Issue 43: schemathesis found /v1/classify's schema looser than its checks (on a causal
+    LM every body is a 400). A causal LM's document has no /v1/classify, a head model's no
+    /v1/completions, and ClassifyRequest states the item limit and the model name."""
+    from app.http import build_api
+    from app.openapi import served_openapi
+
+    async def health() -> None:
+        return None
+
+    for head, present, absent in ((None, "/v1/completions", "/v1/classify"),
+                                  (THREE, "/v1/classify", "/v1/completions")):  # fmt: skip
+        service = service_for(tokenizer, head)
+        document = served_openapi(build_api(service, Backend(), health), service)
+        assert present in document["paths"] and absent not in document["paths"]
+        assert "/v1/score" in document["paths"]
+    classify = document["components"]["schemas"]["ClassifyRequest"]["properties"]
+    assert classify["input"]["anyOf"][1]["maxItems"] == 8  # ScoringLimits(8, ...)
+    assert classify["model"]["anyOf"][0] == {"const": "heads"}
 
 
 def classify_bodies() -> Any:
