@@ -27,6 +27,7 @@ from typing import Any
 
 from cluster.tpu_topology import GIB, TopologyError, prepare_environment
 from planning.serve_args import base_args
+from planning.tpu_projection import WORKLOADS
 
 
 @dataclass
@@ -212,7 +213,7 @@ def check(args: argparse.Namespace) -> Plan:
     compile_steps(engine, chosen_keys(engine, args.signatures), plan)
     if args.projection:
         times = CompileTimes()
-        plan.projection = project(engine, mesh, chip, abstract_params, times)
+        plan.projection = project(engine, mesh, chip, abstract_params, times, args.workloads)
         plan.projection_compile_s = times.totals()
     return plan
 
@@ -239,6 +240,15 @@ def verdict(plan: Plan) -> str:
     )
 
 
+def workload_list(text: str) -> tuple[str, ...]:
+    """``--workloads``: names from WORKLOADS, comma-separated."""
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in WORKLOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{unknown or text!r}: choose from {', '.join(WORKLOADS)}")
+    return names
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--topology", required=True, help="e.g. v6e:2x2, v6e:4x4, v5e:2x2")
@@ -254,6 +264,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="project RFC-008's workload and a 1000-item request (compiles each step twice more)",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=workload_list,
+        default=WORKLOADS,
+        help="projection rows, comma-separated (default: all): single (RFC-008's workload, one "
+        "request per step), batched (at the largest batch bucket), ranking (one request of "
+        "1000 items)",
     )
     return parser.parse_args(argv)
 

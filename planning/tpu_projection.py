@@ -139,12 +139,22 @@ def project_workload(
     }
 
 
+WORKLOADS = ("single", "batched", "ranking")  # the rows ``project`` can make, in its order
+
+
 def project(
-    engine: Any, mesh: Any, chip: ChipSpec, abstract_params: Any, times: CompileTimes
+    engine: Any,
+    mesh: Any,
+    chip: ChipSpec,
+    abstract_params: Any,
+    times: CompileTimes,
+    workloads: tuple[str, ...] = WORKLOADS,
 ) -> list[dict]:
-    """RFC-008's workload at 1 request per step and at the largest batch bucket, and one
-    request of 1000 items (a ranking request's latency)."""
+    """The ``workloads`` rows: RFC-008's workload at 1 request per step (``single``) and at
+    the largest batch bucket (``batched``), and one request of 1000 items (``ranking``, a
+    ranking request's latency). Each row compiles its own steps three more times."""
     engines = layer_engines(engine, mesh, abstract_params)
-    batches = sorted({1, engine.settings.batch_buckets[-1]})
-    rows = [project_workload(engines, engine, chip, WORKLOAD, b, times) for b in batches]
-    return [*rows, project_workload(engines, engine, chip, RANKING, 1, times)]
+    largest = engine.settings.batch_buckets[-1]
+    shapes = {"single": (WORKLOAD, 1), "batched": (WORKLOAD, largest), "ranking": (RANKING, 1)}
+    chosen = list(dict.fromkeys(shapes[w] for w in WORKLOADS if w in workloads))
+    return [project_workload(engines, engine, chip, shape, b, times) for shape, b in chosen]

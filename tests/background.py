@@ -4,19 +4,33 @@ much of the time) instead of running alone when their test module's turn comes.
 
 A test module that wants some defines ``background_commands(folder) -> {key: Command}``;
 ``conftest.py`` starts them for the collected modules only, its ``background`` fixture hands
-them out, and every one still running when the session ends is killed.
+them out, and every one still running when the run ends is killed.
+
+The suite runs on two pytest-xdist workers (docs/testing.md), and each collects every
+module, so the commands run once per run, not once per worker: the first worker to create
+the run's ``background`` folder starts them, and each command's output, exit status and
+process id go to files there, where the test that needs a result waits for them, on
+whichever worker it runs. The process that owns the whole run (xdist's controller, or the
+one process without xdist) kills what is left at its end.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.xla_flags import production_env
 
 ROOT = Path(__file__).resolve().parents[1]
+POLL_S = 0.5
+MANIFEST_WAIT_S = 300  # the launching worker makes the commands' inputs first
 
 
 @dataclass(frozen=True)
@@ -38,32 +52,67 @@ class Finished:
 
 
 class Started:
-    """One running background command."""
+    """One background command, running or done, seen through the files it leaves in
+    ``folder``: ``log`` (stdout and stderr), ``rc`` (its exit status, written last)."""
 
-    def __init__(self, command: Command) -> None:
-        self.command = command
+    def __init__(self, folder: Path, out: Path) -> None:
+        self.folder, self.out = folder, out
+
+    def launch(self, command: Command) -> None:
         # Compiled as a user's run compiles (the planner's figures are compared with the
         # manifests' to 1%; tpu_check reports compile times).
-        env = production_env(os.environ)
-        self._process = subprocess.Popen(
-            ["nice", "-n", str(command.niceness), *command.args],
+        script = 'nice -n "$0" "$@" >"$LOG" 2>&1; echo $? >"$RC.tmp" && mv "$RC.tmp" "$RC"'
+        env = production_env(os.environ) | {
+            "LOG": str(self.folder / "log"),
+            "RC": str(self.folder / "rc"),
+        }
+        self.folder.mkdir(parents=True, exist_ok=True)
+        process = subprocess.Popen(
+            ["sh", "-c", script, str(command.niceness), *command.args],
             cwd=ROOT,
             env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: killed whole at the end
         )
+        (self.folder / "pgid").write_text(str(process.pid))
 
     def result(self, timeout_s: float) -> Finished:
         """Wait for it (at most ``timeout_s`` more seconds)."""
-        stdout, _ = self._process.communicate(timeout=timeout_s)
-        return Finished(self._process.returncode, stdout, self.command.out)
+        rc, deadline = self.folder / "rc", time.monotonic() + timeout_s
+        while not rc.exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"background command in {self.folder}: not done in {timeout_s} s"
+                )
+            time.sleep(POLL_S)
+        return Finished(int(rc.read_text()), (self.folder / "log").read_text(), self.out)
 
-    def kill(self) -> None:
-        if self._process.poll() is None:
-            self._process.kill()
-            self._process.communicate()
+
+def start_once(
+    make_commands: Callable[[], dict[str, Command]], run_folder: Path
+) -> dict[str, Started]:
+    """Handles of the run's background commands: the first caller of the run makes and
+    launches them and writes where each one's files go; a later caller reads that."""
+    folder, manifest = run_folder / "background", run_folder / "background.json"
+    try:
+        folder.mkdir(parents=True)
+    except FileExistsError:  # another worker of this run launched them
+        deadline = time.monotonic() + MANIFEST_WAIT_S
+        while not manifest.exists() and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        places = json.loads(manifest.read_text())
+        return {key: Started(Path(a), Path(b)) for key, (a, b) in places.items()}
+    started = {}
+    for n, (key, command) in enumerate(sorted(make_commands().items())):
+        started[key] = Started(folder / f"{n:02d}", command.out)
+        started[key].launch(command)
+    places = {key: [str(s.folder), str(s.out)] for key, s in started.items()}
+    manifest.with_suffix(".tmp").write_text(json.dumps(places))
+    manifest.with_suffix(".tmp").replace(manifest)
+    return started
 
 
-def start_all(commands: dict[str, Command]) -> dict[str, Started]:
-    return {key: Started(command) for key, command in commands.items()}
+def kill_all(run_folder: Path) -> None:
+    """Kill every background command of the run still running (its whole process group)."""
+    for pgid in sorted((run_folder / "background").glob("*/pgid")):
+        with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+            os.killpg(int(pgid.read_text()), signal.SIGKILL)

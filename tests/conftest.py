@@ -94,9 +94,15 @@ def smollm2_transformers():
     return load_hf_model()
 
 
-# --- how the suite compiles (tests/xla_flags.py) ---
+# --- how the suite compiles (tests/xla_flags.py) and runs on two workers ---
 
-JAX_CACHE = pytest.StashKey[str]()
+RUN_ENV = "SCOREJAX_TEST_RUN"  # the run's folder: its compilation cache, background commands
+RUN = pytest.StashKey[Path]()
+
+
+def is_worker() -> bool:
+    """A pytest-xdist worker (the README's ``make test`` runs two, docs/testing.md)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -107,32 +113,72 @@ def pytest_configure(config: pytest.Config) -> None:
     compilation cache of its own, new and empty for each run (a replica restarted by a
     chaos test, the second host of a group or the next module's replica of the same model
     loads what an earlier one compiled). The TPU compiles in tests/background.py use
-    neither."""
-    cache = tempfile.mkdtemp(prefix="scorejax-test-jax-cache-")
-    config.stash[JAX_CACHE] = cache
-    os.environ.update(session_env(os.environ, cache))
+    neither. The process that owns the run (xdist's controller, before it starts its
+    workers, or the one process without xdist) makes the run's folder; workers inherit it."""
+    if not is_worker() or RUN_ENV not in os.environ:
+        os.environ[RUN_ENV] = tempfile.mkdtemp(prefix="scorejax-test-run-")
+    run = Path(os.environ[RUN_ENV])
+    config.stash[RUN] = run
+    os.environ.update(session_env(os.environ, str(run / "jax-cache")))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    cache = config.stash.get(JAX_CACHE, None)
-    if cache:
-        shutil.rmtree(cache, ignore_errors=True)
+    """The run's owner kills the background commands still running and removes the folder."""
+    from tests.background import kill_all
+
+    run = config.stash.get(RUN, None)
+    if run is not None and not is_worker():
+        kill_all(run)
+        shutil.rmtree(run, ignore_errors=True)
 
 
-# --- Ray Serve (tests/serve_support.py) ---
+# --- the order of the run (tests/serve_support.py, tests/background.py) ---
+
+# Starts a ray.cluster_utils.Cluster in its own process and asserts no Ray is initialized
+# there: on two workers it runs beside the Serve modules, never after them in their worker.
+RAY_FREE_MODULES = ("test_slice_placement",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``ray_serve`` modules after the others, in their collected order: one cluster
-    serves them in turn. Then the ``after_serve`` modules, whose background compiles
-    (tests/background.py) use the CPU the Serve modules leave idle while they wait."""
+def phase(item: pytest.Item, workers: bool) -> int:
+    """One process: the plain modules, then the ``ray_serve`` modules (one cluster serves them
+    in turn), then the ``after_serve`` modules, whose background compiles
+    (tests/background.py) use the CPU the Serve modules leave idle while they wait. Two
+    workers: the Serve modules first (one worker takes them all), the Ray-free modules next
+    (the other worker takes them while the first holds the cluster), the plain ones, then
+    ``after_serve``."""
+    if item.get_closest_marker("after_serve") is not None:
+        return 3
+    serve = item.get_closest_marker("ray_serve") is not None
+    if not workers:
+        return int(serve)
+    return 0 if serve else 1 if item.module.__name__.split(".")[-1] in RAY_FREE_MODULES else 2
 
-    def phase(item: pytest.Item) -> int:
-        if item.get_closest_marker("after_serve") is not None:
-            return 2
-        return int(item.get_closest_marker("ray_serve") is not None)
 
-    items.sort(key=phase)
+# Session fixtures worth loading once per run: their modules share a worker.
+SHARED_LOADS = {"smollm2_loaded", "smollm2_transformers"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the run (``phase``); on workers, xdist groups of whole modules: one for all
+    ``ray_serve`` modules (the cluster lives in one process), one for the modules that load
+    SmolLM2 through the session fixtures, one for each other module (its fixtures once)."""
+    workers = is_worker()
+    items.sort(key=lambda item: phase(item, workers))
+    if not workers:
+        return
+    loads = {
+        item.module.__name__
+        for item in items
+        if SHARED_LOADS & set(getattr(item, "fixturenames", ()))
+    }
+    for item in items:
+        module = item.module.__name__
+        if item.get_closest_marker("ray_serve") is not None:
+            name = "ray_serve"
+        else:
+            name = "smollm2" if module in loads else module.split(".")[-1]
+        item.add_marker(pytest.mark.xdist_group(name))
 
 
 # --- long compiles in the background (tests/background.py) ---
@@ -141,28 +187,31 @@ BACKGROUND = pytest.StashKey[dict]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the collected modules' ``background_commands`` (none for ``--collect-only``)."""
-    from tests.background import start_all
+    """Start the collected modules' ``background_commands`` once per run (none for
+    ``--collect-only``)."""
+    from tests.background import start_once
 
     if session.config.option.collectonly:
         return
+    run = session.config.stash[RUN]
     modules = {item.module for item in session.items if isinstance(item, pytest.Function)}
-    commands = {}
-    for module in sorted(modules, key=lambda m: m.__name__):
-        wanted = getattr(module, "background_commands", None)
-        if wanted is not None:
-            commands |= wanted(Path(tempfile.mkdtemp(prefix="scorejax-background-")))
-    session.config.stash[BACKGROUND] = start_all(commands)
 
+    def commands() -> dict:
+        wanted = {}
+        for module in sorted(modules, key=lambda m: m.__name__):
+            make = getattr(module, "background_commands", None)
+            if make is not None:
+                folder = run / "inputs" / module.__name__
+                folder.mkdir(parents=True)
+                wanted |= make(folder)
+        return wanted
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    for started in session.config.stash.get(BACKGROUND, {}).values():
-        started.kill()
+    session.config.stash[BACKGROUND] = start_once(commands, run)
 
 
 @pytest.fixture(scope="session")
 def background(request: pytest.FixtureRequest) -> dict:
-    """The background commands started for this session, by key."""
+    """The background commands started for this run, by key."""
     return request.config.stash.get(BACKGROUND, {})
 
 
