@@ -154,31 +154,41 @@ def phase(item: pytest.Item, workers: bool) -> int:
     return 0 if serve else 1 if item.module.__name__.split(".")[-1] in RAY_FREE_MODULES else 2
 
 
-# Session fixtures worth loading once per run: their modules share a worker.
-SHARED_LOADS = {"smollm2_loaded", "smollm2_transformers"}
+# The modules of the session fixtures smollm2_loaded and smollm2_transformers: one worker
+# loads SmolLM2 for them all.
+SMOLLM2_MODULES = {
+    f"tests.{name}"
+    for name in (
+        "test_batch_smollm2",
+        "test_engine_smollm2",
+        "test_fp32_floor",
+        "test_loading_smollm2",
+        "test_rerank_smollm2",
+    )
+}
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups off the items
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the run (``phase``); on workers, xdist groups of whole modules: one for all
-    ``ray_serve`` modules (the cluster lives in one process), one for the modules that load
-    SmolLM2 through the session fixtures, one for each other module (its fixtures once)."""
+    """Order the run (``phase``)."""
     workers = is_worker()
     items.sort(key=lambda item: phase(item, workers))
-    if not workers:
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """On workers, xdist groups of whole modules (added as each item is collected: xdist
+    reads them in its own ``pytest_collection_modifyitems``): one for all ``ray_serve``
+    modules (the cluster lives in one process), one for the modules that load SmolLM2
+    through the session fixtures, one for each other module (its fixtures once)."""
+    if not is_worker():
         return
-    loads = {
-        item.module.__name__
-        for item in items
-        if SHARED_LOADS & set(getattr(item, "fixturenames", ()))
-    }
-    for item in items:
-        module = item.module.__name__
-        if item.get_closest_marker("ray_serve") is not None:
-            name = "ray_serve"
-        else:
-            name = "smollm2" if module in loads else module.split(".")[-1]
-        item.add_marker(pytest.mark.xdist_group(name))
+    module = item.module.__name__ if item.module is not None else item.nodeid
+    if item.get_closest_marker("ray_serve") is not None:
+        name = "ray_serve"
+    elif module in SMOLLM2_MODULES:
+        name = "smollm2"
+    else:
+        name = module.split(".")[-1]
+    item.add_marker(pytest.mark.xdist_group(name))
 
 
 # --- long compiles in the background (tests/background.py) ---
