@@ -116,6 +116,7 @@ def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> 
     }
     metrics_port = free_port()
     ray.init(
+        address="local",  # a new cluster, never one another worker's test started here
         num_cpus=num_cpus,
         include_dashboard=False,
         log_to_driver=False,
