@@ -165,7 +165,7 @@ class ScoreIngress:
         served = False
         try:
             result = await asyncio.wait_for(self._replica_answer(work), settings.request_deadline_s)
-            served = True
+            served = result.clean  # a step beside a compile says nothing of the work rate
             return result
         except TimeoutError:
             message = f"no answer within the request deadline ({settings.request_deadline_s} s)"
@@ -187,6 +187,7 @@ class ScoreIngress:
             error = _unwrap(raw)
             if isinstance(error, ReplicaRejected):
                 status = 503 if error.reason in (Reason.UNAVAILABLE, Reason.OVERLOADED) else 400
+                status = 500 if error.reason == Reason.INTERNAL else status
                 raise ScoreRequestError(
                     error.reason, error.message, None, status, error.retry_after_s
                 ) from None

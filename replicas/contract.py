@@ -83,10 +83,13 @@ class PromptLogprobs:
 class ScoredWork:
     """A replica's answer to one ScoreWork: log-probabilities ``[n_items, n_labels]``
     (float32; a head model's head outputs) and the seconds of the engine step that scored
-    them (shared with the other requests batched into that step; several steps add up)."""
+    them (shared with the other requests batched into that step; several steps add up).
+    ``clean``: no compile ran beside or inside that step, so its time says how fast the
+    engine drains work (admission's work rate counts only clean answers, semantics 16)."""
 
     scores: Any
     inference_s: float
+    clean: bool = True
 
 
 @dataclass(frozen=True)

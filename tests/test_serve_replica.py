@@ -71,6 +71,21 @@ class GatedEngine(FakeEngine):
         return super().score_batch(works)
 
 
+class CompilingEngine(FakeEngine):
+    """Reports a background compile pending while ``compiling`` is set (as ScoringEngine's
+    stats do while a traffic signature compiles beside its steps)."""
+
+    compiling: bool = True
+
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> CompilingEngine:
+        base = FakeEngine.from_settings(settings)
+        return cls(settings=base.settings, model_info=base.model_info)
+
+    def stats(self) -> dict[str, int]:
+        return {"background_pending": int(self.compiling), "background_compiles": 0}
+
+
 @pytest.fixture
 def settings(tiny_llama_dir: Path) -> ReplicaSettings:
     return ReplicaSettings(
@@ -125,6 +140,26 @@ def test_a_batch_is_one_engine_call(settings: ReplicaSettings) -> None:
     assert replica.stats()["largest_batch"] == 6
 
 
+def test_steps_beside_a_compile_are_left_out_of_the_work_rate(settings: ReplicaSettings) -> None:
+    """Issue 43: right after a start, steps run on covering signatures beside background
+    compiles, slower than the engine really is; admission must not learn its rate from
+    them (a burst of small requests got 503s). Their answers say so (``clean``), the
+    replica's estimate counts none of them, then counts clean ones again."""
+    replica = Replica(settings, "tests.test_serve_replica:CompilingEngine")
+
+    async def one_work_batches(work: ScoreWork) -> object:  # @serve.batch needs a replica
+        return (await replica._score_many([work]))[0]
+
+    replica._score_batched = one_work_batches
+    for n in range(6):
+        assert not asyncio.run(replica.score_timed(work(query_len=n + 1))).clean
+    assert replica._queue.work_rate() is None  # no basis: admit
+    replica._engine.compiling = False
+    for n in range(6):
+        assert asyncio.run(replica.score_timed(work(query_len=n + 1))).clean
+    assert replica._queue.work_rate() is not None
+
+
 def test_a_refused_work_does_not_fail_its_batch(settings: ReplicaSettings) -> None:
     replica = Replica(settings, "tests.test_serve_replica:PickyEngine")
     good, refused, other = asyncio.run(replica._score_many([work(1), work(13), work(2)]))
@@ -171,16 +206,46 @@ def test_an_overloaded_replica_refuses_before_batching(settings: ReplicaSettings
     assert pickle.loads(pickle.dumps(caught.value)).retry_after_s == 3
 
 
-def test_repeated_engine_failures_make_the_replica_unhealthy(settings: ReplicaSettings) -> None:
+def test_a_request_the_engine_fails_on_alone_is_a_500_and_the_replica_stays_healthy(
+    settings: ReplicaSettings,
+) -> None:
+    """Issue 43: a valid body that broke the engine got 503 'retry, another replica may
+    answer' and failed the same way on every retry. The engine still scores a probe, so the
+    fault is the engine's on this request: internal_error (500), its neighbours answered."""
     replica = Replica(settings, "tests.test_serve_replica:PickyEngine")
+    for _ in range(4):
+        bad, good = asyncio.run(replica._score_many([work(99), work(2)]))
+        assert isinstance(bad, ReplicaRejected) and bad.reason == "internal_error", bad
+        assert "IndexError" not in bad.message and "device fell over" in bad.message
+        assert "fails the same way" in bad.message and bad.retry_after_s is None
+        np.testing.assert_array_equal(good.scores, fake_logprobs(work(2)))
+    replica.check_health()  # the probe scored: never counted as a failing engine
+
+
+class BrokenEngine(FakeEngine):
+    """Raises on every step (a device gone wrong)."""
+
+    @classmethod
+    def from_settings(cls, settings: ReplicaSettings) -> BrokenEngine:
+        base = FakeEngine.from_settings(settings)
+        return cls(settings=base.settings, model_info=base.model_info)
+
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
+        raise RuntimeError("device fell over")
+
+
+def test_repeated_engine_failures_make_the_replica_unhealthy(settings: ReplicaSettings) -> None:
+    """Each failed request's probe fails too (two failed steps a request): the second one
+    turns the health check red, and Serve replaces the replica."""
+    replica = Replica(settings, "tests.test_serve_replica:BrokenEngine")
     replica.check_health()
-    for attempt in range(3):
-        (result,) = asyncio.run(replica._score_many([work(99)]))
+    for attempt in range(2):
+        (result,) = asyncio.run(replica._score_many([work(1)]))
         assert isinstance(result, ReplicaRejected) and result.reason == "unavailable"
         assert "scoring engine failed" in result.message and result.retry_after_s == 1
-        if attempt < 2:
+        if attempt < 1:
             replica.check_health()
-    with pytest.raises(RuntimeError, match="3 scoring batches failed in a row"):
+    with pytest.raises(RuntimeError, match="4 scoring batches failed in a row"):
         replica.check_health()
 
 

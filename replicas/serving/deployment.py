@@ -84,6 +84,26 @@ class ReplicaRejected(ValueError):
         return (type(self), (self.reason, self.message, self.retry_after_s))
 
 
+class EngineFailed(ReplicaRejected):
+    """The engine raised ``cause`` on a step: 503 ``unavailable``, retryable, unless it turns
+    out to fail on this request alone (``on_this_request``)."""
+
+    def __init__(self, cause: str) -> None:
+        message = f"scoring engine failed ({cause}); retry, another replica may answer"
+        super().__init__("unavailable", message, 1)
+        self.cause = cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.cause,))
+
+    def on_this_request(self) -> ReplicaRejected:
+        return ReplicaRejected(
+            "internal_error",
+            f"the scoring engine failed on this request ({self.cause}) and scores others: "
+            "a defect, logged with its trace; sending it again fails the same way",
+        )
+
+
 def coerce_settings(settings: ReplicaSettings | Mapping[str, Any]) -> ReplicaSettings:
     if isinstance(settings, ReplicaSettings):
         return settings
@@ -257,7 +277,7 @@ class ScoringReplica:
         try:
             result = await self._score_batched(work)
         finally:
-            self._queue.finished(ticket, isinstance(result, ScoredWork))
+            self._queue.finished(ticket, isinstance(result, ScoredWork) and result.clean)
         if isinstance(result, BaseException):
             raise result
         return result
@@ -311,11 +331,24 @@ class ScoringReplica:
 
     async def _run_engine(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
         """One engine call; when every work is refused, each alone (one bad work must not fail
-        its neighbours)."""
+        its neighbours). A work the engine fails on alone while it still scores a probe is a
+        defect of the engine on that request: 500, not a retryable 503 (issue 43: the same
+        body failed the same way on every retry)."""
         results = await self._run_engine_once(works)
         if len(works) > 1 and all(isinstance(r, ReplicaRejected) for r in results):
             results = [(await self._run_engine_once([work]))[0] for work in works]
+        failed = [r for r in results if isinstance(r, EngineFailed)]
+        if failed and await self._engine_scores_a_probe():
+            results = [r.on_this_request() if isinstance(r, EngineFailed) else r for r in results]
         return results
+
+    async def _engine_scores_a_probe(self) -> bool:
+        """Whether the engine scores a one-token query with one empty item (a warm step)."""
+        info = self._engine.info
+        token = 2 if info.multi_item_scoring_delimiter == 1 else 1
+        labels = info.head.label_ids if info.head is not None else (0,)
+        (answer,) = await self._run_engine_once([ScoreWork((token,), ((),), labels)])
+        return isinstance(answer, ScoredWork)
 
     async def _score_alive(
         self, works: list[ScoreWork], alive: list[bool]
@@ -328,7 +361,7 @@ class ScoringReplica:
         return [next(scored) if ok else expired for ok in alive]
 
     async def _run_engine_once(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
-        start = time.perf_counter()
+        start, compiles = time.perf_counter(), self._compile_marks()
         try:
             # A thread keeps the event loop (health checks, queueing) alive during the step.
             loop = asyncio.get_running_loop()
@@ -346,17 +379,24 @@ class ScoringReplica:
             self._failed_batches_in_a_row += 1
             self._last_error = repr(error)
             logger.exception("scoring batch of %d failed", len(works))
-            # The engine, not the request, failed: a retryable 503; enough in a row turn
-            # the health check red and Serve replaces this replica.
-            message = f"scoring engine failed ({error!r}); retry, another replica may answer"
-            return [ReplicaRejected("unavailable", message, 1)] * len(works)
+            # The engine failed: a retryable 503 unless it scores a probe (_run_engine);
+            # enough in a row turn the health check red and Serve replaces this replica.
+            return [EngineFailed(repr(error))] * len(works)
         self._failed_batches_in_a_row = 0
         seconds = time.perf_counter() - start
         self._metrics.after_step(len(works), seconds, self._engine_counters())
         if time.monotonic() - self._trimmed_at >= TRIM_INTERVAL_S:
             self._trimmed_at = time.monotonic()
             await asyncio.to_thread(release_free_heap)
-        return [ScoredWork(_scores(array), seconds) for array in arrays]
+        clean = compiles == self._compile_marks() and not compiles[0]
+        return [ScoredWork(_scores(array), seconds, clean) for array in arrays]
+
+    def _compile_marks(self) -> tuple[int, ...]:
+        """(background compiles pending, compiles by source): a step between two equal
+        marks with none pending ran beside no compile and compiled nothing itself."""
+        counters = self._engine_counters()
+        keys = ("background_pending", "background_compiles", "request_path_compiles")
+        return tuple(int(counters.get(key, 0)) for key in keys)
 
 
 def _scores(answer: Any) -> Any:
