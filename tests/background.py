@@ -4,14 +4,10 @@ much of the time) instead of running alone when their test module's turn comes.
 
 A test module that wants some defines ``background_commands(folder) -> {key: Command}``;
 ``conftest.py`` starts them for the collected modules only, its ``background`` fixture hands
-them out, and every one still running when the run ends is killed.
-
-The suite runs on two pytest-xdist workers (docs/testing.md), and each collects every
-module, so the commands run once per run, not once per worker: the first worker to create
-the run's ``background`` folder starts them, and each command's output, exit status and
-process id go to files there, where the test that needs a result waits for them, on
-whichever worker it runs. The process that owns the whole run (xdist's controller, or the
-one process without xdist) kills what is left at its end.
+them out, and every one still running when the run ends is killed. Each command leaves its
+output, exit status and process group in files of the run's folder, where its test waits
+for them; ``start_once`` launches them once even if several pytest processes of one run
+(pytest-xdist workers) collect the same modules.
 """
 
 from __future__ import annotations
