@@ -67,7 +67,10 @@ class Started:
             ["sh", "-c", script, str(command.niceness), *command.args],
             cwd=ROOT,
             env=env,
-            start_new_session=True,  # its own process group: killed whole at the end
+            # Its own process group (killed whole at the end), in pytest's session: a new
+            # session would be its own scheduler autogroup, where niceness no longer yields
+            # the cores to the tests (each compile took a core's half beside them).
+            process_group=0,
         )
         (self.folder / "pgid").write_text(str(process.pid))
 
