@@ -162,16 +162,16 @@ class ScoreIngress:
         self._admit()  # again: requests admitted since the route's gate may now be ahead
         work = dataclasses.replace(work, deadline=time.time() + settings.request_deadline_s)
         ticket = self._queue.started(work_cost(work, self._settings.multi_item))
-        served = False
+        served, clean = False, True
         try:
             result = await asyncio.wait_for(self._replica_answer(work), settings.request_deadline_s)
-            served = result.clean  # a step beside a compile says nothing of the work rate
+            served, clean = True, result.clean  # a step beside a compile: slower than the engine
             return result
         except TimeoutError:
             message = f"no answer within the request deadline ({settings.request_deadline_s} s)"
             raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, 1) from None
         finally:
-            self._queue.finished(ticket, served)
+            self._queue.finished(ticket, served, clean)
 
     def _admit(self) -> None:
         """Refuse (503 overloaded, Retry-After) when the work ahead exceeds the allowed wait."""

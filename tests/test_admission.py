@@ -163,3 +163,19 @@ def test_retry_after_is_whole_seconds_between_1_and_60() -> None:
     assert retry_after_seconds(5.2, 5.0) == 1
     assert retry_after_seconds(12.5, 5.0) == 8
     assert retry_after_seconds(1000.0, 5.0) == 60
+
+
+def test_an_unclean_completion_restarts_the_rate_after_it() -> None:
+    """A step beside a compile (issue 43) is slower than the engine: its call, and every
+    call before it, leave the rate; the window starts after it, so its busy seconds are
+    not charged to the clean calls that follow."""
+    now = [0.0]
+    queue = QueueEstimate(clock=lambda: now[0])
+    slow = queue.started(10)
+    now[0] += 5.0  # 10 units in 5 s: beside a compile
+    queue.finished(slow, served=True, clean=False)
+    for _ in range(4):  # then 10 units a second, clean
+        ticket = queue.started(10)
+        now[0] += 1.0
+        queue.finished(ticket)
+    assert queue.work_rate() == pytest.approx(10.0)

@@ -157,7 +157,8 @@ def test_steps_beside_a_compile_are_left_out_of_the_work_rate(settings: ReplicaS
     replica._engine.compiling = False
     for n in range(6):
         assert asyncio.run(replica.score_timed(work(query_len=n + 1))).clean
-    assert replica._queue.work_rate() is not None
+    assert replica._queue.work_rate() is not None  # from the clean steps' busy time alone
+    assert replica._queue._origin > 0  # the window starts after the last unclean step
 
 
 def test_a_refused_work_does_not_fail_its_batch(settings: ReplicaSettings) -> None:

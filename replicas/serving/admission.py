@@ -51,6 +51,7 @@ class QueueEstimate:
     _busy_since: float = 0.0  # wall time the current busy period began
     _head_since: float = 0.0  # busy clock since which the oldest call in flight has drained
     _completions: deque[tuple[float, float]] = field(default_factory=deque)  # (busy clock, cost)
+    _origin: float = 0.0  # busy clock the rate's window may start at (after an unclean step)
 
     @property
     def in_flight(self) -> int:
@@ -76,14 +77,19 @@ class QueueEstimate:
         self._ahead[ticket] = float(cost)
         return ticket
 
-    def finished(self, ticket: int, served: bool = True) -> None:
+    def finished(self, ticket: int, served: bool = True, clean: bool = True) -> None:
         """The call of ``ticket`` left the queue; only served calls count toward the rate (a
-        fast refusal says nothing about how fast the queue drains)."""
+        fast refusal says nothing about how fast the queue drains). A served call whose step
+        was not ``clean`` (a compile ran beside it) says the engine was slower than it is:
+        the rate forgets it and everything before it, and starts again after it."""
         if ticket not in self._ahead:
             return
         now = self.busy_clock()
         cost = self._ahead.pop(ticket)
-        if served:
+        if served and not clean:
+            self._completions.clear()
+            self._origin = now
+        elif served:
             self._completions.append((now, cost))
             while len(self._completions) > self.recent + 1:
                 self._completions.popleft()
@@ -100,7 +106,7 @@ class QueueEstimate:
         if len(times) > self.recent:  # the oldest kept marks where the others' span began
             since, served = times[0][0], sum(cost for _, cost in itertools.islice(times, 1, None))
         else:
-            since, served = 0.0, sum(cost for _, cost in times)
+            since, served = self._origin, sum(cost for _, cost in times)
         # Up to the last completion: the call in progress since is credited by work_ahead.
         return served / max(times[-1][0] - since, MIN_RATE_SPAN_S)
 

@@ -277,7 +277,8 @@ class ScoringReplica:
         try:
             result = await self._score_batched(work)
         finally:
-            self._queue.finished(ticket, isinstance(result, ScoredWork) and result.clean)
+            served = isinstance(result, ScoredWork)
+            self._queue.finished(ticket, served, not served or result.clean)
         if isinstance(result, BaseException):
             raise result
         return result
