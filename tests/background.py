@@ -6,8 +6,8 @@ A test module that wants some defines ``background_commands(folder) -> {key: Com
 ``conftest.py`` starts them for the collected modules only, its ``background`` fixture hands
 them out, and every one still running when the run ends is killed. Each command leaves its
 output, exit status and process group in files of the run's folder, where its test waits
-for them; ``start_once`` launches them once even if several pytest processes of one run
-(pytest-xdist workers) collect the same modules.
+for them; ``start_once`` launches them once per run folder (a second caller with the same
+folder, as pytest-xdist workers sharing one would be, waits for the first one's manifest).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.xla_flags import production_env
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.5
-MANIFEST_WAIT_S = 300  # the launching worker makes the commands' inputs first
+MANIFEST_WAIT_S = 300  # the launching caller makes the commands' inputs first
 
 
 @dataclass(frozen=True)
