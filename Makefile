@@ -27,10 +27,13 @@ serve: $(STAMP)
 	# (cluster/niceness.py).
 	RAY_worker_niceness=0 $(VENV)/bin/serve run serve_config.yaml
 
+# Two pytest-xdist workers: one takes every Ray Serve module (one cluster), the other the rest,
+# each module whole, in the order tests/conftest.py gives (docs/testing.md).
+PYTEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 $(PYTEST_WORKERS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

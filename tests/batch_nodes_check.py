@@ -35,6 +35,9 @@ SYSTEM_CONFIG = {
     "health_check_initial_delay_ms": 0,
     "health_check_period_ms": 200,
     "health_check_failure_threshold": 3,
+    # As make serve starts Ray: at Ray's default (15) the suite's niced background compiles
+    # would take the workers' CPU first (cluster/niceness.py).
+    "worker_niceness": 0,
 }
 
 

@@ -94,9 +94,15 @@ def smollm2_transformers():
     return load_hf_model()
 
 
-# --- how the suite compiles (tests/xla_flags.py) ---
+# --- how the suite compiles (tests/xla_flags.py) and runs on two workers ---
 
+RUN_ENV = "SCOREJAX_TEST_RUN"  # the run's folder: its compilation cache, background commands
 RUN = pytest.StashKey[Path]()
+
+
+def is_worker() -> bool:
+    """A pytest-xdist worker (the README's ``make test`` runs two, docs/testing.md)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -107,36 +113,82 @@ def pytest_configure(config: pytest.Config) -> None:
     compilation cache of its own, new and empty for each run (a replica restarted by a
     chaos test, the second host of a group or the next module's replica of the same model
     loads what an earlier one compiled). The TPU compiles in tests/background.py use
-    neither. The run's folder holds that cache and the background commands' files."""
-    run = Path(tempfile.mkdtemp(prefix="scorejax-test-run-"))
+    neither. The process that owns the run (xdist's controller, before it starts its
+    workers, or the one process without xdist) makes the run's folder; workers inherit it."""
+    if not is_worker() or RUN_ENV not in os.environ:
+        os.environ[RUN_ENV] = tempfile.mkdtemp(prefix="scorejax-test-run-")
+    run = Path(os.environ[RUN_ENV])
     config.stash[RUN] = run
     os.environ.update(session_env(os.environ, str(run / "jax-cache")))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Kill the background commands still running and remove the run's folder."""
+    """The run's owner kills the background commands still running and removes the folder."""
     from tests.background import kill_all
 
     run = config.stash.get(RUN, None)
-    if run is not None:
+    if run is not None and not is_worker():
         kill_all(run)
         shutil.rmtree(run, ignore_errors=True)
 
 
-# --- Ray Serve (tests/serve_support.py) ---
+# --- the order of the run (tests/serve_support.py, tests/background.py) ---
+
+# Starts a ray.cluster_utils.Cluster in its own process and asserts no Ray is initialized
+# there: on two workers it runs beside the Serve modules, never after them in their worker.
+RAY_FREE_MODULES = ("test_slice_placement",)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``ray_serve`` modules after the others, in their collected order: one cluster
-    serves them in turn. Then the ``after_serve`` modules, whose background compiles
-    (tests/background.py) use the CPU the Serve modules leave idle while they wait."""
+def phase(item: pytest.Item, workers: bool) -> int:
+    """One process: the plain modules, then the ``ray_serve`` modules (one cluster serves them
+    in turn), then the ``after_serve`` modules, whose background compiles
+    (tests/background.py) use the CPU the Serve modules leave idle while they wait. Two
+    workers: the Serve modules first (one worker takes them all), the Ray-free modules next
+    (the other worker takes them while the first holds the cluster), the plain ones, then
+    ``after_serve``."""
+    if item.get_closest_marker("after_serve") is not None:
+        return 3
+    serve = item.get_closest_marker("ray_serve") is not None
+    if not workers:
+        return int(serve)
+    return 0 if serve else 1 if item.module.__name__.split(".")[-1] in RAY_FREE_MODULES else 2
 
-    def phase(item: pytest.Item) -> int:
-        if item.get_closest_marker("after_serve") is not None:
-            return 2
-        return int(item.get_closest_marker("ray_serve") is not None)
 
-    items.sort(key=phase)
+# The modules of the session fixtures smollm2_loaded and smollm2_transformers: one worker
+# loads SmolLM2 for them all.
+SMOLLM2_MODULES = {
+    f"tests.{name}"
+    for name in (
+        "test_batch_smollm2",
+        "test_engine_smollm2",
+        "test_fp32_floor",
+        "test_loading_smollm2",
+        "test_rerank_smollm2",
+    )
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the run (``phase``)."""
+    workers = is_worker()
+    items.sort(key=lambda item: phase(item, workers))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """On workers, xdist groups of whole modules (added as each item is collected: xdist
+    reads them in its own ``pytest_collection_modifyitems``): one for all ``ray_serve``
+    modules (the cluster lives in one process), one for the modules that load SmolLM2
+    through the session fixtures, one for each other module (its fixtures once)."""
+    if not is_worker():
+        return
+    module = item.module.__name__ if item.module is not None else item.nodeid
+    if item.get_closest_marker("ray_serve") is not None:
+        name = "ray_serve"
+    elif module in SMOLLM2_MODULES:
+        name = "smollm2"
+    else:
+        name = module.split(".")[-1]
+    item.add_marker(pytest.mark.xdist_group(name))
 
 
 # --- long compiles in the background (tests/background.py) ---
@@ -145,7 +197,8 @@ BACKGROUND = pytest.StashKey[dict]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the collected modules' ``background_commands`` (none for ``--collect-only``)."""
+    """Start the collected modules' ``background_commands`` once per run (none for
+    ``--collect-only``)."""
     from tests.background import start_once
 
     if session.config.option.collectonly:
@@ -168,7 +221,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def background(request: pytest.FixtureRequest) -> dict:
-    """The background commands started for this session, by key."""
+    """The background commands started for this run, by key."""
     return request.config.stash.get(BACKGROUND, {})
 
 

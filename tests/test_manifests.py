@@ -33,6 +33,9 @@ from tests.background import Command
 from tests.test_serve_config import CONFIG, unknown_keys
 
 ROOT = Path(__file__).resolve().parents[1]
+# Last, after the Serve modules: the re-plan (about 370 CPU-s of TPU compiles) runs in the
+# background all the while; run earlier, this module waited 110 s for it.
+pytestmark = pytest.mark.after_serve
 MANIFESTS = sorted((ROOT / "cluster" / "manifests").glob("*.yaml"))
 TPU_KEYS = {
     "model",

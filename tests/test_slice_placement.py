@@ -53,7 +53,10 @@ def add_tpu_host(cluster: Cluster, slice_name: str, worker: int) -> None:
 @pytest.fixture(scope="module")
 def two_slices() -> Iterator[Cluster]:
     assert not ray.is_initialized()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    # Workers at niceness 0, as make serve starts Ray: at Ray's default (15) the suite's
+    # niced background compiles would take their CPU first (cluster/niceness.py).
+    head = {"num_cpus": 2, "_system_config": {"worker_niceness": 0}}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         for name in ("slice-a", "slice-b"):
             for worker in (0, 1):
