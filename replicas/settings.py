@@ -104,6 +104,10 @@ class ReplicaSettings:
     max_request_tokens: int | None = None
     max_batch_size: int = 16
     batch_wait_timeout_s: float = 0.005
+    # Tokens one engine call computes at most when batches that waited during a step are
+    # merged into it (the first batch always runs); 0: only max_batch_size bounds a call.
+    # Bounds how long an admitted request waits behind a merged call under overload.
+    max_call_tokens: int = 0
     # Admission control (semantics 12): a request whose expected wait (Little's law over
     # recent completions, at the ingress and at the replica) exceeds this is answered at
     # once with 503 overloaded and Retry-After; 0 turns it off.
@@ -260,6 +264,10 @@ class ReplicaSettings:
             )
         if self.query_cache_bytes < 0:
             raise SettingsError(f"query_cache_bytes: must be >= 0, got {self.query_cache_bytes}")
+        if self.max_call_tokens < 0:
+            raise SettingsError(
+                f"max_call_tokens: must be >= 0 (0 = unbounded), got {self.max_call_tokens}"
+            )
         for shape in self.warmup_shapes:
             if len(shape) != 4 or any(int(n) < 0 for n in shape) or shape[0] < 1 or shape[3] < 1:
                 raise SettingsError(

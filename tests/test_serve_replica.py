@@ -101,11 +101,19 @@ def work(label: int = 1, query_len: int = 3) -> ScoreWork:
     return ScoreWork(tuple(range(1, query_len + 1)), ((5,), (6, 7)), (label, 2))
 
 
+@pytest.mark.parametrize(
+    ("max_call_tokens", "calls"),
+    # Ten one-work batches of 4, 5, ..., 13 tokens to compute wait behind the first step:
+    # up to 8 works a call; at most 30 tokens a call: 4+5+6+7+8, 9+10+11, 12+13.
+    [(0, [1, 8, 2]), (30, [1, 5, 3, 2])],
+)
 def test_batches_that_arrive_during_a_step_share_the_next_engine_call(
-    settings: ReplicaSettings,
+    settings: ReplicaSettings, max_call_tokens: int, calls: list[int]
 ) -> None:
     """Serve hands batches over while a step runs (max_concurrent_batches); every batch
-    waiting when the engine frees runs in one call, up to max_batch_size (8) works."""
+    waiting when the engine frees runs in one call, up to max_batch_size (8) works and
+    max_call_tokens tokens."""
+    settings = settings.replace(max_call_tokens=max_call_tokens)
     replica = Replica(settings, "tests.test_serve_replica:GatedEngine")
     engine = replica._engine
     later = [[work(query_len=n)] for n in range(1, 11)]  # ten one-work batches
@@ -121,7 +129,7 @@ def test_batches_that_arrive_during_a_step_share_the_next_engine_call(
         return await asyncio.gather(first, *waiting)
 
     results = asyncio.run(scenario())
-    assert [len(call) for call in engine.calls] == [1, 8, 2]
+    assert [len(call) for call in engine.calls] == calls
     for (got,), (w,) in zip(results[1:], later, strict=True):
         np.testing.assert_array_equal(got.scores, fake_logprobs(w))
 

@@ -35,10 +35,12 @@ from replicas.contract import (
     ScoreWork,
     ScoringLimitError,
     check_limits,
+    computed_tokens,
     work_cost,
 )
 from replicas.engine.memory import release_free_heap
 from replicas.serving.admission import QueueEstimate, admit
+from replicas.serving.merging import take_for_one_call
 from replicas.serving.metrics import ReplicaMetrics
 from replicas.settings import ReplicaSettings, SettingsError, check_delimiter_in_vocab
 
@@ -309,13 +311,13 @@ class ScoringReplica:
 
     async def _drain(self) -> None:
         while self._waiting:
-            taken = [self._waiting.popleft()]
-            count = len(taken[0][0])
-            while (
-                self._waiting and count + len(self._waiting[0][0]) <= self._settings.max_batch_size
-            ):
-                count += len(self._waiting[0][0])
-                taken.append(self._waiting.popleft())
+            settings = self._settings
+            taken = take_for_one_call(
+                self._waiting,
+                settings.max_batch_size,
+                settings.max_call_tokens,
+                lambda work: computed_tokens(work, settings.multi_item),
+            )
             try:
                 results = await self._run_engine([work for works, _ in taken for work in works])
             except BaseException as error:  # cancelled (the replica stops): tell every waiter

@@ -1,0 +1,39 @@
+"""replicas/serving/merging.py: which waiting batches the next engine call takes."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from replicas.serving.merging import take_for_one_call
+from replicas.settings import ReplicaSettings, SettingsError
+
+
+def waiting(*batches: list[int]) -> deque:
+    """Batches of works given by their token counts; each batch's 'future' is its index."""
+    return deque((batch, n) for n, batch in enumerate(batches))
+
+
+def test_batches_join_while_works_and_tokens_fit() -> None:
+    queue = waiting([10], [5, 5], [30], [1])
+    assert take_for_one_call(queue, 8, 20, int) == [([10], 0), ([5, 5], 1)]
+    assert take_for_one_call(queue, 8, 20, int) == [([30], 2)]  # the first runs, too big or not
+    assert take_for_one_call(queue, 8, 20, int) == [([1], 3)] and not queue
+
+
+def test_no_token_bound_merges_up_to_max_works_in_arrival_order() -> None:
+    queue = waiting([100], [100, 100], [100], [100])
+    assert [f for _, f in take_for_one_call(queue, 4, 0, int)] == [0, 1, 2]
+    assert [f for _, f in take_for_one_call(queue, 4, 0, int)] == [3]
+
+
+def test_a_later_batch_that_fits_does_not_jump_the_queue() -> None:
+    queue = waiting([10], [15], [1])
+    assert [f for _, f in take_for_one_call(queue, 8, 20, int)] == [0]
+    assert [f for _, f in take_for_one_call(queue, 8, 20, int)] == [1, 2]
+
+
+def test_a_negative_bound_is_refused_naming_the_setting() -> None:
+    with pytest.raises(SettingsError, match="max_call_tokens: must be >= 0"):
+        ReplicaSettings(max_call_tokens=-1)
