@@ -15,6 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, Protocol
 
 import numpy as np
@@ -312,11 +313,9 @@ class ScoringReplica:
     async def _drain(self) -> None:
         while self._waiting:
             settings = self._settings
+            tokens = partial(computed_tokens, multi_item=settings.multi_item)
             taken = take_for_one_call(
-                self._waiting,
-                settings.max_batch_size,
-                settings.max_call_tokens,
-                lambda work: computed_tokens(work, settings.multi_item),
+                self._waiting, settings.max_batch_size, settings.max_call_tokens, tokens
             )
             try:
                 results = await self._run_engine([work for works, _ in taken for work in works])
