@@ -164,8 +164,13 @@ def under_load(cluster: ServeCluster, fault: Any, replaced: Any) -> tuple[Load, 
         load.stop.set()
         for thread in threads:
             thread.join(timeout=180)
-    last_failure = max((a.done for a in load.answers if a.status != 200), default=at)
-    first_ok = min(a.done for a in load.answers if a.status == 200 and a.done > last_failure)
+    # Recovery within the window the fault was recovered in: an enveloped 503 answered
+    # later (check_answers judges every answer) must not leave it without a first 200.
+    window = [a for a in load.answers if a.done <= now]
+    last_failure = max((a.done for a in window if a.status != 200), default=at)
+    first_ok = min(
+        (a.done for a in window if a.status == 200 and a.done > last_failure), default=now
+    )
     return load, at, first_ok - at
 
 
