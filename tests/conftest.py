@@ -154,17 +154,21 @@ def phase(item: pytest.Item, workers: bool) -> int:
     return 0 if serve else 1 if item.module.__name__.split(".")[-1] in RAY_FREE_MODULES else 2
 
 
-# The modules of the session fixtures smollm2_loaded and smollm2_transformers: one worker
-# loads SmolLM2 for them all.
-SMOLLM2_MODULES = {
-    f"tests.{name}"
-    for name in (
-        "test_batch_smollm2",
-        "test_engine_smollm2",
-        "test_fp32_floor",
-        "test_loading_smollm2",
-        "test_rerank_smollm2",
-    )
+# Modules that share expensive session fixtures run on one worker, which builds them once:
+# smollm2_loaded and smollm2_transformers (SmolLM2), embedding_engine (the tiny embedders).
+SHARED_FIXTURE_GROUPS = {
+    f"tests.{name}": group
+    for group, names in {
+        "smollm2": (
+            "test_batch_smollm2",
+            "test_engine_smollm2",
+            "test_fp32_floor",
+            "test_loading_smollm2",
+            "test_rerank_smollm2",
+        ),
+        "embed": ("test_batch_embed", "test_embed_engine", "test_embed_routes"),
+    }.items()
+    for name in names
 }
 
 
@@ -177,17 +181,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_itemcollected(item: pytest.Item) -> None:
     """On workers, xdist groups of whole modules (added as each item is collected: xdist
     reads them in its own ``pytest_collection_modifyitems``): one for all ``ray_serve``
-    modules (the cluster lives in one process), one for the modules that load SmolLM2
-    through the session fixtures, one for each other module (its fixtures once)."""
+    modules (the cluster lives in one process), one for each ``SHARED_FIXTURE_GROUPS``
+    group, one for each other module (its fixtures once)."""
     if not is_worker():
         return
     module = item.module.__name__ if item.module is not None else item.nodeid
     if item.get_closest_marker("ray_serve") is not None:
         name = "ray_serve"
-    elif module in SMOLLM2_MODULES:
-        name = "smollm2"
     else:
-        name = module.split(".")[-1]
+        name = SHARED_FIXTURE_GROUPS.get(module, module.split(".")[-1])
     item.add_marker(pytest.mark.xdist_group(name))
 
 
