@@ -304,8 +304,13 @@ def check_embed_limits(work: EmbedWork, limits: ScoringLimits, max_seq_length: i
         )
 
 
-def check_limits(work: ScoreWork | PromptWork, limits: ScoringLimits, multi_item: bool) -> None:
+def check_limits(
+    work: ScoreWork | PromptWork | EmbedWork, limits: ScoringLimits, multi_item: bool
+) -> None:
     """Raise ScoringLimitError if ``work`` breaks ``limits``; used on both sides of the handle."""
+    if isinstance(work, EmbedWork):  # the model's max_seq_length: the engine checks it too
+        check_embed_limits(work, limits, None)
+        return
     if isinstance(work, PromptWork):
         check_prompt_limits(work, limits)
         return

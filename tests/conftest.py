@@ -59,6 +59,15 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def embedding_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Tiny sentence-transformers directories by variant (tests/embed_helpers.py)."""
+    from tests.embed_helpers import EMBED_VARIANTS, save_embedding_model
+
+    root = tmp_path_factory.mktemp("embedders")
+    return {v: save_embedding_model(v, root / v, tiny_llama_dir) for v in EMBED_VARIANTS}
+
+
+@pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
     """Function variant -> directory of a tiny random HF checkpoint (tests/model_helpers.py),
     built once per session."""

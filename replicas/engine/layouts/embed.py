@@ -49,6 +49,12 @@ def slots(tokens: int) -> int:
     return max(MIN_SLOTS, tokens // 4)
 
 
+def embed_window(longest: int, tokens: int) -> int:
+    """The item window of a step of ``tokens``: the longest input's (``window_for``), at
+    least a quarter of the row, so a row length has at most three windows to compile."""
+    return max(window_for(longest, tokens), min(tokens, window_for(tokens // 4, tokens)))
+
+
 @dataclass(frozen=True, order=True)
 class EmbedDims(BucketDims):
     """One embedding step: ``batch`` rows of ``tokens`` stream tokens, inputs <= ``window``."""
@@ -189,7 +195,7 @@ class EmbedLayout:
             tokens = bucket_for(longest_row, settings.item_token_buckets, "item_token_buckets")
             longest = max(len(p.tokens) for row in chunk for p in row)
             batch = bucket_for(len(chunk), data_buckets(settings.batch_buckets, groups), "batch")
-            steps.append((EmbedDims(batch, tokens, window_for(longest, tokens)), chunk))
+            steps.append((EmbedDims(batch, tokens, embed_window(longest, tokens)), chunk))
         return steps
 
     def plan(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple[str, Any]]:

@@ -1,0 +1,114 @@
+"""Embeddings in the engine (semantics 20) equal sentence-transformers' ``encode`` (fp32).
+
+Tiny random Qwen3 (last token), Llama (mean) and Gemma 3 (mean, Dense 64 -> 48 with tanh)
+base models saved as sentence-transformers directories (tests/embed_helpers.py), each with a
+``query`` prompt and Normalize: every vector equals ``encode``'s within 1e-5 per component,
+alone and inside mixed batches of 1..64 inputs of 1..512 tokens, and does not depend on the
+other inputs of its step; Matryoshka equals ``truncate_dim`` (renormalized); padding stays
+small. One engine per family, two compiled signatures each (test settings below).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.embeddings import Embedder, matryoshka
+from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
+from replicas.contract import EmbedWork
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.settings import ReplicaSettings
+from tests.embed_helpers import QUERY_PROMPT, reference_vectors
+
+TOL = 1e-5  # tiny models: DESIGN.md "Comparing two float32 paths"
+
+
+def embed_settings(model: Path) -> ReplicaSettings:
+    """Rows of 1024 tokens, one per step: warm-up compiles two signatures."""
+    return ReplicaSettings(
+        model=str(model),
+        token_buckets=(1024,),
+        item_token_buckets=(256, 1024),
+        item_tokens_per_step=1024,
+        batch_buckets=(1,),
+        max_items_per_request=64,
+        query_cache_bytes=0,
+    )
+
+
+def texts_of(seed: int, count: int, longest: int = 512) -> list[str]:
+    """Texts of about 1..``longest`` tokens (SmolLM2's tokenizer: ~1 token per word)."""
+    rng = np.random.default_rng(seed)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue"]
+    lengths = np.exp(rng.uniform(0, np.log(longest - 2), count)).astype(int) + 1
+    return [" ".join(rng.choice(words, n)) for n in lengths]
+
+
+@pytest.fixture(scope="module", params=["qwen3-last", "llama-mean", "gemma3-mean-dense"])
+def family(request: pytest.FixtureRequest, embedding_dirs: dict) -> tuple:
+    directory = embedding_dirs[request.param]
+    engine = ScoringEngine.from_settings(embed_settings(directory), warm=True)
+    tokenizer = load_tokenizer(resolve_model_source(directory))
+    return directory, engine, Embedder(engine.info, tokenizer)
+
+
+def test_vectors_equal_sentence_transformers_alone_and_in_mixed_batches(family) -> None:
+    directory, engine, embedder = family
+    texts = texts_of(1, 64)
+    reference = reference_vectors(directory, texts)
+    work = embedder.text_work(texts, None)
+    assert max(len(ids) for ids in work.inputs) <= 512
+    (together,) = engine.score_batch([work])
+    np.testing.assert_allclose(together, reference, atol=TOL, rtol=0)
+    # the same inputs split over concurrent works of 1..40, in another order
+    order = np.random.default_rng(2).permutation(64)
+    parts = [order[:1], order[1:25], order[25:]]
+    answers = engine.score_batch([EmbedWork(tuple(work.inputs[i] for i in p)) for p in parts])
+    for part, answer in zip(parts, answers, strict=True):
+        np.testing.assert_allclose(answer, reference[part], atol=TOL, rtol=0)
+    (alone,) = engine.score_batch([EmbedWork((work.inputs[5],))])
+    np.testing.assert_allclose(alone[0], reference[5], atol=TOL, rtol=0)
+    stats = engine.stats()
+    assert stats["request_path_compiles"] == 0
+    assert engine.info.pooling.dimension == reference.shape[1]
+
+
+def test_the_query_prompt_applies_as_sentence_transformers_applies_it(family) -> None:
+    directory, engine, embedder = family
+    texts = texts_of(3, 5, longest=40)
+    reference = reference_vectors(directory, texts, prompt_name="query")
+    assert engine.info.pooling.prompt("query") == QUERY_PROMPT
+    (vectors,) = engine.score_batch([embedder.text_work(texts, QUERY_PROMPT)])
+    np.testing.assert_allclose(vectors, reference, atol=TOL, rtol=0)
+
+
+def test_a_vector_does_not_depend_on_its_step(family) -> None:
+    _, engine, embedder = family
+    texts = texts_of(4, 12, longest=200)
+    work = embedder.text_work(texts, None)
+    (base,) = engine.score_batch([work])
+    changed = EmbedWork((work.inputs[0], tuple(reversed(work.inputs[1])), *work.inputs[2:]))
+    (other,) = engine.score_batch([changed])
+    np.testing.assert_allclose(np.delete(other, 1, 0), np.delete(base, 1, 0), atol=1e-6, rtol=0)
+
+
+def test_matryoshka_equals_truncate_dim_renormalized(family) -> None:
+    directory, engine, embedder = family
+    texts = texts_of(5, 6, longest=60)
+    (vectors,) = engine.score_batch([embedder.text_work(texts, None)])
+    truncated = reference_vectors(directory, texts, truncate_dim=16)
+    expected = truncated / np.linalg.norm(truncated, axis=1, keepdims=True)
+    np.testing.assert_allclose(matryoshka(vectors, 16), expected, atol=TOL, rtol=0)
+
+
+def test_padding_on_mixed_lengths(family) -> None:
+    _, engine, embedder = family
+    before = engine.stats()
+    texts = texts_of(6, 64, longest=300)
+    engine.score_batch([embedder.text_work(texts, None)])
+    after = engine.stats()
+    computed = after["computed_tokens"] - before["computed_tokens"]
+    useful = after["useful_tokens"] - before["useful_tokens"]
+    assert computed / useful <= 1.3  # rows of 1024 tokens; the last row pads
