@@ -67,6 +67,23 @@ def save_embedding_model(
     return directory
 
 
+def embed_settings(model: Path, **changes: Any) -> Any:
+    """Test settings: rows of up to 1024 tokens, one per step; warm-up compiles two
+    signatures (rows of 256 and 1024 tokens)."""
+    from replicas.settings import ReplicaSettings
+
+    values = {
+        "model": str(model),
+        "token_buckets": (1024,),
+        "item_token_buckets": (256, 1024),
+        "item_tokens_per_step": 1024,
+        "batch_buckets": (1,),
+        "max_items_per_request": 64,
+        "query_cache_bytes": 0,
+    }
+    return ReplicaSettings(**{**values, **changes})
+
+
 def reference_vectors(
     directory: Path, texts: list[str], prompt_name: str | None = None, **kwargs: Any
 ) -> np.ndarray:
@@ -76,3 +93,11 @@ def reference_vectors(
     model = SentenceTransformer(str(directory), device="cpu", local_files_only=True)
     vectors = model.encode(texts, prompt_name=prompt_name, convert_to_numpy=True, **kwargs)
     return np.asarray(vectors, np.float32)
+
+
+def texts_of(seed: int, count: int, longest: int = 512) -> list[str]:
+    """Texts of about 1..``longest`` tokens (SmolLM2's tokenizer: ~1 token per word)."""
+    rng = np.random.default_rng(seed)
+    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue"]
+    lengths = np.exp(rng.uniform(0, np.log(longest - 2), count)).astype(int) + 1
+    return [" ".join(rng.choice(words, n)) for n in lengths]

@@ -5,12 +5,11 @@ base models saved as sentence-transformers directories (tests/embed_helpers.py),
 ``query`` prompt and Normalize: every vector equals ``encode``'s within 1e-5 per component,
 alone and inside mixed batches of 1..64 inputs of 1..512 tokens, and does not depend on the
 other inputs of its step; Matryoshka equals ``truncate_dim`` (renormalized); padding stays
-small. One engine per family, two compiled signatures each (test settings below).
+small. One engine per family (shared by the session), two compiled signatures each
+(``embed_helpers.embed_settings``).
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,38 +17,15 @@ import pytest
 from app.embeddings import Embedder, matryoshka
 from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 from replicas.contract import EmbedWork
-from replicas.engine.scoring_engine import ScoringEngine
-from replicas.settings import ReplicaSettings
-from tests.embed_helpers import QUERY_PROMPT, reference_vectors
+from tests.embed_helpers import QUERY_PROMPT, reference_vectors, texts_of
 
 TOL = 1e-5  # tiny models: DESIGN.md "Comparing two float32 paths"
 
 
-def embed_settings(model: Path) -> ReplicaSettings:
-    """Rows of 1024 tokens, one per step: warm-up compiles two signatures."""
-    return ReplicaSettings(
-        model=str(model),
-        token_buckets=(1024,),
-        item_token_buckets=(256, 1024),
-        item_tokens_per_step=1024,
-        batch_buckets=(1,),
-        max_items_per_request=64,
-        query_cache_bytes=0,
-    )
-
-
-def texts_of(seed: int, count: int, longest: int = 512) -> list[str]:
-    """Texts of about 1..``longest`` tokens (SmolLM2's tokenizer: ~1 token per word)."""
-    rng = np.random.default_rng(seed)
-    words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue"]
-    lengths = np.exp(rng.uniform(0, np.log(longest - 2), count)).astype(int) + 1
-    return [" ".join(rng.choice(words, n)) for n in lengths]
-
-
 @pytest.fixture(scope="module", params=["qwen3-last", "llama-mean", "gemma3-mean-dense"])
-def family(request: pytest.FixtureRequest, embedding_dirs: dict) -> tuple:
+def family(request: pytest.FixtureRequest, embedding_dirs: dict, embedding_engine) -> tuple:
     directory = embedding_dirs[request.param]
-    engine = ScoringEngine.from_settings(embed_settings(directory), warm=True)
+    engine = embedding_engine(request.param)
     tokenizer = load_tokenizer(resolve_model_source(directory))
     return directory, engine, Embedder(engine.info, tokenizer)
 
