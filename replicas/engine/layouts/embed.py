@@ -202,7 +202,7 @@ class EmbedLayout:
         return [("embed", dims) for dims, _ in self._steps(self._rows(works, indices))]
 
     def warmup_keys(self) -> list[tuple[str, Any]]:
-        """One row of each token bucket about twice the one before up to the step's
+        """One row of each token bucket about four times the one before up to the step's
         capacity (its window the whole row, so it covers every smaller input), and the
         fullest step (the largest batch bucket of full rows)."""
         settings, groups = self._runner.settings, self._runner.groups
@@ -210,7 +210,7 @@ class EmbedLayout:
         smallest = data_buckets(settings.batch_buckets, groups)[0]
         keys, last = [], 0
         for tokens in settings.item_token_buckets:
-            if tokens <= capacity and (tokens >= 2 * last or tokens == capacity):
+            if tokens <= capacity and (tokens >= 4 * last or tokens == capacity):
                 keys.append(("embed", EmbedDims(smallest, tokens, window_for(tokens, tokens))))
                 last = tokens
         largest = data_buckets(settings.batch_buckets, groups)[-1]
