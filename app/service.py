@@ -366,6 +366,7 @@ class ScoringService:
                     # /v1/rerank's method (None: no rerank route for this model).
                     "rerank_method": self.reranker.method if self.reranker else None,
                     **head_card(info.head),
+                    **({"rerank_method": "cosine", "scoring": "cosine"} if info.pooling else {}),
                     # causal_lm, score_head or embedding; an embedding model's pooling and size
                     "kind": info.kind,
                     "pooling": info.pooling.pooling if info.pooling else None,

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from app.http import build_api
+from app.schema import ModelList
 from app.service import ScoringService
 from tests.embed_helpers import QUERY_PROMPT, embed_settings, reference_vectors, texts_of
 from tests.http_support import Reply, ask
@@ -167,7 +168,10 @@ def test_score_and_rerank_are_cosines_with_the_query_embedded_once(served) -> No
 
 def test_models_say_the_kind_and_other_routes_are_refused_by_name(served) -> None:
     api, _ = served
-    (card,) = ask(api, "GET", "/v1/models").body["data"]
+    models = ask(api, "GET", "/v1/models").body
+    ModelList.model_validate(models)
+    (card,) = models["data"]
+    assert (card["scoring"], card["rerank_method"]) == ("cosine", "cosine")
     assert (card["kind"], card["pooling"], card["dimension"]) == ("embedding", "lasttoken", 64)
     message = refused(
         post(api, "/v1/completions", {"prompt": "x", "echo": True}), "unsupported_for_model"
