@@ -44,12 +44,14 @@ from replicas.engine.warm_coverage import (
     warmup_prompts,
     warmup_works,
 )
-from replicas.engine.work_checks import validate_work
+from replicas.engine.work_checks import ScoringInputError, validate_work
 from replicas.model.attention import with_attention
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 RECORD_FILE = "scorejax-signatures.json"
+# ScoringInputError lives in replicas.engine.work_checks; callers import it from here too.
+__all__ = ["RECORD_FILE", "ScoringEngine", "ScoringInputError", "configure_compilation_cache"]
 
 
 def configure_compilation_cache(directory: str | None) -> None:
