@@ -88,3 +88,25 @@ def test_padding_on_mixed_lengths(family) -> None:
     computed = after["computed_tokens"] - before["computed_tokens"]
     useful = after["useful_tokens"] - before["useful_tokens"]
     assert computed / useful <= 1.3  # rows of 1024 tokens; the last row pads
+
+
+def test_a_bare_base_model_is_pooled_by_the_settings(embedding_dirs: dict) -> None:
+    """The LlamaModel that sentence-transformers wrapped, served alone (safetensors names
+    without ``model.``, no LM head) with ``pooling: mean`` (normalized by default), equals the
+    directory's vectors; a base model with no setting pools by the last token, normalized."""
+    from replicas.engine.scoring_engine import ScoringEngine
+    from replicas.model.catalog import model_config
+    from tests.embed_helpers import embed_settings
+
+    directory = embedding_dirs["llama-mean"]
+    base = directory.parent / f"{directory.name}-hf"
+    settings = embed_settings(base, pooling="mean", item_token_buckets=(256,),
+                              item_tokens_per_step=256)  # fmt: skip
+    engine = ScoringEngine.from_settings(settings, warm=True)
+    assert "lm_head" not in engine._params
+    tokenizer = load_tokenizer(resolve_model_source(base))
+    texts = texts_of(41, 6, longest=40)
+    (vectors,) = engine.score_batch([Embedder(engine.info, tokenizer).text_work(texts, None)])
+    np.testing.assert_allclose(vectors, reference_vectors(directory, texts), atol=TOL, rtol=0)
+    pooled = model_config("Qwen3-Embedding-0.6B").pooling
+    assert (pooled.pooling, pooled.normalize, pooled.dimension) == ("lasttoken", True, 1024)
