@@ -10,6 +10,7 @@ Pooling -> optional Dense -> optional Normalize), ``1_Pooling/config.json`` and 
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -84,13 +85,19 @@ def embed_settings(model: Path, **changes: Any) -> Any:
     return ReplicaSettings(**{**values, **changes})
 
 
+@functools.lru_cache(maxsize=8)
+def _st_model(directory: str) -> Any:
+    """One loaded SentenceTransformer per directory (loading costs ~1 s)."""
+    from sentence_transformers import SentenceTransformer
+
+    return SentenceTransformer(directory, device="cpu", local_files_only=True)
+
+
 def reference_vectors(
     directory: Path, texts: list[str], prompt_name: str | None = None, **kwargs: Any
 ) -> np.ndarray:
     """sentence-transformers' ``encode`` of ``texts`` in float32 ``[n, dim]``."""
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(directory), device="cpu", local_files_only=True)
+    model = _st_model(str(directory))
     vectors = model.encode(texts, prompt_name=prompt_name, convert_to_numpy=True, **kwargs)
     return np.asarray(vectors, np.float32)
 
