@@ -56,3 +56,22 @@ def test_embed_rows_equal_what_v1_embeddings_answers(local, prompt_name, dimensi
     vectors = [entry["embedding"] for entry in body["data"]]
     np.testing.assert_allclose([row["embedding"] for row in served], vectors, atol=1e-5)
     assert all(row["error"] is None for row in served)
+
+
+def test_the_command_and_its_refusals(tiny_llama_dir, embedding_dirs: dict) -> None:
+    from batch.__main__ import parser
+    from batch.embed_stage import embed_dataset
+    from replicas.settings import ReplicaSettings, SettingsError
+
+    args = parser().parse_args(
+        ["embed", "--input", "t.jsonl", "--output", "out", "--prompt-name", "query",
+         "--dimensions", "16", "--input-column", "body"]
+    )  # fmt: skip
+    assert (args.mode, args.prompt_name, args.dimensions, args.input_column) == (
+        "embed", "query", 16, "body",
+    )  # fmt: skip
+    with pytest.raises(SettingsError, match="not an embedding model"):
+        embed_dataset(None, ReplicaSettings(model=str(tiny_llama_dir)), EmbedColumns())
+    with pytest.raises(SettingsError, match="--dimensions"):
+        settings = embed_settings(embedding_dirs[VARIANT])
+        embed_dataset(None, settings, EmbedColumns(dimensions=65))
