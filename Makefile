@@ -50,6 +50,7 @@ else
 	$(PY) -m loadtest.bench_engine
 	$(PY) -m loadtest.bench_choices
 	$(PY) -m loadtest.bench_batch
+	$(PY) -m loadtest.bench_embed
 endif
 
 # `make loadtest URL=...`: an open-loop sweep of a running server on this machine: Poisson

@@ -30,6 +30,10 @@ class Reason(StrEnum):
     TOO_MANY_TOKENS = "too_many_tokens"
     DELIMITER_IN_CONTENT = "delimiter_in_content"
     EMPTY_PROMPT = "empty_prompt"
+    EMPTY_INPUT = "empty_input"  # an empty embedding input (text, token list or list)
+    INVALID_DIMENSIONS = "invalid_dimensions"  # Matryoshka dimensions outside 1..dimension
+    UNKNOWN_PROMPT = "unknown_prompt"  # a prompt_name / input_type the model has no prompt for
+    UNSUPPORTED_FOR_MODEL = "unsupported_for_model"  # a route the model's kind cannot serve
     GENERATION_NOT_SUPPORTED = "generation_not_supported"
     UNKNOWN_MODEL = "unknown_model"
     NOT_FOUND = "not_found"

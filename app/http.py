@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from app.access import check_access
+from app.embeddings import EMBED_ROUTES
 from app.errors import Gate, Reason, ScoreRequestError, admit_all, error_body
 from app.openapi import RESPONSES, request_body, served_openapi
 from app.schema import ModelList, RerankResponse, ScoreResponse
@@ -176,6 +177,27 @@ def _routes(
             | {200: {"model": RerankResponse, "description": "Results, best first"}}
             | {404: {"model": RESPONSES[400]["model"], "description": "No rerank template"}},
             operation_id=f"rerank{path.replace('/', '_')}",
+        )
+
+    async def embeddings(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        cohere = relative_path(request.url.path, request.scope.get("root_path", "")) == "/v2/embed"
+        body, timings = await service.embed_timed(payload, backend, gate, cohere=cohere)
+        count = len(body["data"]) if "data" in body else len(body["texts"])
+        tokens = body["usage"]["prompt_tokens"] if "usage" in body else 0
+        _note_scored(request, timings, count, tokens)
+        return JSONResponse(body, headers=timing_headers(timings))
+
+    for path in EMBED_ROUTES:
+        cohere = path == "/v2/embed"
+        router.add_api_route(
+            path,
+            embeddings,
+            methods=["POST"],
+            summary="Embed texts (Cohere v2 shape)" if cohere else "Embed texts (OpenAI shape)",
+            openapi_extra=request_body("CohereEmbedRequest" if cohere else "EmbeddingRequest"),
+            responses=RESPONSES | {200: {"description": "One vector per input"}},
+            operation_id=f"embed{path.replace('/', '_')}",
         )
 
     @router.post(

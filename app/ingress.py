@@ -31,7 +31,7 @@ from app.metrics import IngressMetrics
 from app.service import ScoringService
 from app.works import check_prepared
 from cluster.niceness import warn_if_niced
-from replicas.contract import ModelInfo, PromptWork, ScoredWork, ScoreWork, work_cost
+from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoredWork, ScoreWork, work_cost
 from replicas.serving.admission import QueueEstimate, admit
 from replicas.serving.deployment import ReplicaRejected, coerce_settings
 from replicas.settings import ReplicaSettings
@@ -49,7 +49,7 @@ def _unwrap(error: BaseException) -> BaseException:
 
 def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
     """What the replica serves that the ingress would validate differently, if anything."""
-    for name in ("vocab_size", "multi_item_scoring_delimiter", "limits", "head"):
+    for name in ("vocab_size", "multi_item_scoring_delimiter", "limits", "head", "pooling"):
         mine, theirs = getattr(ingress, name), getattr(replica, name)
         if mine != theirs:
             return f"{name}: ingress has {mine!r}, replica has {theirs!r}"
@@ -146,7 +146,25 @@ class ScoreIngress:
         body, _ = await self._service.complete_timed(payload, self._call_replica)
         return body
 
-    async def score_work(self, work: ScoreWork | PromptWork) -> Any:
+    async def embeddings(
+        self,
+        input: str | list[str] | list[int] | list[list[int]],
+        dimensions: int | None = None,
+        encoding_format: str = "float",
+        prompt_name: str | None = None,
+        instruction: str | None = None,
+        truncate_prompt_tokens: int | None = None,
+        model: str | None = None,
+    ) -> dict[str, Any]:
+        """The /v1/embeddings body for these fields; raises ScoreRequestError like a 400/503."""
+        fields = {"dimensions": dimensions, "prompt_name": prompt_name, "model": model}
+        fields |= {"instruction": instruction, "truncate_prompt_tokens": truncate_prompt_tokens}
+        payload = {"input": input, "encoding_format": encoding_format}
+        payload |= {key: value for key, value in fields.items() if value is not None}
+        body, _ = await self._service.embed_timed(payload, self._call_replica)
+        return body
+
+    async def score_work(self, work: ScoreWork | PromptWork | EmbedWork) -> Any:
         """A work already prepared with app/'s code (a batch job's CPU stage), checked again:
         the replica's answer (``[items, labels]`` log-probs, or one PromptLogprobs per
         prompt); raises ScoreRequestError like a 400/503."""

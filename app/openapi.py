@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
 from app.schema import (
     ClassifyRequest,
     CompletionRequest,
@@ -146,7 +147,7 @@ def _label_rules(schema: dict[str, Any], info: ModelInfo | None) -> None:
     """label_token_ids: required, >= 1 in-vocabulary ids for a causal LM; absent for a
     score-head model (semantics 18)."""
     props = schema["properties"]
-    if info is not None and info.head is not None:
+    if info is not None and (info.head is not None or info.pooling is not None):
         del props["label_token_ids"]
         return
     labels: dict[str, Any] = {"type": "array", "minItems": 1}
@@ -174,6 +175,8 @@ def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
                 TokenizeRequest,
                 DetokenizeRequest,
                 ClassifyRequest,
+                EmbeddingRequest,
+                CohereEmbedRequest,
             )
         )
         schemas["ScoreRequest"] = score_request_schema(service.info, service.text_query_min_length)
@@ -190,8 +193,12 @@ def routes_the_kind_refuses(info: ModelInfo) -> tuple[str, ...]:
     """Routes that answer every body with a 400 for the served model's kind, left out of the
     document (a client generated from it, or a fuzzer, meets only routes that can answer
     200): /v1/classify on a causal LM (``no_score_head``), /v1/completions on a score-head
-    model (``no_lm_head``)."""
-    return ("/v1/completions",) if info.head is not None else ("/v1/classify",)
+    model (``no_lm_head``), both on an embedding model and the embedding routes on the
+    others (``unsupported_for_model``)."""
+    if info.pooling is not None:
+        return ("/v1/completions", "/v1/classify")
+    embed = ("/v1/embeddings", "/embeddings", "/v2/embed")
+    return (("/v1/completions",) if info.head is not None else ("/v1/classify",)) + embed
 
 
 def classify_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any]:

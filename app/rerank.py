@@ -165,27 +165,8 @@ class Reranker:
     def body(
         self, request: RerankRequest, relevance: np.ndarray, prompt_tokens: int, model: str
     ) -> dict[str, Any]:
-        """Cohere's response shape (Jina's and TEI's fields are a subset): results by
-        relevance, best first, ``top_n`` of them."""
-        order = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))
-        results = []
-        for index in order[: request.top_n or len(order)]:
-            result: dict[str, Any] = {"index": index, "relevance_score": float(relevance[index])}
-            if request.return_documents:
-                document = request.documents[index]
-                text = document if isinstance(document, str) else document.text
-                result["document"] = {"text": text}
-            results.append(result)
-        return {
-            "id": uuid.uuid4().hex,
-            "model": model,
-            "results": results,
-            "meta": {
-                "billed_units": {"search_units": 1},
-                "tokens": {"input_tokens": prompt_tokens},
-            },
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-        }
+        """``rerank_body``."""
+        return rerank_body(request, relevance, prompt_tokens, model)
 
 
 def work_relevance(work: ScoreWork | PromptWork, answer: Any) -> np.ndarray:
@@ -261,3 +242,29 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def rerank_body(
+    request: RerankRequest, relevance: np.ndarray, prompt_tokens: int, model: str
+) -> dict[str, Any]:
+    """Cohere's response shape (Jina's and TEI's fields are a subset): results by
+    relevance, best first, ``top_n`` of them."""
+    order = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))
+    results = []
+    for index in order[: request.top_n or len(order)]:
+        result: dict[str, Any] = {"index": index, "relevance_score": float(relevance[index])}
+        if request.return_documents:
+            document = request.documents[index]
+            text = document if isinstance(document, str) else document.text
+            result["document"] = {"text": text}
+        results.append(result)
+    return {
+        "id": uuid.uuid4().hex,
+        "model": model,
+        "results": results,
+        "meta": {
+            "billed_units": {"search_units": 1},
+            "tokens": {"input_tokens": prompt_tokens},
+        },
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }

@@ -152,14 +152,24 @@ class ModelCard(BaseModel):
     warm_envelopes: list[dict[str, int]] = Field(
         description="With limit_to_warmup: a request fits one (query, longest item, labels)."
     )
-    rerank_method: Literal["yes_no", "query_likelihood", "head"] | None = Field(
+    rerank_method: Literal["yes_no", "query_likelihood", "head", "cosine"] | None = Field(
         description="How /v1/rerank scores documents (null: no rerank route)."
     )
-    scoring: Literal["label_tokens", "head"] = Field(
-        description="label_tokens: /v1/score takes label_token_ids; head: a score head."
+    scoring: Literal["label_tokens", "head", "cosine"] = Field(
+        description=(
+            "label_tokens: /v1/score takes label_token_ids; head: a score head; cosine: an "
+            "embedding model's query-item cosine."
+        )
     )
     num_labels: int | None = Field(description="A score head's outputs (null: no head).")
     id2label: dict[str, str] | None = Field(description="A score head's label names.")
+    kind: Literal["causal_lm", "score_head", "embedding"] = Field(
+        description="What the model is, and so which routes it answers."
+    )
+    pooling: Literal["lasttoken", "mean", "cls"] | None = Field(
+        description="An embedding model's pooling (null: not an embedding model)."
+    )
+    dimension: int | None = Field(description="An embedding model's vector size.")
 
 
 class ModelList(BaseModel):

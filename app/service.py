@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,8 +19,10 @@ import numpy as np
 
 from app.classify import classify_body, head_card, prepare_classify, refuse_score_head
 from app.completions import Completions
+from app.embed_scores import cosine_rerank_work, cosine_score_work
+from app.embeddings import Embedder, cohere_body, cosines, openai_body, refuse_kind
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
-from app.rerank import Reranker, reranker_for
+from app.rerank import Reranker, rerank_body, reranker_for
 from app.schema import ScoreRequest
 from app.scores import head_scores, to_scores
 from app.tokenization import TextTokenizer, Tokenized, encode_text, pass_tokens
@@ -34,14 +37,22 @@ from app.validation import (
     validate_request,
 )
 from replicas.checkpoints.sources import load_hf_config, load_tokenizer, resolve_model_source
-from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoredWork, ScoreWork
+from replicas.contract import (
+    EmbedWork,
+    ModelInfo,
+    PromptLogprobs,
+    PromptWork,
+    ScoredWork,
+    ScoreWork,
+)
 from replicas.model.head_config import score_head_from_hf
+from replicas.model.pooling_config import pooling_head_for
 from replicas.serving.deployment import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 # A replica's answer: the log-probabilities, or ScoredWork (they and the engine step's seconds).
 # (A PromptWork's answer: a list of PromptLogprobs, or ScoredWork holding one.)
-Backend = Callable[[ScoreWork | PromptWork], Awaitable[Any]]
+Backend = Callable[[ScoreWork | PromptWork | EmbedWork], Awaitable[Any]]
 
 
 @dataclass(frozen=True)
@@ -80,20 +91,28 @@ class ScoringService:
         hf_config = load_hf_config(source)
         vocab_size = model_vocab_size(hf_config)
         check_delimiter_in_vocab(settings, vocab_size, source.name)
+        directory = None if source.is_gguf else source.directory
+        pooling = pooling_head_for(directory, hf_config, settings.pooling, settings.normalize)
         info = ModelInfo(
             name=source.name,
             vocab_size=vocab_size,
             multi_item_scoring_delimiter=settings.multi_item_scoring_delimiter,
             limits=settings.limits,
-            head=score_head_from_hf(hf_config),
+            head=score_head_from_hf(hf_config) if pooling is None else None,
+            pooling=pooling,
         )
         tokenizer = load_tokenizer(source)
         return cls(
             info=info,
             tokenizer=tokenizer,
-            reranker=reranker_for(settings, tokenizer, info.head),
+            # an embedding model ranks by cosine (app.embed_scores), not by a template
+            reranker=reranker_for(settings, tokenizer, info.head) if pooling is None else None,
             completions=Completions(tokenizer, info),
         )
+
+    @property
+    def embedder(self) -> Embedder:
+        return Embedder(self.info, self.tokenizer)
 
     def prepare(self, payload: Any, gate: Gate = admit_all) -> Prepared:
         """Every validation rule, in a fixed order; raises ScoreRequestError on the first.
@@ -129,6 +148,8 @@ class ScoringService:
         self, payload: Any, backend: Backend, gate: Gate = admit_all
     ) -> tuple[dict[str, Any], Timings]:
         """``score``, and where its time went."""
+        if self.info.pooling is not None:
+            return await self._cosine_scores(payload, backend, gate)
         start = time.perf_counter()
         prepared = self.prepare(payload, gate)
         timings = Timings(tokenization_s=time.perf_counter() - start)
@@ -155,6 +176,8 @@ class ScoringService:
         self, payload: Any, backend: Backend, gate: Gate = admit_all
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/rerank response body for ``payload`` (app.rerank), and its timings."""
+        if self.info.pooling is not None:
+            return await self._cosine_rerank(payload, backend, gate)
         if self.reranker is None:
             raise ScoreRequestError(
                 Reason.NOT_FOUND,
@@ -181,6 +204,7 @@ class ScoringService:
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/completions response body for ``payload`` (app.completions), and timings."""
         completions = self.served_tokenizer()
+        refuse_kind(self.info, "/v1/completions", ("causal_lm", "score_head"))
         refuse_score_head(self.info, "/v1/completions")
         start = time.perf_counter()
         prompts = completions.prepare(payload, gate)
@@ -193,6 +217,7 @@ class ScoringService:
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/classify response body for ``payload`` (app.classify), and its timings:
         every input one row, scored concurrently (the replica packs them into its steps)."""
+        refuse_kind(self.info, "/v1/classify", ("score_head", "causal_lm"))
         start = time.perf_counter()
         prepared = prepare_classify(payload, self.info, self.tokenizer, gate)
         timings = Timings(tokenization_s=time.perf_counter() - start)
@@ -203,6 +228,72 @@ class ScoringService:
             timings = answers[-1][1]
         outputs = np.concatenate([logits for logits, _ in answers]) if answers else None
         return classify_body(prepared, outputs, self.info, int(self.clock())), timings
+
+    async def embed_timed(
+        self, payload: Any, backend: Backend, gate: Gate = admit_all, cohere: bool = False
+    ) -> tuple[dict[str, Any], Timings]:
+        """The /v1/embeddings (``cohere``: /v2/embed) response body, and its timings."""
+        start = time.perf_counter()
+        texts: list[str] = []
+        if cohere:
+            prepared, texts = self.embedder.prepare_cohere(payload, gate)
+        else:
+            prepared = self.embedder.prepare(payload, gate)
+        timings = Timings(tokenization_s=time.perf_counter() - start)
+        vectors, timings = await self._embedded(prepared.work, backend, timings)
+        if cohere:
+            return cohere_body(prepared, vectors, texts, uuid.uuid4().hex), timings
+        return openai_body(prepared, vectors, self.info.name), timings
+
+    async def _cosine_scores(
+        self, payload: Any, backend: Backend, gate: Gate
+    ) -> tuple[dict[str, Any], Timings]:
+        start = time.perf_counter()
+        _, cosine = cosine_score_work(self.embedder, payload, gate)
+        timings = Timings(tokenization_s=time.perf_counter() - start)
+        scores: list[list[float]] = []
+        tokens = 0
+        if cosine is not None:
+            vectors, timings = await self._embedded(cosine.work, backend, timings)
+            scores = [[float(c)] for c in cosines(vectors[0], vectors[1:])]
+            tokens = cosine.prompt_tokens
+        usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
+        body = {"object": "scoring", "model": self.info.name, "scores": scores, "usage": usage}
+        return {**body, "created": int(self.clock())}, timings
+
+    async def _cosine_rerank(
+        self, payload: Any, backend: Backend, gate: Gate
+    ) -> tuple[dict[str, Any], Timings]:
+        start = time.perf_counter()
+        request, cosine = cosine_rerank_work(self.embedder, payload, gate)
+        timings = Timings(tokenization_s=time.perf_counter() - start)
+        relevance, tokens = np.zeros((0,), np.float64), 0
+        if cosine is not None:
+            vectors, timings = await self._embedded(cosine.work, backend, timings)
+            relevance, tokens = cosines(vectors[0], vectors[1:]), cosine.prompt_tokens
+        return rerank_body(request, relevance, tokens, self.info.name), timings
+
+    async def _embedded(
+        self, work: EmbedWork, backend: Backend, timings: Timings
+    ) -> tuple[np.ndarray, Timings]:
+        """The replica's vectors ``[inputs, dimension]``, checked, and timings."""
+        called = time.perf_counter()
+        answer = await backend(work)
+        if isinstance(answer, ScoredWork):
+            waited = time.perf_counter() - called - answer.inference_s
+            timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
+            answer = answer.scores
+        vectors = np.asarray(answer, np.float32)
+        assert self.info.pooling is not None
+        expected = (work.num_items, self.info.pooling.dimension)
+        if vectors.shape != expected or not np.isfinite(vectors).all():
+            raise ScoreRequestError(
+                Reason.INTERNAL,
+                f"replica returned {vectors.shape} vectors (finite: {np.isfinite(vectors).all()}), "
+                f"expected {expected}",
+                status_code=500,
+            )
+        return vectors, timings
 
     async def _prompted(
         self, work: PromptWork, backend: Backend, timings: Timings
@@ -275,6 +366,11 @@ class ScoringService:
                     # /v1/rerank's method (None: no rerank route for this model).
                     "rerank_method": self.reranker.method if self.reranker else None,
                     **head_card(info.head),
+                    **({"rerank_method": "cosine", "scoring": "cosine"} if info.pooling else {}),
+                    # causal_lm, score_head or embedding; an embedding model's pooling and size
+                    "kind": info.kind,
+                    "pooling": info.pooling.pooling if info.pooling else None,
+                    "dimension": info.pooling.dimension if info.pooling else None,
                 }
             ],
         }

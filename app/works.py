@@ -6,11 +6,29 @@ from __future__ import annotations
 
 from app.errors import ScoreRequestError
 from app.validation import check_token_ids, check_work
-from replicas.contract import ModelInfo, PromptWork, ScoreWork, ScoringLimitError, check_limits
+from replicas.contract import (
+    EmbedWork,
+    ModelInfo,
+    PromptWork,
+    ScoreWork,
+    ScoringLimitError,
+    check_embed_limits,
+    check_limits,
+)
 
 
-def check_prepared(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
+def check_prepared(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo) -> None:
     """Raise ScoreRequestError (a 400) where ``work`` breaks a rule of its route."""
+    if isinstance(work, EmbedWork):
+        for tokens in work.inputs:
+            check_token_ids(tokens, info.vocab_size, "input")
+        try:
+            check_embed_limits(
+                work, info.limits, info.pooling.max_seq_length if info.pooling else None
+            )
+        except ScoringLimitError as error:
+            raise ScoreRequestError(error.reason, str(error), "input") from None
+        return
     if isinstance(work, PromptWork):
         for prompt in work.prompts:
             check_token_ids(prompt, info.vocab_size, "prompt")

@@ -1,6 +1,6 @@
-"""``python -m batch score|rerank|loglik|classify --input PATH --output DIR ...``: score a
-dataset as /v1/score (/v1/rerank, /v1/completions with echo, /v1/classify) answers each row
-(docs/batch.md); prints the job's summary."""
+"""``python -m batch score|rerank|loglik|classify|embed --input PATH --output DIR ...``: score
+a dataset as /v1/score (/v1/rerank, /v1/completions with echo, /v1/classify,
+/v1/embeddings) answers each row (docs/batch.md); prints the job's summary."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from batch.classify_stage import ClassifyColumns
+from batch.embed_stage import EmbedColumns, embed_dataset
 from batch.loglik_stage import LoglikColumns
 from batch.pipeline import (
     FORMATS,
@@ -76,6 +77,11 @@ def parser() -> argparse.ArgumentParser:
     _common(classify)
     classify.add_argument("--input-column", default="input")
     classify.add_argument("--no-activation", action="store_true", help="the raw head outputs")
+    embed = modes.add_parser("embed", help="each row's vector, as /v1/embeddings")
+    _common(embed)
+    embed.add_argument("--input-column", default="text")
+    embed.add_argument("--prompt-name", default=None, help="one of the model's prompts")
+    embed.add_argument("--dimensions", type=int, default=None, help="Matryoshka: first d")
     return top
 
 
@@ -96,6 +102,13 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
             return rerank_dataset(ds, settings, columns, options, keep, tally)
 
         return job.run(ranked, args.id_column)
+    if args.mode == "embed":
+        texts = EmbedColumns(args.input_column, args.id_column, args.prompt_name, args.dimensions)
+
+        def embedded(ds: Any, tally: Any) -> Any:
+            return embed_dataset(ds, settings, texts, options, keep, tally)
+
+        return job.run(embedded, args.id_column)
     if args.mode == "classify":
         texts = ClassifyColumns(args.input_column, args.id_column, not args.no_activation)
 

@@ -17,15 +17,26 @@ from fastapi import FastAPI
 
 from app.http import build_api
 from app.service import ScoringService
-from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoreWork, check_limits
+from replicas.contract import (
+    EmbedWork,
+    ModelInfo,
+    PromptLogprobs,
+    PromptWork,
+    ScoreWork,
+    check_embed_limits,
+    check_limits,
+)
 
 
 class UnsoundWork(AssertionError):
     """A work no replica should ever receive: the ingress let a bad request through."""
 
 
-def check_sound(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
+def check_sound(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo) -> None:
     """Every precondition the engine assumes of a work; raises UnsoundWork on a breach."""
+    if isinstance(work, EmbedWork) or info.pooling is not None:
+        check_sound_embeddings(work, info)
+        return
     if isinstance(work, PromptWork):
         if info.head is not None:
             raise UnsoundWork("token log-probs asked of a score-head model")
@@ -43,6 +54,19 @@ def check_sound(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
         raise UnsoundWork("delimiter inside the content")
     try:
         check_limits(work, info.limits, multi_item=delimiter is not None)
+    except ValueError as error:
+        raise UnsoundWork(f"limit broken: {error}") from None
+
+
+def check_sound_embeddings(work: Any, info: ModelInfo) -> None:
+    if not isinstance(work, EmbedWork) or info.pooling is None:
+        raise UnsoundWork("embeddings asked of another kind, or other work of an embedder")
+    if not work.inputs or any(not ids for ids in work.inputs):
+        raise UnsoundWork("no input, or an empty one")
+    if any(not 0 <= token < info.vocab_size for ids in work.inputs for token in ids):
+        raise UnsoundWork("token id outside the vocabulary")
+    try:
+        check_embed_limits(work, info.limits, info.pooling.max_seq_length)
     except ValueError as error:
         raise UnsoundWork(f"limit broken: {error}") from None
 
@@ -84,6 +108,12 @@ class CheckingBackend:
         self.calls += 1
         if isinstance(work, PromptWork):
             return [fake_prompt_answer(prompt, work.top_k) for prompt in work.prompts]
+        if isinstance(work, EmbedWork):  # unit vectors that depend on the input's length
+            assert self.info.pooling is not None
+            size = self.info.pooling.dimension
+            lengths = np.asarray([len(ids) for ids in work.inputs], np.float32)
+            vectors = np.cos(np.outer(lengths, np.arange(1, size + 1, dtype=np.float32)))
+            return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
         lengths = np.asarray([len(work.query_ids) + len(item) for item in work.item_ids])
         labels = np.asarray(work.label_ids, dtype=np.int64) % 7
         return (-labels[None, :] - 0.1 * lengths[:, None]).astype(np.float32)

@@ -211,7 +211,7 @@ def check(args: argparse.Namespace) -> Plan:
         return plan
     engine = ScoringEngine(model, params, mesh, settings, name=args.model)
     compile_steps(engine, chosen_keys(engine, args.signatures), plan)
-    if args.projection:
+    if args.projection and model.config.pooling is None:  # score workloads: not an embedder's
         times = CompileTimes()
         plan.projection = project(engine, mesh, chip, abstract_params, times, args.workloads)
         plan.projection_compile_s = times.totals()

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from replicas.embed_contract import EmbedWork, PoolingHead  # the embedding half
+
 DEFAULT_MAX_ITEMS_PER_REQUEST = 128
 DEFAULT_MAX_MULTI_ITEM_SEQ_LEN = 8192
 
@@ -186,6 +188,14 @@ class ModelInfo:
     multi_item_scoring_delimiter: int | None
     limits: ScoringLimits
     head: ScoreHead | None = None  # None: a causal LM scored by label tokens
+    pooling: PoolingHead | None = None  # set: an embedding model (no LM head, no score head)
+
+    @property
+    def kind(self) -> str:
+        """``causal_lm``, ``score_head`` or ``embedding``: what /v1/models reports."""
+        if self.pooling is not None:
+            return "embedding"
+        return "causal_lm" if self.head is None else "score_head"
 
 
 def packed_length(query_len: int, item_lens: Sequence[int]) -> int:
@@ -204,19 +214,21 @@ def longest_row(query_len: int, item_lens: Sequence[int]) -> int:
 CALL_OVERHEAD_TOKENS = 32  # a call's fixed cost (routing, a batch slot, unpacking), in tokens
 
 
-def computed_tokens(work: ScoreWork | PromptWork, multi_item: bool) -> int:
+def computed_tokens(work: ScoreWork | PromptWork | EmbedWork, multi_item: bool) -> int:
     """The tokens a replica computes for ``work``: the query once when its items share it as
     a prefix, else once per item row, plus every item (a PromptWork: every prompt token, the
     most a shared or cached prefix leaves to compute)."""
     if isinstance(work, PromptWork):
         return sum(len(prompt) for prompt in work.prompts)
+    if isinstance(work, EmbedWork):
+        return sum(len(tokens) for tokens in work.inputs)
     items = sum(len(item) for item in work.item_ids)
     if multi_item and not work.item_first:
         return len(work.query_ids) + items
     return items + len(work.query_ids) * work.num_items
 
 
-def work_cost(work: ScoreWork | PromptWork, multi_item: bool) -> int:
+def work_cost(work: ScoreWork | PromptWork | EmbedWork, multi_item: bool) -> int:
     """What admission counts for ``work`` (semantics 16): its computed tokens plus a call's
     fixed cost."""
     return CALL_OVERHEAD_TOKENS + computed_tokens(work, multi_item)
@@ -267,8 +279,38 @@ def check_prompt_limits(work: PromptWork, limits: ScoringLimits) -> None:
         )
 
 
-def check_limits(work: ScoreWork | PromptWork, limits: ScoringLimits, multi_item: bool) -> None:
+def check_embed_limits(work: EmbedWork, limits: ScoringLimits, max_seq_length: int | None) -> None:
+    """Raise ScoringLimitError if an EmbedWork breaks ``limits``: inputs per request as items,
+    each input within the model's ``max_seq_length`` and the longest row a step holds, the
+    tokens in all within ``max_request_tokens``."""
+    if work.num_items > limits.max_items_per_request:
+        raise ScoringLimitError(
+            "too_many_items",
+            f"{work.num_items} inputs exceed max_items_per_request={limits.max_items_per_request}",
+        )
+    longest = max((len(tokens) for tokens in work.inputs), default=0)
+    limit = min(limits.max_row_tokens, max_seq_length or limits.max_row_tokens)
+    if longest > limit:
+        raise ScoringLimitError(
+            "sequence_too_long",
+            f"an input of {longest} tokens exceeds the model's limit of {limit} tokens "
+            "(truncate_prompt_tokens keeps the first k)",
+        )
+    tokens = computed_tokens(work, multi_item=True)
+    if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
+        raise ScoringLimitError(
+            "too_many_tokens",
+            f"the inputs hold {tokens} tokens, over max_request_tokens={limits.max_request_tokens}",
+        )
+
+
+def check_limits(
+    work: ScoreWork | PromptWork | EmbedWork, limits: ScoringLimits, multi_item: bool
+) -> None:
     """Raise ScoringLimitError if ``work`` breaks ``limits``; used on both sides of the handle."""
+    if isinstance(work, EmbedWork):  # the model's max_seq_length: the engine checks it too
+        check_embed_limits(work, limits, None)
+        return
     if isinstance(work, PromptWork):
         check_prompt_limits(work, limits)
         return

@@ -134,6 +134,12 @@ class ReplicaSettings:
     api_keys_env: str | None = None
     api_keys_file: str | None = None
     compilation_cache_dir: str | None = None
+    # An embedding model (semantics 20) that is not a sentence-transformers directory (which
+    # says both itself): a base model (Qwen3Model, ...) pools by the last token, normalized,
+    # unless these say otherwise; set on a causal LM they serve it as an embedding model.
+    # pooling: lasttoken, mean or cls.
+    pooling: str | None = None
+    normalize: bool | None = None
     # Request shapes scored once at start-up: (query_tokens, items, item_tokens, labels).
     warmup_shapes: tuple[tuple[int, int, int, int], ...] = ()
     # Each warm-up shape is also scored as a step of this many concurrent requests, so the

@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -56,6 +56,33 @@ def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # --- checkpoint loading (tests/test_loading*.py, tests/test_model_*.py) ---
+
+
+@pytest.fixture(scope="session")
+def embedding_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Tiny sentence-transformers directories by variant (tests/embed_helpers.py)."""
+    from tests.embed_helpers import EMBED_VARIANTS, save_embedding_model
+
+    root = tmp_path_factory.mktemp("embedders")
+    return {v: save_embedding_model(v, root / v, tiny_llama_dir) for v in EMBED_VARIANTS}
+
+
+@pytest.fixture(scope="session")
+def embedding_engine(embedding_dirs: dict) -> Any:
+    """``get(variant)``: a warm ScoringEngine of that embedding directory (one per session,
+    shared by the tests/test_embed_*.py modules; tests/embed_helpers.embed_settings)."""
+    from replicas.engine.scoring_engine import ScoringEngine
+    from tests.embed_helpers import embed_settings
+
+    engines: dict[str, Any] = {}
+
+    def get(variant: str) -> Any:
+        if variant not in engines:
+            settings = embed_settings(embedding_dirs[variant])
+            engines[variant] = ScoringEngine.from_settings(settings, warm=True)
+        return engines[variant]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 ones inside functions included, is read from the files themselves.
 
 Top-level order: ``cluster`` < ``replicas`` < ``app`` | ``planning`` < ``batch`` <
-``loadtest``; inside ``replicas``: ``contract`` < ``settings`` < ``model`` < ``checkpoints``
+``loadtest``; inside ``replicas``: ``contract`` (and ``embed_contract``) < ``settings`` <
+``model`` < ``checkpoints``
 < ``engine`` < ``serving``. A package may import its own layer and the layers below it, never
 one above or beside it, and no two modules import each other, directly or around a longer loop.
 """
@@ -20,6 +21,7 @@ RANK = {"cluster": 0, "replicas": 1, "app": 2, "planning": 2, "batch": 3, "loadt
 REPLICAS_RANK = {
     "_exports": 0,
     "contract": 0,
+    "embed_contract": 0,  # the embedding half of the contract
     "settings": 1,
     "model": 2,
     "checkpoints": 3,

@@ -1,5 +1,6 @@
 """serve_config.yaml as shipped, with only ``model`` changed, starts for every kind of model
-scorejax serves (issue 43: a ``Qwen3ForSequenceClassification`` crashed every replica at
+scorejax serves (causal LM, score head, embedding) (issue 43: a
+``Qwen3ForSequenceClassification`` crashed every replica at
 start-up with ``KeyError: 'lm_head'`` from the completions warm-up, and its ingress refused
 the shipped ``rerank_method``).
 
@@ -84,3 +85,22 @@ def test_a_score_head_model_starts_and_serves_on_the_shipped_config(
     with pytest.raises(ScoreRequestError, match="/v1/completions") as refused:
         asyncio.run(service.complete_timed({"prompt": "x", "echo": True}, backend))
     assert refused.value.status_code == 400
+
+
+def test_an_embedding_model_starts_and_serves_on_the_shipped_config(
+    embedding_dirs: dict, tmp_path: Path
+) -> None:
+    service, backend = served(shipped_settings(embedding_dirs["qwen3-last"], tmp_path))
+    body = asyncio.run(service.embed_timed({"input": ["a b", "c"]}, backend))[0]
+    assert [len(row["embedding"]) for row in body["data"]] == [64, 64]
+    scores = asyncio.run(service.score({"query": "a", "items": ["b", "c"]}, backend))["scores"]
+    assert np.asarray(scores).shape == (2, 1)
+    ranked = asyncio.run(service.rerank_timed({"query": "q", "documents": ["a", "b"]}, backend))
+    assert len(ranked[0]["results"]) == 2
+    for route, call in (
+        ("/v1/completions", service.complete_timed({"prompt": "x", "echo": True}, backend)),
+        ("/v1/classify", service.classify_timed({"input": "a"}, backend)),
+    ):
+        with pytest.raises(ScoreRequestError, match=route) as refused:
+            asyncio.run(call)
+        assert refused.value.status_code == 400 and "embedding" in refused.value.message

@@ -36,6 +36,7 @@ from replicas.checkpoints.name_map import (
     to_our_layout,
 )
 from replicas.checkpoints.sources import ModelSource, load_hf_config, resolve_model_source
+from replicas.contract import PoolingHead
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.model.config import ModelConfig, config_from_hf
 from replicas.model.params import param_shapes, param_shardings
@@ -227,13 +228,17 @@ def _as_source(source: ModelSource | str | os.PathLike[str]) -> ModelSource:
 
 
 def load_model(
-    source: ModelSource | str | os.PathLike[str], mesh: Mesh, dtype: str = "float32"
+    source: ModelSource | str | os.PathLike[str],
+    mesh: Mesh,
+    dtype: str = "float32",
+    pooling: PoolingHead | None = None,
 ) -> LoadedModel:
     """Load a model's weights from local files into their shardings on ``mesh``.
 
     ``source``: a known name (``SmolLM2-135M-Instruct``), a ``.gguf`` path, a Hugging Face
     directory (config.json + safetensors), or a resolved ``ModelSource``. ``dtype``:
-    float32, bfloat16 or float16 (parameters and activations).
+    float32, bfloat16 or float16 (parameters and activations). ``pooling``: load it as an
+    embedding model (``replicas.model.pooling_config``: no LM head is read).
     """
     np_dtype = _check_dtype(dtype)
     source = _as_source(source)
@@ -248,7 +253,29 @@ def load_model(
             config = config_from_hf(load_hf_config(source))
             tensors = SafetensorsFiles(source.directory, stack)
             ignorable = ("rotary_emb.inv_freq", "lm_head.weight")
+        config = config.replace(pooling=pooling)
         params, used = assemble_params(tensors, config, mesh, np_dtype)
         _warn_unused(tensors, used, ignorable)
     model = CausalLM(config, dtype=jnp.dtype(np_dtype))
     return LoadedModel(model=model, params=params, config=config, source=source)
+
+
+def load_configured(
+    model: str,
+    mesh: Mesh,
+    dtype: str = "float32",
+    pooling: str | None = None,
+    normalize: bool | None = None,
+) -> tuple[LoadedModel, tuple[Any, ...]]:
+    """The ``model`` setting's weights on ``mesh`` and, for an embedding model (a
+    sentence-transformers directory, a base model, or ``pooling``/``normalize`` set), its
+    Dense layers (``replicas.checkpoints.dense``); none for other models."""
+    from replicas.checkpoints.dense import load_dense_layers
+    from replicas.model.pooling_config import pooling_head_for
+
+    source = resolve_model_source(model)
+    directory = None if source.is_gguf else source.directory
+    head = pooling_head_for(directory, load_hf_config(source), pooling, normalize)
+    loaded = load_model(source, mesh, dtype, head)
+    dense = load_dense_layers(source.directory, head) if head is not None else ()
+    return loaded, dense

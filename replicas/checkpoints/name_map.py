@@ -133,7 +133,7 @@ def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
         mappings += _QK_NORM
     if config.head is not None:
         mappings += _HEADS[config.head.kind]
-    elif not config.tie_word_embeddings:
+    elif not config.tie_word_embeddings and config.pooling is None:
         mappings.append(_LM_HEAD)
     return tuple(mappings)
 
@@ -143,6 +143,7 @@ def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
 _TEXT_TOWERS = (("model.language_model.", "model."), ("language_model.model.", "model."))
 _TEXT_TOWERS += (("language_model.lm_head.", "lm_head."),)
 _VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
+_BASE_PARTS = ("embed_tokens.", "layers.", "norm.")
 
 
 def text_tower_name(name: str) -> str | None:
@@ -151,7 +152,11 @@ def text_tower_name(name: str) -> str | None:
         if name.startswith(prefix):
             return ours + name[len(prefix) :]
     bare = name.removeprefix("model.")
-    return None if bare.startswith(_VISION_PARTS) else name
+    if bare.startswith(_VISION_PARTS):
+        return None
+    if name.startswith(_BASE_PARTS):  # a base model's (Qwen3Model...): no ``model.`` prefix
+        return "model." + name
+    return name
 
 
 def hf_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:

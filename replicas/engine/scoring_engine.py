@@ -9,7 +9,6 @@ and counters. Returns one float32 ``[items, labels]`` array per work.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -23,8 +22,14 @@ from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
 from cluster.sharding import named_sharding, replicated
-from replicas.contract import MAX_TOP_LOGPROBS, ModelInfo, PromptWork, ScoreWork, check_limits
+from replicas.contract import (
+    EmbedWork,
+    ModelInfo,
+    PromptWork,
+    ScoreWork,
+)
 from replicas.engine.compiler import StepCompiler
+from replicas.engine.layouts.embed import EmbedLayout, empty_result
 from replicas.engine.layouts.packed_reference import PackedReferenceLayout
 from replicas.engine.layouts.prompts import PromptLayout
 from replicas.engine.layouts.shared_prefix import SharedPrefixLayout
@@ -39,19 +44,14 @@ from replicas.engine.warm_coverage import (
     warmup_prompts,
     warmup_works,
 )
+from replicas.engine.work_checks import ScoringInputError, validate_work
 from replicas.model.attention import with_attention
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 RECORD_FILE = "scorejax-signatures.json"
-
-
-class ScoringInputError(ValueError):
-    """Work the ingress should have rejected; ``reason`` matches the HTTP 400 reason."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
+# ScoringInputError lives in replicas.engine.work_checks; callers import it from here too.
+__all__ = ["RECORD_FILE", "ScoringEngine", "ScoringInputError", "configure_compilation_cache"]
 
 
 def configure_compilation_cache(directory: str | None) -> None:
@@ -72,14 +72,18 @@ class ScoringEngine:
         mesh: Mesh,
         settings: ReplicaSettings,
         name: str,
+        dense: Sequence[Any] = (),
     ) -> None:
+        """``dense``: an embedding model's Dense layers (``replicas.checkpoints.dense``)."""
         vocab = model.config.vocab_size
         check_delimiter_in_vocab(settings, vocab, name)
         model = with_attention(model, settings.attention, mesh)
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
         delimiter, head = settings.multi_item_scoring_delimiter, model.config.head
-        self._info = ModelInfo(name, vocab, delimiter, settings.limits, head)
-        self._completion_shapes = completion_shapes_for(settings, head is None, name)
+        pooling = model.config.pooling
+        self._info = ModelInfo(name, vocab, delimiter, settings.limits, head, pooling)
+        has_lm_head = head is None and pooling is None
+        self._completion_shapes = completion_shapes_for(settings, has_lm_head, name)
         self._replicated = replicated(mesh)
         self._cache = QueryCache(settings.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time
@@ -100,7 +104,8 @@ class ScoringEngine:
             else SharedPrefixLayout(model, self)
         )
         self._prompts = PromptLayout(model, self)
-        layouts = (self._single, self._multi, self._prompts)
+        self._embed = EmbedLayout(model, self, dense) if pooling is not None else None
+        layouts = (self._single, self._multi, self._prompts, *filter(None, [self._embed]))
         owners = {kind: layout for layout in layouts for kind in layout.kinds}
         directory = settings.compilation_cache_dir
         self._compiler = StepCompiler(
@@ -111,19 +116,20 @@ class ScoringEngine:
             gated=settings.hosts_per_replica > 1,
             max_traffic=settings.max_traffic_signatures,
         )
-        if settings.limit_to_warmup:  # before minutes of compiles, not after
+        if settings.limit_to_warmup and pooling is None:  # before minutes of compiles
             check_warm_coverage(settings, self.plan, self._configured_keys())
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings, warm: bool = True) -> ScoringEngine:
         """Load the configured model onto its mesh (every visible device of every host when
         ``hosts_per_replica`` > 1) and, with ``warm``, compile the configured shapes."""
-        from replicas.checkpoints.loading import load_model
+        from replicas.checkpoints.loading import load_configured
 
         configure_compilation_cache(settings.compilation_cache_dir)
         mesh = build_mesh(settings.mesh_shape)
-        loaded = load_model(settings.model, mesh, settings.dtype)
-        engine = cls(loaded.model, loaded.params, mesh, settings, name=settings.model)
+        loaded, dense = load_configured(settings.model, mesh, settings.dtype, settings.pooling,
+                                        settings.normalize)  # fmt: skip
+        engine = cls(loaded.model, loaded.params, mesh, settings, settings.model, dense)
         if warm:
             engine.warmup()
         return engine
@@ -171,49 +177,14 @@ class ScoringEngine:
         """Multi-item layouts serve query-first work; item_first goes through single-item."""
         return self._settings.multi_item and not work.item_first
 
-    def validate(self, work: ScoreWork | PromptWork) -> None:
+    def validate(self, work: ScoreWork | PromptWork | EmbedWork) -> None:
         """Raise ScoringInputError / ScoringLimitError for work that must not run."""
-        vocab = self._info.vocab_size
-        if isinstance(work, PromptWork):
-            self._validate_prompts(work, vocab)
-            return
-        if not work.query_ids:
-            raise ScoringInputError("empty_query", "query must contain at least one token")
-        if not work.label_ids:
-            raise ScoringInputError("empty_label_token_ids", "label_token_ids must not be empty")
-        ids = itertools.chain(work.query_ids, work.label_ids, *work.item_ids)
-        if any(not 0 <= token < vocab for token in ids):
-            raise ScoringInputError("token_id_exceeds_vocab", f"token ids must be in [0, {vocab})")
-        head = self._info.head  # a head model's labels index its outputs
-        if head is not None and max(work.label_ids) >= head.num_labels:
-            raise ScoringInputError("invalid_request", f"head outputs are [0, {head.num_labels})")
-        check_limits(work, self._info.limits, self.uses_multi_item(work))
-        delimiter = self._settings.multi_item_scoring_delimiter
-        if self.uses_multi_item(work) and any(
-            delimiter in part for part in (work.query_ids, *work.item_ids)
-        ):
-            raise ScoringInputError(
-                "delimiter_in_content", f"delimiter token {delimiter} inside query or item"
-            )
-
-    def _validate_prompts(self, work: PromptWork, vocab: int) -> None:
-        if self._info.head is not None:
-            raise ScoringInputError("no_lm_head", "a score-head model has no token log-probs")
-        if any(not prompt for prompt in work.prompts):
-            raise ScoringInputError("empty_prompt", "every prompt must contain at least one token")
-        if any(not 0 <= token < vocab for token in itertools.chain(*work.prompts)):
-            raise ScoringInputError("token_id_exceeds_vocab", f"token ids must be in [0, {vocab})")
-        if not 0 <= work.top_k <= MAX_TOP_LOGPROBS:
-            raise ScoringInputError("invalid_logprobs", f"top_k must be in [0, {MAX_TOP_LOGPROBS}]")
-        if work.scored_tail is not None and work.scored_tail < 1:
-            raise ScoringInputError("invalid_request", "scored_tail must be None or >= 1")
-        check_limits(work, self._info.limits, True)
+        multi = isinstance(work, ScoreWork) and self.uses_multi_item(work)
+        validate_work(work, self._info, multi)
 
     # -- scoring ------------------------------------------------------------------------
 
-    def _route(
-        self, works: Sequence[ScoreWork | PromptWork]
-    ) -> tuple[list[int], list[tuple[int, int]], list[int]]:
+    def _route(self, works: Sequence[Any]) -> tuple[list[int], list[tuple[int, int]], list[int]]:
         """Works for the multi-item layout, (work, item) rows for the single-item one, and
         prompt works."""
         prompts = [i for i, w in enumerate(works) if isinstance(w, PromptWork) and w.num_items]
@@ -224,22 +195,20 @@ class ScoringEngine:
         ]
         return multi, pairs, prompts
 
-    def score_batch(self, works: Sequence[ScoreWork | PromptWork]) -> list[Any]:
+    def score_batch(self, works: Sequence[ScoreWork | PromptWork | EmbedWork]) -> list[Any]:
         """Per work, in order: a ScoreWork's float32 ``[items, labels]`` log-probs, a
-        PromptWork's list of PromptLogprobs (one per prompt)."""
+        PromptWork's list of PromptLogprobs (one per prompt), an EmbedWork's float32
+        ``[inputs, dimension]`` vectors."""
         for work in works:
             self.validate(work)
-        results: list[Any] = [
-            []
-            if isinstance(w, PromptWork)
-            else np.zeros((w.num_items, len(w.label_ids)), np.float32)
-            for w in works
-        ]
+        results: list[Any] = [empty_result(w, self._info) for w in works]
         multi, pairs, prompts = self._route(works)
         with self._lock:
             self.last_signatures = []
             start = time.perf_counter()
             try:
+                if self._embed is not None:  # an embedding model: only EmbedWork (validate)
+                    self._embed.score(works, range(len(works)), results)
                 if multi:
                     self._multi.score(works, multi, results)
                 if pairs:
@@ -269,6 +238,8 @@ class ScoringEngine:
     def _configured_keys(
         self, shapes: Sequence[tuple[int, int, int, int]] | None = None
     ) -> list[tuple[str, Any]]:
+        if self._embed is not None:  # an embedding model runs only embedding steps
+            return self._embed.warmup_keys()
         keys: list[tuple[str, Any]] = []
         for batch_size in self._settings.warmup_batch_sizes:
             keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
@@ -297,6 +268,8 @@ class ScoringEngine:
     def plan(self, works: Sequence[ScoreWork | PromptWork]) -> list[tuple[str, Any]]:
         """The exact signatures scoring ``works`` as one batch would run (prompt works: as
         if nothing were cached)."""
+        if self._embed is not None:
+            return self._embed.plan(works, range(len(works)))  # type: ignore[arg-type]
         multi, pairs, prompts = self._route(works)
         keys = self._multi.plan(works, multi) if multi else []
         keys += self._prompts.plan(works, prompts) if prompts else []

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from replicas.model.config import ModelConfig, config_from_hf
+from replicas.model.pooling_config import pooling_head_for
 
 _QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0}
 _LLAMA3 = {
@@ -162,6 +163,9 @@ HF_CONFIGS: Mapping[str, Mapping[str, Any]] = {
         _GEMMA3, 5376, 21504, 62, 32, 16, head_dim=128, query_pre_attn_scalar=168
     ),
 }  # fmt: skip
+# Embedding models (semantics 20): their base models (no LM head), last-token pooled.
+HF_CONFIGS["Qwen3-Embedding-0.6B"] = {**HF_CONFIGS["Qwen3-0.6B"], "architectures": ["Qwen3Model"]}
+HF_CONFIGS["Qwen3-Embedding-8B"] = {**HF_CONFIGS["Qwen3-8B"], "architectures": ["Qwen3Model"]}
 
 
 def hf_config(values: Mapping[str, Any]) -> Any:
@@ -175,7 +179,7 @@ def hf_config(values: Mapping[str, Any]) -> Any:
 def model_config(name_or_path: str) -> ModelConfig:
     """A catalog name (``HF_CONFIGS``) or the path of a ``config.json`` (or its folder)."""
     if name_or_path in HF_CONFIGS:
-        return config_from_hf(hf_config(HF_CONFIGS[name_or_path]))
+        return _with_pooling(hf_config(HF_CONFIGS[name_or_path]), None)
     path = Path(name_or_path)
     if path.is_dir():
         path = path / "config.json"
@@ -184,4 +188,10 @@ def model_config(name_or_path: str) -> ModelConfig:
             f"model: {name_or_path!r} is neither a known config ({', '.join(HF_CONFIGS)}) "
             "nor a config.json"
         )
-    return config_from_hf(hf_config(json.loads(path.read_text())))
+    return _with_pooling(hf_config(json.loads(path.read_text())), path.parent)
+
+
+def _with_pooling(hf: Any, directory: Path | None) -> ModelConfig:
+    """The ModelConfig, with its PoolingHead for an embedding model (a base model, or a
+    sentence-transformers directory)."""
+    return config_from_hf(hf).replace(pooling=pooling_head_for(directory, hf))

@@ -210,7 +210,7 @@ class CausalLM:
         }
         if c.head is not None:
             params["head"] = init_head_params(c.head, c.hidden_size, head_rng, self.dtype)
-        elif not c.tie_word_embeddings:
+        elif not c.tie_word_embeddings and c.pooling is None:
             params["lm_head"] = 0.02 * jax.random.normal(
                 head_rng, (c.hidden_size, c.vocab_size), self.dtype
             )

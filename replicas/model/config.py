@@ -10,10 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from replicas.contract import ScoreHead
+from replicas.contract import PoolingHead, ScoreHead
 from replicas.model.errors import UnsupportedModelError
 from replicas.model.families import family_fields, text_config
 from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
+from replicas.model.pooling_config import BASE_ARCHITECTURES
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3")
 NO_WINDOW = 1 << 30  # the window of a global layer: every earlier key is inside it
@@ -47,6 +48,7 @@ class ModelConfig:
     rope_scaling: RopeScaling | None = None
     max_position_embeddings: int = 8192
     head: ScoreHead | None = None  # a seq-cls / reward head in place of the LM head
+    pooling: PoolingHead | None = None  # an embedding model: pooled hidden states, no LM head
     # Options of the shared layers that Mistral and Gemma turn on (replicas.model.families
     # reads them from the transformers config); the defaults are Llama's behaviour.
     hidden_act: str = "silu"  # MLP gate activation: silu, or gelu_tanh (Gemma)
@@ -116,6 +118,7 @@ _ARCH_TO_FAMILY = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     **{arch: family for arch, (family, _) in HEAD_ARCHITECTURES.items()},
+    **BASE_ARCHITECTURES,
 }
 _MODEL_TYPE_TO_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 # Families whose fields replicas.model.families reads (windows, soft-caps, Gemma norms).

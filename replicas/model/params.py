@@ -53,7 +53,7 @@ def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
     }
     if config.head is not None:
         tree["head"] = head_logical_axes(config.head)
-    elif not config.tie_word_embeddings:
+    elif not config.tie_word_embeddings and config.pooling is None:
         tree["lm_head"] = ("embed", "vocab")
     return tree
 

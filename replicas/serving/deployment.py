@@ -30,6 +30,7 @@ from cluster.niceness import (
 )
 from replicas.checkpoints.sources import ModelSourceError, load_hf_config, resolve_model_source
 from replicas.contract import (
+    EmbedWork,
     EngineUnavailable,
     ModelInfo,
     ScoredWork,
@@ -349,7 +350,10 @@ class ScoringReplica:
         info = self._engine.info
         token = 2 if info.multi_item_scoring_delimiter == 1 else 1
         labels = info.head.label_ids if info.head is not None else (0,)
-        (answer,) = await self._run_engine_once([ScoreWork((token,), ((),), labels)])
+        probe = (
+            ScoreWork((token,), ((),), labels) if info.pooling is None else EmbedWork(((token,),))
+        )
+        (answer,) = await self._run_engine_once([probe])  # type: ignore[list-item]
         return isinstance(answer, ScoredWork)
 
     async def _score_alive(

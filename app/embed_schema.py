@@ -1,0 +1,67 @@
+"""Pydantic models of the embedding routes' edge (semantics 20): OpenAI's /v1/embeddings and
+Cohere's v2 /v2/embed requests. Strict, unknown fields refused, as app.schema's."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+
+_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings (OpenAI's shape; also /embeddings)."""
+
+    model_config = _STRICT
+
+    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(
+        description=(
+            "A text, texts, one input as token ids, or inputs as token-id lists. Text is "
+            "encoded with the tokenizer's special tokens after its prompt (if any)."
+        )
+    )
+    model: StrictStr | None = Field(default=None, description="Served model name; optional.")
+    dimensions: StrictInt | None = Field(
+        default=None,
+        description="Matryoshka: keep the first d components, then L2-normalize (1..dimension).",
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        default="float", description="float: JSON numbers; base64: little-endian float32 bytes."
+    )
+    prompt_name: StrictStr | None = Field(
+        default=None, description="One of the model's prompts (its default prompt if unset)."
+    )
+    instruction: StrictStr | None = Field(
+        default=None, description="A prompt text put in front of every text input."
+    )
+    truncate_prompt_tokens: StrictInt | None = Field(
+        default=None,
+        description="Keep each input's first k tokens; unset, a longer input is a 400.",
+    )
+    user: StrictStr | None = Field(default=None, description="Ignored (OpenAI's field).")
+
+
+class CohereEmbedRequest(BaseModel):
+    """POST /v2/embed (Cohere's v2 shape): texts only, float embeddings."""
+
+    model_config = _STRICT
+
+    texts: list[StrictStr] = Field(description="Texts to embed.")
+    model: StrictStr | None = Field(default=None, description="Served model name; optional.")
+    input_type: StrictStr | None = Field(
+        default=None,
+        description=(
+            "search_query / search_document / classification / clustering: the model's "
+            "prompt of that purpose (query, document, or the name itself), none if it has none."
+        ),
+    )
+    embedding_types: list[Literal["float"]] = Field(
+        default=["float"], description="Only float embeddings are served."
+    )
+    output_dimension: StrictInt | None = Field(
+        default=None, description="Matryoshka: as /v1/embeddings' dimensions."
+    )
+    truncate: Literal["NONE", "END"] | None = Field(
+        default=None, description="END keeps the first tokens the model takes; NONE: a 400."
+    )

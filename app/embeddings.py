@@ -1,0 +1,303 @@
+"""Embeddings at the ingress (semantics 20): /v1/embeddings (OpenAI), /v2/embed (Cohere v2),
+and the cosine scores /v1/score and /v1/rerank give on an embedding model.
+
+Text is encoded as sentence-transformers encodes it: the prompt's text in front of the input's
+text, one string, with the tokenizer's special tokens (its post-processing: Qwen3-Embedding's
+appended ``<|endoftext|>``). A text far longer than the model takes is cut before it is
+tokenized whole. The replica answers pooled float32 vectors (Dense and Normalize applied);
+the Matryoshka cut (first d components, then L2-normalized), cosines and base64 run here in
+NumPy.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
+from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.tokenization import TextTokenizer
+from app.validation import check_item_count, check_model_name, check_token_ids, validate_body
+from replicas.contract import (
+    EmbedWork,
+    ModelInfo,
+    PoolingHead,
+    ScoringLimitError,
+    check_embed_limits,
+)
+
+CHARS_PER_TOKEN = 32  # a text cut to (limit + 1) * this many characters still overflows
+EMBED_ROUTES = ("/v1/embeddings", "/embeddings", "/v2/embed")
+# Cohere's input_type -> the prompt names tried, in order
+INPUT_TYPES = {
+    "search_query": ("query",),
+    "search_document": ("document", "passage"),
+    "classification": ("classification",),
+    "clustering": ("clustering",),
+}
+
+
+@dataclass(frozen=True)
+class EmbedPrepared:
+    """A validated embedding request: its work, Matryoshka ``dimensions`` (None: whole
+    vectors), whether the answer is base64, and the tokens it holds."""
+
+    work: EmbedWork
+    dimensions: int | None
+    base64: bool
+    prompt_tokens: int
+
+
+def refuse_kind(info: ModelInfo, route: str, serves: Sequence[str]) -> None:
+    """A 400 ``unsupported_for_model`` naming ``route`` and the model's kind when the kind
+    is not one of ``serves``."""
+    if info.kind not in serves:
+        raise ScoreRequestError(
+            Reason.UNSUPPORTED_FOR_MODEL,
+            f"{route}: model {info.name!r} is a {info.kind} model; {route} serves "
+            f"{' and '.join(serves)} models",
+        )
+
+
+def pooling_of(info: ModelInfo, route: str) -> PoolingHead:
+    refuse_kind(info, route, ("embedding",))
+    assert info.pooling is not None
+    return info.pooling
+
+
+def input_limit(info: ModelInfo) -> int:
+    """The most tokens one input may hold: the model's max_seq_length within a step's row."""
+    pooling = info.pooling
+    longest = info.limits.max_row_tokens
+    return min(longest, pooling.max_seq_length or longest) if pooling else longest
+
+
+def prompt_length(tokenizer: Any, prompt: str) -> int:
+    """The prompt's tokens, as sentence-transformers counts them for ``include_prompt``:
+    encoded alone, less a trailing special token the tokenizer appends."""
+    ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    return len(ids) - (1 if ids and ids[-1] in special else 0)
+
+
+def encode_texts(
+    tokenizer: TextTokenizer, texts: Sequence[str], limit: int, keep: int | None
+) -> list[tuple[int, ...]]:
+    """Each text's ids with special tokens; ``keep``: truncated to that many (the
+    tokenizer's own truncation, so appended special tokens stay). A text longer than
+    ``(limit + 1) * CHARS_PER_TOKEN`` characters is tokenized cut to that first; only when
+    the cut text stays within ``limit`` tokens is the whole text tokenized."""
+    width = (max(limit, keep or 0) + 1) * CHARS_PER_TOKEN
+    cut = [text[:width] for text in texts]
+    kwargs: dict[str, Any] = {"add_special_tokens": True}
+    if keep is not None:
+        kwargs.update(truncation=True, max_length=keep)
+    encoded = [tuple(int(t) for t in ids) for ids in tokenizer(cut, **kwargs)["input_ids"]]
+    for i, text in enumerate(texts):
+        if len(text) > width and len(encoded[i]) <= (keep or limit):
+            encoded[i] = tuple(int(t) for t in tokenizer(text, **kwargs)["input_ids"])
+    return encoded
+
+
+def _check_text(texts: Sequence[str]) -> None:
+    for text in texts:
+        if not text:
+            raise ScoreRequestError(
+                Reason.EMPTY_INPUT, "input: empty strings are not embedded", "input"
+            )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ScoreRequestError(
+                Reason.INVALID_REQUEST, "input: text is not valid Unicode", "input"
+            ) from None
+
+
+def _check_dimensions(dimensions: int | None, pooling: PoolingHead, param: str) -> None:
+    if dimensions is not None and not 1 <= dimensions <= pooling.dimension:
+        raise ScoreRequestError(
+            Reason.INVALID_DIMENSIONS,
+            f"{param}: {dimensions} is outside 1..{pooling.dimension} (the model's dimension)",
+            param,
+        )
+
+
+def _check_work(work: EmbedWork, info: ModelInfo) -> None:
+    try:
+        check_embed_limits(work, info.limits, info.pooling.max_seq_length if info.pooling else None)
+    except ScoringLimitError as error:
+        raise ScoreRequestError(error.reason, str(error), "input") from None
+
+
+@dataclass(frozen=True)
+class Embedder:
+    """Prepares embedding works and answers their bodies for one served model."""
+
+    info: ModelInfo
+    tokenizer: TextTokenizer
+
+    def text_work(
+        self, texts: Sequence[str], prompt: str | None, keep: int | None = None
+    ) -> EmbedWork:
+        """An EmbedWork of ``texts``, each behind ``prompt`` (sentence-transformers'
+        ``prompt + text``), checked against the limits."""
+        head = pooling_of(self.info, "/v1/embeddings")
+        full = [f"{prompt}{text}" if prompt else text for text in texts]
+        inputs = encode_texts(self.tokenizer, full, input_limit(self.info), keep)
+        skip = prompt_length(self.tokenizer, prompt) if prompt and not head.include_prompt else 0
+        work = EmbedWork(tuple(inputs), (skip,) * len(inputs) if skip else ())
+        _check_work(work, self.info)
+        return work
+
+    def _prompt(self, name: str | None, instruction: str | None) -> str | None:
+        head = pooling_of(self.info, "/v1/embeddings")
+        if name is not None and instruction is not None:
+            raise ScoreRequestError(
+                Reason.INVALID_REQUEST,
+                "prompt_name and instruction: give one, not both",
+                "prompt_name",
+            )
+        if instruction is not None:
+            return instruction
+        name = name if name is not None else head.default_prompt_name
+        if name is None:
+            return None
+        prompt = head.prompt(name)
+        if prompt is None:
+            known = ", ".join(n for n, _ in head.prompts) or "none"
+            raise ScoreRequestError(
+                Reason.UNKNOWN_PROMPT,
+                f"prompt_name: {name!r} is not a prompt of this model (its prompts: {known})",
+                "prompt_name",
+            )
+        return prompt
+
+    def prepare(self, payload: Any, gate: Gate = admit_all) -> EmbedPrepared:
+        """/v1/embeddings: validate, then (after ``gate``) tokenize."""
+        request = validate_body(payload, EmbeddingRequest)
+        check_model_name(request.model, self.info)
+        head = pooling_of(self.info, "/v1/embeddings")
+        _check_dimensions(request.dimensions, head, "dimensions")
+        keep = request.truncate_prompt_tokens
+        limit = input_limit(self.info)
+        if keep is not None and not 1 <= keep <= limit:
+            raise ScoreRequestError(
+                Reason.INVALID_REQUEST,
+                f"truncate_prompt_tokens: {keep} is outside 1..{limit} (the model's limit)",
+                "truncate_prompt_tokens",
+            )
+        raw = request.input
+        if isinstance(raw, str):
+            raw = [raw]
+        if not raw:
+            raise ScoreRequestError(Reason.EMPTY_INPUT, "input: the list is empty", "input")
+        check_item_count(len(raw) if not isinstance(raw[0], int) else 1, self.info)
+        if isinstance(raw[0], str):
+            texts = [str(text) for text in raw]
+            _check_text(texts)
+            prompt = self._prompt(request.prompt_name, request.instruction)
+            gate()
+            work = self.text_work(texts, prompt, keep)
+        else:
+            if request.prompt_name is not None or request.instruction is not None:
+                raise ScoreRequestError(
+                    Reason.INVALID_REQUEST,
+                    "prompt_name / instruction: prompts apply to text, not to token ids",
+                    "input",
+                )
+            lists = [raw] if isinstance(raw[0], int) else raw
+            inputs = []
+            for ids in lists:
+                if not ids:
+                    raise ScoreRequestError(
+                        Reason.EMPTY_INPUT, "input: an empty token list", "input"
+                    )
+                check_token_ids(ids, self.info.vocab_size, "input")
+                inputs.append(tuple(ids[:keep] if keep else ids))
+            gate()
+            work = EmbedWork(tuple(inputs))
+            _check_work(work, self.info)
+        tokens = sum(len(ids) for ids in work.inputs)
+        return EmbedPrepared(work, request.dimensions, request.encoding_format == "base64", tokens)
+
+    def prepare_cohere(
+        self, payload: Any, gate: Gate = admit_all
+    ) -> tuple[EmbedPrepared, list[str]]:
+        """/v2/embed: its texts behind the prompt ``input_type`` names."""
+        request = validate_body(payload, CohereEmbedRequest)
+        check_model_name(request.model, self.info)
+        head = pooling_of(self.info, "/v2/embed")
+        _check_dimensions(request.output_dimension, head, "output_dimension")
+        if not request.texts:
+            raise ScoreRequestError(Reason.EMPTY_INPUT, "texts: the list is empty", "texts")
+        check_item_count(len(request.texts), self.info)
+        _check_text(request.texts)
+        prompt = None
+        if request.input_type is not None:
+            names = INPUT_TYPES.get(request.input_type, (request.input_type,))
+            prompt = next((head.prompt(n) for n in names if head.prompt(n) is not None), None)
+        keep = None if request.truncate == "NONE" else input_limit(self.info)
+        gate()
+        work = self.text_work(request.texts, prompt, keep)
+        tokens = sum(len(ids) for ids in work.inputs)
+        return EmbedPrepared(work, request.output_dimension, False, tokens), list(request.texts)
+
+
+def matryoshka(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """The first ``dimensions`` components, L2-normalized (float32); None: as they are."""
+    vectors = np.asarray(vectors, np.float32)
+    if dimensions is None:
+        return vectors
+    cut = vectors[:, :dimensions]
+    norms = np.sqrt(np.sum(cut * cut, axis=-1, keepdims=True, dtype=np.float32))
+    return (cut / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+
+
+def cosines(query: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """Cosine of ``query [D]`` with each row of ``items [N, D]`` (float64)."""
+    q = np.asarray(query, np.float64)
+    m = np.asarray(items, np.float64).reshape(-1, q.shape[-1])
+    norms = np.maximum(np.linalg.norm(m, axis=-1) * np.linalg.norm(q), 1e-300)
+    return (m @ q) / norms
+
+
+def encode_vector(vector: np.ndarray, as_base64: bool) -> Any:
+    """A vector as JSON numbers, or as base64 of its little-endian float32 bytes."""
+    if as_base64:
+        return base64.b64encode(np.asarray(vector, "<f4").tobytes()).decode("ascii")
+    return np.asarray(vector, np.float32).tolist()
+
+
+def openai_body(prepared: EmbedPrepared, vectors: np.ndarray, model: str) -> dict[str, Any]:
+    out = matryoshka(vectors, prepared.dimensions)
+    data = [
+        {"object": "embedding", "index": i, "embedding": encode_vector(v, prepared.base64)}
+        for i, v in enumerate(out)
+    ]
+    tokens = prepared.prompt_tokens
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+def cohere_body(
+    prepared: EmbedPrepared, vectors: np.ndarray, texts: list[str], request_id: str
+) -> dict[str, Any]:
+    out = matryoshka(vectors, prepared.dimensions)
+    return {
+        "id": request_id,
+        "embeddings": {"float": [np.asarray(v, np.float32).tolist() for v in out]},
+        "texts": texts,
+        "meta": {
+            "api_version": {"version": "2"},
+            "billed_units": {"input_tokens": prepared.prompt_tokens},
+        },
+        "response_type": "embeddings_by_type",
+    }

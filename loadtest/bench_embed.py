@@ -1,0 +1,163 @@
+"""Embedding throughput (semantics 20; docs/benchmarks.md, "Embeddings"): a mixed-length
+corpus (lengths log-uniform between ``--min-tokens`` and ``--max-tokens``) embedded by the
+engine (every text packed end to end in rows, one ``score_batch``), by the batch job's stages
+in process (``python -m batch embed``'s prepare -> engine stages, tokenization included) and
+by sentence-transformers' ``encode`` (its default length-sorted batches of 32) on the same
+random weights: a Qwen3-0.6B-shaped embedding model (hidden 1024, 16/8 heads of 128, MLP
+3072; SmolLM2's tokenizer, so vocabulary 49152) saved as a sentence-transformers directory
+(last token, Normalize). Tokens/s count real tokens only; padding is the engine's computed /
+real tokens. The served figure (HTTP at concurrency 8) is not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loadtest.bench_common import machine_description, write_section
+
+SECTION = "## Embeddings (`python -m loadtest.bench_embed`)"
+WORDS = ("alpha", "river", "stone", "cloud", "seven", "blue", "green", "house", "light", "water")
+
+
+def save_model(directory: Path, layers: int, tokenizer_dir: Path) -> Path:
+    """A random Qwen3-0.6B-shaped ``Qwen3Model`` as a sentence-transformers directory."""
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    torch.manual_seed(0)
+    config = transformers.Qwen3Config(
+        vocab_size=49152, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        max_position_embeddings=4096, tie_word_embeddings=True,
+    )  # fmt: skip
+    hf_dir = directory.parent / f"{directory.name}-hf"
+    transformers.Qwen3Model(config).save_pretrained(hf_dir, safe_serialization=True)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+    tokenizer.chat_template = None  # plain text, as an embedder's tokenizer
+    tokenizer.save_pretrained(hf_dir)
+    modules = [
+        Transformer(str(hf_dir), max_seq_length=1024),
+        Pooling(1024, "lasttoken"),
+        Normalize(),
+    ]
+    SentenceTransformer(modules=modules, device="cpu").save(str(directory), safe_serialization=True)
+    return directory
+
+
+def corpus(count: int, low: int, high: int, seed: int = 0) -> list[str]:
+    """``count`` texts of about log-uniform ``low``..``high`` words (one token each)."""
+    rng = np.random.default_rng(seed)
+    lengths = np.exp(rng.uniform(np.log(low), np.log(high), count)).astype(int)
+    return [" ".join(rng.choice(WORDS, n)) for n in lengths]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import pyarrow as pa
+    import torch
+    import yaml
+    from sentence_transformers import SentenceTransformer
+
+    from app.service import ScoringService
+    from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedPrepare, finish_embed
+    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
+    from replicas.contract import EmbedWork
+    from replicas.engine.scoring_engine import ScoringEngine
+    from replicas.settings import ReplicaSettings
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    work_dir = Path(tempfile.mkdtemp(prefix="bench-embed-"))
+    tokenizer_dir = work_dir / "tokenizer"
+    load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct")).save_pretrained(tokenizer_dir)
+    model_dir = save_model(work_dir / "model", args.layers, tokenizer_dir)
+    (app,) = yaml.safe_load(Path("serve_config.yaml").read_text())["applications"]
+    settings = ReplicaSettings.from_mapping(
+        {**app["args"], "model": str(model_dir), "compilation_cache_dir": str(work_dir / "cache")}
+    )
+    texts = corpus(args.texts, args.min_tokens, args.max_tokens)
+    service = ScoringService.from_settings(settings)
+    start = time.perf_counter()
+    engine = ScoringEngine.from_settings(settings)
+    warm_s = time.perf_counter() - start
+    limits = engine.info.limits
+    work = service.embedder.text_work(texts, None)
+    tokens = sum(len(ids) for ids in work.inputs)
+    step = limits.max_items_per_request
+    works = [EmbedWork(work.inputs[i : i + step]) for i in range(0, len(work.inputs), step)]
+    engine.score_batch([EmbedWork(work.inputs[:8])])  # the first call's one-off costs
+    before = engine.stats()
+    start = time.perf_counter()
+    vectors = np.concatenate(engine.score_batch(works))
+    engine_s = time.perf_counter() - start
+    after = engine.stats()
+    padding = (after["computed_tokens"] - before["computed_tokens"]) / (
+        after["useful_tokens"] - before["useful_tokens"]
+    )
+    rows = pa.Table.from_pylist([{"id": i, "text": t} for i, t in enumerate(texts)])
+    start = time.perf_counter()
+    prepared = EmbedPrepare.around(service, EmbedColumns())(rows)
+    finish_embed(EmbedEngine.around(engine)(prepared), None)
+    batch_s = time.perf_counter() - start
+    st_model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    st_model.encode(texts[:8], convert_to_numpy=True)
+    start = time.perf_counter()
+    reference = st_model.encode(texts, batch_size=32, convert_to_numpy=True)
+    st_s = time.perf_counter() - start
+    return {
+        "texts": len(texts), "tokens": tokens, "layers": args.layers, "warm_s": warm_s,
+        "engine": tokens / engine_s, "batch": tokens / batch_s, "st": tokens / st_s,
+        "padding": padding, "diff": float(np.abs(vectors - reference).max()),
+        "engine_s": engine_s, "batch_s": batch_s, "st_s": st_s,
+    }  # fmt: skip
+
+
+def write_report(r: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
+    lines = [
+        "`python -m loadtest.bench_embed`: a Qwen3-0.6B-shaped embedding model (random weights,",
+        "float32, last-token pooling, Normalize; a sentence-transformers directory served with",
+        "the shipped serve_config.yaml's settings, only `model` changed) embeds a mixed-length",
+        f"corpus: {r['texts']} texts of log-uniform {args.min_tokens}..{args.max_tokens} tokens "
+        f"({r['tokens']} real tokens), {r['layers']} decoder layers.",
+        "",
+        f"- machine: {machine_description()}; warm-up {r['warm_s']:.0f} s",
+        "- engine: every text in one `score_batch` (inputs end to end in rows of",
+        "  `item_tokens_per_step` tokens, longest first); batch: `python -m batch embed`'s",
+        "  stages in process (tokenization, packing, the engine); sentence-transformers:",
+        "  `encode` with its default length-sorted batches of 32, torch on every core",
+        "",
+        "| path | seconds | tokens/s | vs sentence-transformers | padding (computed / real) "
+        "| max abs diff vs sentence-transformers |",
+        "|---|---:|---:|---:|---:|---:|",
+        f"| engine | {r['engine_s']:.1f} | {r['engine']:.0f} | {r['engine'] / r['st']:.2f}x "
+        f"| {r['padding']:.3f} | {r['diff']:.1e} |",
+        f"| batch (stages in process) | {r['batch_s']:.1f} | {r['batch']:.0f} "
+        f"| {r['batch'] / r['st']:.2f}x ({r['batch'] / r['engine']:.2f}x the engine) | | |",
+        f"| sentence-transformers `encode` | {r['st_s']:.1f} | {r['st']:.0f} | 1.00x | | |",
+    ]
+    write_section(path, SECTION, "\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--texts", type=int, default=2000)
+    parser.add_argument("--min-tokens", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--layers", type=int, default=28, help="decoder layers (Qwen3-0.6B: 28)")
+    parser.add_argument("--output", default="docs/benchmarks.md")
+    args = parser.parse_args()
+    result = run(args)
+    print(result)
+    write_report(result, args, Path(args.output))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""The embedding layout (semantics 20): inputs end to end in item-stream rows, pooled per input.
+
+Every input is an "item" of an item stream behind an empty prefix (no prefix key is
+readable), so each attends causally to itself only, at positions 0..len-1, exactly as it
+would alone: the stream attention that multi-item scoring and lone prompts already run
+(``layers.attend_item_stream``), no attention path of its own. Rows are filled first-fit
+with the inputs sorted longest first (little padding on mixed lengths), up to the step's
+capacity; a step holds up to the largest batch bucket of rows.
+
+The step pools on device in float32: ``lasttoken`` / ``cls`` gather one hidden state per
+input, ``mean`` sums an input's pooled tokens (segment sums, so no other input's token
+enters) and divides by their count. Dense layers and L2 normalization run on the host in
+float32, per vector. A step's signature is ``EmbedDims`` (rows, stream tokens, window); the
+pooled outputs per row are ``slots(tokens)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from replicas.contract import (
+    EmbedWork,
+    ModelInfo,
+    PoolingHead,
+    PromptWork,
+    ScoringLimitError,
+    check_embed_limits,
+)
+from replicas.engine.layouts.common import BucketDims, bucket_for, data_buckets, step_capacity
+from replicas.engine.layouts.prefix_blocks import KV_AXES
+from replicas.engine.layouts.runner import Runner
+from replicas.engine.layouts.stream import window_for
+from replicas.model.causal_lm import CausalLM, ItemStreamSpec, Params
+
+Array = jax.Array
+EMPTY_PREFIX = 16  # width of the (never readable) prefix every row sits behind
+MIN_SLOTS = 16
+
+
+def slots(tokens: int) -> int:
+    """Inputs one row of ``tokens`` stream tokens may hold (pooled outputs per row)."""
+    return max(MIN_SLOTS, tokens // 4)
+
+
+def embed_window(longest: int, tokens: int) -> int:
+    """The item window of a step of ``tokens``: the longest input's (``window_for``), at
+    least a quarter of the row, so a row length has at most three windows to compile."""
+    return max(window_for(longest, tokens), min(tokens, window_for(tokens // 4, tokens)))
+
+
+@dataclass(frozen=True, order=True)
+class EmbedDims(BucketDims):
+    """One embedding step: ``batch`` rows of ``tokens`` stream tokens, inputs <= ``window``."""
+
+    batch: int
+    tokens: int
+    window: int
+
+    @property
+    def cost(self) -> int:
+        return self.batch * self.tokens * 64 + self.window
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One input of one work: ``(work, index)`` and where its pooling starts."""
+
+    work: int
+    index: int
+    tokens: tuple[int, ...]
+    skip: int  # leading tokens left out of the pooling (the prompt without include_prompt)
+
+
+def embed_step(
+    model: CausalLM,
+    window: int,
+    pooling: str,
+    params: Params,
+    empty: Array,  # [layers, B, EMPTY_PREFIX, K, Dh] zeros (an argument: not constant-folded)
+    tokens: Array,  # [B, S]
+    positions: Array,  # [B, S]
+    item_ids: Array,  # [B, S] -1 padding
+    pick: Array,  # [B, M] the stream index of each slot's token (lasttoken, cls)
+    segments: Array,  # [B, S] the slot a token is pooled into (mean), M: none
+    counts: Array,  # [B, M] float32 pooled tokens per slot (mean)
+) -> Array:
+    """Pooled float32 vectors ``[B, M, D]`` (unused slots: zeros or garbage, never read)."""
+    batch, _ = tokens.shape
+    spec = ItemStreamSpec(
+        prefix_valid=jnp.zeros((batch, EMPTY_PREFIX), bool) | (tokens[:, :1] < 0),
+        item_ids=item_ids,
+        window=window,
+    )
+    hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty)
+    hidden = hidden.astype(jnp.float32)  # [B, S, D]
+    if pooling != "mean":
+        return jnp.take_along_axis(hidden, pick[..., None], axis=1)  # [B, M, D]
+    m = pick.shape[1]
+    ids = jnp.where(segments < m, segments + m * jnp.arange(batch)[:, None], batch * m)
+    sums = jax.ops.segment_sum(
+        hidden.reshape(-1, hidden.shape[-1]), ids.reshape(-1), num_segments=batch * m
+    )
+    return sums.reshape(batch, m, -1) / jnp.maximum(counts, 1.0)[..., None]
+
+
+def finish(vectors: np.ndarray, head: PoolingHead, dense: Sequence[Any]) -> np.ndarray:
+    """Dense layers then L2 normalization (as torch's ``normalize``), float32, per row."""
+    out = np.asarray(vectors, np.float32)
+    for layer in dense:
+        out = np.asarray(layer(out), np.float32)
+    if head.normalize:
+        norms = np.sqrt(np.sum(out * out, axis=-1, keepdims=True, dtype=np.float32))
+        out = out / np.maximum(norms, np.float32(1e-12))
+    return out.astype(np.float32)
+
+
+class EmbedLayout:
+    """Packs EmbedWork into item-stream rows, runs ``embed_step`` and unpacks the vectors."""
+
+    kinds: ClassVar[dict[str, type]] = {"embed": EmbedDims}
+
+    def __init__(self, model: CausalLM, runner: Runner, dense: Sequence[Any] = ()) -> None:
+        if model.config.pooling is None:
+            raise ValueError("EmbedLayout needs a model with a PoolingHead")
+        self._model, self._runner, self._dense = model, runner, tuple(dense)
+        self._head: PoolingHead = model.config.pooling
+
+    def compile(self, kind: str, dims: EmbedDims) -> Any:
+        runner = self._runner
+        step = jax.jit(
+            partial(embed_step, self._model, dims.window, self._head.pooling),
+            out_shardings=runner.replicated,
+        )
+        b, s, m = dims.batch, dims.tokens, slots(dims.tokens)
+        rows = ("batch", "seq")
+        c = self._model.config
+        kv = (c.num_layers, b, EMPTY_PREFIX, c.num_kv_heads, c.head_dim)
+        specs = (
+            runner.spec(kv, self._model.dtype, KV_AXES),
+            runner.spec((b, s), np.int32, rows),
+            runner.spec((b, s), np.int32, rows),
+            runner.spec((b, s), np.int32, rows),
+            runner.spec((b, m), np.int32, ("batch", None)),
+            runner.spec((b, s), np.int32, rows),
+            runner.spec((b, m), np.float32, ("batch", None)),
+        )
+        return runner.lower(step, specs)
+
+    # -- planning -----------------------------------------------------------------------
+
+    def _capacity(self) -> int:
+        return step_capacity(self._runner.settings)
+
+    def _rows(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[list[Piece]]:
+        """Every input of ``works[indices]``, longest first, first-fit into rows."""
+        include = self._head.include_prompt
+        pieces = [
+            Piece(w, i, tuple(tokens), 0 if include else works[w].prompt_length(i))
+            for w in indices
+            for i, tokens in enumerate(works[w].inputs)
+        ]
+        pieces.sort(key=lambda p: -len(p.tokens))
+        capacity, buckets = self._capacity(), self._runner.settings.item_token_buckets
+        rows: list[list[Piece]] = []
+        used: list[int] = []
+        for piece in pieces:
+            length = len(piece.tokens)
+            for r, row in enumerate(rows):
+                total = used[r] + length
+                if total > capacity:
+                    continue
+                if len(row) < slots(bucket_for(total, buckets, "item_token_buckets")):
+                    row.append(piece)
+                    used[r] = total
+                    break
+            else:
+                rows.append([piece])
+                used.append(length)
+        return rows
+
+    def _steps(self, rows: list[list[Piece]]) -> list[tuple[EmbedDims, list[list[Piece]]]]:
+        settings, groups = self._runner.settings, self._runner.groups
+        per_step = data_buckets(settings.batch_buckets, groups)[-1]
+        steps = []
+        for start in range(0, len(rows), per_step):
+            chunk = rows[start : start + per_step]
+            longest_row = max(sum(len(p.tokens) for p in row) for row in chunk)
+            tokens = bucket_for(longest_row, settings.item_token_buckets, "item_token_buckets")
+            longest = max(len(p.tokens) for row in chunk for p in row)
+            batch = bucket_for(len(chunk), data_buckets(settings.batch_buckets, groups), "batch")
+            steps.append((EmbedDims(batch, tokens, embed_window(longest, tokens)), chunk))
+        return steps
+
+    def plan(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
+        return [("embed", dims) for dims, _ in self._steps(self._rows(works, indices))]
+
+    def warmup_keys(self) -> list[tuple[str, Any]]:
+        """One row of each token bucket about four times the one before up to the step's
+        capacity (its window the whole row, so it covers every smaller input), and the
+        fullest step (the largest batch bucket of full rows)."""
+        settings, groups = self._runner.settings, self._runner.groups
+        capacity = self._capacity()
+        smallest = data_buckets(settings.batch_buckets, groups)[0]
+        keys, last = [], 0
+        for tokens in settings.item_token_buckets:
+            if tokens <= capacity and (tokens >= 4 * last or tokens == capacity):
+                keys.append(("embed", EmbedDims(smallest, tokens, window_for(tokens, tokens))))
+                last = tokens
+        largest = data_buckets(settings.batch_buckets, groups)[-1]
+        full = EmbedDims(largest, capacity, window_for(capacity, capacity))
+        return list(dict.fromkeys([*keys, ("embed", full)]))
+
+    # -- running ------------------------------------------------------------------------
+
+    def score(self, works: Sequence[EmbedWork], indices: Sequence[int], results: list) -> None:
+        """Fill ``results[w]`` (float32 ``[inputs, dimension]``) for every work in indices."""
+        for exact, chunk in self._steps(self._rows(works, indices)):
+            self._run(exact, chunk, results)
+
+    def _run(self, exact: EmbedDims, chunk: list[list[Piece]], results: list) -> None:
+        runner = self._runner
+        dims = runner.resolve("embed", exact)
+        b, s = dims.batch, dims.tokens
+        m = slots(s)
+        tokens = np.zeros((b, s), np.int32)
+        positions = np.zeros((b, s), np.int32)
+        item_ids = np.full((b, s), -1, np.int32)
+        pick = np.zeros((b, m), np.int32)
+        segments = np.full((b, s), m, np.int32)
+        counts = np.zeros((b, m), np.float32)
+        first = self._head.pooling == "cls"
+        for r, row in enumerate(chunk):
+            cursor = 0
+            for n, piece in enumerate(row):
+                length = len(piece.tokens)
+                end = cursor + length
+                tokens[r, cursor:end] = piece.tokens
+                positions[r, cursor:end] = np.arange(length)
+                item_ids[r, cursor:end] = n
+                skip = min(piece.skip, length - 1)
+                pick[r, n] = cursor + skip if first else end - 1
+                segments[r, cursor + skip : end] = n
+                counts[r, n] = length - skip
+                cursor = end
+        real = sum(len(p.tokens) for row in chunk for p in row)
+        runner.count_tokens(b * s, real)
+        c = self._model.config
+        kv = (c.num_layers, b, EMPTY_PREFIX, c.num_kv_heads, c.head_dim)
+        args = (
+            np.zeros(kv, self._model.dtype),
+            tokens,
+            positions,
+            item_ids,
+            pick,
+            segments,
+            counts,
+        )
+        pooled = runner.run("embed", dims, args)  # [B, M, D]
+        for r, row in enumerate(chunk):
+            vectors = finish(pooled[r, : len(row)], self._head, self._dense)
+            for n, piece in enumerate(row):
+                results[piece.work][piece.index] = vectors[n]
+
+
+def check_embed_work(work: Any, info: ModelInfo) -> None:
+    """Raise ScoringLimitError (its ``reason`` the HTTP 400's) for an EmbedWork that must
+    not run, or for other work on an embedding model (and an EmbedWork on any other)."""
+    pooling = info.pooling
+    if not isinstance(work, EmbedWork) or pooling is None:
+        what = "an embedding model only embeds" if pooling else "this model does not embed"
+        raise ScoringLimitError(
+            "unsupported_for_model", f"{type(work).__name__}: {what} ({info.kind})"
+        )
+    if any(not tokens for tokens in work.inputs):
+        raise ScoringLimitError("empty_input", "every input must hold at least one token")
+    vocab = info.vocab_size
+    if any(not 0 <= t < vocab for tokens in work.inputs for t in tokens):
+        raise ScoringLimitError("token_id_exceeds_vocab", f"token ids must be in [0, {vocab})")
+    check_embed_limits(work, info.limits, pooling.max_seq_length)
+
+
+def empty_result(work: Any, info: ModelInfo) -> Any:
+    """What ``ScoringEngine.score_batch`` fills for ``work``."""
+    if isinstance(work, PromptWork):
+        return []
+    if isinstance(work, EmbedWork):
+        assert info.pooling is not None
+        return np.zeros((work.num_items, info.pooling.dimension), np.float32)
+    return np.zeros((work.num_items, len(work.label_ids)), np.float32)

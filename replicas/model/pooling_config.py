@@ -1,0 +1,192 @@
+"""Which pooling an embedding model asks for (semantics 20; jax-free: the ingress reads it too).
+
+Two kinds of directory are embedding models:
+
+- A sentence-transformers directory (``modules.json``): Transformer (the Hugging Face model
+  at the directory's root) -> Pooling (``1_Pooling/config.json``: ``lasttoken``, ``mean`` or
+  ``cls``, ``include_prompt``) -> optional Dense layers -> optional Normalize, with its
+  prompts in ``config_sentence_transformers.json`` and its ``max_seq_length`` in
+  ``sentence_bert_config.json`` (sentence-transformers 6 keeps it as the tokenizer's
+  ``model_max_length``). It is served with no other setting.
+- A bare transformers base model (``Qwen3Model``, ``LlamaModel``, ...: no LM head), or any
+  supported model with the ``pooling`` setting: pooled as the ``pooling`` and ``normalize``
+  settings say (default: the last token, normalized).
+
+Dense weights are read only from safetensors (``replicas.checkpoints.dense``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from replicas.embed_contract import POOLINGS, PoolingHead
+from replicas.model.families import text_config
+
+# transformers base models (what sentence-transformers saves) -> family
+BASE_ARCHITECTURES = {
+    "LlamaModel": "llama",
+    "Qwen2Model": "qwen2",
+    "Qwen3Model": "qwen3",
+    "MistralModel": "mistral",
+    "Gemma2Model": "gemma2",
+    "Gemma3TextModel": "gemma3",
+}
+ACTIVATIONS = {
+    "torch.nn.modules.activation.Tanh": "tanh",
+    "torch.nn.modules.linear.Identity": "identity",
+}
+_MODULES = ("Transformer", "Pooling", "Dense", "Normalize")
+_LEGACY_MODES = {
+    "pooling_mode_lasttoken": "lasttoken",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "cls",
+}
+_NO_LIMIT = 1 << 40  # tokenizers without a limit say int(1e30); anything this large is none
+
+
+class UnsupportedEmbeddingError(ValueError):
+    """The embedding model's files or settings are unusable (named in the message)."""
+
+
+def is_base_model(hf: Any) -> bool:
+    return any(arch in BASE_ARCHITECTURES for arch in getattr(hf, "architectures", None) or ())
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise UnsupportedEmbeddingError(f"{path}: not readable JSON: {error}") from None
+    if not isinstance(value, dict | list):
+        raise UnsupportedEmbeddingError(f"{path}: expected a JSON object")
+    return value  # type: ignore[return-value]
+
+
+def st_modules(directory: Path) -> list[tuple[str, Path]]:
+    """``modules.json`` as (module kind, its directory), in order; errors name a module
+    scorejax cannot run."""
+    entries = _read_json(directory / "modules.json")
+    modules: list[tuple[str, Path]] = []
+    for entry in entries if isinstance(entries, list) else []:
+        kind = str(entry.get("type", "")).rsplit(".", 1)[-1]
+        if kind not in _MODULES:
+            raise UnsupportedEmbeddingError(
+                f"modules.json: module {entry.get('type')!r} is not supported "
+                f"(supported: {', '.join(_MODULES)})"
+            )
+        modules.append((kind, directory / str(entry.get("path", ""))))
+    kinds = [kind for kind, _ in modules]
+    if kinds[:2] != ["Transformer", "Pooling"] or any(k in kinds[2:] for k in _MODULES[:2]):
+        raise UnsupportedEmbeddingError(
+            f"modules.json: expected Transformer, Pooling, then Dense/Normalize, got {kinds}"
+        )
+    if modules[0][1].resolve() != directory.resolve():
+        raise UnsupportedEmbeddingError(
+            f"modules.json: the Transformer must be the directory's root (path ''), got "
+            f"{modules[0][1].name!r}"
+        )
+    if "Normalize" in kinds[2:-1]:
+        raise UnsupportedEmbeddingError("modules.json: Normalize must be the last module")
+    return modules
+
+
+def _pooling_mode(config: dict[str, Any]) -> str:
+    mode = config.get("pooling_mode")
+    if mode is None:
+        modes = [name for key, name in _LEGACY_MODES.items() if config.get(key)]
+        others = [k for k, v in config.items() if k.startswith("pooling_mode_") and v]
+        if len(others) != len(modes):
+            raise UnsupportedEmbeddingError(f"1_Pooling: pooling modes {others} not supported")
+        mode = modes
+    if isinstance(mode, list):
+        mode = mode[0] if len(mode) == 1 else tuple(mode)
+    if mode not in POOLINGS:
+        raise UnsupportedEmbeddingError(f"1_Pooling: pooling_mode {mode!r} not in {POOLINGS}")
+    return str(mode)
+
+
+def _dense(path: Path, width: int) -> tuple[int, int, str]:
+    config = _read_json(path / "config.json")
+    in_features, out_features = int(config["in_features"]), int(config["out_features"])
+    activation = ACTIVATIONS.get(str(config.get("activation_function")))
+    if activation is None:
+        raise UnsupportedEmbeddingError(
+            f"{path.name}: activation_function {config.get('activation_function')!r} not in "
+            f"{sorted(ACTIVATIONS)}"
+        )
+    if config.get("use_residual") or in_features != width:
+        raise UnsupportedEmbeddingError(
+            f"{path.name}: a Dense of {in_features} inputs after {width} (residual: "
+            f"{bool(config.get('use_residual'))}) is not supported"
+        )
+    return in_features, out_features, activation
+
+
+def _max_seq_length(directory: Path) -> int | None:
+    for name, key in (
+        ("sentence_bert_config.json", "max_seq_length"),
+        ("tokenizer_config.json", "model_max_length"),
+    ):
+        path = directory / name
+        value = _read_json(path).get(key) if path.is_file() else None
+        if isinstance(value, int | float) and 0 < value < _NO_LIMIT:
+            return int(value)
+    return None
+
+
+def st_pooling_head(directory: Path, hidden_size: int) -> PoolingHead:
+    """The PoolingHead of a sentence-transformers directory."""
+    modules = st_modules(directory)
+    pooling = _read_json(modules[1][1] / "config.json")
+    width, dense = hidden_size, []
+    for kind, path in modules[2:]:
+        if kind == "Dense":
+            layer = _dense(path, width)
+            dense.append(layer)
+            width = layer[1]
+    st_config_path = directory / "config_sentence_transformers.json"
+    st_config = _read_json(st_config_path) if st_config_path.is_file() else {}
+    prompts = st_config.get("prompts") or {}
+    default = st_config.get("default_prompt_name")
+    if default is not None and default not in prompts:
+        raise UnsupportedEmbeddingError(
+            f"config_sentence_transformers.json: default_prompt_name {default!r} is not a prompt"
+        )
+    return PoolingHead(
+        pooling=_pooling_mode(pooling),
+        normalize=modules[-1][0] == "Normalize",
+        dimension=width,
+        include_prompt=bool(pooling.get("include_prompt", True)),
+        dense=tuple(dense),
+        prompts=tuple(sorted((str(k), str(v)) for k, v in prompts.items())),
+        default_prompt_name=default,
+        max_seq_length=_max_seq_length(directory),
+    )
+
+
+def pooling_head_for(
+    directory: Path | None, hf: Any, pooling: str | None = None, normalize: bool | None = None
+) -> PoolingHead | None:
+    """The model's PoolingHead, or None for a causal LM or score-head model. ``directory``:
+    the Hugging Face directory (None for a GGUF file); ``pooling``/``normalize``: the
+    settings of that name (for a base model or a causal LM served as an embedder)."""
+    hidden = int(text_config(hf).hidden_size)
+    if directory is not None and (directory / "modules.json").is_file():
+        if pooling is not None or normalize is not None:
+            raise UnsupportedEmbeddingError(
+                "pooling: a sentence-transformers directory sets its own pooling and "
+                "normalization (1_Pooling, Normalize); leave pooling and normalize unset"
+            )
+        return st_pooling_head(directory, hidden)
+    if pooling is None and normalize is None and not is_base_model(hf):
+        return None
+    if pooling is not None and pooling not in POOLINGS:
+        raise UnsupportedEmbeddingError(f"pooling: must be one of {POOLINGS}, got {pooling!r}")
+    return PoolingHead(
+        pooling=pooling or "lasttoken",
+        normalize=True if normalize is None else bool(normalize),
+        dimension=hidden,
+        max_seq_length=_max_seq_length(directory) if directory is not None else None,
+    )
