@@ -277,12 +277,7 @@ class ScoringService:
         self, work: EmbedWork, backend: Backend, timings: Timings
     ) -> tuple[np.ndarray, Timings]:
         """The replica's vectors ``[inputs, dimension]``, checked, and timings."""
-        called = time.perf_counter()
-        answer = await backend(work)
-        if isinstance(answer, ScoredWork):
-            waited = time.perf_counter() - called - answer.inference_s
-            timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
-            answer = answer.scores
+        answer, timings = await replica_answer(work, backend, timings)
         vectors = np.asarray(answer, np.float32)
         assert self.info.pooling is not None
         expected = (work.num_items, self.info.pooling.dimension)
@@ -299,12 +294,7 @@ class ScoringService:
         self, work: PromptWork, backend: Backend, timings: Timings
     ) -> tuple[list[PromptLogprobs], Timings]:
         """The replica's PromptLogprobs, one per prompt, checked, and timings."""
-        called = time.perf_counter()
-        answer = await backend(work)
-        if isinstance(answer, ScoredWork):
-            waited = time.perf_counter() - called - answer.inference_s
-            timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
-            answer = answer.scores
+        answer, timings = await replica_answer(work, backend, timings)
         if len(answer) != work.num_items:
             message = f"replica answered {len(answer)} prompts of {work.num_items}"
             raise ScoreRequestError(Reason.INTERNAL, message, status_code=500)
@@ -322,12 +312,7 @@ class ScoringService:
         self, work: ScoreWork, backend: Backend, timings: Timings
     ) -> tuple[np.ndarray, Timings]:
         """The replica's log-probabilities ``[n_items, n_labels]``, checked, and timings."""
-        called = time.perf_counter()
-        answer = await backend(work)
-        if isinstance(answer, ScoredWork):
-            waited = time.perf_counter() - called - answer.inference_s
-            timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
-            answer = answer.scores
+        answer, timings = await replica_answer(work, backend, timings)
         logprobs = np.asarray(answer)
         expected = (work.num_items, len(work.label_ids))
         if logprobs.shape != expected:
@@ -374,3 +359,15 @@ class ScoringService:
                 }
             ],
         }
+
+
+async def replica_answer(work: Any, backend: Backend, timings: Timings) -> tuple[Any, Timings]:
+    """``backend(work)``'s payload (a ScoredWork's scores), and ``timings`` with the queue
+    and engine seconds it reports."""
+    called = time.perf_counter()
+    answer = await backend(work)
+    if isinstance(answer, ScoredWork):
+        waited = time.perf_counter() - called - answer.inference_s
+        timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
+        answer = answer.scores
+    return answer, timings
