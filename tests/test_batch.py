@@ -257,10 +257,13 @@ def test_engine_serve_scores_the_rows_through_a_running_app(
     config_file: Path,
     expected: dict[str, Any],
 ) -> None:
-    """``--engine serve``: the same rows, packed the same way, through the app's handle."""
+    """``--engine serve``: the same rows, grouped and packed the same way, through the app's
+    handle; and Ray Data LLM's ServeDeploymentProcessor pointed at the same app
+    (batch.data_llm: one row, one ``score_stream`` request) gives the same scores."""
     import ray.data
 
     from app.builder import scoring_app
+    from batch.data_llm import processor
 
     settings = settings_from_config(config_file)
     ingress = {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
@@ -270,6 +273,14 @@ def test_engine_serve_scores_the_rows_through_a_running_app(
     options = EngineOptions(batch_size=5, engine="serve", app="batch-serve")
     scored = score_dataset(ray.data.from_items(source), settings, ScoreColumns(LABELS), options)
     assert_rows_equal(scored.take_all(), expected_of(source, expected))
+    fields = {"query": "query", "items": "item"}
+    llm = processor("score", fields, {"label_token_ids": list(LABELS)}, app="batch-serve")
+    rows = [row | {"item": [row["item"]]} for row in source]  # /v1/score's items: a list
+    got = llm(ray.data.from_items(rows)).take_all()
+    answers = [{"id": r["id"], "scores": (r["response"] or {}).get("scores"), **r} for r in got]
+    for row in answers:
+        row["error_message"] = row["error_message"] or None
+    assert_rows_equal(answers, expected_of(source, expected))
 
 
 def in_process(
