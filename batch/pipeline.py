@@ -97,6 +97,7 @@ def score_dataset(
     """``ds`` scored as ``/v1/score`` scores each row: ``keep`` (None: every input column),
     the id column, then ``scores`` (null on a refused row), ``error`` and ``error_message``."""
     options = options or EngineOptions()
+    _check_options(options)  # before the row count grouping takes
     shuffled = _partitions(ds, options)
     scored = ds.map_batches(
         Tokenize,
