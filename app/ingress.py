@@ -6,6 +6,10 @@ HTTP (app.http's FastAPI app through ``@serve.ingress``): ``POST /v1/score``, ``
 Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` returns the
 same body as the HTTP route (and raises ScoreRequestError, whose ``body`` is the HTTP error);
 ``handle.score_work.remote(work)`` takes a work a batch job prepared with app/'s code.
+Ray Data LLM (``ray.data.llm.ServeDeploymentProcessorConfig``, docs/batch.md):
+``score_stream``, ``rerank_stream``, ``classify_stream`` take one request dict (the row's
+``request_kwargs``: the method's fields) and yield one row: ``response`` (the route's body),
+``error`` and ``error_message`` (a 400's reason and message).
 Never imports jax; only token ids go to the replicas.
 """
 
@@ -15,7 +19,7 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -54,6 +58,38 @@ def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
         if mine != theirs:
             return f"{name}: ingress has {mine!r}, replica has {theirs!r}"
     return None
+
+
+# What Ray Data LLM's ServeDeploymentStage adds to each request (not a method's field).
+PROCESSOR_FIELDS = ("request_id", "idx_in_batch")
+
+
+def _plain(value: Any) -> Any:
+    """A request field as Python values: the processor's rows pass through Arrow, whose lists
+    come back as NumPy arrays."""
+    tolist = getattr(value, "tolist", None)
+    value = tolist() if callable(tolist) else value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+async def _processor_row(
+    method: Callable[..., Awaitable[dict[str, Any]]], request: Mapping[str, Any]
+) -> dict[str, Any]:
+    """One processor row: the body, or a 400's reason and message (a 503 or 500 raises, as
+    the handle method does: ScoreRequestError is a ValueError, which the processor's
+    ``should_continue_on_error`` turns into the row's ``__inference_error__``)."""
+    fields = {k: _plain(v) for k, v in request.items() if k not in PROCESSOR_FIELDS}
+    try:
+        body = await method(**fields)
+    except ScoreRequestError as error:
+        if error.status_code != 400:
+            raise
+        return {"response": None, "error": error.reason.value, "error_message": error.message}
+    return {"response": body, "error": None, "error_message": None}
 
 
 @serve.deployment(name="ScoreIngress", max_ongoing_requests=256)
@@ -170,6 +206,19 @@ class ScoreIngress:
         prompt); raises ScoreRequestError like a 400/503."""
         check_prepared(work, self._service.info)
         return (await self._call_replica(work)).scores
+
+    async def score_stream(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Ray Data LLM's ServeDeploymentProcessor contract for ``score`` (one dict in, the
+        answer as the first item of an async generator)."""
+        yield await _processor_row(self.score, request)
+
+    async def rerank_stream(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """As ``score_stream``, for ``rerank``."""
+        yield await _processor_row(self.rerank, request)
+
+    async def classify_stream(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """As ``score_stream``, for ``classify``."""
+        yield await _processor_row(self.classify, request)
 
     async def describe(self) -> ModelInfo:
         return self._service.info

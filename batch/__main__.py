@@ -53,6 +53,9 @@ def _common(mode: argparse.ArgumentParser) -> None:
     mode.add_argument(
         "--max-in-flight", type=int, default=4, help="--engine serve: calls per caller actor"
     )
+    mode.add_argument(
+        "--no-group", action="store_true", help="input already grouped by query: no shuffle"
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -94,6 +97,7 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
         engine=args.engine,
         app=args.app,
         max_in_flight=args.max_in_flight,
+        group=not args.no_group,
     )
     if args.mode == "rerank":
         columns = RerankColumns(args.query_column, args.document_column, args.id_column)

@@ -20,6 +20,7 @@ import ray.data
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from batch.classify_stage import ClassifyColumns, ClassifyPrepare, ClassifyResults
+from batch.grouping import GroupBy, Grouping, engine_map, partitions, shuffle_cost
 from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
 from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
 from batch.rows import ScoreColumns
@@ -77,6 +78,12 @@ class EngineOptions:
     # --engine serve: calls each caller actor keeps in flight (so the job adds at most
     # replicas x max_in_flight calls to the app's queues).
     max_in_flight: int = 4
+    # Rows brought together by query (or length) before the engine stage (batch.grouping);
+    # False (--no-group): input already grouped, each call takes the next batch_size rows.
+    group: bool = True
+    # Rows per shuffled block when grouping (0: batch_size): one Ray Data task of the engine
+    # stage, retried whole if its actor dies.
+    block_rows: int = 0
 
 
 def score_dataset(
@@ -90,6 +97,8 @@ def score_dataset(
     """``ds`` scored as ``/v1/score`` scores each row: ``keep`` (None: every input column),
     the id column, then ``scores`` (null on a refused row), ``error`` and ``error_message``."""
     options = options or EngineOptions()
+    _check_options(options)  # before the row count grouping takes
+    shuffled = _partitions(ds, options)
     scored = ds.map_batches(
         Tokenize,
         fn_constructor_args=(settings, columns),
@@ -98,7 +107,7 @@ def score_dataset(
         concurrency=1,
         num_cpus=options.cpu_share,
     )
-    scored = _scoring_stage(scored, settings, columns, options, tally)
+    scored = _scoring_stage(scored, settings, columns, options, tally, shuffled)
     scored = scored.map_batches(
         finish,
         fn_kwargs={"apply_softmax": columns.apply_softmax, "tally": tally},
@@ -134,26 +143,32 @@ def _scoring_stage(
     columns: ScoreColumns,
     options: EngineOptions,
     tally: Any,
+    shuffled: int | None = None,
 ) -> ray.data.Dataset:
-    """Engine actors (``local``) or handle callers (``serve``), ``options.replicas`` of them."""
+    """Engine actors (``local``) or handle callers (``serve``), ``options.replicas`` of them;
+    ``shuffled``: the rows grouped by query into that many blocks first (None: not grouped)."""
     _check_options(options)
-    common = {"batch_format": "pyarrow", "batch_size": options.batch_size}
+    grouping = _grouping(options, GroupBy("score"), shuffled, tally)
     if options.engine == "serve":
-        return ds.map_batches(
-            ServeScore,
-            fn_constructor_args=(options.app, settings, columns, tally, options.max_in_flight),
-            concurrency=options.replicas,
-            num_cpus=options.cpu_share,
-            **common,
-        )
+        args = (options.app, settings, columns, tally, options.max_in_flight)
+        return engine_map(ds, ServeScore, args, options, grouping, num_cpus=options.cpu_share)
     _check_local(settings)
-    return ds.map_batches(
-        EngineScore,
-        fn_constructor_args=(settings, columns, tally, options.engine_factory),
-        concurrency=options.replicas,
-        **common,
-        **engine_remote_args(settings, options.engine_env),
-    )
+    args = (settings, columns, tally, options.engine_factory)
+    remote = engine_remote_args(settings, options.engine_env)
+    return engine_map(ds, EngineScore, args, options, grouping, **remote)
+
+
+def _partitions(ds: ray.data.Dataset, options: EngineOptions) -> int | None:
+    """The shuffle's block count (None: grouping off)."""
+    if not options.group:
+        return None
+    return partitions(ds, options.block_rows or options.batch_size, options.replicas)
+
+
+def _grouping(
+    options: EngineOptions, by: GroupBy, blocks: int | None, tally: Any
+) -> Grouping | None:
+    return None if blocks is None else Grouping(by, blocks, options.cpu_share, tally)
 
 
 def _check_options(options: EngineOptions) -> None:
@@ -195,7 +210,8 @@ def _json_cells(batch: pa.Table) -> pa.Table:
 
 def write_output(
     ds: ray.data.Dataset, output: str, output_format: str, num_cpus: float = 0.25
-) -> None:
+) -> ray.data.Dataset:
+    """``ds`` written; the dataset that ran the write (its stats)."""
     if output_format == "parquet":
         ds.write_parquet(output, ray_remote_args={"num_cpus": num_cpus})
     elif output_format == "jsonl":
@@ -205,6 +221,7 @@ def write_output(
         ds.write_csv(output, ray_remote_args={"num_cpus": num_cpus})
     else:
         raise SettingsError(f"--output-format: one of {FORMATS}, got {output_format!r}")
+    return ds
 
 
 def use_checkpoint(directory: str | None, id_column: str) -> None:
@@ -258,7 +275,7 @@ def rerank_dataset(
 ) -> ray.data.Dataset:
     """Each (query, document) row's ``relevance`` as /v1/rerank gives it (the configured
     ``rerank_method``), with ``error`` and ``error_message`` as ``score_dataset``'s."""
-    mode = WorkMode(RerankPrepare, relevance_columns, ("relevance",))
+    mode = WorkMode(RerankPrepare, relevance_columns, ("relevance",), group="query")
     return _work_dataset(ds, settings, mode, columns, options or EngineOptions(), keep, tally)
 
 
@@ -272,7 +289,8 @@ def loglik_dataset(
 ) -> ray.data.Dataset:
     """Each (context, continuation) row's ``logprob`` and ``is_greedy`` as /v1/completions
     with echo gives them, with ``error`` and ``error_message`` as ``score_dataset``'s."""
-    mode = WorkMode(LoglikPrepare, loglik_columns, ("logprob", "is_greedy"), (CONTINUATION,))
+    outputs = ("logprob", "is_greedy")
+    mode = WorkMode(LoglikPrepare, loglik_columns, outputs, (CONTINUATION,), "context")
     return _work_dataset(ds, settings, mode, columns, options or EngineOptions(), keep, tally)
 
 
@@ -296,19 +314,25 @@ def classify_dataset(
             "classification or reward model"
         )
     results = ClassifyResults(head, columns.activation)
-    mode = WorkMode(ClassifyPrepare, results, ("probs", "label"))
+    mode = WorkMode(ClassifyPrepare, results, ("probs", "label"), group="length")
     return _work_dataset(ds, settings, mode, columns, options or EngineOptions(), keep, tally)
 
 
 @dataclass(frozen=True)
 class WorkMode:
     """A mode on token-id works (rerank, loglik): its CPU stage, its result columns from
-    the answers, their names, and its own helper columns."""
+    the answers, their names, its own helper columns, and what groups its rows
+    (``batch.grouping.GroupBy``'s kind; ``context``: the first helper counts the tail)."""
 
     prepare: type
     results: Any  # batch.work_stages.Results
     outputs: tuple[str, ...]
     helpers: tuple[str, ...] = ()
+    group: str = "query"
+
+    def group_by(self, settings: ReplicaSettings) -> GroupBy:
+        tail = self.helpers[0] if self.group == "context" else None
+        return GroupBy(self.group, settings.token_buckets, tail)
 
 
 def _work_dataset(
@@ -322,6 +346,7 @@ def _work_dataset(
 ) -> ray.data.Dataset:
     """Prepare (CPU actor) -> engine actors or handle callers -> tally (CPU tasks)."""
     _check_options(options)
+    grouping = _grouping(options, mode.group_by(settings), _partitions(ds, options), tally)
     prepared = ds.map_batches(
         mode.prepare,
         fn_constructor_args=(settings, columns),
@@ -330,24 +355,16 @@ def _work_dataset(
         concurrency=1,
         num_cpus=options.cpu_share,
     )
-    common = {"batch_format": "pyarrow", "batch_size": options.batch_size}
     if options.engine == "serve":
-        scored = prepared.map_batches(
-            ServeWorks,
-            fn_constructor_args=(options.app, settings, mode.results, tally, options.max_in_flight),
-            concurrency=options.replicas,
-            num_cpus=options.cpu_share,
-            **common,
+        args = (options.app, settings, mode.results, tally, options.max_in_flight)
+        scored = engine_map(
+            prepared, ServeWorks, args, options, grouping, num_cpus=options.cpu_share
         )
     else:
         _check_local(settings)
-        scored = prepared.map_batches(
-            EngineWorks,
-            fn_constructor_args=(settings, mode.results, tally, options.engine_factory),
-            concurrency=options.replicas,
-            **common,
-            **engine_remote_args(settings, options.engine_env),
-        )
+        args = (settings, mode.results, tally, options.engine_factory)
+        remote = engine_remote_args(settings, options.engine_env)
+        scored = engine_map(prepared, EngineWorks, args, options, grouping, **remote)
     finished = scored.map_batches(
         finish_rows,
         fn_kwargs={"result": mode.outputs[0], "helpers": mode.helpers, "tally": tally},
@@ -380,5 +397,6 @@ class Job:
         tally = ray.remote(Tally).options(num_cpus=0, scheduling_strategy=here).remote()
         start = time.perf_counter()
         ds = read_input(self.input_path, self.input_format, self.cpu_share)
-        write_output(scored(ds, tally), self.output, self.output_format, self.cpu_share)
-        return Summary.from_totals(ray.get(tally.totals.remote()), time.perf_counter() - start)
+        out = write_output(scored(ds, tally), self.output, self.output_format, self.cpu_share)
+        wall = time.perf_counter() - start
+        return Summary.from_totals(ray.get(tally.totals.remote()) | shuffle_cost(out), wall)

@@ -38,6 +38,12 @@ class Summary:
     steps: int = 0
     engine_ms: int = 0  # the engines' step time, summed over engine actors
     retried_503: int = 0  # --engine serve: calls refused with a 503 and sent again
+    # Grouping (batch.grouping): rows and bytes the shuffle moved, its operators' time (Ray
+    # Data's stats, summed over their tasks), and what the object store spilled.
+    shuffle_rows: int = 0
+    shuffle_bytes: int = 0
+    shuffle_ms: int = 0
+    spilled_bytes: int = 0
 
     @classmethod
     def from_totals(cls, totals: dict[str, int], wall_s: float) -> Summary:
@@ -54,6 +60,10 @@ class Summary:
             "steps",
             "engine_ms",
             "retried_503",
+            "shuffle_rows",
+            "shuffle_bytes",
+            "shuffle_ms",
+            "spilled_bytes",
         )
         return cls(
             errors=errors, wall_s=wall_s, **{name: int(totals.get(name, 0)) for name in names}
@@ -79,8 +89,22 @@ class Summary:
             "engine_steps": self.steps,
             "engine_s": round(self.engine_ms / 1000, 2),
             "retried_503": self.retried_503,
+            "shuffle": {
+                "rows": self.shuffle_rows,
+                "bytes": self.shuffle_bytes,
+                "s": round(self.shuffle_ms / 1000, 2),
+                "spilled_bytes": self.spilled_bytes,
+            },
             "wall_s": round(self.wall_s, 2),
         }
+
+    def _shuffle(self) -> str:
+        if not self.shuffle_rows:
+            return "not grouped; "
+        return (
+            f"grouped: shuffle {self.shuffle_rows} rows, {self.shuffle_bytes / 2**20:.1f} MiB, "
+            f"{self.shuffle_ms / 1000:.1f} s, spilled {self.spilled_bytes / 2**20:.1f} MiB; "
+        )
 
     def line(self) -> str:
         errors = ", ".join(f"{k} {v}" for k, v in self.errors.items()) or "none"
@@ -90,5 +114,6 @@ class Summary:
             f"{self.useful_tokens}; prefix tokens reused {self.reused_prefix_tokens}, query cache "
             f"hits {self.query_cache_hits}; "
             f"{self.steps} engine steps, {self.engine_ms / 1000:.1f} engine s; "
+            f"{self._shuffle()}"
             f"wall {self.wall_s:.1f} s"
         )

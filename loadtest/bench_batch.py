@@ -22,6 +22,12 @@ scoring") unless ``--no-write``. A part not started by ``--deadline-s`` is skipp
 
     python -m loadtest.bench_batch [--shapes 200x10,20x100] [--only local|serve]
         [--http-rows 200] [--group-rows 0] [--batch-size 512] [--deadline-s 7200] [--no-write]
+        [--large 2000x25]
+
+(a) runs three ways: sorted input with ``--no-group``, shuffled input grouped in the job (the
+default), shuffled with ``--no-group``. ``--large``: one more job, shuffled and grouped, of
+the tiny random model (loadtest.bench_batch_large): the shuffle's cost at size, the object
+store's peak and spill.
 """
 
 from __future__ import annotations
@@ -145,11 +151,13 @@ def transformers_rate(rows: Rows, model: Any) -> Rate:
     return Rate(len(rows), time.perf_counter() - start)
 
 
-def batch_rate(rows: Rows, settings: ReplicaSettings, batch_size: int) -> Rate:
-    """(a): ``batch.score_dataset`` with engine actors in the job, wall and steady."""
+def batch_rate(rows: Rows, settings: ReplicaSettings, batch_size: int, group: bool) -> Rate:
+    """(a): ``batch.score_dataset`` with engine actors in the job, wall and steady;
+    ``group``: rows grouped by query in the job (the default) or not (``--no-group``)."""
     from batch.pipeline import EngineOptions
 
-    s, marks, wall = timed_job(rows, settings, EngineOptions(batch_size=batch_size))
+    options = EngineOptions(batch_size=batch_size, group=group)
+    s, marks, wall = timed_job(rows, settings, options)
     return Rate(
         s.items,
         wall,
@@ -228,15 +236,33 @@ class Run:
             _system_config={"worker_niceness": 0},  # as make serve starts Ray
         )
         try:
+            size = self.args.batch_size
+            # The targets' runs first, then the large run, then shuffled with --no-group (the
+            # slowest, for comparison): a --deadline-s cut drops the least needed.
+            runs = [("a sorted", self.sorted, False), ("a shuffled", self.shuffled, True)]
             for shape in self.shapes:
-                for order, rows in (("sorted", self.sorted), ("shuffled", self.shuffled)):
-                    self.part(
-                        shape,
-                        f"a {order}",
-                        lambda r=rows[shape.label]: batch_rate(r, settings, self.args.batch_size),
-                    )
+                for name, rows, group in runs:
+                    job = lambda r=rows[shape.label], g=group: batch_rate(r, settings, size, g)  # noqa: E731
+                    self.part(shape, name, job)
+            if self.args.large:
+                self.notes.append(self.guarded_large(settings))
+            for shape in self.shapes:
+                rows = self.shuffled[shape.label]
+                job = lambda r=rows: batch_rate(r, settings, size, False)  # noqa: E731
+                self.part(shape, "a shuffled --no-group", job)
         finally:
             ray.shutdown()
+
+    def guarded_large(self, settings: ReplicaSettings) -> str:
+        """The large run's line (or why it has none)."""
+        from loadtest.bench_batch_large import large_line
+
+        try:
+            self.deadline.check()
+            return large_line(self.args.large, settings, self.args.batch_size, dataset_rows)
+        except Exception as error:
+            traceback.print_exc()
+            return f"large run {self.args.large}: not measured ({type(error).__name__}: {error})"
 
     def served(self) -> None:
         """(b), (c), (c') against the shipped app on a private cluster, stopped after."""
@@ -270,6 +296,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=8000, help="the app's port when free")
     parser.add_argument("--deadline-s", type=float, default=7200.0, help="no part starts after")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument(
+        "--large",
+        default="2000x25",
+        help="QxR of the large shuffled run (tiny model; shuffle cost, object store); '' skips",
+    )
     args = parser.parse_args(argv)
     try:
         parse_shapes(args.shapes)

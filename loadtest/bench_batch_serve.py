@@ -200,6 +200,7 @@ def timed_job(rows: list[dict[str, Any]], settings: Any, options: Any) -> tuple[
     import ray
     import ray.data
 
+    from batch.grouping import shuffle_cost
     from batch.pipeline import score_dataset
     from batch.rows import ScoreColumns
     from batch.summary import Summary, Tally
@@ -211,7 +212,7 @@ def timed_job(rows: list[dict[str, Any]], settings: Any, options: Any) -> tuple[
     )
     marks = arrivals(ds)
     wall = time.perf_counter() - start
-    summary = Summary.from_totals(ray.get(tally.totals.remote()), wall)
+    summary = Summary.from_totals(ray.get(tally.totals.remote()) | shuffle_cost(ds), wall)
     check_complete(summary, len(rows))
     return summary, marks, wall
 

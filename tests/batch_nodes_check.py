@@ -57,15 +57,23 @@ def start(cluster: Any) -> None:
 
 
 def run_job(config: Path, source: Path, output: Path, markers: Path, head: str) -> Any:
+    import ray.data
+
     from batch.pipeline import EngineOptions, run_score_job, settings_from_config
     from batch.rows import ScoreColumns
 
     options = EngineOptions(
         replicas=2,
         batch_size=2,
+        block_rows=1,  # 16 shuffled blocks: each of the four group keys in a block of its own
         engine_factory="tests.batch_fault_engine:HeldEngine",
         engine_env=((HOLD_ENV, str(markers)), (HEAD_ENV, head)),
     )
+    # Both engine actors up before any block is dispatched, and blocks to the least loaded
+    # actor, not the one beside the shuffle's output (on the head node): each gets a block.
+    context = ray.data.DataContext.get_current()
+    context.wait_for_min_actors_s = 300
+    context.execution_options.actor_locality_enabled = False
     settings = settings_from_config(config)
     return run_score_job(str(source), str(output), settings, ScoreColumns(LABELS), options, "jsonl")
 

@@ -170,19 +170,23 @@ def test_a_stopped_job_with_a_dead_actor_resumes_and_writes_what_v1_score_answer
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """Run 1 (batch.run_score_job, what the command runs): its engine actor dies in its first
-    batch (Ray Data restarts it and retries the batch), and once a block is written the job
-    stops with an error. Run 2, ``python -m batch score`` with the same arguments, computes
-    only the rows run 1 did not write; together they hold every id once, as /v1/score."""
+    """Run 1 (batch.run_score_job, what the command runs, grouping on): its engine actor dies
+    in its first batch (Ray Data restarts it and retries the batch), and once a block is
+    written the job stops with an error. Run 2, ``python -m batch score`` with the same
+    arguments, computes only the rows run 1 did not write; together they hold every id once,
+    as /v1/score. The rows are shuffled: the job groups them by query itself."""
     source, out, checkpoint = tmp_path / "rows", tmp_path / "out", tmp_path / "checkpoint"
     source.mkdir()
     text = text_rows()
-    for n in range(4):  # four files of four rows: four blocks, one engine call each
+    random.Random(2).shuffle(text)
+    for n in range(4):  # four files of four rows
         lines = "".join(json.dumps(row) + "\n" for row in text[4 * n : 4 * n + 4])
         (source / f"part-{n}.jsonl").write_text(lines)
     settings, columns = settings_from_config(config_file), ScoreColumns(LABELS)
     faults = ((DIE_ENV, str(tmp_path / "died")), (STOP_ENV, str(checkpoint)))
-    options = EngineOptions(batch_size=4, engine_factory=FAULTY, engine_env=faults)
+    # Grouped into 16 shuffled blocks: the four group keys (three queries, the refused row)
+    # land in four blocks, so each query's rows are one engine call of a task of their own.
+    options = EngineOptions(batch_size=64, block_rows=1, engine_factory=FAULTY, engine_env=faults)
     try:
         with pytest.raises(Exception, match="injected stop"):
             run_score_job(
@@ -208,6 +212,7 @@ def test_a_stopped_job_with_a_dead_actor_resumes_and_writes_what_v1_score_answer
     assert summary["items"] == sum(len(row["scores"] or []) for row in second)
     errors = [row["error"] for row in second if row["error"]]
     assert summary["errors"] == {reason: errors.count(reason) for reason in errors}
+    assert summary["shuffle"]["rows"] == len(second) and summary["shuffle"]["bytes"] > 0
 
 
 @pytest.fixture(scope="module")
@@ -252,10 +257,13 @@ def test_engine_serve_scores_the_rows_through_a_running_app(
     config_file: Path,
     expected: dict[str, Any],
 ) -> None:
-    """``--engine serve``: the same rows, packed the same way, through the app's handle."""
+    """``--engine serve``: the same rows, grouped and packed the same way, through the app's
+    handle; and Ray Data LLM's ServeDeploymentProcessor pointed at the same app
+    (batch.data_llm: one row, one ``score_stream`` request) gives the same scores."""
     import ray.data
 
     from app.builder import scoring_app
+    from batch.data_llm import processor
 
     settings = settings_from_config(config_file)
     ingress = {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.1}}
@@ -265,6 +273,14 @@ def test_engine_serve_scores_the_rows_through_a_running_app(
     options = EngineOptions(batch_size=5, engine="serve", app="batch-serve")
     scored = score_dataset(ray.data.from_items(source), settings, ScoreColumns(LABELS), options)
     assert_rows_equal(scored.take_all(), expected_of(source, expected))
+    fields = {"query": "query", "items": "item"}
+    llm = processor("score", fields, {"label_token_ids": list(LABELS)}, app="batch-serve")
+    rows = [row | {"item": [row["item"]]} for row in source]  # /v1/score's items: a list
+    got = llm(ray.data.from_items(rows)).take_all()
+    answers = [{"id": r["id"], "scores": (r["response"] or {}).get("scores"), **r} for r in got]
+    for row in answers:
+        row["error_message"] = row["error_message"] or None
+    assert_rows_equal(answers, expected_of(source, expected))
 
 
 def in_process(
