@@ -41,17 +41,27 @@ lint: $(STAMP)
 
 # `make bench`: the engine with the shipped settings; `make bench URL=...`: end to end over
 # HTTP against a running `make serve`, side by side with transformers. Each also runs the
-# multiple-choice (/v1/completions) workload, beside lm-eval's hf model.
+# multiple-choice (/v1/completions) workload, beside lm-eval's hf model, and the small
+# request (loadtest.bench_small), beside transformers and, when the `llamacpp` extra is
+# installed, llama.cpp on the same GGUF (without it, a printed note in place of its rows).
+# `make bench-llamacpp [URL=...]`: install that extra first (it builds llama.cpp from source).
 bench: $(STAMP)
 ifneq ($(filter command line environment,$(origin URL)),)
 	$(PY) -m loadtest.bench_serve --url $(URL)
 	$(PY) -m loadtest.bench_choices --url $(URL)
+	$(PY) -m loadtest.bench_small --url $(URL)
 else
 	$(PY) -m loadtest.bench_engine
 	$(PY) -m loadtest.bench_choices
 	$(PY) -m loadtest.bench_batch
 	$(PY) -m loadtest.bench_embed
+	$(PY) -m loadtest.bench_small
 endif
+
+.PHONY: bench-llamacpp
+bench-llamacpp: $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[llamacpp]'
+	$(MAKE) bench
 
 # `make loadtest URL=...`: an open-loop sweep of a running server on this machine: Poisson
 # arrivals at each of RATES requests/s for DURATION s in turn (SGLang bench_score's workload:

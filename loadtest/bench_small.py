@@ -1,16 +1,26 @@
-"""Benchmark: what a small request costs, and where a step's time goes on this CPU.
+"""Benchmark: what a small request costs, where a step's time goes on this CPU, and peers.
 
     python -m loadtest.bench_small [--url http://127.0.0.1:8000] [--repeats 10]
 
-1. Step cost against tokens (the shipped serve_config.yaml's settings, SmolLM2-135M-Instruct
-   in float32, in this process): fused steps of 16 to 256 tokens and prefix steps, each a
-   median of ``--repeats``; a least-squares line ``seconds = fixed + per_token x tokens``; the
-   weights' bytes (every pass reads them all once) and this machine's read bandwidth (a
-   float32 sum over a 1 GiB array), whose quotient is the floor of any pass.
-2. With ``--url`` (a running ``make serve``): a 9-token query with 2 items (``""`` and
-   ``" not"``) and 3 labels over HTTP, median of ``--repeats``, against transformers scoring
-   the same two rows in the same run: one forward per row (two weight passes, what scoring
-   them one at a time costs) and both rows in one padded forward.
+All in this process, on the shipped serve_config.yaml's settings (SmolLM2-135M-Instruct in
+float32) unless said otherwise; every time a median of ``--repeats`` after a warm-up call:
+
+1. Step cost against tokens: fused steps of 16 to 256 tokens and prefix steps; a
+   least-squares line ``seconds = fixed + per_token x tokens``; what fused rows' width costs
+   a burst.
+2. The floor of a step: the weights' bytes (every pass reads them all once) over this
+   machine's read bandwidth (a float32 sum over 1 GiB); and the parts of the fixed cost: a
+   jitted no-op (XLA's dispatch), the host's own work (the step less its executable run on
+   arguments already placed), the LM head's matmul alone, every layer's matmuls alone (over
+   the scanned stack as the model runs them, and over per-layer arrays), and a step after
+   0.2 s idle (the thread pool parked, caches cold).
+3. A 9-token query with 2 items (``""``, ``" not"``) and 3 labels, the same token ids
+   everywhere: the engine, transformers (a forward per row; both rows in one padded
+   forward), llama.cpp on the same GGUF (a row per item; the query once, its KV cache kept)
+   when llama-cpp-python is installed; their log-probs compared. With ``--url`` (a running
+   ``make serve``) the same request over HTTP.
+4. Multi-item against llama.cpp keeping the query's KV cache: a 300-token query with 10 and
+   100 items of 10 tokens.
 
 Prints the tables and writes its section of docs/benchmarks.md.
 """
@@ -19,13 +29,16 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loadtest.bench_common import LABELS, load_hf_model, machine_description, timed, write_section
-from loadtest.bench_engine import shipped_settings
+from loadtest import bench_llamacpp
+from loadtest.bench_common import LABELS, load_hf_model, timed, write_section
+from loadtest.bench_engine import make_work, shipped_settings
+from loadtest.bench_small_report import load_note, report
 
 SECTION = "## Small requests: one weight pass"
 QUERY = "Is Paris the capital of France? Answer:"  # 9 tokens (SmolLM2 adds no BOS)
@@ -44,47 +57,36 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     return best
 
 
-def step_costs(repeats: int) -> dict[str, Any]:
-    """Median seconds of fused and prefix steps of several widths, the fitted line, the
-    weights' bytes and the floor they give at this machine's bandwidth."""
-    import jax
-
-    from cluster.mesh import build_mesh
-    from replicas.checkpoints.loading import load_model
-    from replicas.contract import ScoreWork
+def engine_for(loaded: Any, settings: Any) -> Any:
     from replicas.engine.scoring_engine import ScoringEngine
 
-    settings = shipped_settings().replace(background_compile=False)
-    loaded = load_model(settings.model, build_mesh(settings.mesh_shape), settings.dtype)
-    engine = ScoringEngine(loaded.model, loaded.params, loaded.params["embed"].sharding.mesh,
-                           settings, settings.model)  # fmt: skip
+    mesh = loaded.params["embed"].sharding.mesh
+    return ScoringEngine(loaded.model, loaded.params, mesh, settings, settings.model)
+
+
+def step_costs(loaded: Any, settings: Any, repeats: int) -> dict[str, Any]:
+    """Median seconds of fused and prefix steps of several widths and the fitted line."""
+    from replicas.contract import ScoreWork
+
+    engine = engine_for(loaded, settings)
     rows = []
     for width in (16, 32, 64, 128, 256):  # one work filling a fused row exactly
         work = ScoreWork((100,) * (width - 2), ((200,), (300,)), LABELS)
         seconds = timed(lambda w=work: engine.score_batch([w]), repeats)
         rows.append({"step": "fused", "tokens": width, "seconds": seconds})
-    no_fuse = ScoringEngine(loaded.model, loaded.params, loaded.params["embed"].sharding.mesh,
-                            settings.replace(fused_step_tokens=0, query_cache_bytes=0),
-                            settings.model)  # fmt: skip
+    no_fuse = engine_for(loaded, settings.replace(fused_step_tokens=0, query_cache_bytes=0))
     for width in (16, 64, 256):  # a prefix step, then a 16-token item step, per request
         work = ScoreWork((100,) * width, ((200,),), LABELS)
         seconds = timed(lambda w=work: no_fuse.score_batch([w]), repeats)
         rows.append({"step": "prefix + items", "tokens": width + 16, "seconds": seconds})
     fused = [r for r in rows if r["step"] == "fused"]
     slope, fixed = np.polyfit([r["tokens"] for r in fused], [r["seconds"] for r in fused], 1)
-    weights = sum(int(leaf.nbytes) for leaf in jax.tree.leaves(loaded.params))
-    bandwidth = read_bandwidth()
-    wide = ScoringEngine(loaded.model, loaded.params, loaded.params["embed"].sharding.mesh,
-                         settings.replace(fused_step_tokens=1024, query_cache_bytes=0),
-                         settings.model)  # fmt: skip
+    wide = engine_for(loaded, settings.replace(fused_step_tokens=1024, query_cache_bytes=0))
     return {
         "rows": rows,
         "row_widths": row_widths(wide, repeats),
         "fixed_s": float(fixed),
         "per_token_s": float(slope),
-        "weight_bytes": weights,
-        "bandwidth": bandwidth,
-        "floor_s": weights / bandwidth,
     }
 
 
@@ -107,100 +109,193 @@ def row_widths(engine: Any, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def http_small(url: str, repeats: int) -> dict[str, float]:
-    """The small request over HTTP against transformers on the same two rows."""
-    import httpx
-    import torch
+def idle_timed(fn: Any, repeats: int, pause_s: float = 0.2) -> float:
+    """Median seconds of ``fn`` each called after ``pause_s`` of sleep."""
+    fn()
+    samples = []
+    for _ in range(repeats):
+        time.sleep(pause_s)
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))
 
-    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 
-    tokenizer = load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct"))
-    query = tokenizer(QUERY)["input_ids"]
-    rows = [query + tokenizer(item, add_special_tokens=False)["input_ids"] for item in ITEMS]
-    body = {"query": QUERY, "items": ITEMS, "label_token_ids": list(LABELS)}
-    with httpx.Client(base_url=url, timeout=60) as client:
-        served = timed(lambda: client.post("/v1/score", json=body).raise_for_status(), repeats)
-    model = load_hf_model()
-    padded = torch.tensor([row + [0] * (len(rows[-1]) - len(row)) for row in rows])
-    mask = torch.tensor([[1] * len(row) + [0] * (padded.shape[1] - len(row)) for row in rows])
+def layer_matrices(params: Any, hidden: int) -> list[Any]:
+    """Every stacked layer weight as ``[layers, in, out]`` (in: the leading axes whose product
+    first reaches ``hidden``): the matmuls a layer runs, without attention or norms."""
+    import jax
 
-    def one_at_a_time() -> None:
-        with torch.inference_mode():
-            for row in rows:
-                model(torch.tensor([row]), logits_to_keep=1)
+    out = []
+    for leaf in jax.tree.leaves(params["layers"]):
+        if leaf.ndim < 3:
+            continue  # norms
+        sizes = np.cumprod(leaf.shape[1:])
+        split = int(np.argmax(sizes >= hidden)) + 2
+        out.append(leaf.reshape(leaf.shape[0], int(np.prod(leaf.shape[1:split])), -1))
+    return out
 
-    def batched() -> None:
-        with torch.inference_mode():
-            model(padded, attention_mask=mask)
 
+def floor_parts(engine: Any, loaded: Any, work: Any, repeats: int) -> dict[str, Any]:
+    """The floor of a pass and what ``work``'s (a small fused step's) fixed cost is made of."""
+    import jax
+    import jax.numpy as jnp
+
+    from replicas.engine.scoring_engine import place
+
+    params = loaded.params
+    calls: list[tuple] = []
+    run_device = engine.run_device
+    engine.run_device = lambda *call: calls.append(call) or run_device(*call)
+    step_s = timed(lambda: engine.score_batch([work]), repeats)
+    del engine.run_device  # the method again
+    kind, dims, args = calls[-1]
+    executable = engine.executables()[(kind, dims)]
+    (_, *shardings), _ = executable.input_shardings
+    placed = jax.tree.map(partial(place, fallback=engine.replicated), args, tuple(shardings))
+    run_s = timed(lambda: executable(params, *placed).block_until_ready(), repeats)
+
+    noop = jax.jit(lambda x: x + 1)
+    scalar = jnp.zeros((), jnp.int32)
+    embed = params["embed"]
+    head = jax.jit(lambda h, e: jnp.einsum("nd,vd->nv", h, e))
+    two = jnp.ones((2, embed.shape[1]), jnp.float32)
+    stacked = layer_matrices(params, embed.shape[1])
+    tokens = dims.rows * dims.tokens
+    x = jnp.ones((tokens, max(w.shape[1] for w in stacked)), jnp.float32)
+
+    def total(ws: Any) -> Any:
+        return sum(jnp.sum(x[:, : w.shape[0]] @ w) for w in ws)
+
+    scanned = jax.jit(lambda ws: jax.lax.scan(lambda t, w: (t + total(w), None), 0.0, ws)[0])
+    split = [[w[layer] for w in stacked] for layer in range(stacked[0].shape[0])]
+    unstacked = jax.jit(lambda per_layer: sum(total(ws) for ws in per_layer))
+    weight_bytes = sum(int(leaf.nbytes) for leaf in jax.tree.leaves(params))
+    bandwidth = read_bandwidth()
     return {
-        "query_tokens": len(query),
-        "served_s": served,
-        "hf_rows_s": timed(one_at_a_time, repeats),
-        "hf_batched_s": timed(batched, repeats),
+        "tokens": tokens,
+        "step_s": step_s,
+        "run_s": run_s,
+        "idle_step_s": idle_timed(lambda: engine.score_batch([work]), repeats),
+        "noop_s": timed(lambda: noop(scalar).block_until_ready(), 20 * repeats),
+        "head_s": timed(lambda: head(two, embed).block_until_ready(), repeats),
+        "head_bytes": int(embed.nbytes),
+        "layers_scan_s": timed(lambda: scanned(stacked).block_until_ready(), repeats),
+        "layers_split_s": timed(lambda: unstacked(split).block_until_ready(), repeats),
+        "layer_bytes": sum(int(w.nbytes) for w in stacked),
+        "weight_bytes": weight_bytes,
+        "bandwidth": bandwidth,
+        "floor_s": weight_bytes / bandwidth,
     }
 
 
-def report(costs: dict[str, Any] | None, small: dict[str, float] | None) -> str:
-    command = f"python -m loadtest.bench_small{' --url URL' if small else ''}"
-    lines = [
-        f"`{command}` on {machine_description()} (shipped serve_config.yaml settings, float32).",
-    ]
-    if costs:
-        lines += step_lines(costs)
-    if small:
-        lines += small_lines(small)
-    return "\n".join(lines) + "\n"
+def small_rows() -> tuple[list[int], list[list[int]]]:
+    """The small request's token ids: the query, and each item's ids."""
+    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
+
+    tokenizer = load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct"))
+    items = [tokenizer(item, add_special_tokens=False)["input_ids"] for item in ITEMS]
+    return tokenizer(QUERY)["input_ids"], items
 
 
-def step_lines(costs: dict[str, Any]) -> list[str]:
-    return [
-        "",
-        "| step | tokens | median s |",
-        "|---|---:|---:|",
-        *(f"| {r['step']} | {r['tokens']} | {r['seconds']:.3f} |" for r in costs["rows"]),
-        "",
-        f"Fused steps fit `{costs['fixed_s']:.3f} s + {costs['per_token_s'] * 1e3:.2f} ms x "
-        f"tokens`. The weights are {costs['weight_bytes'] / 1e6:.0f} MB and every pass reads "
-        f"them once; this machine reads {costs['bandwidth'] / 1e9:.1f} GB/s (a float32 sum "
-        f"over 1 GiB), a floor of {costs['floor_s']:.3f} s per pass.",
-        "",
-        "12 works of an 80-token query and two 5-token items (a burst of 60-word queries), "
-        "fused rows of different widths:",
-        "",
-        "| works per row | steps | median s for the 12 |",
-        "|---:|---:|---:|",
-        *(f"| {r['per_row']} | {r['steps']} | {r['seconds']:.3f} |" for r in costs["row_widths"]),
-    ]
+def small_peers(work: Any, engine: Any, hf: Any, llama: Any, repeats: int) -> dict[str, Any]:
+    """The small request in this process: the engine, transformers and llama.cpp on the
+    same token ids; their times and the labels' log-probs each gives."""
+    import torch
+
+    query, items = list(work.query_ids), [list(i) for i in work.item_ids]
+    rows = [query + item for item in items]
+    width = max(map(len, rows))
+    padded = torch.tensor([row + [0] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    last = torch.tensor([len(row) - 1 for row in rows])
+
+    def hf_rows() -> np.ndarray:
+        with torch.inference_mode():
+            logits = [hf(torch.tensor([row]), logits_to_keep=1).logits[0, -1] for row in rows]
+            return torch.log_softmax(torch.stack(logits), -1)[:, list(LABELS)].numpy()
+
+    def hf_batched() -> None:
+        with torch.inference_mode():
+            hf(padded, attention_mask=mask).logits[torch.arange(len(rows)), last]
+
+    out: dict[str, Any] = {
+        "query_tokens": len(query),
+        "times": {
+            "engine": timed(lambda: engine.score_batch([work]), repeats),
+            "hf_rows": timed(hf_rows, repeats),
+            "hf_batched": timed(hf_batched, repeats),
+        },
+        "logprobs": {"engine": engine.score_batch([work])[0], "hf": hf_rows()},
+    }
+    if llama is not None:
+        out["times"]["llama_rows"] = timed(lambda: llama.rows(query, items, LABELS), repeats)
+        out["times"]["llama_shared"] = timed(lambda: llama.shared(query, items, LABELS), repeats)
+        out["logprobs"]["llama"] = llama.shared(query, items, LABELS)
+        out["logprobs"]["llama_rows"] = llama.rows(query, items, LABELS)
+    return out
 
 
-def small_lines(small: dict[str, float]) -> list[str]:
-    ratio = small["served_s"] / small["hf_rows_s"]
-    return [
-        "",
-        f'A {small["query_tokens"]}-token query with 2 items (`""`, `" not"`), 3 labels, '
-        "over HTTP against `make serve`, and transformers on the same two rows (fp32, "
-        "same weights, same run):",
-        "",
-        "| what | median s |",
-        "|---|---:|",
-        f"| scorejax, `/v1/score` over HTTP | {small['served_s']:.3f} |",
-        f"| transformers, one forward per row (two passes) | {small['hf_rows_s']:.3f} |",
-        f"| transformers, both rows in one padded forward | {small['hf_batched_s']:.3f} |",
-        "",
-        f"Served / transformers' two rows: **{ratio:.2f}x** (target <= 0.6x).",
-    ]
+def multi_items(engine: Any, llama: Any, counts: tuple[int, ...], repeats: int) -> list[dict]:
+    """A 300-token query with ``counts`` items of 10 tokens: the engine (shared prefix)
+    against llama.cpp keeping the query's KV cache across items."""
+    from loadtest.bench_engine import timed_steady
+
+    out = []
+    for count in counts:
+        work = make_work(count, 300, 10)
+        row = {"items": count, "engine_s": timed_steady(engine, work, repeats)}
+        if llama is not None:
+            query, items = list(work.query_ids), [list(i) for i in work.item_ids]
+            row["llama_s"] = timed(lambda q=query, i=items: llama.shared(q, i, LABELS), repeats)
+            mine = engine.score_batch([work])[0]
+            row["max_diff"] = float(np.abs(mine - llama.shared(query, items, LABELS)).max())
+        out.append(row)
+    return out
+
+
+def http_small(url: str, repeats: int) -> float:
+    """Median seconds of the small request over HTTP."""
+    import httpx
+
+    body = {"query": QUERY, "items": ITEMS, "label_token_ids": list(LABELS)}
+    with httpx.Client(base_url=url, timeout=60) as client:
+        return timed(lambda: client.post("/v1/score", json=body).raise_for_status(), repeats)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running make serve, for the HTTP comparison")
+    parser.add_argument("--url", help="a running make serve, for the small request over HTTP")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--multi-repeats", type=int, default=3)
+    parser.add_argument("--items", default="10,100", help="multi-item counts, comma-separated")
     parser.add_argument("--no-write", action="store_true", help="print only")
-    parser.add_argument("--no-steps", action="store_true", help="the HTTP comparison only")
+    parser.add_argument("--no-steps", action="store_true", help="skip the step-cost table")
     args = parser.parse_args(argv)
-    small = http_small(args.url, args.repeats) if args.url else None
-    text = report(None if args.no_steps else step_costs(args.repeats), small)
+
+    from cluster.mesh import build_mesh
+    from replicas.checkpoints.loading import load_model
+    from replicas.contract import ScoreWork
+
+    started = load_note()
+    settings = shipped_settings().replace(background_compile=False)
+    loaded = load_model(settings.model, build_mesh(settings.mesh_shape), settings.dtype)
+    query, items = small_rows()
+    work = ScoreWork(tuple(query), tuple(map(tuple, items)), LABELS)
+    served = http_small(args.url, args.repeats) if args.url else None
+    counts = tuple(int(n) for n in args.items.split(",") if n)
+    llama = bench_llamacpp.scorer()
+    engine = engine_for(loaded, settings)
+    results = {
+        "load_note": started,
+        "served_s": served,
+        "llama": llama is not None,
+        "small": small_peers(work, engine, load_hf_model(), llama, args.repeats),
+        "multi": multi_items(engine, llama, counts, args.multi_repeats),
+        "floor": floor_parts(engine, loaded, work, args.repeats),
+        "costs": None if args.no_steps else step_costs(loaded, settings, args.repeats),
+    }
+    text = report(results, args)
     print(text)
     if not args.no_write:
         write_section(DOCS, SECTION, text)
