@@ -23,8 +23,15 @@ TPU_ARGS = {
 # (their shapes compile on demand, docs/serving.md); a TPU plan compiles scoring's steps;
 # fused steps pay where a pass is a weight read whatever its tokens (the CPU), and on TPU
 # small requests batch into item-stream steps with the Pallas kernels instead; a TPU host's
-# threads feed the chips and stay at the replica's niceness.
-TPU_DROPPED = ("completion_warmup_shapes", "fused_step_tokens", "engine_niceness")
+# threads feed the chips and stay at the replica's niceness; a TPU step of 16 requests
+# computes far more than the CPU's merged-call bound (1024 tokens), so merging stays bounded
+# by max_batch_size alone.
+TPU_DROPPED = (
+    "completion_warmup_shapes",
+    "fused_step_tokens",
+    "engine_niceness",
+    "max_call_tokens",
+)
 
 
 def serve_args(path: Path) -> dict[str, Any]:
