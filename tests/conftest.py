@@ -32,27 +32,11 @@ def smollm2_package_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """config.json + model.safetensors (vocab 49152, hidden 64, 2 layers) + SmolLM2 tokenizer."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """config.json + model.safetensors (vocab 49152, hidden 64, 2 layers) + SmolLM2 tokenizer
+    (``loadtest.bench_batch_large.tiny_model``, which the large batch benchmark runs too)."""
+    from loadtest.bench_batch_large import tiny_model
 
-    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
-
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
-    # The GGUF's tokenizer through its converted copy (a plain GGUF parse costs ~15 s).
-    load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct")).save_pretrained(directory)
-    return directory
+    return tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 # --- checkpoint loading (tests/test_loading*.py, tests/test_model_*.py) ---
