@@ -23,11 +23,11 @@ import ray.data
 
 from app.embeddings import matryoshka
 from app.errors import Reason, ScoreRequestError
-from app.service import ScoringService
 from batch.pipeline import EngineOptions, engine_remote_args
 from batch.rows import plain
 from batch.serve_stage import call_all
 from batch.stages import counted_call, report, with_columns
+from batch.work_stages import PrepareRows
 from replicas.contract import EmbedWork, ScoringLimits
 from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings, SettingsError
@@ -44,18 +44,9 @@ class EmbedColumns:
     dimensions: int | None = None
 
 
-class EmbedPrepare:
-    """The route's tokenizer and prompts per CPU actor."""
-
-    def __init__(self, settings: ReplicaSettings, columns: EmbedColumns) -> None:
-        self._service = ScoringService.from_settings(settings)
-        self._columns = columns
-
-    @classmethod
-    def around(cls, service: ScoringService, columns: EmbedColumns) -> EmbedPrepare:
-        stage = cls.__new__(cls)
-        stage._service, stage._columns = service, columns
-        return stage
+class EmbedPrepare(PrepareRows):
+    """The route's tokenizer and prompts per CPU actor (``PrepareRows``'s service and
+    columns; its own ``prepare`` and call)."""
 
     def prepare(self, row: dict[str, Any]) -> EmbedWork | ScoreRequestError:
         text = plain(row.get(self._columns.input))
