@@ -19,7 +19,13 @@ from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.schema import ClassifyRequest
 from app.scores import classify_probs
 from app.tokenization import TextTokenizer
-from app.validation import check_item_count, check_model_name, check_work, validate_body
+from app.validation import (
+    check_item_count,
+    check_model_name,
+    check_unicode,
+    check_work,
+    validate_body,
+)
 from replicas.contract import ModelInfo, ScoreHead, ScoreWork
 
 
@@ -63,11 +69,7 @@ def prepare_classify(
     texts = [request.input] if isinstance(request.input, str) else list(request.input)
     check_item_count(len(texts), info)
     for text in texts:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            message = "input: text is not valid Unicode"
-            raise ScoreRequestError(Reason.INVALID_REQUEST, message, "input") from None
+        check_unicode(text, "input")
     gate()
     encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
     works = tuple(ScoreWork(tuple(int(t) for t in ids), ((),), head.label_ids) for ids in encoded)

@@ -18,7 +18,7 @@ from typing import Any
 
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.schema import CompletionRequest, DetokenizeRequest, TokenizeRequest
-from app.validation import check_model_name, check_token_ids, validate_body
+from app.validation import check_model_name, check_token_ids, check_unicode, validate_body
 from replicas.contract import (
     ModelInfo,
     PromptLogprobs,
@@ -104,12 +104,7 @@ class Completions:
         return Prompts(request, work, texts)
 
     def _encode(self, text: str) -> list[int]:
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ScoreRequestError(
-                Reason.INVALID_REQUEST, "prompt: text is not valid Unicode", "prompt"
-            ) from None
+        check_unicode(text, "prompt")
         return [int(t) for t in self.tokenizer(text, add_special_tokens=True)["input_ids"]]
 
     def body(
@@ -192,12 +187,7 @@ class Completions:
     def tokenize(self, payload: Any) -> dict[str, Any]:
         request = validate_body(payload, TokenizeRequest)
         check_model_name(request.model, self.info)
-        try:
-            request.prompt.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ScoreRequestError(
-                Reason.INVALID_REQUEST, "prompt: text is not valid Unicode", "prompt"
-            ) from None
+        check_unicode(request.prompt, "prompt")
         encoded = self.tokenizer(request.prompt, add_special_tokens=request.add_special_tokens)
         tokens = [int(t) for t in encoded["input_ids"]]
         return {"tokens": tokens, "count": len(tokens), "max_model_len": self.longest_prompt}

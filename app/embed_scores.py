@@ -19,6 +19,7 @@ from app.validation import (
     check_item_count,
     check_model_name,
     check_token_ids,
+    check_unicode,
     is_text_request,
     validate_body,
     validate_request,
@@ -51,12 +52,7 @@ def _texts(
     for name, text in (("query", query), *((param, item) for item in items)):
         if not text:
             raise ScoreRequestError(Reason.EMPTY_INPUT, f"{name}: empty text is not embedded", name)
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ScoreRequestError(
-                Reason.INVALID_REQUEST, f"{name}: text is not valid Unicode", name
-            ) from None
+        check_unicode(text, name)
     return _joined(embedder.text_work([query], prompt), embedder.text_work(items, None))
 
 

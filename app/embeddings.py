@@ -21,7 +21,13 @@ import numpy as np
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.tokenization import TextTokenizer
-from app.validation import check_item_count, check_model_name, check_token_ids, validate_body
+from app.validation import (
+    check_item_count,
+    check_model_name,
+    check_token_ids,
+    check_unicode,
+    validate_body,
+)
 from replicas.contract import (
     EmbedWork,
     ModelInfo,
@@ -109,12 +115,7 @@ def _check_text(texts: Sequence[str]) -> None:
             raise ScoreRequestError(
                 Reason.EMPTY_INPUT, "input: empty strings are not embedded", "input"
             )
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ScoreRequestError(
-                Reason.INVALID_REQUEST, "input: text is not valid Unicode", "input"
-            ) from None
+        check_unicode(text, "input")
 
 
 def _check_dimensions(dimensions: int | None, pooling: PoolingHead, param: str) -> None:

@@ -147,16 +147,22 @@ def is_text_request(request: ScoreRequest) -> bool:
     return text
 
 
+def check_unicode(text: str, param: str) -> None:
+    """Lone surrogates (legal in JSON escapes) cannot be tokenized: a 400 naming ``param``,
+    never a crash."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ScoreRequestError(
+            Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
+        ) from None
+
+
 def check_text_encodable(request: ScoreRequest) -> None:
-    """Lone surrogates (legal in JSON escapes) cannot be tokenized: reject, don't crash."""
+    """Every text of a score request passes ``check_unicode``."""
     texts = [("query", request.query), *(("items", item) for item in request.items)]
     for param, text in texts:
-        try:
-            str(text).encode("utf-8")
-        except UnicodeEncodeError:
-            raise ScoreRequestError(
-                Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
-            ) from None
+        check_unicode(str(text), param)
 
 
 def check_token_inputs(request: ScoreRequest, vocab_size: int) -> None:
