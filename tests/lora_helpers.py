@@ -57,7 +57,9 @@ def save_adapter(
     return directory
 
 
-def peft_model(base: Path, adapter: Path | None, seq_cls: bool = False, merged: bool = False) -> Any:
+def peft_model(
+    base: Path, adapter: Path | None, seq_cls: bool = False, merged: bool = False
+) -> Any:
     """transformers fp32 base with the adapter applied (None: the base alone)."""
     import torch
     from peft import PeftModel
