@@ -190,3 +190,25 @@ def test_llama_adapter_equals_peft_unmerged_and_merged(llama, merged):
     (out,) = llama["engine"].score_batch([work])
     reference = peft_model(llama["base"], llama["path"], merged=merged)
     assert np.abs(out - reference_scores(reference, _rows(work), list(LABELS))).max() <= TO_PEFT
+
+
+def test_fused_rows_mix_adapters_token_by_token(qwen3):
+    """Small works run fused, several in one row back to back: the slot travels with each
+    token, so a row holding works of a, b and the base scores each as peft does."""
+    adapters = (("a", str(qwen3["paths"]["a"])), ("b", str(qwen3["paths"]["b"])))
+    settings = ReplicaSettings(
+        **{**SETTINGS, "fused_step_tokens": 32}, model=str(qwen3["base"]), lora_adapters=adapters
+    )
+    engine = ScoringEngine.from_settings(settings, warm=False)
+    rng = np.random.default_rng(80)
+    works = [
+        ScoreWork(_ids(rng, 5), (_ids(rng, 2), _ids(rng, 3)), LABELS, adapter=name)
+        for name in ("a", "b", None)
+    ]
+    before = engine.stats()["steps"]
+    outputs = engine.score_batch(works)
+    assert engine.stats()["steps"] - before == 1  # one fused row holds all three
+    assert engine.last_signatures[0][0] == "fused"
+    for work, out in zip(works, outputs, strict=True):
+        reference = reference_scores(_peft(qwen3, work.adapter), _rows(work), list(LABELS))
+        assert np.abs(out - reference).max() <= TO_PEFT, work.adapter
