@@ -64,7 +64,7 @@ def prepare_classify(
 ) -> ClassifyWork:
     """Validate and tokenize; ``gate`` (admission) runs before tokenization."""
     request = validate_body(payload, ClassifyRequest)
-    check_model_name(request.model, info)
+    adapter = check_model_name(request.model, info)
     head = head_of(info)
     texts = [request.input] if isinstance(request.input, str) else list(request.input)
     check_item_count(len(texts), info)
@@ -72,7 +72,10 @@ def prepare_classify(
         check_unicode(text, "input")
     gate()
     encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
-    works = tuple(ScoreWork(tuple(int(t) for t in ids), ((),), head.label_ids) for ids in encoded)
+    works = tuple(
+        ScoreWork(tuple(int(t) for t in ids), ((),), head.label_ids, adapter=adapter)
+        for ids in encoded
+    )
     for work in works:
         try:
             check_work(work, info)

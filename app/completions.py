@@ -79,7 +79,7 @@ class Completions:
     def prepare(self, payload: Any, gate: Gate = admit_all) -> Prompts:
         """Validate and tokenize a completions body; raises ScoreRequestError (400)."""
         request = validate_body(payload, CompletionRequest)
-        check_model_name(request.model, self.info)
+        adapter = check_model_name(request.model, self.info)
         check_generation(request)
         prompts = prompt_list(request.prompt)
         if not prompts:
@@ -96,7 +96,7 @@ class Completions:
                 message = "every prompt must hold at least one token"
                 raise ScoreRequestError(Reason.EMPTY_PROMPT, message, "prompt")
             check_token_ids(tokens, self.info.vocab_size, "prompt")
-        work = PromptWork(tuple(tuple(t) for t in ids), top_k=request.logprobs or 0)
+        work = PromptWork(tuple(tuple(t) for t in ids), request.logprobs or 0, adapter=adapter)
         try:
             check_limits(work, self.info.limits, multi_item=True)
         except ScoringLimitError as error:

@@ -16,8 +16,8 @@ from app.embeddings import Embedder, pooling_of
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.schema import RerankRequest, ScoreRequest
 from app.validation import (
+    check_base_model,
     check_item_count,
-    check_model_name,
     check_token_ids,
     check_unicode,
     is_text_request,
@@ -62,7 +62,7 @@ def cosine_score_work(
     """A /v1/score body on an embedding model; None for ``items: []`` (no call)."""
     info = embedder.info
     request = validate_request(payload)
-    check_model_name(request.model, info)
+    check_base_model(request.model, info)
     head = pooling_of(info, "/v1/score")
     if request.label_token_ids is not None:
         raise ScoreRequestError(
@@ -94,7 +94,7 @@ def cosine_rerank_work(
     """A /v1/rerank body on an embedding model; None for ``documents: []``."""
     info = embedder.info
     request = validate_body(payload, RerankRequest)
-    check_model_name(request.model, info)
+    check_base_model(request.model, info)
     head = pooling_of(info, "/v1/rerank")
     texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
     check_item_count(len(texts), info)

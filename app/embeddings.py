@@ -22,8 +22,8 @@ from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.tokenization import TextTokenizer
 from app.validation import (
+    check_base_model,
     check_item_count,
-    check_model_name,
     check_token_ids,
     check_unicode,
     validate_body,
@@ -180,7 +180,7 @@ class Embedder:
     def prepare(self, payload: Any, gate: Gate = admit_all) -> EmbedPrepared:
         """/v1/embeddings: validate, then (after ``gate``) tokenize."""
         request = validate_body(payload, EmbeddingRequest)
-        check_model_name(request.model, self.info)
+        check_base_model(request.model, self.info)
         head = pooling_of(self.info, "/v1/embeddings")
         _check_dimensions(request.dimensions, head, "dimensions")
         keep = request.truncate_prompt_tokens
@@ -230,7 +230,7 @@ class Embedder:
     ) -> tuple[EmbedPrepared, list[str]]:
         """/v2/embed: its texts behind the prompt ``input_type`` names."""
         request = validate_body(payload, CohereEmbedRequest)
-        check_model_name(request.model, self.info)
+        check_base_model(request.model, self.info)
         head = pooling_of(self.info, "/v2/embed")
         _check_dimensions(request.output_dimension, head, "output_dimension")
         if not request.texts:

@@ -35,7 +35,7 @@ class Reason(StrEnum):
     UNKNOWN_PROMPT = "unknown_prompt"  # a prompt_name / input_type the model has no prompt for
     UNSUPPORTED_FOR_MODEL = "unsupported_for_model"  # a route the model's kind cannot serve
     GENERATION_NOT_SUPPORTED = "generation_not_supported"
-    UNKNOWN_MODEL = "unknown_model"
+    MODEL_NOT_FOUND = "model_not_found"  # 404: neither the base model nor a LoRA adapter
     NOT_FOUND = "not_found"
     UNAUTHORIZED = "unauthorized"
     METHOD_NOT_ALLOWED = "method_not_allowed"

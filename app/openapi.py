@@ -124,7 +124,8 @@ def score_request_schema(
         query_ids["maxItems"] = longest_query(info)
         item_ids["maxItems"] = longest_item(info)
         props["items"]["maxItems"] = info.limits.max_items_per_request
-        props["model"]["anyOf"] = [{"const": info.name}, {"type": "null"}]
+        names = [{"const": name} for name in (info.name, *info.adapters)]  # LoRA adapters too
+        props["model"]["anyOf"] = [*names, {"type": "null"}]
     props["query"]["anyOf"] = [text, query_ids]
     props["items"]["items"]["anyOf"] = [{"type": "string"}, item_ids]
     _label_rules(schema, info)

@@ -9,6 +9,7 @@ score as if each were scored alone. The default template is Qwen3-Reranker's.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Sequence
@@ -116,7 +117,7 @@ class Reranker:
         """Validate and tokenize. ``gate`` (admission) runs once the body's schema checks
         passed, before tokenization."""
         request = validate_body(payload, RerankRequest)
-        check_model_name(request.model, info)
+        adapter = check_model_name(request.model, info)
         texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
         check_item_count(len(texts), info)
         gate()
@@ -129,6 +130,7 @@ class Reranker:
                 )
         if isinstance(self.template, LikelihoodTemplate):
             work = likelihood_prompts(self.template, self.tokenizer, request.query, texts)
+            work = dataclasses.replace(work, adapter=adapter)
             _check(work, info)
             return RerankWork(request, work, sum(len(prompt) for prompt in work.prompts))
         template = self.template
@@ -141,7 +143,7 @@ class Reranker:
             )
         items = [template.document.format(document=text) for text in texts]
         tokenized = encode_text(self.tokenizer, query, items)
-        work = ScoreWork(tokenized.query_ids, tokenized.item_ids, self.labels)
+        work = ScoreWork(tokenized.query_ids, tokenized.item_ids, self.labels, adapter=adapter)
         _check(work, info)
         return RerankWork(request, work, tokenized.prompt_tokens)
 

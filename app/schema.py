@@ -170,6 +170,9 @@ class ModelCard(BaseModel):
         description="An embedding model's pooling (null: not an embedding model)."
     )
     dimension: int | None = Field(description="An embedding model's vector size.")
+    parent: str | None = Field(
+        default=None, description="A LoRA adapter's base model (vLLM's shape); absent: a base."
+    )
 
 
 class ModelList(BaseModel):

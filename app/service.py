@@ -100,6 +100,7 @@ class ScoringService:
             limits=settings.limits,
             head=score_head_from_hf(hf_config) if pooling is None else None,
             pooling=pooling,
+            adapters=tuple(name for name, _ in settings.lora_adapters),
         )
         tokenizer = load_tokenizer(source)
         return cls(
@@ -118,7 +119,7 @@ class ScoringService:
         """Every validation rule, in a fixed order; raises ScoreRequestError on the first.
         ``gate`` runs once the body's schema checks passed, before tokenization."""
         request = validate_request(payload)
-        check_model_name(request.model, self.info)
+        adapter = check_model_name(request.model, self.info)
         labels = score_labels(request.label_token_ids, self.info)
         text = is_text_request(request)
         check_item_count(len(request.items), self.info)
@@ -135,6 +136,7 @@ class ScoringService:
             item_ids=tokenized.item_ids,
             label_ids=labels,
             item_first=request.item_first,
+            adapter=adapter,
         )
         check_work(work, self.info)
         return Prepared(request, work, tokenized)
@@ -333,31 +335,33 @@ class ScoringService:
         return 0 if len(self.tokenizer("", add_special_tokens=True)["input_ids"]) else 1
 
     def models_body(self) -> dict[str, Any]:
+        """The base model's card, then one per LoRA adapter: the base's card under the
+        adapter's name with the base as its ``parent`` (vLLM's shape)."""
+        base = self._base_card()
+        adapters = [{**base, "id": name, "parent": base["id"]} for name in self.info.adapters]
+        return {"object": "list", "data": [base, *adapters]}
+
+    def _base_card(self) -> dict[str, Any]:
         info = self.info
         return {
-            "object": "list",
-            "data": [
-                {
-                    "id": info.name,
-                    "object": "model",
-                    "created": int(self.clock()),
-                    "owned_by": "scorejax",
-                    "vocab_size": info.vocab_size,
-                    "multi_item_scoring_delimiter": info.multi_item_scoring_delimiter,
-                    "max_items_per_request": info.limits.max_items_per_request,
-                    "max_multi_item_seq_len": info.limits.max_multi_item_seq_len,
-                    # limit_to_warmup: a request fits one (query, longest item, labels).
-                    "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
-                    # /v1/rerank's method (None: no rerank route for this model).
-                    "rerank_method": self.reranker.method if self.reranker else None,
-                    **head_card(info.head),
-                    **({"rerank_method": "cosine", "scoring": "cosine"} if info.pooling else {}),
-                    # causal_lm, score_head or embedding; an embedding model's pooling and size
-                    "kind": info.kind,
-                    "pooling": info.pooling.pooling if info.pooling else None,
-                    "dimension": info.pooling.dimension if info.pooling else None,
-                }
-            ],
+            "id": info.name,
+            "object": "model",
+            "created": int(self.clock()),
+            "owned_by": "scorejax",
+            "vocab_size": info.vocab_size,
+            "multi_item_scoring_delimiter": info.multi_item_scoring_delimiter,
+            "max_items_per_request": info.limits.max_items_per_request,
+            "max_multi_item_seq_len": info.limits.max_multi_item_seq_len,
+            # limit_to_warmup: a request fits one (query, longest item, labels).
+            "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
+            # /v1/rerank's method (None: no rerank route for this model).
+            "rerank_method": self.reranker.method if self.reranker else None,
+            **head_card(info.head),
+            **({"rerank_method": "cosine", "scoring": "cosine"} if info.pooling else {}),
+            # causal_lm, score_head or embedding; an embedding model's pooling and size
+            "kind": info.kind,
+            "pooling": info.pooling.pooling if info.pooling else None,
+            "dimension": info.pooling.dimension if info.pooling else None,
         }
 
 

@@ -81,11 +81,28 @@ def schema_error(error: ValidationError) -> ScoreRequestError:
     )
 
 
-def check_model_name(requested: str | None, info: ModelInfo) -> None:
-    if requested is not None and requested != info.name:
+def check_model_name(requested: str | None, info: ModelInfo) -> str | None:
+    """The LoRA adapter a request's ``model`` names (semantics 21): None for no ``model`` or
+    the base model's name; a name served neither way is a 404 ``model_not_found``."""
+    if requested is None or requested == info.name:
+        return None
+    if requested in info.adapters:
+        return requested
+    served = ", ".join(repr(name) for name in (info.name, *info.adapters))
+    raise ScoreRequestError(
+        Reason.MODEL_NOT_FOUND,
+        f"model {requested!r} is not served here; this server serves {served}",
+        param="model",
+        status_code=404,
+    )
+
+
+def check_base_model(requested: str | None, info: ModelInfo) -> None:
+    """Routes that serve no adapter yet (embeddings): a LoRA adapter's name is refused."""
+    if check_model_name(requested, info) is not None:
         raise ScoreRequestError(
-            Reason.UNKNOWN_MODEL,
-            f"model {requested!r} is not served here; this server serves {info.name!r}",
+            Reason.UNSUPPORTED_FOR_MODEL,
+            f"model {requested!r}: LoRA adapters are not served on this route",
             param="model",
         )
 

@@ -27,6 +27,11 @@ LOGICAL_AXIS_RULES: Mapping[str, str | None] = {
     "seq": None,
     "labels": None,  # a score head's outputs (few)
     "head_hidden": "model",  # a reward head's inner width, split like the MLP's
+    # LoRA adapter stacks (replicas.model.lora): A [layers, slots, *in, rank] and
+    # B [layers, slots, rank, *out] split on the model axis where their base matrix is
+    # (heads, kv_heads, mlp); slots and rank are small and whole on every device.
+    "lora_slots": None,
+    "lora_rank": None,
 }
 
 

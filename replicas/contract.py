@@ -32,6 +32,7 @@ class ScoreWork:
     # Wall-clock time (time.time()) after which nobody waits for the answer: the replica
     # drops the work instead of scoring it (semantics 12). None: no deadline.
     deadline: float | None = None
+    adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
 
     @property
     def num_items(self) -> int:
@@ -62,6 +63,7 @@ class PromptWork:
     # query tokens): the LM head skips the others, whose log-probs and top-k are then NaN /
     # -1 unless a prefix step computed them. None: every token, and the next one.
     scored_tail: int | None = None
+    adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
 
     @property
     def num_items(self) -> int:
@@ -189,6 +191,7 @@ class ModelInfo:
     limits: ScoringLimits
     head: ScoreHead | None = None  # None: a causal LM scored by label tokens
     pooling: PoolingHead | None = None  # set: an embedding model (no LM head, no score head)
+    adapters: tuple[str, ...] = ()  # LoRA adapters a request may name as its ``model``
 
     @property
     def kind(self) -> str:

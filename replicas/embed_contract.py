@@ -52,6 +52,7 @@ class EmbedWork:
     inputs: tuple[tuple[int, ...], ...]
     prompt_lengths: tuple[int, ...] = ()
     deadline: float | None = None
+    adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
 
     @property
     def num_items(self) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from replicas.adapter_settings import check_lora_settings
 from replicas.contract import (
     DEFAULT_MAX_ITEMS_PER_REQUEST,
     DEFAULT_MAX_MULTI_ITEM_SEQ_LEN,
@@ -174,6 +175,16 @@ class ReplicaSettings:
     # TPU slice placement (cluster/slice_group.py) instead of a Serve placement group, so a
     # group never straddles slices. Unset: the placement-group path (CPU, GPU, one host).
     tpu_slice: str | None = None
+    # LoRA adapters (semantics 21, replicas/model/lora.py): name -> PEFT directory
+    # (adapter_config.json + adapter_model.safetensors), loaded at start-up; a request picks
+    # one by its ``model``. Needs max_loras >= their number.
+    lora_adapters: tuple[tuple[str, str], ...] = ()
+    # Adapter slots every step is compiled with (0: LoRA off, steps compile as without it);
+    # loading an adapter into a free slot compiles nothing. Each slot costs every token
+    # M * r * (in + out) multiply-adds per projection (M = max_loras + 1, the base's slot).
+    max_loras: int = 0
+    # The largest rank a slot holds; smaller adapters pad with zeros (exact).
+    max_lora_rank: int = 16
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -197,6 +208,10 @@ class ReplicaSettings:
             _check_buckets(name, getattr(self, name))
         self._check_limits()
         self._check_hosts()
+        try:
+            check_lora_settings(self.lora_adapters, self.max_loras, self.max_lora_rank)
+        except ValueError as error:
+            raise SettingsError(str(error)) from error
 
     def _check_hosts(self) -> None:
         if isinstance(self.hosts_per_replica, bool) or not 1 <= self.hosts_per_replica <= 64:
@@ -365,7 +380,7 @@ class ReplicaSettings:
         if unknown:
             raise SettingsError(f"{unknown[0]}: unknown replica setting (known: {sorted(known)})")
         converted = {key: _as_tuples(value) for key, value in values.items()}
-        for key in ("host_resources", "host_label_selector", "rerank_template"):
+        for key in ("host_resources", "host_label_selector", "rerank_template", "lora_adapters"):
             if isinstance(converted.get(key), Mapping):
                 converted[key] = tuple(sorted(converted[key].items()))
         return cls(**converted)

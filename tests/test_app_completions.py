@@ -151,7 +151,6 @@ def test_without_echo_only_the_greedy_token_comes_back(served: Any, reference: A
         ({"prompt": [-1]}, "negative_token_id", "prompt"),
         ({"prompt": [[1]] * 9}, "too_many_items", "prompt"),
         ({"prompt": [1] * 300}, "sequence_too_long", "prompt"),
-        ({"model": "other"}, "unknown_model", "model"),
     ],
 )
 def test_bad_bodies_are_400s_naming_the_field_and_never_reach_the_replica(

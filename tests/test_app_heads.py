@@ -128,7 +128,6 @@ def test_classify_applies_the_configs_activation(tokenizer: Any, problem_type, a
         (THREE, {"input": 3}, "invalid_request"),
         (THREE, {"input": ["x"], "extra": 1}, "invalid_request"),
         (THREE, {"input": ["x"] * 9}, "too_many_items"),
-        (THREE, {"input": "x", "model": "other"}, "unknown_model"),
         (THREE, {"input": "x " * 300}, "sequence_too_long"),
     ],
 )

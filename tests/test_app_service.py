@@ -181,7 +181,6 @@ def test_empty_items_still_validate_labels(service: ScoringService) -> None:
         ({"query": [5, 0], "items": [[1]], "label_token_ids": [1]}, "delimiter_in_content"),
         ({"query": [5], "items": [[1], [0]], "label_token_ids": [1]}, "delimiter_in_content"),
         ({"query": "\ud800", "items": ["a"], "label_token_ids": [1]}, "invalid_request"),
-        ({"query": "q", "items": ["a"], "label_token_ids": [1], "model": "x"}, "unknown_model"),
         ({"query": "q", "items": ["a"], "label_token_ids": ["1"]}, "invalid_request"),
     ],
 )

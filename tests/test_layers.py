@@ -23,6 +23,7 @@ REPLICAS_RANK = {
     "contract": 0,
     "embed_contract": 0,  # the embedding half of the contract
     "settings": 1,
+    "adapter_settings": 1,  # the LoRA settings' checks, part of the settings
     "model": 2,
     "checkpoints": 3,
     "engine": 4,

@@ -9,6 +9,7 @@ and counters. Returns one float32 ``[items, labels]`` array per work.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ from replicas.engine.layouts.packed_reference import PackedReferenceLayout
 from replicas.engine.layouts.prompts import PromptLayout
 from replicas.engine.layouts.shared_prefix import SharedPrefixLayout
 from replicas.engine.layouts.single_item import SingleItemLayout
+from replicas.engine.lora_slots import AdapterSlots, refuse_without_slots, start_slots
 from replicas.engine.memory import release_free_heap
 from replicas.engine.query_cache import QueryCache
 from replicas.engine.warm_coverage import (
@@ -78,10 +80,14 @@ class ScoringEngine:
         vocab = model.config.vocab_size
         check_delimiter_in_vocab(settings, vocab, name)
         model = with_attention(model, settings.attention, mesh)
+        self._lora = start_slots(model, params, mesh, settings, name)
+        if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
+            params = {**params, "lora": self._lora.params}
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
         delimiter, head = settings.multi_item_scoring_delimiter, model.config.head
         pooling = model.config.pooling
-        self._info = ModelInfo(name, vocab, delimiter, settings.limits, head, pooling)
+        adapters = () if self._lora is None else self._lora.names
+        self._info = ModelInfo(name, vocab, delimiter, settings.limits, head, pooling, adapters)
         has_lm_head = head is None and pooling is None
         self._completion_shapes = completion_shapes_for(settings, has_lm_head, name)
         self._replicated = replicated(mesh)
@@ -181,6 +187,25 @@ class ScoringEngine:
         """Raise ScoringInputError / ScoringLimitError for work that must not run."""
         multi = isinstance(work, ScoreWork) and self.uses_multi_item(work)
         validate_work(work, self._info, multi)
+        if self._lora is None:
+            refuse_without_slots(work)
+        else:
+            self._lora.slot_of(work.adapter)
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter into a free slot between steps (compiles nothing)."""
+        self._swap_adapter(lambda slots: slots.load(name, path))
+
+    def unload_adapter(self, name: str) -> None:
+        self._swap_adapter(lambda slots: slots.unload(name))
+
+    def _swap_adapter(self, change: Callable[[AdapterSlots], Any]) -> None:
+        if self._lora is None:
+            raise ValueError("max_loras: 0, this replica serves no LoRA adapters")
+        with self._lock:
+            change(self._lora)
+            self._params = {**self._params, "lora": self._lora.params}
+            self._info = dataclasses.replace(self._info, adapters=self._lora.names)
 
     # -- scoring ------------------------------------------------------------------------
 
@@ -204,6 +229,8 @@ class ScoringEngine:
         results: list[Any] = [empty_result(w, self._info) for w in works]
         multi, pairs, prompts = self._route(works)
         with self._lock:
+            if self._lora is not None:  # each work's token ids carry its adapter's slot
+                works = [self._lora.tag(work) for work in works]
             self.last_signatures = []
             start = time.perf_counter()
             try:

@@ -30,6 +30,7 @@ from replicas.model.layers import (
     attend_item_stream,
     soft_cap,
 )
+from replicas.model.lora import has_head_slots, head_slot_outputs, layer_inputs, split_tagged
 from replicas.model.masks import within_window
 
 Array = jax.Array
@@ -109,17 +110,19 @@ class DecoderLayer(nn.Module):
             self.post_attn_norm = RMSNorm(eps, self.dtype, offset)
             self.post_mlp_norm = RMSNorm(eps, self.dtype, offset)
 
-    def _mlp_block(self, x: Array) -> Array:
-        out = self.mlp(self.mlp_norm(x))
+    def _mlp_block(self, x: Array, lora: Any = None) -> Array:
+        out = self.mlp(self.mlp_norm(x), lora)
         return x + (self.post_mlp_norm(out) if self.config.post_norms else out)
 
-    def _attn_block(self, x: Array, attended: Array) -> Array:
-        out = self.attn.out(attended)
+    def _attn_block(self, x: Array, attended: Array, lora: Any = None) -> Array:
+        out = self.attn.out(attended, lora)
         return x + (self.post_attn_norm(out) if self.config.post_norms else out)
 
-    def _qkv(self, x: Array, positions: Array, kind: LayerKind | None) -> tuple[Array, ...]:
+    def _qkv(
+        self, x: Array, positions: Array, kind: LayerKind | None, lora: Any = None
+    ) -> tuple[Array, ...]:
         local = None if kind is None else kind.local
-        return self.attn.qkv(self.attn_norm(x), positions, local)
+        return self.attn.qkv(self.attn_norm(x), positions, local, lora)
 
     def _dense_spec(self, spec: DenseSpec, positions: Array, kind: LayerKind | None) -> DenseSpec:
         """``spec`` with this layer's window, logit scale and soft-cap (unchanged when the
@@ -133,12 +136,18 @@ class DecoderLayer(nn.Module):
         return AttentionSpec(mask=mask, scale=c.query_scale, softcap=c.attn_softcap)
 
     def __call__(
-        self, x: Array, positions: Array, spec: DenseSpec, kind: LayerKind | None = None
+        self,
+        x: Array,
+        positions: Array,
+        spec: DenseSpec,
+        kind: LayerKind | None = None,
+        lora: Any = None,
     ) -> tuple[Array, Array, Array]:
-        """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh])."""
-        q, k, v = self._qkv(x, positions, kind)
+        """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh]).
+        ``lora``: (this layer's adapter stacks, one-hot slots [B, T, M]), see model.lora."""
+        q, k, v = self._qkv(x, positions, kind, lora)
         attended = self.dense_attention(q, k, v, self._dense_spec(spec, positions, kind))
-        return self._mlp_block(self._attn_block(x, attended)), k, v
+        return self._mlp_block(self._attn_block(x, attended, lora), lora), k, v
 
     def _stream_options(self, positions: Array, kind: LayerKind | None) -> dict[str, Any]:
         """Keyword arguments of ``attend_item_stream`` that this family needs."""
@@ -160,15 +169,16 @@ class DecoderLayer(nn.Module):
         prefix_k: Array,
         prefix_v: Array,
         kind: LayerKind | None = None,
+        lora: Any = None,
     ) -> tuple[Array, Array, Array]:
         """x: [B, S, D] item stream reading prefix keys/values [B, T, K, Dh] -> (x one layer
         on [B, S, D], the stream's own keys and values [B, S, K, Dh])."""
-        q, k, v = self._qkv(x, positions, kind)
+        q, k, v = self._qkv(x, positions, kind, lora)
         attended = self.stream_attention(
             q, prefix_k, prefix_v, spec.prefix_valid, k, v, spec.item_ids, spec.window,
             **self._stream_options(positions, kind),
         )  # fmt: skip
-        return self._mlp_block(self._attn_block(x, attended)), k, v
+        return self._mlp_block(self._attn_block(x, attended, lora), lora), k, v
 
 
 @dataclass(frozen=True)
@@ -241,17 +251,21 @@ class CausalLM:
         self, params: Params, tokens: Array, positions: Array, spec: DenseSpec
     ) -> tuple[Array, Array, Array]:
         """tokens, positions: [B, T] -> final-normed hidden [B, T, D] and every layer's
-        keys and values [layers, B, T, K, Dh] (what an item stream reads as its prefix)."""
+        keys and values [layers, B, T, K, Dh] (what an item stream reads as its prefix).
+        With adapter slots (``params["lora"]``) tokens are tagged ids (model.lora)."""
         layer = self.layer
+        tokens, slots = split_tagged(params, tokens, self.config.vocab_size)
+        stacks, onehot = layer_inputs(params, slots, self.dtype)
 
         def step(
-            h: Array, scanned: tuple[Params, LayerKind | None]
+            h: Array, scanned: tuple[Params, LayerKind | None, Params | None]
         ) -> tuple[Array, tuple[Array, Array]]:
-            layer_params, kind = scanned
-            h, k, v = layer.apply({"params": layer_params}, h, positions, spec, kind)
+            layer_params, kind, lora = scanned
+            lora_in = None if lora is None else (lora, onehot)
+            h, k, v = layer.apply({"params": layer_params}, h, positions, spec, kind, lora_in)
             return h, (k, v)
 
-        scanned = (params["layers"], self.layer_kinds())
+        scanned = (params["layers"], self.layer_kinds(), stacks)
         x, (keys, values) = jax.lax.scan(
             step, self._embed(params, tokens), scanned, unroll=self.unroll_layers
         )
@@ -288,18 +302,21 @@ class CausalLM:
         """``stream_hidden``, and the stream's keys and values [layers, B, S, K, Dh] (a prefix
         extended by its stream: one item of the query's remaining tokens)."""
         layer = self.layer
+        tokens, slots = split_tagged(params, tokens, self.config.vocab_size)
+        stacks, onehot = layer_inputs(params, slots, self.dtype)
 
         def step(
-            h: Array, scanned: tuple[Params, Array, Array, LayerKind | None]
+            h: Array, scanned: tuple[Params, Array, Array, LayerKind | None, Params | None]
         ) -> tuple[Array, tuple[Array, Array]]:
-            layer_params, k, v, kind = scanned
+            layer_params, k, v, kind, lora = scanned
+            lora_in = None if lora is None else (lora, onehot)
             out, own_k, own_v = layer.apply(
-                {"params": layer_params}, h, positions, spec, k, v, kind,
+                {"params": layer_params}, h, positions, spec, k, v, kind, lora_in,
                 method=DecoderLayer.stream,
             )  # fmt: skip
             return out, (own_k, own_v)
 
-        scanned = (params["layers"], prefix_k, prefix_v, self.layer_kinds())
+        scanned = (params["layers"], prefix_k, prefix_v, self.layer_kinds(), stacks)
         x, (keys, values) = jax.lax.scan(
             step, self._embed(params, tokens), scanned, unroll=self.unroll_layers
         )
@@ -319,6 +336,9 @@ class CausalLM:
         hidden: [..., D] (scoring positions only); labels: [..., C] -> [..., C] float32.
         A model with a score head returns its outputs instead, ``labels`` indexing them.
         """
+        if self.config.head is not None and "lora" in params and has_head_slots(self.config):
+            outputs = head_slot_outputs(params, hidden)  # [..., M * L]: labels are tagged
+            return jnp.take_along_axis(outputs, labels, axis=-1)
         if self.config.head is not None:
             outputs = head_outputs(self.config.head, params["head"], hidden)  # [..., L]
             return jnp.take_along_axis(outputs, labels, axis=-1)

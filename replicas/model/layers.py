@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replicas.model.config import ModelConfig
+from replicas.model.lora import with_delta
 from replicas.model.masks import own_item_mask, window_blocks, within_window
 
 Array = jax.Array
@@ -212,25 +213,26 @@ class Attention(nn.Module):
             self.local_inv_freq = rope_inv_freq(c, local=True)
 
     def qkv(
-        self, x: Array, positions: Array, local: Array | None = None
+        self, x: Array, positions: Array, local: Array | None = None, lora: Any = None
     ) -> tuple[Array, Array, Array]:
         """x: [..., T, D], positions: [..., T] -> q [..., T, H, Dh], k and v [..., T, K, Dh].
-        ``local`` ([] bool, traced): this layer is windowed (Gemma 3: other RoPE base)."""
+        ``local`` ([] bool, traced): this layer is windowed (Gemma 3: other RoPE base).
+        ``lora``: (this layer's adapter stacks, the tokens' one-hot slots), see model.lora."""
         inv_freq: Any = self.inv_freq
         if self.config.local_rope_theta is not None and local is not None:
             inv_freq = jnp.where(local, self.local_inv_freq, self.inv_freq)
-        q = jnp.einsum("...td,dhk->...thk", x, self.q)
-        k = jnp.einsum("...td,dhk->...thk", x, self.k)
-        v = jnp.einsum("...td,dhk->...thk", x, self.v)
+        q = with_delta(jnp.einsum("...td,dhk->...thk", x, self.q), x, "q", lora)
+        k = with_delta(jnp.einsum("...td,dhk->...thk", x, self.k), x, "k", lora)
+        v = with_delta(jnp.einsum("...td,dhk->...thk", x, self.v), x, "v", lora)
         if self.config.qkv_bias:
             q, k, v = q + self.q_bias, k + self.k_bias, v + self.v_bias
         if self.config.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
-    def out(self, attended: Array) -> Array:
+    def out(self, attended: Array, lora: Any = None) -> Array:
         """[..., T, H, Dh] -> [..., T, D]."""
-        return jnp.einsum("...thk,hkd->...td", attended, self.o)
+        return with_delta(jnp.einsum("...thk,hkd->...td", attended, self.o), attended, "o", lora)
 
     def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
         q, k, v = self.qkv(x, positions)
@@ -243,15 +245,15 @@ class MLP(nn.Module):
     dtype: Any = jnp.float32
 
     @nn.compact
-    def __call__(self, x: Array) -> Array:  # [..., D] -> [..., D]
+    def __call__(self, x: Array, lora: Any = None) -> Array:  # [..., D] -> [..., D]
         d, f = self.config.hidden_size, self.config.intermediate_size
         gate = self.param("gate", _INIT, (d, f), self.dtype)
         up = self.param("up", _INIT, (d, f), self.dtype)
         down = self.param("down", _INIT, (f, d), self.dtype)
-        gated = x @ gate
+        gated = with_delta(x @ gate, x, "gate", lora)
         if self.config.hidden_act == "gelu_tanh":
             gated = jax.nn.gelu(gated, approximate=True)
         else:
             gated = jax.nn.silu(gated)
-        hidden = gated * (x @ up)  # [..., F]
-        return hidden @ down
+        hidden = gated * with_delta(x @ up, x, "up", lora)  # [..., F]
+        return with_delta(hidden @ down, hidden, "down", lora)

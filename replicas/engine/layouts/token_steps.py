@@ -22,6 +22,7 @@ import numpy as np
 from replicas.engine.layouts.common import SCORE_CHUNK, Spec, grouped, score_capacity
 from replicas.engine.layouts.prefix_blocks import KV_AXES, LAST_AXES
 from replicas.model.causal_lm import CausalLM, CausalSpec, ItemStreamSpec, Params
+from replicas.model.lora import untag
 
 Array = jax.Array
 PREFIX_BLOCK = 16  # prefix reuse granularity (tokens); docs/benchmarks.md measures it
@@ -48,6 +49,7 @@ def score_tokens(
         picked = jnp.take_along_axis(states, index[..., None], axis=1)  # [G, CH, D]
         flat = picked.reshape(groups * SCORE_CHUNK, -1)  # [G * CH, D]
         logprobs = jax.nn.log_softmax(model.logits(params, flat), axis=-1)  # [G * CH, V]
+        target = untag(params, target, model.config.vocab_size)  # adapter-tagged ids
         own = jnp.take_along_axis(logprobs, target.reshape(-1, 1), axis=-1)  # [G * CH, 1]
         best, ids = jax.lax.top_k(logprobs, top_k)  # [G * CH, k]
         parts = (own.reshape(groups, SCORE_CHUNK), best, ids.astype(jnp.int32))

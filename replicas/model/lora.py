@@ -1,0 +1,154 @@
+"""LoRA adapter slots beside the weights (semantics 21): the low-rank update of every row
+computed batched over slots, so requests of different adapters share one step.
+
+Each targeted projection ``W`` gets stacked ``A [layers, M, *in, r]`` and ``B [layers, M, r,
+*out]`` under ``params["lora"]["layers"][target]``, M = adapter slots (slot 0 = no adapter:
+zeros), r = the largest rank (a smaller adapter fills its first columns, the rest zeros, which
+add exact zeros). The adapter's scaling (``lora_alpha / r``, or ``/ sqrt(r)`` with rslora) is
+folded into B when it is loaded. ``M`` and ``r`` are compiled dimensions: loading an adapter
+writes arrays and compiles nothing.
+
+Which slot a token reads travels with the token itself: a tagged id ``slot * V + id`` (V the
+vocabulary). Every layout packs token ids from the work, so the slot reaches every step
+(shared prefix, item stream, fused rows, single-item rows, prompt log-probs, embeddings)
+without a new argument, and everything keyed by token ids (the query cache, prefix reuse)
+is keyed by adapter too: a cached query of adapter A is never read for adapter B. Padding
+(id 0) reads slot 0. The model splits a tagged id into (id, slot) before the embedding.
+
+The update per token is ``(x @ A[slot]) @ B[slot]``, computed as ``x @ A[m]`` for every slot,
+masked by the token's one-hot slot, then summed through ``B`` (BGMV as dense matmuls: each
+token pays ``M * r * (in + out)`` multiply-adds per projection, exact for any mix of slots
+in a row). A seq-cls head saved by the adapter (``modules_to_save: [score]``) is a stacked
+head ``[M, D, L]`` (slot 0: the base head); a work's label ids index its slot's outputs
+(``slot * L + label``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from replicas.model.config import ModelConfig
+
+Array = jax.Array
+Params = dict[str, Any]
+
+# Target -> (Hugging Face module name, its block ("attn" or "mlp"), input and output einsum
+# letters of our layout: d hidden, h heads (k kv heads for k/v), e head dim, f MLP width).
+TARGETS: dict[str, tuple[str, str, str, str]] = {
+    "q": ("q_proj", "attn", "d", "he"),
+    "k": ("k_proj", "attn", "d", "he"),
+    "v": ("v_proj", "attn", "d", "he"),
+    "o": ("o_proj", "attn", "he", "d"),
+    "gate": ("gate_proj", "mlp", "d", "f"),
+    "up": ("up_proj", "mlp", "d", "f"),
+    "down": ("down_proj", "mlp", "f", "d"),
+}
+_IN_AXES = {"d": ("embed",), "he": ("heads", "head_dim"), "f": ("mlp",)}
+_KV_IN_OUT = {"k", "v"}
+
+
+def _axes(target: str, letters: str) -> tuple[str, ...]:
+    axes = _IN_AXES[letters]
+    return ("kv_heads", "head_dim") if target in _KV_IN_OUT and letters == "he" else axes
+
+
+def _sizes(config: ModelConfig) -> dict[str, int]:
+    return {
+        "embed": config.hidden_size,
+        "heads": config.num_heads,
+        "kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "mlp": config.intermediate_size,
+    }
+
+
+def target_axes(target: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Logical axes of one target's A ``[layers, M, *in, r]`` and B ``[layers, M, r, *out]``:
+    sharded like the base matrix on the model axis (heads, kv_heads, mlp)."""
+    _, _, inputs, outputs = TARGETS[target]
+    a = ("layers", "lora_slots", *_axes(target, inputs), "lora_rank")
+    b = ("layers", "lora_slots", "lora_rank", *_axes(target, outputs))
+    return a, b
+
+
+def lora_logical_axes(config: ModelConfig) -> dict[str, Any]:
+    """Logical axes of ``params["lora"]``: every target's A and B, and a linear score
+    head's per-slot copy ``[M, D, L]``."""
+    tree: dict[str, Any] = {"layers": {}}
+    for target in TARGETS:
+        a, b = target_axes(target)
+        tree["layers"][target] = {"a": a, "b": b}
+    if has_head_slots(config):
+        tree["head"] = {"score": ("lora_slots", "embed", "labels")}
+    return tree
+
+
+def has_head_slots(config: ModelConfig) -> bool:
+    """A linear score head is stacked per slot (an adapter may bring its own)."""
+    return config.head is not None and config.head.kind == "linear"
+
+
+def lora_shapes(config: ModelConfig, slots: int, rank: int) -> dict[str, Any]:
+    """The shape of every leaf of ``lora_logical_axes``."""
+    sizes = {**_sizes(config), "layers": config.num_layers, "lora_slots": slots}
+    sizes["lora_rank"] = rank
+    if config.head is not None:
+        sizes["labels"] = config.head.num_labels
+    return jax.tree_util.tree_map(
+        lambda axes: tuple(sizes[name] for name in axes),
+        lora_logical_axes(config),
+        is_leaf=lambda node: isinstance(node, tuple),
+    )
+
+
+def split_tagged(params: Params, tokens: Array, vocab: int) -> tuple[Array, Array | None]:
+    """Tagged token ids [..., T] -> (ids, slots), both [..., T]; no LoRA: (tokens, None)."""
+    if "lora" not in params:
+        return tokens, None
+    return tokens % vocab, tokens // vocab
+
+
+def untag(params: Params, tokens: Array, vocab: int) -> Array:
+    """The plain token ids of (possibly tagged) ``tokens`` (prompt log-prob targets)."""
+    return split_tagged(params, tokens, vocab)[0]
+
+
+def layer_inputs(params: Params, slots: Array | None, dtype: Any) -> tuple[Params | None, Any]:
+    """(the per-layer stacks to scan beside the layers, the tokens' one-hot slots
+    ``[..., T, M]``); (None, None) without LoRA."""
+    if slots is None:
+        return None, None
+    stacks = params["lora"]["layers"]
+    count = next(iter(stacks.values()))["a"].shape[1]
+    return stacks, jax.nn.one_hot(slots, count, dtype=dtype)
+
+
+def lora_delta(x: Array, target: str, stacks: Params, onehot: Array) -> Array:
+    """The low-rank update of ``target`` for inputs ``x [..., T, *in]`` whose tokens read
+    the slots ``onehot [..., T, M]``; one layer's ``stacks[target]``: a ``[M, *in, r]``,
+    b ``[M, r, *out]`` -> ``[..., T, *out]``."""
+    _, _, inputs, outputs = TARGETS[target]
+    pair = stacks[target]
+    per_slot = jnp.einsum(f"...t{inputs},m{inputs}r->...tmr", x, pair["a"])  # [..., T, M, r]
+    picked = per_slot * onehot[..., None]
+    return jnp.einsum(f"...tmr,mr{outputs}->...t{outputs}", picked, pair["b"])
+
+
+def with_delta(base: Array, x: Array, target: str, lora: tuple[Params, Array] | None) -> Array:
+    """``base`` (the projection of ``x``) plus its LoRA update when ``lora`` is set and
+    allocates ``target``."""
+    if lora is None or target not in lora[0]:
+        return base
+    stacks, onehot = lora
+    return base + lora_delta(x, target, stacks, onehot).astype(base.dtype)
+
+
+def head_slot_outputs(params: Params, hidden: Array) -> Array:
+    """A stacked linear head: hidden [..., D] -> every slot's outputs flattened
+    ``[..., M * L]`` float32 (label ``slot * L + j`` is slot's output j)."""
+    score = params["lora"]["head"]["score"].astype(jnp.float32)  # [M, D, L]
+    out = jnp.einsum("...d,mdl->...ml", hidden.astype(jnp.float32), score)
+    return out.reshape(*out.shape[:-2], -1)
