@@ -97,3 +97,16 @@ def reference_head(model: Any, rows: list[list[int]]) -> np.ndarray:
 
     with torch.no_grad():
         return np.stack([model(input_ids=torch.tensor([row])).logits[0].numpy() for row in rows])
+
+
+def lora_settings(max_loras: int, max_lora_rank: int) -> dict[str, Any]:
+    """ReplicaSettings fields of the LoRA tests: the tiny models' small buckets, no
+    background compiles, adapter slots of the given size."""
+    return {
+        "token_buckets": (16, 32),
+        "item_token_buckets": (16, 32),
+        "background_compile": False,
+        "multi_item_scoring_delimiter": 0,
+        "max_loras": max_loras,
+        "max_lora_rank": max_lora_rank,
+    }

@@ -19,18 +19,11 @@ from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.head_helpers import save_tiny_head
-from tests.lora_helpers import peft_model, reference_head, save_adapter
+from tests.lora_helpers import lora_settings, peft_model, reference_head, save_adapter
 from tests.model_helpers import save_tiny
 
 TO_PEFT = 1e-4
-SETTINGS = {
-    "token_buckets": (16, 32),
-    "item_token_buckets": (16, 32),
-    "background_compile": False,
-    "multi_item_scoring_delimiter": 0,
-    "max_loras": 2,
-    "max_lora_rank": 4,
-}
+SETTINGS = lora_settings(max_loras=2, max_lora_rank=4)
 
 
 @pytest.fixture(scope="module")
