@@ -100,13 +100,19 @@ def test_max_tokens_per_doc_cuts_each_document(service, tokenizer):
         ({"query": "q", "documents": ["a"], "rank_fields": ["x"]}, "rank_fields"),
         ({"query": "q", "documents": ["a<|endoftext|>"]}, "documents"),  # the delimiter
         ({"query": "q", "documents": ["a"] * 9}, "items"),  # max_items_per_request 8
-        ({"query": "q", "documents": ["a"], "model": "other"}, "model"),
     ],
 )
 def test_bad_requests_are_400s_naming_the_field(service, payload, param):
     with pytest.raises(ScoreRequestError) as error:
         rerank(service, **payload)
     assert error.value.status_code == 400 and error.value.param == param
+
+
+def test_an_unknown_model_is_a_404_naming_the_field(service):
+    """Semantics 21: ``model`` names the served model or one of its LoRA adapters."""
+    with pytest.raises(ScoreRequestError) as error:
+        rerank(service, query="q", documents=["a"], model="other")
+    assert error.value.status_code == 404 and error.value.param == "model"
 
 
 def test_the_http_routes_and_a_model_without_a_template(service):
