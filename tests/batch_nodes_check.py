@@ -2,11 +2,11 @@
 tests/test_batch_nodes.py): a ``score`` job on a 2-node local Ray cluster
 (``ray.cluster_utils.Cluster``) whose worker node holding an engine actor is lost mid-job.
 
-Each node has room for one engine actor (3 CPUs, the engine takes 2), so ``--replicas 2``
-puts one on each. The engines are ``tests.batch_fault_engine:HeldEngine``: the one off the
-head node holds its first batch unscored; once it does and the head's engine has scored a
-batch, this script removes its node (``Cluster.remove_node``, no graceful stop), a replacement
-node joins, and the job runs on.
+Each node has room for one engine actor (its one ``engine_host``; 4 CPUs, the engine takes
+2), so ``--replicas 2`` puts one on each. The engines are
+``tests.batch_fault_engine:HeldEngine``: the one off the head node holds its first batch
+unscored; once it does and the head's engine has scored a batch, this script removes its
+node (``Cluster.remove_node``, no graceful stop), a replacement node joins, and the job runs on.
 Writes ``MARKERS/report.json``: the head and victim nodes, the batches scored before the kill and by
 which node each batch was scored, and the job's summary. Its own process, since a
 ``Cluster`` cannot be joined by a process connected to another Ray cluster (the suite's).
@@ -25,8 +25,13 @@ from tests.batch_fault_engine import HEAD_ENV, HOLD_ENV, write_json
 from tests.serve_support import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
+ENGINE_HOST = "engine_host"  # a custom resource: one a node (test_batch_nodes.config_file)
 LABELS = (7042, 4528, 11452)
-NODE = {"num_cpus": 3, "object_store_memory": 80 * 1024**2}
+# One engine actor a node (each holds the node's one ``engine_host``) and two CPUs beside it:
+# with three CPUs a node and no such resource, the hash shuffle's reduce tasks (grouping,
+# issue 46) once found no CPU budget left beside the two engine actors and the job stalled
+# (an AVX2 suite run, 2026-11-26: "timed out ... waiting for an engine to hold a batch").
+NODE = {"num_cpus": 4, "resources": {ENGINE_HOST: 1}, "object_store_memory": 80 * 1024**2}
 # Ray notices a lost node within about a second (defaults: about 15 s), and starts no idle
 # workers ahead of time (each is a Python process importing Ray, on a machine of 2 cores).
 SYSTEM_CONFIG = {

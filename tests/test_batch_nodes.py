@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.batch_nodes_check import ENGINE_HOST
 from tests.test_batch import (  # noqa: F401 (``expected``: a fixture of this module too)
     assert_rows_equal,
     expected,
@@ -36,10 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def config_file(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tests/test_batch.py's tiny config with two CPUs per engine actor: a node of the
-    2-node cluster (3 CPUs) holds one engine actor and the light tasks beside it."""
+    """tests/test_batch.py's tiny config with two CPUs and the node's one ``engine_host`` per
+    engine actor: a node of the 2-node cluster (4 CPUs) holds one engine actor and the light
+    tasks beside it."""
     config = tiny_config(tiny_llama_dir)
-    config["applications"][0]["args"]["host_resources"] = {"CPU": 2.0}
+    config["applications"][0]["args"]["host_resources"] = {"CPU": 2.0, ENGINE_HOST: 1.0}
     path = tmp_path_factory.mktemp("batch-nodes-config") / "serve_config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
