@@ -1,11 +1,12 @@
 """Where a layout's planning time goes: the wall seconds of each compile, by purpose.
 
 A layout's row is made of compiles of three purposes: ``fit`` (the serving steps at every
-layer, the most expensive warm-up signature of each kind, for their memory), ``cost N
-layers`` (the workload's steps with the layer scan unrolled at ``COMPILED_LAYERS``, for
-FLOPs and collectives) and ``bytes`` (the workload's serving steps, for the bytes they
-move, when ``fit`` did not compile them already). ``CompileTimes`` compiles one key at a
-time, prints a line per compile (stderr) and sums the seconds per purpose for the row.
+layer, the most expensive warm-up signature of each kind, for their memory), ``bytes``
+(the workload's serving steps, for the bytes they move and the scanned step's FLOPs and
+collectives, when ``fit`` did not compile them already) and ``cost 2 a loop`` (the same
+steps with two layers a scan iteration: their difference is one layer). ``CompileTimes``
+compiles one key at a time, prints a line per compile (stderr) and sums the seconds per
+purpose for the row.
 """
 
 from __future__ import annotations

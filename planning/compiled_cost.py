@@ -8,11 +8,13 @@ its arguments (parameters, inputs), outputs and temporaries, each moved at least
 come from the compiled HLO:
 each all-reduce, all-gather, reduce-scatter, all-to-all or collective-permute, with the
 bytes one chip sends for it in a ring over its replica group. XLA counts the body of a loop
-once, and every layer runs in one scanned body, so a step is compiled twice with the scan
-unrolled, for a 2-layer and a 3-layer model of the same shapes: the difference is one
-layer, and the whole step is ``two + (layers - 2) * (three - two)``. (Not 1 and 2 layers:
-XLA laid out the tied LM head differently for a 1-layer model on a v6e:4x4 mesh, and that
-one-off difference, multiplied by the layer count, read as 2.5x the HBM bytes.)
+once, and every layer runs in one scanned body, so a step is compiled a second time with
+``SCAN_UNROLL`` = 2 layers in the loop body (the same model, every layer, the same
+sharding): the difference is one layer (two, for an odd layer count, whose remainder JAX
+unrolls after the loop), and the whole step is ``one + (layers - 1) * layer``. Earlier
+versions compiled a 2-layer and a 3-layer model with the scan unrolled instead: the same
+figures at twice the compile time, the unrolled 3-layer step alone costing more than the
+served one.
 """
 
 from __future__ import annotations
@@ -132,18 +134,21 @@ def moved_bytes(compiled: Any) -> float:
     )
 
 
-COMPILED_LAYERS = (2, 3)
+SCAN_UNROLL = 2
 
 
-def all_layers(fewer: ChipCost, more: ChipCost, layers: int) -> ChipCost:
-    """The step of ``layers`` layers from its compiles at ``COMPILED_LAYERS``."""
-    low = COMPILED_LAYERS[0]
+def all_layers(scanned: ChipCost, unrolled: ChipCost, layers: int) -> ChipCost:
+    """The step of ``layers`` layers from its compiles with 1 and ``SCAN_UNROLL`` layers a
+    loop iteration (``scanned`` counts one layer, ``unrolled`` 2, or 3 when ``layers`` is
+    odd)."""
+    counted = SCAN_UNROLL + layers % SCAN_UNROLL if layers >= SCAN_UNROLL else 1
 
     def scale(a: float, b: float) -> float:
-        return a + (layers - low) * max(b - a, 0.0)
+        layer = max(b - a, 0.0) / max(counted - 1, 1)
+        return a + (layers - 1) * layer
 
     return ChipCost(
-        scale(fewer.flops, more.flops),
-        scale(fewer.hbm_bytes, more.hbm_bytes),
-        scale(fewer.ici_bytes, more.ici_bytes),
+        scale(scanned.flops, unrolled.flops),
+        scale(scanned.hbm_bytes, unrolled.hbm_bytes),
+        scale(scanned.ici_bytes, unrolled.ici_bytes),
     )

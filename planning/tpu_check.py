@@ -263,7 +263,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--projection",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="project RFC-008's workload and a 1000-item request (compiles each step twice more)",
+        help="project RFC-008's workload and a 1000-item request (compiles each step as served "
+        "and once more)",
     )
     parser.add_argument(
         "--workloads",

@@ -1,8 +1,8 @@
 """Projections of a workload on a TPU slice from the steps XLA compiled for it.
 
-Each step the workload runs is compiled for the slice (deviceless) for a 2-layer and a
-3-layer model of the same shapes with the layer scan unrolled, for its per-chip FLOPs and
-collective bytes, and as served, for the bytes its arguments, outputs and temporaries move
+Each step the workload runs is compiled for the slice (deviceless) as served, for the bytes
+its arguments, outputs and temporaries move, and again with two layers in the layer scan's
+body: the two compiles' difference is one layer's per-chip FLOPs and collective bytes
 (``planning.compiled_cost``). A
 step's time is ``max(FLOPs / peak, bytes / HBM bandwidth) + collective bytes / ICI
 bandwidth`` per chip: a bound from published chip figures, not a measurement; it leaves out
@@ -19,7 +19,7 @@ from typing import Any
 from cluster.tpu_topology import ChipSpec
 from planning.compile_times import CompileTimes
 from planning.compiled_cost import (
-    COMPILED_LAYERS,
+    SCAN_UNROLL,
     ChipCost,
     all_layers,
     executable_cost,
@@ -54,29 +54,28 @@ def step_flops(c: ModelConfig, kind: str, dims: Any, rows: int) -> int:
 
 
 def layer_engines(engine: Any, mesh: Any, abstract_params: Any) -> list[Any]:
-    """The engine's layouts and settings at ``COMPILED_LAYERS`` layers, scan unrolled."""
+    """The engine's layouts, settings and parameters with ``SCAN_UNROLL`` layers in each
+    iteration of the layer scan (one engine; a list, as ``step_cost`` takes it)."""
     from replicas.engine.scoring_engine import ScoringEngine
 
-    engines = []
-    for layers in COMPILED_LAYERS:
-        config = engine.model.config.with_layers(layers)
-        model = dataclasses.replace(engine.model, config=config, unroll_layers=True)
-        params, _ = abstract_params(model, mesh)
-        engines.append(ScoringEngine(model, params, mesh, engine.settings, f"{layers} layers"))
-    return engines
+    model = dataclasses.replace(engine.model, scan_unroll=SCAN_UNROLL)
+    params, _ = abstract_params(model, mesh)
+    name = f"{SCAN_UNROLL} layers a scan iteration"
+    return [ScoringEngine(model, params, mesh, engine.settings, name)]
 
 
 def step_cost(
     engines: list[Any], serving: Any, key: tuple[str, Any], times: CompileTimes
 ) -> ChipCost:
     """Per-chip cost of the step ``key`` with every layer: FLOPs and collectives from the
-    unrolled compiles, bytes from the serving engine's own executable."""
-    costs = []
-    for engine, layers in zip(engines, COMPILED_LAYERS, strict=True):
-        times.compile(engine, [key], f"cost {layers} layers")
-        costs.append(executable_cost(engine.executables()[key]))
+    served compile and the one with ``SCAN_UNROLL`` layers a loop iteration, bytes from the
+    served executable."""
+    (unrolled,) = engines
     times.compile(serving, [key], "bytes")
-    scaled = all_layers(costs[0], costs[1], serving.model.config.num_layers)
+    times.compile(unrolled, [key], f"cost {SCAN_UNROLL} a loop")
+    served = executable_cost(serving.executables()[key])
+    more = executable_cost(unrolled.executables()[key])
+    scaled = all_layers(served, more, serving.model.config.num_layers)
     return dataclasses.replace(scaled, hbm_bytes=moved_bytes(serving.executables()[key]))
 
 
@@ -152,7 +151,7 @@ def project(
 ) -> list[dict]:
     """The ``workloads`` rows: RFC-008's workload at 1 request per step (``single``) and at
     the largest batch bucket (``batched``), and one request of 1000 items (``ranking``, a
-    ranking request's latency). Each row compiles its own steps three more times."""
+    ranking request's latency). Each row compiles its own steps once more than served."""
     engines = layer_engines(engine, mesh, abstract_params)
     largest = engine.settings.batch_buckets[-1]
     shapes = {"single": (WORKLOAD, 1), "batched": (WORKLOAD, largest), "ranking": (RANKING, 1)}

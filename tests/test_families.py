@@ -132,9 +132,9 @@ def test_gemma3_gguf_loads_with_its_layer_pattern_rope_bases_and_query_scale(
     ("name", "kinds"), [("Gemma-2-9B", (True, False, True)), ("Gemma-3-12B", (True,) * 3)]
 )
 def test_per_layer_cost_configs_keep_the_first_layers_kinds(name, kinds):
-    """The planner's per-layer cost compiles (planning.tpu_projection.layer_engines) build a
-    3-layer model of a 42- or 48-layer family with ``layer_types``: replacing the layer count
-    alone names the mismatch (what ``plan`` printed before ``with_layers``)."""
+    """A 3-layer model of a 42- or 48-layer family with ``layer_types`` (as the planner's
+    per-layer cost compiles once built them, and tiny test models do): replacing the layer
+    count alone names the mismatch (what ``plan`` printed before ``with_layers``)."""
     config = model_config(name)
     assert len(config.sliding_layers) == config.num_layers
     fewer = config.with_layers(3)

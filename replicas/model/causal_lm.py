@@ -192,9 +192,10 @@ class CausalLM:
     stream_attention: Callable[..., Array] = attend_item_stream
     # Dense rows' attention (``masked_attention``, or a fused causal kernel on GPU).
     dense_attention: Callable[..., Array] = masked_attention
-    # True: the layer scan is unrolled, so XLA's cost analysis counts every layer (it counts
-    # a loop body once). For planning compiles only: serving keeps one scanned body.
-    unroll_layers: bool = False
+    # Layers per iteration of the layer scan. XLA's cost analysis counts a loop body once,
+    # so the planner compiles a step again at 2 (planning.compiled_cost) and reads one
+    # layer's cost as the difference. For planning compiles only: serving keeps 1.
+    scan_unroll: int = 1
 
     @property
     def layer(self) -> DecoderLayer:
@@ -267,7 +268,7 @@ class CausalLM:
 
         scanned = (params["layers"], self.layer_kinds(), stacks)
         x, (keys, values) = jax.lax.scan(
-            step, self._embed(params, tokens), scanned, unroll=self.unroll_layers
+            step, self._embed(params, tokens), scanned, unroll=self.scan_unroll
         )
         return self._final_norm(params, x), keys, values
 
@@ -318,7 +319,7 @@ class CausalLM:
 
         scanned = (params["layers"], prefix_k, prefix_v, self.layer_kinds(), stacks)
         x, (keys, values) = jax.lax.scan(
-            step, self._embed(params, tokens), scanned, unroll=self.unroll_layers
+            step, self._embed(params, tokens), scanned, unroll=self.scan_unroll
         )
         return self._final_norm(params, x), keys, values
 
