@@ -55,7 +55,7 @@ def two_slices() -> Iterator[Cluster]:
     assert not ray.is_initialized()
     # Workers at niceness 0, as make serve starts Ray: at Ray's default (15) the suite's
     # niced background compiles would take their CPU first (cluster/niceness.py).
-    head = {"num_cpus": 2, "_system_config": {"worker_niceness": 0}}
+    head = {"num_cpus": 2, "include_dashboard": False, "_system_config": {"worker_niceness": 0}}
     cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         for name in ("slice-a", "slice-b"):
