@@ -103,6 +103,16 @@ def app_status(app_name: str) -> str | None:
     return None if status is None else status.status.value
 
 
+SESSION_SYSTEM_CONFIG = {
+    "worker_niceness": 0,  # as make serve starts Ray (cluster/niceness.py)
+    # An idle worker is kept a minute, not a second: the suite's jobs and deployments come
+    # one after another, and each worker Ray starts again is a Python process importing Ray.
+    "idle_worker_killing_time_threshold_ms": 60_000,
+    "enable_worker_prestart": False,
+    "prestart_worker_first_driver": False,
+}
+
+
 def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> ServeCluster:
     import ray
     from ray import serve
@@ -122,7 +132,7 @@ def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> 
         log_to_driver=False,
         runtime_env={"env_vars": env},
         _metrics_export_port=metrics_port,
-        _system_config={"worker_niceness": 0},  # as make serve starts Ray (cluster/niceness.py)
+        _system_config=SESSION_SYSTEM_CONFIG,
     )
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
