@@ -168,7 +168,11 @@ def test_overload_at_the_replica_is_a_503_envelope(
     cluster.deploy(app, "narrow", "/narrow")
     results = fire(f"{cluster.http_url}/narrow/v1/score", 8)
     shed = [body for status, _, body in results if status == 503]
-    assert sum(status == 200 for status, _, _ in results) >= 2
+    # The caller's queue of one always holds a request, so at least one is served; a second
+    # only when the replica took the first before the burst filled that queue (a suite run
+    # on two busy cores once served exactly one).
+    statuses = [status for status, _, _ in results]
+    assert statuses.count(200) >= 1 and statuses.count(200) + len(shed) == 8, statuses
     assert shed, [r[:2] for r in results]
     for body in shed:
         assert body["object"] == "error"
