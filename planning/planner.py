@@ -171,11 +171,11 @@ class Planner:
     ) -> dict[str, Any]:
         """The workload at the largest batch bucket, per replica and per slice."""
         from planning.tpu_check import abstract_params
-        from planning.tpu_projection import layer_engines, project_workload
+        from planning.tpu_projection import project_workload, unrolled_engine
 
         batch = engine.settings.batch_buckets[-1]
-        engines = layer_engines(engine, mesh, abstract_params)
-        projected = project_workload(engines, engine, self.chip, self.workload, batch, times)
+        unrolled = unrolled_engine(engine, mesh, abstract_params)
+        projected = project_workload(unrolled, engine, self.chip, self.workload, batch, times)
         per_replica = projected["items_per_s"]
         return {
             "requests_per_step": batch,

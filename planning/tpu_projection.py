@@ -53,24 +53,21 @@ def step_flops(c: ModelConfig, kind: str, dims: Any, rows: int) -> int:
     return tokens * dense + attention_flops(c, tokens, dims.tokens) + rows * lm_head_flops(c)
 
 
-def layer_engines(engine: Any, mesh: Any, abstract_params: Any) -> list[Any]:
+def unrolled_engine(engine: Any, mesh: Any, abstract_params: Any) -> Any:
     """The engine's layouts, settings and parameters with ``SCAN_UNROLL`` layers in each
-    iteration of the layer scan (one engine; a list, as ``step_cost`` takes it)."""
+    iteration of the layer scan."""
     from replicas.engine.scoring_engine import ScoringEngine
 
     model = dataclasses.replace(engine.model, scan_unroll=SCAN_UNROLL)
     params, _ = abstract_params(model, mesh)
     name = f"{SCAN_UNROLL} layers a scan iteration"
-    return [ScoringEngine(model, params, mesh, engine.settings, name)]
+    return ScoringEngine(model, params, mesh, engine.settings, name)
 
 
-def step_cost(
-    engines: list[Any], serving: Any, key: tuple[str, Any], times: CompileTimes
-) -> ChipCost:
+def step_cost(unrolled: Any, serving: Any, key: tuple[str, Any], times: CompileTimes) -> ChipCost:
     """Per-chip cost of the step ``key`` with every layer: FLOPs and collectives from the
     served compile and the one with ``SCAN_UNROLL`` layers a loop iteration, bytes from the
     served executable."""
-    (unrolled,) = engines
     times.compile(serving, [key], "bytes")
     times.compile(unrolled, [key], f"cost {SCAN_UNROLL} a loop")
     served = executable_cost(serving.executables()[key])
@@ -114,7 +111,7 @@ def workload_steps(engine: Any, shape: tuple[int, int, int, int], batch: int) ->
 
 
 def project_workload(
-    engines: list[Any],
+    unrolled: Any,
     engine: Any,
     chip: ChipSpec,
     shape: tuple[int, int, int, int],
@@ -124,7 +121,7 @@ def project_workload(
     """``batch`` concurrent requests of ``shape``: every step they run, cold and cached."""
     runs = workload_steps(engine, shape, batch)
     times = times or CompileTimes(echo=None)
-    costs = {key: step_cost(engines, engine, key, times) for key in runs}
+    costs = {key: step_cost(unrolled, engine, key, times) for key in runs}
     seconds = sum(costs[key].seconds(chip) * n for key, n in runs.items())
     warm = sum(costs[key].seconds(chip) * n for key, n in runs.items() if key[0] != "prefix")
     items = shape[1] * batch
@@ -152,8 +149,8 @@ def project(
     """The ``workloads`` rows: RFC-008's workload at 1 request per step (``single``) and at
     the largest batch bucket (``batched``), and one request of 1000 items (``ranking``, a
     ranking request's latency). Each row compiles its own steps once more than served."""
-    engines = layer_engines(engine, mesh, abstract_params)
+    unrolled = unrolled_engine(engine, mesh, abstract_params)
     largest = engine.settings.batch_buckets[-1]
     shapes = {"single": (WORKLOAD, 1), "batched": (WORKLOAD, largest), "ranking": (RANKING, 1)}
     chosen = list(dict.fromkeys(shapes[w] for w in WORKLOADS if w in workloads))
-    return [project_workload(engines, engine, chip, shape, b, times) for shape, b in chosen]
+    return [project_workload(unrolled, engine, chip, shape, b, times) for shape, b in chosen]
