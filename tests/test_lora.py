@@ -141,14 +141,16 @@ def test_query_cache_is_keyed_by_adapter(qwen3):
 def test_runtime_load_compiles_nothing_and_leaves_other_adapters_alone(qwen3):
     engine = qwen3["engine"]
     work_a = _work(50, "a")
-    (before,) = engine.score_batch([work_a])
+    engine.score_batch([work_a])
     engine.score_batch([work_a, _work(51, None)])  # the shapes the mixed call runs
+    engine.cache.clear()  # as a load clears it: a's query is computed again below
+    (before,) = engine.score_batch([work_a])
     compiles = engine.compile_count
     engine.load_adapter("d", str(qwen3["paths"]["d"]))
     assert "d" in engine.info.adapters
+    (alone_a,) = engine.score_batch([work_a])  # the load emptied the cache: a miss again
     work_d = _work(51, "d")
     out_a, out_d = engine.score_batch([work_a, work_d])
-    (alone_a,) = engine.score_batch([work_a])
     assert engine.compile_count == compiles
     # The same step on the same rows, another slot's weights written: bit-exact.
     assert np.array_equal(alone_a, before)
@@ -160,6 +162,24 @@ def test_runtime_load_compiles_nothing_and_leaves_other_adapters_alone(qwen3):
     with pytest.raises(ScoringInputError) as refused:
         engine.score_batch([work_d])
     assert refused.value.reason == "model_not_found"
+
+
+def test_a_slot_reused_after_an_unload_never_reads_the_old_adapters_cache(qwen3):
+    """d is unloaded and another adapter (a's files, named e) takes its slot: the same query
+    misses the cache and equals peft with a, never d's cached keys and values."""
+    engine = qwen3["engine"]
+    rng = np.random.default_rng(70)
+    query, items = _ids(rng, 20), (_ids(rng, 3), _ids(rng, 6))
+    engine.load_adapter("d", str(qwen3["paths"]["d"]))
+    engine.score_batch([ScoreWork(query, items, LABELS, adapter="d")])
+    engine.unload_adapter("d")
+    engine.load_adapter("e", str(qwen3["paths"]["a"]))
+    try:
+        (out,) = engine.score_batch([ScoreWork(query, items, LABELS, adapter="e")])
+    finally:
+        engine.unload_adapter("e")
+    reference = reference_scores(_peft(qwen3, "a"), [list(query + i) for i in items], list(LABELS))
+    assert np.abs(out - reference).max() <= TO_PEFT
 
 
 def test_unknown_adapter_is_model_not_found(qwen3):

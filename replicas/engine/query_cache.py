@@ -73,6 +73,12 @@ class QueryCache:
         self.bytes += size
         return True
 
+    def clear(self) -> None:
+        """Drop every entry (an adapter slot changed hands: its tagged keys would read the
+        old adapter's keys and values); the counters stay."""
+        self._entries.clear()
+        self.bytes = 0
+
     def stats(self) -> dict[str, int]:
         return {
             "query_cache_hits": self.hits,

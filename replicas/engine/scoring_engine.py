@@ -204,6 +204,8 @@ class ScoringEngine:
             raise ValueError("max_loras: 0, this replica serves no LoRA adapters")
         with self._lock:
             change(self._lora)
+            # A freed slot's next adapter tags ids as the old one did: no cached entry survives.
+            self._cache.clear()
             self._params = {**self._params, "lora": self._lora.params}
             self._info = dataclasses.replace(self._info, adapters=self._lora.names)
 
