@@ -14,7 +14,9 @@ from ray.serve import Application
 
 from app.ingress import ScoreIngress
 from cluster.host_group import HostGroupError, actor_resources, check_placement_fits
-from replicas.serving.deployment import DEFAULT_ENGINE, ScoringReplica, coerce_settings
+from replicas.serving.adapter_registry import AdapterRegistry
+from replicas.serving.deployment import ScoringReplica
+from replicas.serving.setup import DEFAULT_ENGINE, coerce_settings
 from replicas.settings import ReplicaSettings, SettingsError
 
 APP_NAME = "scorejax"
@@ -30,8 +32,12 @@ def scoring_app(
     """Bind both deployments; ``*_options`` are ``Deployment.options`` keyword arguments."""
     resolved = coerce_settings(settings)
     options = {**replica_placement(resolved), **dict(replica_options or {})}
-    replica = ScoringReplica.options(**options).bind(resolved, engine_factory)
-    return ScoreIngress.options(**dict(ingress_options or {})).bind(replica, resolved)
+    registry = None  # LoRA on: the adapters loaded at run time, shared (adapter_registry.py)
+    if resolved.max_loras:
+        registry = AdapterRegistry.bind(resolved.lora_adapters, resolved.max_loras)
+    replica = ScoringReplica.options(**options).bind(resolved, engine_factory, registry)
+    ingress = ScoreIngress.options(**dict(ingress_options or {}))
+    return ingress.bind(replica, resolved, registry)
 
 
 SLICE_DRIVER = {"num_cpus": 0.25}  # a replica that reserves its TPU slice at start holds no chip

@@ -25,6 +25,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from app.access import check_access
+from app.adapters import AdapterAdmin
 from app.embeddings import EMBED_ROUTES
 from app.errors import Gate, Reason, ScoreRequestError, admit_all, error_body
 from app.openapi import RESPONSES, request_body, served_openapi
@@ -120,6 +121,7 @@ def build_api(
     recorder: Recorder | None = None,
     set_request_id: bool = True,
     gate: Gate = admit_all,
+    adapters: AdapterAdmin | None = None,
 ) -> FastAPI:
     """The ASGI app of the ingress. ``set_request_id=False`` inside Serve, whose proxy
     passes its request id in (the client's, else its own) and sets it on the response.
@@ -136,7 +138,43 @@ def build_api(
     api.add_exception_handler(HTTPException, _routing_error)
     api.middleware("http")(_Frame(keys, recorder, set_request_id))
     api.include_router(_routes(service, backend, health, stats, gate))
+    api.include_router(_adapter_routes(adapters))
+    if adapters is not None:  # the other ingress replicas' loads and unloads, followed
+        api.router.on_startup.append(adapters.start_following)
     return api
+
+
+def _adapter_routes(adapters: AdapterAdmin | None) -> APIRouter:
+    """vLLM's routes that load and unload LoRA adapters at run time (behind the API keys)."""
+    router = APIRouter()
+
+    def admin() -> AdapterAdmin:
+        if adapters is None:
+            message = "max_loras: 0, this server loads no LoRA adapters (set max_loras > 0)"
+            raise ScoreRequestError(Reason.INVALID_REQUEST, message)
+        return adapters
+
+    @router.post(
+        "/v1/load_lora_adapter",
+        summary="Load a LoRA adapter at run time (vLLM shape); requests name it as `model`",
+        openapi_extra=request_body("LoadLoraAdapterRequest"),
+        responses=RESPONSES,
+    )
+    async def load_lora_adapter(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        return JSONResponse(await admin().load(payload))
+
+    @router.post(
+        "/v1/unload_lora_adapter",
+        summary="Unload a LoRA adapter (vLLM shape)",
+        openapi_extra=request_body("UnloadLoraAdapterRequest"),
+        responses=RESPONSES | {404: {"model": RESPONSES[400]["model"], "description": "Unknown"}},
+    )
+    async def unload_lora_adapter(request: Request) -> Response:
+        payload = parse_json(await read_limited(request.stream()))
+        return JSONResponse(await admin().unload(payload))
+
+    return router
 
 
 def _routes(

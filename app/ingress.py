@@ -29,6 +29,7 @@ from ray.serve.exceptions import BackPressureError, RayServeException
 from ray.serve.handle import DeploymentHandle
 
 from app.access import load_api_keys
+from app.adapters import AdapterAdmin, LiveNames
 from app.errors import Reason, ScoreRequestError
 from app.http import build_api
 from app.metrics import IngressMetrics
@@ -37,7 +38,8 @@ from app.works import check_prepared
 from cluster.niceness import warn_if_niced
 from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoredWork, ScoreWork, work_cost
 from replicas.serving.admission import QueueEstimate, admit
-from replicas.serving.deployment import ReplicaRejected, coerce_settings
+from replicas.serving.deployment import ReplicaRejected
+from replicas.serving.setup import coerce_settings
 from replicas.settings import ReplicaSettings
 
 logger = logging.getLogger(__name__)
@@ -96,12 +98,22 @@ async def _processor_row(
 @serve.ingress()
 class ScoreIngress:
     def __init__(
-        self, replica: DeploymentHandle, settings: ReplicaSettings | Mapping[str, Any]
+        self,
+        replica: DeploymentHandle,
+        settings: ReplicaSettings | Mapping[str, Any],
+        adapter_registry: DeploymentHandle | None = None,
     ) -> None:
         self._settings = coerce_settings(settings)
         warn_if_niced("ingress", logger)
         self._keys = load_api_keys(self._settings)  # start-up error names the setting
-        self._service = ScoringService.from_settings(self._settings)
+        names = None  # LoRA on: the names it validates ``model`` against, kept current
+        if adapter_registry is not None:
+            names = LiveNames(name for name, _ in self._settings.lora_adapters)
+        self._service = ScoringService.from_settings(self._settings, names)
+        self._adapters = None
+        if adapter_registry is not None and names is not None:
+            base = self._service.info.name
+            self._adapters = AdapterAdmin(base, names, replica, adapter_registry)
         self._replica = replica
         self._queue = QueueEstimate()  # work sent to the replicas (tokens), recent work rate
         self._metrics = IngressMetrics()
@@ -122,6 +134,7 @@ class ScoreIngress:
             recorder=self._metrics.record,
             set_request_id=False,
             gate=self._admit,
+            adapters=self._adapters,
         )
 
     async def score(

@@ -25,9 +25,11 @@ from app.schema import (
     CompletionRequest,
     DetokenizeRequest,
     ErrorResponse,
+    LoadLoraAdapterRequest,
     RerankRequest,
     ScoreRequest,
     TokenizeRequest,
+    UnloadLoraAdapterRequest,
 )
 from replicas.contract import ModelInfo
 
@@ -124,8 +126,9 @@ def score_request_schema(
         query_ids["maxItems"] = longest_query(info)
         item_ids["maxItems"] = longest_item(info)
         props["items"]["maxItems"] = info.limits.max_items_per_request
-        names = [{"const": name} for name in (info.name, *info.adapters)]  # LoRA adapters too
-        props["model"]["anyOf"] = [*names, {"type": "null"}]
+        if isinstance(info.adapters, tuple):  # else loaded at run time: any name
+            names = [{"const": name} for name in (info.name, *info.adapters)]  # LoRA too
+            props["model"]["anyOf"] = [*names, {"type": "null"}]
     props["query"]["anyOf"] = [text, query_ids]
     props["items"]["items"]["anyOf"] = [{"type": "string"}, item_ids]
     _label_rules(schema, info)
@@ -178,6 +181,8 @@ def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
                 ClassifyRequest,
                 EmbeddingRequest,
                 CohereEmbedRequest,
+                LoadLoraAdapterRequest,
+                UnloadLoraAdapterRequest,
             )
         )
         schemas["ScoreRequest"] = score_request_schema(service.info, service.text_query_min_length)

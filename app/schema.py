@@ -245,3 +245,24 @@ class DetokenizeRequest(BaseModel):
 
     tokens: list[StrictInt]
     model: StrictStr | None = None
+
+
+class LoadLoraAdapterRequest(BaseModel):
+    """POST /v1/load_lora_adapter (vLLM's shape): a PEFT adapter directory, by name."""
+
+    model_config = _STRICT
+
+    lora_name: StrictStr = Field(min_length=1, description="The `model` requests will name.")
+    lora_path: StrictStr = Field(
+        min_length=1,
+        description="adapter_config.json + adapter_model.safetensors, readable on every replica.",
+    )
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    """POST /v1/unload_lora_adapter (vLLM's shape)."""
+
+    model_config = _STRICT
+
+    lora_name: StrictStr = Field(min_length=1)
+    lora_int_id: StrictInt | None = Field(default=None, description="vLLM's; accepted, unused.")

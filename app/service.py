@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,7 +47,7 @@ from replicas.contract import (
 )
 from replicas.model.head_config import score_head_from_hf
 from replicas.model.pooling_config import pooling_head_for
-from replicas.serving.deployment import model_vocab_size
+from replicas.serving.setup import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 # A replica's answer: the log-probabilities, or ScoredWork (they and the engine step's seconds).
@@ -85,8 +85,12 @@ class ScoringService:
     completions: Completions | None = None  # /v1/completions and the tokenizer routes
 
     @classmethod
-    def from_settings(cls, settings: ReplicaSettings) -> ScoringService:
-        """Load the model's tokenizer and vocabulary size from local files (jax-free)."""
+    def from_settings(
+        cls, settings: ReplicaSettings, adapters: Collection[str] | None = None
+    ) -> ScoringService:
+        """Load the model's tokenizer and vocabulary size from local files (jax-free).
+        ``adapters``: the LoRA adapter names, when they change at run time (else
+        ``lora_adapters``')."""
         source = resolve_model_source(settings.model)
         hf_config = load_hf_config(source)
         vocab_size = model_vocab_size(hf_config)
@@ -100,7 +104,9 @@ class ScoringService:
             limits=settings.limits,
             head=score_head_from_hf(hf_config) if pooling is None else None,
             pooling=pooling,
-            adapters=tuple(name for name, _ in settings.lora_adapters),
+            adapters=tuple(name for name, _ in settings.lora_adapters)
+            if adapters is None
+            else adapters,
         )
         tokenizer = load_tokenizer(source)
         return cls(

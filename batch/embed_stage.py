@@ -29,7 +29,7 @@ from batch.serve_stage import call_all
 from batch.stages import counted_call, report, with_columns
 from batch.work_stages import PrepareRows
 from replicas.contract import EmbedWork, ScoringLimits
-from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
+from replicas.serving.setup import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings, SettingsError
 
 IDS, SKIP = "_sj_embed_ids", "_sj_embed_skip"

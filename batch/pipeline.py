@@ -29,7 +29,7 @@ from batch.stages import EngineScore, Tokenize, finish
 from batch.summary import Summary, Tally
 from batch.work_stages import EngineWorks, finish_rows
 from planning.serve_args import SERVE_CONFIG, serve_args
-from replicas.serving.deployment import DEFAULT_ENGINE
+from replicas.serving.setup import DEFAULT_ENGINE
 from replicas.settings import ReplicaSettings, SettingsError
 
 RESULT_COLUMNS = ("scores", "error", "error_message")

@@ -18,7 +18,7 @@ from app.service import ScoringService
 from batch.packing import Pack, pack_works, unpack
 from batch.rows import PreparedRow, ScoreColumns, prepare_rows
 from replicas.contract import ScoreWork
-from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
+from replicas.serving.setup import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings
 
 QUERY_IDS, ITEM_IDS, LOGPROBS = "_sj_query_ids", "_sj_item_ids", "_sj_logprobs"

@@ -20,7 +20,7 @@ from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.stages import counted_call, report, with_columns
 from batch.works import WORK_COLUMNS, Work, read_works, row_answers, work_columns
-from replicas.serving.deployment import DEFAULT_ENGINE, load_engine_factory
+from replicas.serving.setup import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings
 
 Results = Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]]

@@ -6,7 +6,7 @@ jax. Token ids only cross this boundary; text never reaches a replica.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,7 +191,7 @@ class ModelInfo:
     limits: ScoringLimits
     head: ScoreHead | None = None  # None: a causal LM scored by label tokens
     pooling: PoolingHead | None = None  # set: an embedding model (no LM head, no score head)
-    adapters: tuple[str, ...] = ()  # LoRA adapters a request may name as its ``model``
+    adapters: Collection[str] = ()  # LoRA adapters a request may name as its ``model``
 
     @property
     def kind(self) -> str:

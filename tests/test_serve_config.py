@@ -25,7 +25,8 @@ from ray.serve.schema import (
 
 from app.builder import build_app
 from app.ingress import ScoreIngress
-from replicas.serving.deployment import RECONFIGURABLE, ScoringReplica, apply_user_config
+from replicas.serving.deployment import ScoringReplica
+from replicas.serving.setup import RECONFIGURABLE, apply_user_config
 from replicas.settings import ReplicaSettings, SettingsError
 
 CONFIG = Path(__file__).resolve().parents[1] / "serve_config.yaml"

@@ -18,10 +18,9 @@ import pytest
 
 from replicas.contract import ScoreWork
 from replicas.serving.admission import QueueEstimate
-from replicas.serving.deployment import (
+from replicas.serving.deployment import ReplicaRejected, ScoringReplica
+from replicas.serving.setup import (
     RECONFIGURABLE,
-    ReplicaRejected,
-    ScoringReplica,
     apply_user_config,
     check_model_settings,
     load_engine_factory,

@@ -1,8 +1,10 @@
 """Serving: the Ray Serve deployment shim around an engine class.
 
-``deployment`` (ScoringReplica: settings, engine factory, ``@serve.batch``, health; the
-engine is imported lazily, so this stays jax-free for the ingress), ``admission`` (expected
-queue wait and the overload verdict), ``metrics`` (Prometheus metrics of a replica).
+``deployment`` (ScoringReplica: ``@serve.batch``, merged engine calls, health; the engine is
+imported lazily, so this stays jax-free for the ingress), ``setup`` (settings, the model's
+early checks, the engine factory), ``admission`` (expected queue wait and the overload
+verdict), ``adapter_registry`` (the LoRA adapters an app serves, followed by every replica),
+``metrics`` (Prometheus metrics of a replica).
 """
 
 from replicas._exports import lazy_exports
@@ -14,6 +16,7 @@ __getattr__, __dir__ = lazy_exports(
         "ReplicaRejected": ".deployment",
         "QueueEstimate": ".admission",
         "admit": ".admission",
+        "AdapterRegistry": ".adapter_registry",
         "ReplicaMetrics": ".metrics",
     },
 )

@@ -9,7 +9,6 @@ jax-free at import time and the CPU ingress can import it (for the handle's type
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -21,14 +20,12 @@ from typing import Any, Protocol
 import numpy as np
 from ray import serve
 
-from cluster.host_group import load_factory
 from cluster.niceness import (
     set_thread_niceness,
     start_compute_niced,
     warn_if_niced,
     worker_niceness,
 )
-from replicas.checkpoints.sources import ModelSourceError, load_hf_config, resolve_model_source
 from replicas.contract import (
     EmbedWork,
     EngineUnavailable,
@@ -41,18 +38,23 @@ from replicas.contract import (
     work_cost,
 )
 from replicas.engine.memory import release_free_heap
+from replicas.serving.adapter_registry import AdapterFollower, apply_to_engine
 from replicas.serving.admission import QueueEstimate, admit
 from replicas.serving.merging import take_for_one_call
 from replicas.serving.metrics import ReplicaMetrics
-from replicas.settings import ReplicaSettings, SettingsError, check_delimiter_in_vocab
+from replicas.serving.setup import (
+    DEFAULT_ENGINE,
+    GROUP_ENGINE,
+    SLICE_ENGINE,
+    apply_user_config,
+    check_model_settings,
+    coerce_settings,
+    load_engine_factory,
+)
+from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_ENGINE = "replicas.engine:ScoringEngine"
-GROUP_ENGINE = "replicas.engine:GroupEngine"  # the default when hosts_per_replica > 1
-SLICE_ENGINE = "replicas.engine:SliceEngine"  # ... and tpu_slice is set
-# Settings that change how requests are batched, not what is loaded or compiled.
-RECONFIGURABLE = frozenset({"max_batch_size", "batch_wait_timeout_s"})
 UNHEALTHY_AFTER_FAILED_BATCHES = 3
 # Steps free and allocate step buffers and query-cache entries of many sizes; glibc keeps the
 # freed pages, and a 10-minute soak's replica RSS crept up 8 % with the cache at its bound.
@@ -108,62 +110,6 @@ class EngineFailed(ReplicaRejected):
         )
 
 
-def coerce_settings(settings: ReplicaSettings | Mapping[str, Any]) -> ReplicaSettings:
-    if isinstance(settings, ReplicaSettings):
-        return settings
-    return ReplicaSettings.from_mapping(settings)
-
-
-def model_vocab_size(config: Any) -> int:
-    """The MODEL's vocabulary size (embedding rows), not the tokenizer's length."""
-    vocab_size = getattr(config, "vocab_size", None)
-    if vocab_size is None and hasattr(config, "get_text_config"):
-        vocab_size = getattr(config.get_text_config(), "vocab_size", None)
-    if not isinstance(vocab_size, int) or vocab_size < 1:
-        raise SettingsError(f"model: its config has no usable vocab_size ({vocab_size!r})")
-    return vocab_size
-
-
-def check_model_settings(settings: ReplicaSettings) -> int:
-    """Fail fast, before any weights load, on a bad model or delimiter; returns vocab size."""
-    try:
-        source = resolve_model_source(settings.model)
-        config = load_hf_config(source)
-    except (ModelSourceError, OSError, ValueError) as error:
-        raise SettingsError(f"model: cannot load {settings.model!r}: {error}") from error
-    vocab_size = model_vocab_size(config)
-    check_delimiter_in_vocab(settings, vocab_size, source.name)
-    return vocab_size
-
-
-def apply_user_config(current: ReplicaSettings, user_config: Mapping[str, Any]) -> ReplicaSettings:
-    """New settings from ``user_config``; settings that need a model reload may not change."""
-    fields = {f.name for f in dataclasses.fields(ReplicaSettings)}
-    changes: dict[str, Any] = {}
-    for key, raw in user_config.items():
-        if key not in fields:
-            raise SettingsError(f"{key}: unknown replica setting in user_config")
-        value = tuple(raw) if isinstance(raw, list) else raw
-        if value == getattr(current, key):
-            continue
-        if key not in RECONFIGURABLE:
-            raise SettingsError(
-                f"{key}: changing it needs a model reload; redeploy with new args "
-                f"(user_config may change only {sorted(RECONFIGURABLE)})"
-            )
-        changes[key] = value
-    return current.replace(**changes) if changes else current
-
-
-def load_engine_factory(path: str) -> Callable[[ReplicaSettings], Engine]:
-    """``"module:Class"`` -> ``Class.from_settings`` (or the callable itself)."""
-    module_name, _, attribute = path.partition(":")
-    if not module_name or not attribute:
-        raise SettingsError(f"engine_factory: expected 'module:attribute', got {path!r}")
-    target = load_factory(path)
-    return getattr(target, "from_settings", target)
-
-
 @serve.deployment(name="ScoringReplica", max_ongoing_requests=64, health_check_period_s=10)
 class ScoringReplica:
     """Owns one ScoringEngine; answers ``score(work) -> [items, labels]`` log-probabilities."""
@@ -172,6 +118,7 @@ class ScoringReplica:
         self,
         settings: ReplicaSettings | Mapping[str, Any],
         engine_factory: str = DEFAULT_ENGINE,
+        adapter_registry: Any = None,
     ) -> None:
         self._settings = coerce_settings(settings)
         warn_if_niced("scoring replica", logger)
@@ -208,6 +155,11 @@ class ScoringReplica:
             batch_wait_timeout_s=self._settings.batch_wait_timeout_s,
             max_concurrent_batches=CONCURRENT_BATCHES,
         )(self._score_many)
+        self._adapters = None  # LoRA on: the app's registry, followed (adapter_registry.py)
+        if adapter_registry is not None:
+            apply = apply_to_engine(self._engine, self._between_steps)
+            known = dict(self._settings.lora_adapters)
+            self._adapters = AdapterFollower(adapter_registry, known, apply)
         self._ready = True  # from_settings returns after weights load and warm-up
 
     def _apply_batch_settings(self) -> None:
@@ -233,6 +185,22 @@ class ScoringReplica:
 
     def describe(self) -> ModelInfo:
         return self._engine.info
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load a LoRA adapter here (between steps), before the registry records it: a 400
+        ``invalid_request`` naming what does not fit (files, base, slots)."""
+        if self._adapters is None:
+            raise ReplicaRejected("invalid_request", "max_loras: 0, LoRA adapters are off")
+        await self._adapters.follow(force=True)
+        try:
+            await self._between_steps(lambda: self._engine.load_adapter(name, path))
+        except (ValueError, OSError, AttributeError) as error:
+            raise ReplicaRejected("invalid_request", str(error)) from None
+        self._adapters.loaded(name, path)
+
+    async def _between_steps(self, change: Callable[[], Any]) -> Any:
+        """``change`` on the step thread: never during a step."""
+        return await asyncio.get_running_loop().run_in_executor(self._steps, change)
 
     def stats(self) -> dict[str, Any]:
         """Replica counters plus the engine's (compiles by source, steps, tokens computed
@@ -266,6 +234,8 @@ class ScoringReplica:
     async def score_timed(self, work: ScoreWork) -> ScoredWork:
         """``score`` with the seconds of its engine step (the ingress's timing headers)."""
         self._requests += 1
+        if self._adapters is not None:
+            await self._adapters.follow(work.adapter)
         info = self._engine.info
         try:
             check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)

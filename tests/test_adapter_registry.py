@@ -1,0 +1,72 @@
+"""The adapter registry's book and a replica's follower (replicas/serving/adapter_registry.py):
+versions, refusals, what a replica loads and unloads, and when it asks the registry."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from replicas.serving import adapter_registry
+from replicas.serving.adapter_registry import AdapterBook, AdapterFollower, adapter_changes
+
+
+def test_the_book_counts_versions_and_refuses_a_taken_name_or_a_full_book() -> None:
+    book = AdapterBook(max_loras=2, paths={"a": "/a"})
+    assert book.snapshot() == (0, {"a": "/a"})
+    assert book.add("b", "/b") == 1
+    with pytest.raises(ValueError, match="already loaded"):
+        book.add("a", "/a2")
+    with pytest.raises(ValueError, match="max_loras=2"):
+        book.add("c", "/c")
+    assert book.remove("a") == 2 and book.snapshot() == (2, {"b": "/b"})
+    with pytest.raises(KeyError):
+        book.remove("a")
+
+
+def test_changes_unload_what_left_or_moved_and_load_what_came() -> None:
+    loaded = {"a": "/a", "b": "/b", "c": "/c"}
+    wanted = {"a": "/a", "b": "/b2", "d": "/d"}
+    assert adapter_changes(loaded, wanted) == (["b", "c"], [("b", "/b2"), ("d", "/d")])
+
+
+class Registry:
+    """A registry handle's ``snapshot.remote()``, counting calls."""
+
+    def __init__(self, book: AdapterBook) -> None:
+        self.book, self.calls = book, 0
+        self.snapshot = self
+
+    async def remote(self) -> tuple[int, dict[str, str]]:
+        self.calls += 1
+        return self.book.snapshot()
+
+
+def test_a_follower_asks_on_an_unknown_name_or_a_stale_view_only(monkeypatch) -> None:
+    now = [100.0]
+    monkeypatch.setattr(adapter_registry.time, "monotonic", lambda: now[0])
+    book = AdapterBook(max_loras=2, paths={"a": "/a"})
+    registry, applied = Registry(book), []
+
+    async def apply(loaded: Any, wanted: Any) -> None:
+        applied.append((dict(loaded), dict(wanted)))
+
+    follower = AdapterFollower(registry, {"a": "/a"}, apply)
+
+    async def scenario() -> None:
+        await follower.follow("a")  # never asked yet: stale
+        await follower.follow("a")  # fresh and known: no call
+        assert registry.calls == 1 and applied == [({"a": "/a"}, {"a": "/a"})]
+        book.add("b", "/b")
+        await follower.follow("b")  # unknown here: asked at once
+        assert registry.calls == 2 and follower.names == ("a", "b")
+        book.remove("a")
+        await follower.follow(None)  # fresh: the unload waits for the view to age
+        assert registry.calls == 2 and "a" in follower.names
+        now[0] += adapter_registry.REFRESH_S
+        await follower.follow(None)
+        assert registry.calls == 3 and follower.names == ("b",)
+        assert applied[-1] == ({"a": "/a", "b": "/b"}, {"b": "/b"})
+
+    asyncio.run(scenario())

@@ -1,0 +1,97 @@
+"""LoRA adapters loaded and unloaded at run time over HTTP (semantics 21), served for real:
+two ingress replicas, one scoring replica and the app's adapter registry on Ray Serve. An
+adapter loaded through vLLM's ``/v1/load_lora_adapter`` is served by every ingress within
+about a second and scores as transformers + peft; bad loads are 400s that change nothing;
+after ``/v1/unload_lora_adapter`` its name is a 404 everywhere."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from app.builder import scoring_app
+from replicas.settings import ReplicaSettings
+from tests.lora_helpers import lora_settings, peft_model, reference_scores, save_adapter
+from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster, wait_for  # noqa: F401
+
+pytestmark = [pytest.mark.slow, RAY_SERVE]
+
+LABELS = [7042, 4528, 11452]
+QUERY = [1, 504, 3060, 282, 4649, 314, 260, 1046]
+ITEMS = [[9884, 30], [], [41, 2371, 16, 998]]
+ROUNDS = 8  # answers in a row, so that both ingress replicas have answered
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("serve-lora")
+    return save_adapter(
+        tiny_llama_dir, root / "ranker", seed=5, r=4, lora_alpha=8,
+        target_modules=["q_proj", "v_proj", "up_proj"],
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def client(serve_cluster: ServeCluster, tiny_llama_dir: Path) -> Iterator[httpx.Client]:  # noqa: F811
+    settings = ReplicaSettings(
+        **lora_settings(max_loras=1, max_lora_rank=4), model=str(tiny_llama_dir)
+    )
+    small = {"ray_actor_options": {"num_cpus": 0.1}}
+    app = scoring_app(settings, replica_options=small, ingress_options={**small, "num_replicas": 2})
+    serve_cluster.deploy(app, "lora", "/lora")
+    with serve_cluster.client() as http:
+        http.base_url = http.base_url.join("/lora")
+        yield http
+
+
+def score(client: httpx.Client, model: str) -> httpx.Response:
+    body = {"query": QUERY, "items": ITEMS, "label_token_ids": LABELS, "model": model}
+    return client.post("/v1/score", json=body)
+
+
+def every_answer(client: httpx.Client, status: int) -> list[httpx.Response] | None:
+    """``ROUNDS`` answers for the adapter, all with ``status``; None if any differs."""
+    answers = [score(client, "ranker") for _ in range(ROUNDS)]
+    return answers if all(a.status_code == status for a in answers) else None
+
+
+def model_ids(client: httpx.Client) -> list[str]:
+    return [card["id"] for card in client.get("/v1/models").json()["data"]]
+
+
+def test_an_adapter_loaded_over_http_serves_everywhere_as_peft_then_unloads(
+    client, adapter, tiny_llama_dir
+):
+    assert score(client, "ranker").status_code == 404  # nothing loaded yet
+    load = {"lora_name": "ranker", "lora_path": str(adapter)}
+    response = client.post("/v1/load_lora_adapter", json=load)
+    assert response.status_code == 200, response.text
+    answers = wait_for(lambda: every_answer(client, 200), 10, "every ingress serving ranker")
+    rows = [QUERY + item for item in ITEMS]
+    reference = reference_scores(peft_model(tiny_llama_dir, adapter), rows, LABELS)
+    for answer in answers:  # probabilities (SGLang's default): compared as log-probs
+        assert np.abs(np.log(answer.json()["scores"]) - reference).max() <= 1e-4
+    base = np.log(score(client, model_ids(client)[0]).json()["scores"])
+    assert np.abs(base - reference).max() > 1e-3  # the adapter changes the answer
+    cards = client.get("/v1/models").json()["data"]
+    assert [(c["id"], c.get("parent")) for c in cards][1] == ("ranker", cards[0]["id"])
+
+    # Refused loads: 400s naming the problem, nothing changed.
+    again = client.post("/v1/load_lora_adapter", json=load)
+    assert again.status_code == 400 and "already loaded" in again.json()["message"]
+    missing = {"lora_name": "other", "lora_path": str(adapter.parent / "missing")}
+    refused = client.post("/v1/load_lora_adapter", json=missing)
+    assert refused.status_code == 400 and "other" in refused.json()["message"], refused.text
+    assert client.post("/v1/load_lora_adapter", json={"lora_name": "x"}).status_code == 400
+    assert model_ids(client)[1:] == ["ranker"]
+
+    response = client.post("/v1/unload_lora_adapter", json={"lora_name": "ranker"})
+    assert response.status_code == 200, response.text
+    wait_for(lambda: every_answer(client, 404), 10, "every ingress refusing ranker")
+    assert model_ids(client)[1:] == []
+    gone = client.post("/v1/unload_lora_adapter", json={"lora_name": "ranker"})
+    assert gone.status_code == 404 and gone.json()["reason"] == "model_not_found"
