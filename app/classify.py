@@ -108,7 +108,7 @@ def classify_body(
         "id": f"classify-{uuid.uuid4().hex}",
         "object": "list",
         "created": created,
-        "model": info.name,
+        "model": prepared.request.model or info.name,  # an adapter's name when it named one
         "data": data,
         "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
     }

@@ -121,7 +121,7 @@ class Completions:
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": created,
-            "model": self.info.name,
+            "model": prompts.work.adapter or self.info.name,
             "choices": choices,
             "usage": {
                 "prompt_tokens": prompt_tokens,

@@ -169,7 +169,7 @@ class ScoringService:
         prompt_tokens = prepared.tokenized.prompt_tokens
         body = {
             "object": "scoring",
-            "model": self.info.name,
+            "model": prepared.work.adapter or self.info.name,  # the adapter a request named
             "scores": scores,
             "usage": {
                 "prompt_tokens": prompt_tokens,
@@ -202,9 +202,8 @@ class ScoringService:
         elif isinstance(prepared.work, ScoreWork) and prepared.work.num_items:
             logprobs, timings = await self._scored(prepared.work, backend, timings)
             relevance = self.reranker.relevance(prepared, logprobs)
-        body = self.reranker.body(
-            prepared.request, relevance, prepared.prompt_tokens, self.info.name
-        )
+        model = prepared.work.adapter or self.info.name
+        body = self.reranker.body(prepared.request, relevance, prepared.prompt_tokens, model)
         return body, timings
 
     async def complete_timed(

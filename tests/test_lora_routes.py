@@ -82,6 +82,7 @@ def test_score_picks_the_adapter_by_model_and_equals_peft(served):
         assert [work.adapter for work in recorder.works] == [None if adapter is None else model]
         reference = reference_scores(peft_model(served["base"], adapter), rows, LABELS)
         assert np.abs(np.log(np.asarray(answer["scores"])) - reference).max() <= 1e-4, model
+        assert answer["model"] == (base_name if adapter is None else model)
 
 
 @pytest.mark.parametrize("route", ["score", "rerank", "complete"])
@@ -106,8 +107,9 @@ def test_rerank_and_completions_hand_the_adapter_to_the_replica(served):
         ("complete_timed", {"prompt": "a b c", "echo": True, "max_tokens": 0, "model": "ranker"}),
     ):
         recorder = Recorder(served["engine"])
-        asyncio.run(getattr(service, route)(body, recorder))
+        answer, _ = asyncio.run(getattr(service, route)(body, recorder))
         assert [work.adapter for work in recorder.works] == ["ranker"], route
+        assert answer["model"] == "ranker", route  # the adapter's name, echoed
 
 
 def test_classify_carries_the_adapter(served):

@@ -73,6 +73,7 @@ def test_an_adapter_loaded_over_http_serves_everywhere_as_peft_then_unloads(
     answers = wait_for(lambda: every_answer(client, 200), 10, "every ingress serving ranker")
     rows = [QUERY + item for item in ITEMS]
     reference = reference_scores(peft_model(tiny_llama_dir, adapter), rows, LABELS)
+    assert {answer.json()["model"] for answer in answers} == {"ranker"}  # echoed
     for answer in answers:  # probabilities (SGLang's default): compared as log-probs
         assert np.abs(np.log(answer.json()["scores"]) - reference).max() <= 1e-4
     base = np.log(score(client, model_ids(client)[0]).json()["scores"])
