@@ -26,6 +26,7 @@ from batch.pipeline import (
 from batch.rerank_stage import RerankColumns
 from batch.rows import ScoreColumns
 from batch.summary import Summary
+from replicas.checkpoints.sources import resolve_model_source
 from replicas.settings import ReplicaSettings, SettingsError
 
 
@@ -68,6 +69,9 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--item-column", default="item")
     score.add_argument("--apply-softmax", action="store_true")
     score.add_argument("--item-first", action="store_true")
+    score.add_argument(
+        "--model", default=None, help="a LoRA adapter of the config's lora_adapters (or the base)"
+    )
     rerank = modes.add_parser("rerank", help="each (query, document) row's relevance")
     _common(rerank)
     rerank.add_argument("--query-column", default="query")
@@ -127,6 +131,7 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
             return loglik_dataset(ds, settings, pairs, options, keep, tally)
 
         return job.run(scored, args.id_column)
+    check_model(args.model, settings)
     score_columns = ScoreColumns(
         label_token_ids=args.labels,
         query=args.query_column,
@@ -134,6 +139,7 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
         id=args.id_column,
         apply_softmax=args.apply_softmax,
         item_first=args.item_first,
+        model=args.model,
     )
     return run_score_job(
         args.input,
@@ -146,6 +152,17 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
         args.checkpoint,
         args.input_format,
     )
+
+
+def check_model(model: str | None, settings: ReplicaSettings) -> None:
+    """``--model`` names the base or one of the config's ``lora_adapters`` (SettingsError)."""
+    adapters = [name for name, _ in settings.lora_adapters]
+    if model is None or model in adapters:
+        return
+    base = resolve_model_source(settings.model).name
+    if model != base:
+        served = ", ".join(repr(name) for name in (base, *adapters))
+        raise SettingsError(f"--model: {model!r} is not served by this config; it serves {served}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -35,11 +35,13 @@ class Pack:
 
 
 def _key(work: ScoreWork) -> tuple:
-    return (work.query_ids, work.label_ids, work.item_first)
+    return (work.query_ids, work.label_ids, work.item_first, work.adapter)
 
 
 def _merged(first: ScoreWork, items: list[tuple[int, ...]]) -> ScoreWork:
-    return ScoreWork(first.query_ids, tuple(items), first.label_ids, first.item_first)
+    return ScoreWork(
+        first.query_ids, tuple(items), first.label_ids, first.item_first, adapter=first.adapter
+    )
 
 
 def _fits(work: ScoreWork, limits: ScoringLimits, multi_item: bool) -> bool:

@@ -28,6 +28,7 @@ class ScoreColumns:
     id: str = "id"
     apply_softmax: bool = False
     item_first: bool = False
+    model: str | None = None  # a LoRA adapter every row runs with (--model; None: the base)
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ def row_payload(row: Mapping[str, Any], columns: ScoreColumns) -> dict[str, Any]
         "label_token_ids": list(columns.label_token_ids),
         "apply_softmax": columns.apply_softmax,
         "item_first": columns.item_first,
+        "model": columns.model,
     }
 
 

@@ -95,6 +95,7 @@ class ServeScore:
                 items=[list(item) for item in work.item_ids],
                 label_token_ids=list(work.label_ids),
                 item_first=work.item_first,
+                model=work.adapter,
             )
 
         bodies = call_all(send, works, max_in_flight, self._tally)

@@ -79,6 +79,7 @@ def row_works(batch: pa.Table, columns: ScoreColumns) -> list[ScoreWork | None]:
             tuple(tuple(i) for i in item),
             columns.label_token_ids,
             columns.item_first,
+            adapter=columns.model,
         )
         for query, item in zip(queries, items, strict=True)
     ]

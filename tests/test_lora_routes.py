@@ -59,7 +59,10 @@ def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     )
     service = ScoringService.from_settings(settings)
     engine = ScoringEngine.from_settings(settings, warm=False)
-    return {"service": service, "engine": engine, "base": tiny_llama_dir, "adapter": adapter}
+    return {
+        "service": service, "engine": engine, "base": tiny_llama_dir, "adapter": adapter,
+        "settings": settings,
+    }  # fmt: skip
 
 
 def _refused(call: Any) -> ScoreRequestError:
@@ -139,3 +142,36 @@ def test_embedding_routes_refuse_an_adapter_instead_of_ignoring_it(served):
     with pytest.raises(ScoreRequestError) as caught:
         cosine_score_work(service.embedder, body)
     assert caught.value.reason.value == "unsupported_for_model"
+
+
+def test_a_batch_score_job_runs_its_rows_with_the_model_it_names(served):
+    """``python -m batch score --model ranker``: the CPU stage and the engine stage give each
+    row the adapter (and its rows pack only with rows of the same adapter); an unknown name
+    stops the job before it starts."""
+    import pyarrow as pa
+
+    from batch.__main__ import check_model
+    from batch.rows import ScoreColumns
+    from batch.stages import LOGPROBS, EngineScore, Tokenize
+    from replicas.settings import SettingsError
+
+    rows = pa.Table.from_pylist(
+        [{"id": i, "query": "The capital of France is", "item": item}
+         for i, item in enumerate([" Paris", " a city"])]
+    )  # fmt: skip
+    columns = ScoreColumns(label_token_ids=tuple(LABELS), model="ranker")
+    tokenized = Tokenize(served["settings"], columns)(rows)
+    scored = EngineScore.around(served["engine"], columns)(tokenized)
+    prepared = served["service"].prepare({"query": "The capital of France is", "items": [" Paris",
+        " a city"], "label_token_ids": LABELS}).tokenized  # fmt: skip
+    reference = reference_scores(
+        peft_model(served["base"], served["adapter"]),
+        [list(prepared.query_ids + item) for item in prepared.item_ids],
+        LABELS,
+    )
+    got = np.array([row[0] for row in scored.column(LOGPROBS).to_pylist()])
+    assert np.abs(got - reference).max() <= 1e-4
+    check_model("ranker", served["settings"])
+    check_model(None, served["settings"])
+    with pytest.raises(SettingsError, match="--model"):
+        check_model("nope", served["settings"])
