@@ -28,6 +28,7 @@ from typing import Any
 from cluster.tpu_topology import GIB, TopologyError, prepare_environment
 from planning.layouts import Layout, parse_mesh
 from planning.planner import Planner, layout_row
+from planning.tpu_check import add_lora_arguments
 
 RFC_008 = (300, 10, 10)
 
@@ -50,7 +51,7 @@ class RowCache:
 
     def key(self, planner: Planner, layout: Layout, signatures: str) -> str:
         parts = [planner.chip, repr(planner.config), layout.mesh, layout.hosts_per_replica,
-                 planner.args, planner.workload, signatures]  # fmt: skip
+                 planner.args, planner.workload, signatures, planner.lora]  # fmt: skip
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
 
     def get(self, key: str, layout: Layout) -> dict[str, Any] | None:
@@ -147,6 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--emit", help="write a RayService manifest for the winner here")
     parser.add_argument("--emit-serve", help="write a serve config for the winner here")
     parser.add_argument("--served-model", help="the model arg written (default /models/MODEL)")
+    add_lora_arguments(parser)
     options = parser.parse_args(argv)
     if options.slices < 1:
         parser.error("--slices: must be >= 1")

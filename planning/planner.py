@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from cluster.tpu_topology import GIB, TopologyError
 from planning.compile_times import CompileTimes
 from planning.layouts import Layout, enumerate_layouts, replica_devices, replica_shape
 from planning.serve_args import base_args
+from planning.tpu_check import lora_slots
 
 
 def layout_settings(args: dict[str, Any], model: str, layout: Layout) -> Any:
@@ -71,6 +73,7 @@ class Planner:
         self.dtype = jnp.dtype(DTYPES[self.args.get("dtype", "bfloat16")])
         query, items, item_tokens = options.workload
         self.workload = (query, items, item_tokens, 2)
+        self.lora = lora_slots(options)  # adapter slots every step holds, or None
 
     def layouts(self) -> list[Layout]:
         layouts = enumerate_layouts(len(self.devices), self.hosts)
@@ -110,7 +113,8 @@ class Planner:
         settings = layout_settings(self.args, self.options.model, layout)
         mesh = build_mesh(layout.mesh, replica_devices(self.replica_hosts(layout), layout))
         model = CausalLM(self.config, self.dtype)
-        params, param_bytes = abstract_params(model, mesh)
+        params, param_bytes = abstract_params(model, mesh, self.lora)
+        settings = settings.replace(max_loras=0, lora_adapters=())  # the slots ride in params
         engine = ScoringEngine(model, params, mesh, settings, name=self.options.model)
         return engine, mesh, param_bytes, settings
 
@@ -174,7 +178,7 @@ class Planner:
         from planning.tpu_projection import project_workload, unrolled_engine
 
         batch = engine.settings.batch_buckets[-1]
-        unrolled = unrolled_engine(engine, mesh, abstract_params)
+        unrolled = unrolled_engine(engine, mesh, partial(abstract_params, lora=self.lora))
         projected = project_workload(unrolled, engine, self.chip, self.workload, batch, times)
         per_replica = projected["items_per_s"]
         return {

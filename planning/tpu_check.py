@@ -22,6 +22,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ class Plan:
     steps: list[dict[str, Any]] = field(default_factory=list)
     projection: list[dict[str, Any]] = field(default_factory=list)
     projection_compile_s: dict[str, float] = field(default_factory=dict)  # by purpose
+    adapter_bytes: int = 0  # of param_bytes: the LoRA slots' stacks (--max-loras)
 
     @property
     def need_bytes(self) -> int:
@@ -87,10 +89,12 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
     return ReplicaSettings.from_mapping(values)
 
 
-def abstract_params(model: Any, mesh: Any) -> tuple[Any, int]:
-    """Shape-only parameters placed by ``param_shardings``, and their bytes per chip."""
+def abstract_params(model: Any, mesh: Any, lora: tuple[int, int] | None = None) -> tuple[Any, int]:
+    """Shape-only parameters placed by ``param_shardings``, and their bytes per chip;
+    ``lora`` (max_loras, max_lora_rank): with the adapter slots' stacks as a replica holds
+    them (``params["lora"]``, sharded by the same table), so every step compiles with the
+    low-rank update and the bytes count the slots."""
     import jax
-    import numpy as np
 
     from replicas.model.params import param_shardings
 
@@ -99,11 +103,49 @@ def abstract_params(model: Any, mesh: Any) -> tuple[Any, int]:
     params = jax.tree.map(
         lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings
     )
-    per_chip = sum(
-        int(np.prod(p.sharding.shard_shape(p.shape))) * p.dtype.itemsize
-        for p in jax.tree.leaves(params)
+    if lora:
+        params = {**params, "lora": abstract_lora(model, mesh, *lora)}
+    return params, per_chip_bytes(params)
+
+
+def abstract_lora(model: Any, mesh: Any, max_loras: int, rank: int) -> Any:
+    """``params["lora"]`` of ``max_loras`` slots (and the base's) at ``rank``, shape-only."""
+    import jax
+
+    from cluster.sharding import tree_shardings
+    from replicas.model.lora import lora_logical_axes, lora_shapes
+
+    shapes = lora_shapes(model.config, max_loras + 1, rank)
+    shardings = tree_shardings(lora_logical_axes(model.config), shapes, mesh)
+    return jax.tree.map(
+        lambda shape, sharding: jax.ShapeDtypeStruct(shape, model.dtype, sharding=sharding),
+        shapes,
+        shardings,
+        is_leaf=lambda node: isinstance(node, tuple),
     )
-    return params, per_chip
+
+
+def per_chip_bytes(tree: Any) -> int:
+    """Bytes of the shape-only arrays of ``tree`` on the chip holding the most."""
+    import jax
+    import numpy as np
+
+    return sum(
+        int(np.prod(p.sharding.shard_shape(p.shape))) * p.dtype.itemsize
+        for p in jax.tree.leaves(tree)
+    )
+
+
+def config_slots(settings: Any) -> tuple[int, int] | None:
+    """The adapter slots a config's ``max_loras`` asks for (None: LoRA off)."""
+    return (settings.max_loras, settings.max_lora_rank) if settings.max_loras else None
+
+
+def lora_slots(args: argparse.Namespace) -> tuple[int, int] | None:
+    """``--max-loras`` and ``--max-lora-rank``: adapter slots to plan for (None: LoRA off)."""
+    if args.max_loras < 0 or args.max_lora_rank < 1:
+        raise ValueError("--max-loras must be >= 0 and --max-lora-rank >= 1")
+    return (args.max_loras, args.max_lora_rank) if args.max_loras else None
 
 
 def chosen_keys(engine: Any, signatures: str) -> list[tuple[str, Any]]:
@@ -201,11 +243,14 @@ def check(args: argparse.Namespace) -> Plan:
     settings = replica_settings(args, devices)
     mesh = build_mesh(settings.mesh_shape, devices)  # as a host group builds it
     model = CausalLM(model_config(args.model), jnp.dtype(DTYPES[settings.dtype]))
-    params, param_bytes = abstract_params(model, mesh)
+    lora = lora_slots(args) or config_slots(settings)
+    settings = settings.replace(max_loras=0, lora_adapters=())  # the slots ride in params
+    params, param_bytes = abstract_params(model, mesh, lora)
     plan = Plan(
         args.topology, args.model, chip.name, settings.mesh_shape, settings.hosts_per_replica,
         axes_crossing_hosts(mesh), param_bytes, settings.query_cache_bytes, chip.hbm_bytes,
     )  # fmt: skip
+    plan.adapter_bytes = per_chip_bytes(params["lora"]) if lora else 0
     print(header(plan, len(devices)), flush=True)
     if not plan.fits:
         return plan
@@ -213,18 +258,20 @@ def check(args: argparse.Namespace) -> Plan:
     compile_steps(engine, chosen_keys(engine, args.signatures), plan)
     if args.projection and model.config.pooling is None:  # score workloads: not an embedder's
         times = CompileTimes()
-        plan.projection = project(engine, mesh, chip, abstract_params, times, args.workloads)
+        with_slots = partial(abstract_params, lora=lora)
+        plan.projection = project(engine, mesh, chip, with_slots, times, args.workloads)
         plan.projection_compile_s = times.totals()
     return plan
 
 
 def header(plan: Plan, chips: int) -> str:
     crossing = ", ".join(plan.crossing) or "none (one host)"
+    adapters = f" (LoRA slots {plan.adapter_bytes / GIB:.3f} GiB)" if plan.adapter_bytes else ""
     return (
         f"{plan.model} on {plan.topology}: {chips} {plan.chip} chips on {plan.hosts} host(s), "
         f"{plan.hbm_bytes / GIB:.0f} GiB HBM each; mesh [data, model] = {list(plan.mesh)}, "
         f"axes crossing hosts: {crossing}\n"
-        f"  parameters {plan.param_bytes / GIB:.2f} GiB per chip, query cache "
+        f"  parameters {plan.param_bytes / GIB:.2f} GiB per chip{adapters}, query cache "
         f"{plan.cache_bytes / GIB:.2f} GiB per chip"
     )
 
@@ -259,6 +306,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
     parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")
     parser.add_argument("--json", help="write the plan as JSON here")
+    add_lora_arguments(parser)
     parser.add_argument(
         "--projection",
         action=argparse.BooleanOptionalAction,
@@ -275,6 +323,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "1000 items)",
     )
     return parser.parse_args(argv)
+
+
+def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-loras", type=int, default=0,
+        help="LoRA adapter slots every step holds (semantics 21; 0: off): counted in HBM, "
+        "and every step compiled with the low-rank update",
+    )  # fmt: skip
+    parser.add_argument("--max-lora-rank", type=int, default=16, help="rank of each slot")
 
 
 def main(argv: list[str] | None = None) -> int:
