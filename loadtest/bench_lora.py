@@ -23,15 +23,13 @@ import dataclasses
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 import jax
 import numpy as np
 
 from cluster.mesh import build_mesh
-from loadtest.bench_common import machine_description, write_section
+from loadtest.bench_common import machine_description, timed, write_section
 from loadtest.bench_engine import SERVE_CONFIG, make_work, shipped_settings
 from loadtest.bench_gpu import QWEN3_0_6B, save_random_qwen3
 from replicas.checkpoints.loading import load_model
@@ -99,15 +97,6 @@ def engines(directory: Path, adapters: list[Path]) -> dict[str, ScoringEngine]:
     }
 
 
-def timed_median(call: Any, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
-
-
 def one_batch(engines: dict[str, ScoringEngine], works: list[ScoreWork], repeats: int) -> dict:
     base, lora = engines["base"], engines["lora"]
     mixed = [dataclasses.replace(w, adapter=f"a{i % ADAPTERS}") for i, w in enumerate(works)]
@@ -126,7 +115,7 @@ def one_batch(engines: dict[str, ScoringEngine], works: list[ScoreWork], repeats
         call(), call()
     for engine in (base, lora):
         engine.wait_for_background_compiles()
-    seconds = {name: timed_median(call, repeats) for name, call in calls.items()}
+    seconds = {name: timed(call, repeats) for name, call in calls.items()}
     together = np.concatenate(lora.score_batch(mixed))
     alone = dict(zip((id(w) for g in groups for w in g), each_alone(), strict=True))
     separate = np.concatenate([alone[id(w)] for w in mixed])
