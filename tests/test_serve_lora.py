@@ -2,10 +2,12 @@
 two ingress replicas, one scoring replica and the app's adapter registry on Ray Serve. An
 adapter loaded through vLLM's ``/v1/load_lora_adapter`` is served by every ingress within
 about a second and scores as transformers + peft; bad loads are 400s that change nothing;
-after ``/v1/unload_lora_adapter`` its name is a 404 everywhere."""
+after ``/v1/unload_lora_adapter`` its name is a 404 everywhere; requests for the base,
+sent all the while, are all answered the same."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import pytest
 
 from app.builder import scoring_app
 from replicas.settings import ReplicaSettings
+from tests.fp32 import assert_fp32_close
 from tests.lora_helpers import lora_settings, peft_model, reference_scores, save_adapter
 from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster, wait_for  # noqa: F401
 
@@ -59,6 +62,30 @@ def every_answer(client: httpx.Client, status: int) -> list[httpx.Response] | No
     return answers if all(a.status_code == status for a in answers) else None
 
 
+class BaseTraffic:
+    """Requests for the base model sent one after another from a thread while the test
+    loads and unloads: every one must be a 200 with the same scores."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self._url, self.answers = str(client.base_url), []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._send, daemon=True)
+
+    def _send(self) -> None:
+        with httpx.Client(base_url=self._url, timeout=60) as client:
+            while not self._stop.is_set():
+                body = {"query": QUERY, "items": ITEMS, "label_token_ids": LABELS}
+                self.answers.append(client.post("/v1/score", json=body))
+
+    def __enter__(self) -> BaseTraffic:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
 def model_ids(client: httpx.Client) -> list[str]:
     return [card["id"] for card in client.get("/v1/models").json()["data"]]
 
@@ -66,6 +93,16 @@ def model_ids(client: httpx.Client) -> list[str]:
 def test_an_adapter_loaded_over_http_serves_everywhere_as_peft_then_unloads(
     client, adapter, tiny_llama_dir
 ):
+    with BaseTraffic(client) as traffic:
+        loaded_and_unloaded(client, adapter, tiny_llama_dir)
+    statuses = [answer.status_code for answer in traffic.answers]
+    assert statuses and set(statuses) == {200}, statuses  # under traffic: nothing refused
+    first = np.log(traffic.answers[0].json()["scores"])
+    for answer in traffic.answers[1:]:  # the base's answers never moved (steps of any mix)
+        assert_fp32_close(np.log(answer.json()["scores"]), first, what="base under loads")
+
+
+def loaded_and_unloaded(client: httpx.Client, adapter: Path, tiny_llama_dir: Path) -> None:
     assert score(client, "ranker").status_code == 404  # nothing loaded yet
     load = {"lora_name": "ranker", "lora_path": str(adapter)}
     response = client.post("/v1/load_lora_adapter", json=load)
