@@ -23,6 +23,7 @@ import ray.data
 
 from app.embeddings import matryoshka
 from app.errors import Reason, ScoreRequestError
+from batch.grouping import GroupBy, engine_map, job_grouping
 from batch.pipeline import EngineOptions, engine_remote_args
 from batch.rows import plain
 from batch.serve_stage import call_all
@@ -198,23 +199,22 @@ def embed_dataset(
         raise SettingsError(f"model: {settings.model} is not an embedding model")
     if columns.dimensions is not None and not 1 <= columns.dimensions <= head.dimension:
         raise SettingsError(f"--dimensions: 1..{head.dimension}, got {columns.dimensions}")
+    # Rows of one token bucket together, whatever the input order: a call packs full steps.
+    by_length = GroupBy("length", settings.token_buckets, ids_column=IDS)
+    grouping = job_grouping(ds, options, by_length, tally)
     prepared = ds.map_batches(
         EmbedPrepare, fn_constructor_args=(settings, columns), batch_format="pyarrow",
         batch_size=options.batch_size, concurrency=1, num_cpus=options.cpu_share,
     )  # fmt: skip
-    common = {"batch_format": "pyarrow", "batch_size": options.batch_size}
     if options.engine == "serve":
         args: tuple[Any, ...] = (options.app, columns.dimensions, tally, options.max_in_flight)
-        embedded = prepared.map_batches(
-            ServeEmbed, fn_constructor_args=args, concurrency=options.replicas,
-            num_cpus=options.cpu_share, **common,
-        )  # fmt: skip
+        embedded = engine_map(
+            prepared, ServeEmbed, args, options, grouping, num_cpus=options.cpu_share
+        )
     else:
         args = (settings, columns.dimensions, tally, options.engine_factory)
-        embedded = prepared.map_batches(
-            EmbedEngine, fn_constructor_args=args, concurrency=options.replicas, **common,
-            **engine_remote_args(settings, options.engine_env),
-        )  # fmt: skip
+        remote = engine_remote_args(settings, options.engine_env)
+        embedded = engine_map(prepared, EmbedEngine, args, options, grouping, **remote)
     finished = embedded.map_batches(
         finish_embed, fn_kwargs={"tally": tally}, batch_format="pyarrow", batch_size=None,
         num_cpus=options.cpu_share,

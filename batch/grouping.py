@@ -41,11 +41,13 @@ class GroupBy:
     """What brings a mode's rows together: ``score`` (``score``'s query ids), ``query`` (a
     work's query and labels; prompt works by length), ``context`` (a prompt's whole context
     blocks; ``context_column``: how many of its last tokens are not context) or ``length``
-    (the token bucket of a row's tokens, from ``buckets``)."""
+    (the token bucket of a row's tokens, from ``buckets``; ``ids_column``: a column of one
+    token-id list a row, as ``embed``'s, else the works' columns)."""
 
     kind: str
     buckets: tuple[int, ...] = ()
     context_column: str | None = None
+    ids_column: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -80,6 +82,10 @@ def _id_lists(column: pa.ChunkedArray) -> list[np.ndarray | None]:
 def group_keys(batch: pa.Table, by: GroupBy) -> np.ndarray:
     """Each row's int64 group key (a refused row: 0)."""
     keys = np.zeros(batch.num_rows, np.int64)
+    if by.kind == "length" and by.ids_column:
+        for row, ids in enumerate(_id_lists(batch.column(by.ids_column))):
+            keys[row] = 0 if ids is None else _bucket(len(ids), by.buckets)
+        return keys
     if by.kind == "score":
         for row, ids in enumerate(_id_lists(batch.column(QUERY_IDS))):
             keys[row] = 0 if ids is None else _hash(ids)
@@ -224,3 +230,16 @@ def engine_map(
         batch_size=None,
         **common,
     )
+
+
+def shuffle_blocks(ds: Any, options: Any) -> int | None:
+    """The shuffle's block count of a job (``EngineOptions``; None: ``--no-group``)."""
+    if not options.group:
+        return None
+    return partitions(ds, options.block_rows or options.batch_size, options.replicas)
+
+
+def job_grouping(ds: Any, options: Any, by: GroupBy, tally: Any) -> Grouping | None:
+    """How a job's rows are brought together before its engine stage (None: ``--no-group``)."""
+    blocks = shuffle_blocks(ds, options)
+    return None if blocks is None else Grouping(by, blocks, options.cpu_share, tally)

@@ -20,7 +20,14 @@ import ray.data
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from batch.classify_stage import ClassifyColumns, ClassifyPrepare, ClassifyResults
-from batch.grouping import GroupBy, Grouping, engine_map, partitions, shuffle_cost
+from batch.grouping import (
+    GroupBy,
+    Grouping,
+    engine_map,
+    job_grouping,
+    shuffle_blocks,
+    shuffle_cost,
+)
 from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
 from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
 from batch.rows import ScoreColumns
@@ -98,7 +105,7 @@ def score_dataset(
     the id column, then ``scores`` (null on a refused row), ``error`` and ``error_message``."""
     options = options or EngineOptions()
     _check_options(options)  # before the row count grouping takes
-    shuffled = _partitions(ds, options)
+    shuffled = shuffle_blocks(ds, options)
     scored = ds.map_batches(
         Tokenize,
         fn_constructor_args=(settings, columns),
@@ -148,7 +155,9 @@ def _scoring_stage(
     """Engine actors (``local``) or handle callers (``serve``), ``options.replicas`` of them;
     ``shuffled``: the rows grouped by query into that many blocks first (None: not grouped)."""
     _check_options(options)
-    grouping = _grouping(options, GroupBy("score"), shuffled, tally)
+    grouping = (
+        None if shuffled is None else Grouping(GroupBy("score"), shuffled, options.cpu_share, tally)
+    )
     if options.engine == "serve":
         args = (options.app, settings, columns, tally, options.max_in_flight)
         return engine_map(ds, ServeScore, args, options, grouping, num_cpus=options.cpu_share)
@@ -156,19 +165,6 @@ def _scoring_stage(
     args = (settings, columns, tally, options.engine_factory)
     remote = engine_remote_args(settings, options.engine_env)
     return engine_map(ds, EngineScore, args, options, grouping, **remote)
-
-
-def _partitions(ds: ray.data.Dataset, options: EngineOptions) -> int | None:
-    """The shuffle's block count (None: grouping off)."""
-    if not options.group:
-        return None
-    return partitions(ds, options.block_rows or options.batch_size, options.replicas)
-
-
-def _grouping(
-    options: EngineOptions, by: GroupBy, blocks: int | None, tally: Any
-) -> Grouping | None:
-    return None if blocks is None else Grouping(by, blocks, options.cpu_share, tally)
 
 
 def _check_options(options: EngineOptions) -> None:
@@ -346,7 +342,7 @@ def _work_dataset(
 ) -> ray.data.Dataset:
     """Prepare (CPU actor) -> engine actors or handle callers -> tally (CPU tasks)."""
     _check_options(options)
-    grouping = _grouping(options, mode.group_by(settings), _partitions(ds, options), tally)
+    grouping = job_grouping(ds, options, mode.group_by(settings), tally)
     prepared = ds.map_batches(
         mode.prepare,
         fn_constructor_args=(settings, columns),

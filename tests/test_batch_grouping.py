@@ -105,3 +105,23 @@ def test_every_row_of_a_query_reaches_one_call_whatever_the_order() -> None:
         rows = [i for i, query in enumerate(queries) if query == [q + 1] * (q + 2)]
         assert len({call_of[r] for r in rows}) == 1, f"query {q}: one call"
     assert all(len(call) <= 6 for call in stage.calls)
+
+
+def test_embed_rows_key_by_their_token_bucket_and_fill_calls_of_one_length() -> None:
+    """``embed`` (issue 44): each row's key is its ids' token bucket (a refused row: 0), so a
+    shuffled dataset's calls hold rows of one length, packed into full steps."""
+    from batch.embed_stage import IDS
+
+    lengths = [3, 40, 12, 60, 5, 33, 16, 64]
+    ids = [list(range(n)) for n in lengths]
+    order = list(range(len(ids)))
+    random.Random(1).shuffle(order)
+    table = pa.table({"id": pa.array(order), IDS: pa.array([ids[i] for i in order] + [None][:0])})
+    by = GroupBy("length", (16, 64), ids_column=IDS)
+    assert group_keys(table, by).tolist() == [16 if lengths[i] <= 16 else 64 for i in order]
+    refused = pa.table({IDS: pa.array([None, [1, 2]], pa.list_(pa.int32()))})
+    assert group_keys(refused, by).tolist() == [0, 16]
+    stage = Recording()
+    InCalls.around(stage, call_rows=4)(add_group_key(table, by))
+    for call in stage.calls:
+        assert len({lengths[i] <= 16 for i in call}) == 1, "one token bucket a call"
