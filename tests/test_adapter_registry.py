@@ -70,3 +70,23 @@ def test_a_follower_asks_on_an_unknown_name_or_a_stale_view_only(monkeypatch) ->
         assert applied[-1] == ({"a": "/a", "b": "/b"}, {"b": "/b"})
 
     asyncio.run(scenario())
+
+
+def test_a_follower_keeps_its_view_while_the_registry_is_away() -> None:
+    class Away:
+        snapshot = None
+
+        def __init__(self) -> None:
+            self.snapshot = self
+
+        async def remote(self) -> Any:
+            raise ConnectionError("registry restarting")
+
+    applied: list = []
+
+    async def apply(loaded: Any, wanted: Any) -> None:
+        applied.append(wanted)
+
+    follower = AdapterFollower(Away(), {"a": "/a"}, apply)
+    asyncio.run(follower.follow("b"))  # asked, unavailable: no change, no error
+    assert follower.names == ("a",) and applied == []

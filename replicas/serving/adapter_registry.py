@@ -102,7 +102,11 @@ class AdapterFollower:
         if not stale and (wanted is None or wanted in self._paths):
             return
         self._checked = time.monotonic()
-        version, paths = await self._registry.snapshot.remote()
+        try:
+            version, paths = await self._registry.snapshot.remote()
+        except Exception as error:  # the registry restarting: serve with the view we have
+            logger.warning("lora adapter registry unavailable, adapters as before: %s", error)
+            return
         if version == self._version:
             return
         try:
