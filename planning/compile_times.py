@@ -3,8 +3,8 @@
 A layout's row is made of compiles of three purposes: ``fit`` (the serving steps at every
 layer, the most expensive warm-up signature of each kind, for their memory), ``bytes``
 (the workload's serving steps, for the bytes they move and the scanned step's FLOPs and
-collectives, when ``fit`` did not compile them already) and ``cost 2 a loop`` (the same
-steps with two layers a scan iteration: their difference is one layer). ``CompileTimes``
+collectives, when ``fit`` did not compile them already) and ``cost no layers`` (the same
+steps with an empty layer stack: the served step less them is one layer). ``CompileTimes``
 compiles one key at a time, prints a line per compile (stderr) and sums the seconds per
 purpose for the row.
 """

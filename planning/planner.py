@@ -175,11 +175,11 @@ class Planner:
     ) -> dict[str, Any]:
         """The workload at the largest batch bucket, per replica and per slice."""
         from planning.tpu_check import abstract_params
-        from planning.tpu_projection import project_workload, unrolled_engine
+        from planning.tpu_projection import bare_engine, project_workload
 
         batch = engine.settings.batch_buckets[-1]
-        unrolled = unrolled_engine(engine, mesh, partial(abstract_params, lora=self.lora))
-        projected = project_workload(unrolled, engine, self.chip, self.workload, batch, times)
+        bare = bare_engine(engine, mesh, partial(abstract_params, lora=self.lora))
+        projected = project_workload(bare, engine, self.chip, self.workload, batch, times)
         per_replica = projected["items_per_s"]
         return {
             "requests_per_step": batch,

@@ -1,9 +1,8 @@
 """Projections of a workload on a TPU slice from the steps XLA compiled for it.
 
 Each step the workload runs is compiled for the slice (deviceless) as served, for the bytes
-its arguments, outputs and temporaries move, and again with two layers in the layer scan's
-body: the two compiles' difference is one layer's per-chip FLOPs and collective bytes
-(``planning.compiled_cost``). A
+its arguments, outputs and temporaries move, and again with no layers: the two compiles'
+difference is one layer's per-chip FLOPs and collective bytes (``planning.compiled_cost``). A
 step's time is ``max(FLOPs / peak, bytes / HBM bandwidth) + collective bytes / ICI
 bandwidth`` per chip: a bound from published chip figures, not a measurement; it leaves out
 kernel efficiency, host overhead and batching delays. The analytic FLOPs below are the
@@ -18,13 +17,7 @@ from typing import Any
 
 from cluster.tpu_topology import ChipSpec
 from planning.compile_times import CompileTimes
-from planning.compiled_cost import (
-    SCAN_UNROLL,
-    ChipCost,
-    all_layers,
-    executable_cost,
-    moved_bytes,
-)
+from planning.compiled_cost import ChipCost, every_layer, executable_cost
 from replicas.model.config import ModelConfig
 from replicas.model.flops import lm_head_flops, matmul_params_per_token
 
@@ -53,27 +46,24 @@ def step_flops(c: ModelConfig, kind: str, dims: Any, rows: int) -> int:
     return tokens * dense + attention_flops(c, tokens, dims.tokens) + rows * lm_head_flops(c)
 
 
-def unrolled_engine(engine: Any, mesh: Any, abstract_params: Any) -> Any:
-    """The engine's layouts, settings and parameters with ``SCAN_UNROLL`` layers in each
-    iteration of the layer scan."""
+def bare_engine(engine: Any, mesh: Any, abstract_params: Any) -> Any:
+    """The engine's layouts and settings on the same model with no layers (the embedding,
+    final norm and heads, sharded alike): what a step costs besides its layers."""
     from replicas.engine.scoring_engine import ScoringEngine
 
-    model = dataclasses.replace(engine.model, scan_unroll=SCAN_UNROLL)
+    model = dataclasses.replace(engine.model, config=engine.model.config.with_layers(0))
     params, _ = abstract_params(model, mesh)
-    name = f"{SCAN_UNROLL} layers a scan iteration"
-    return ScoringEngine(model, params, mesh, engine.settings, name)
+    return ScoringEngine(model, params, mesh, engine.settings, "no layers")
 
 
-def step_cost(unrolled: Any, serving: Any, key: tuple[str, Any], times: CompileTimes) -> ChipCost:
+def step_cost(bare: Any, serving: Any, key: tuple[str, Any], times: CompileTimes) -> ChipCost:
     """Per-chip cost of the step ``key`` with every layer: FLOPs and collectives from the
-    served compile and the one with ``SCAN_UNROLL`` layers a loop iteration, bytes from the
-    served executable."""
+    served compile and the one with no layers, bytes from the served executable."""
     times.compile(serving, [key], "bytes")
-    times.compile(unrolled, [key], f"cost {SCAN_UNROLL} a loop")
+    times.compile(bare, [key], "cost no layers")
     served = executable_cost(serving.executables()[key])
-    more = executable_cost(unrolled.executables()[key])
-    scaled = all_layers(served, more, serving.model.config.num_layers)
-    return dataclasses.replace(scaled, hbm_bytes=moved_bytes(serving.executables()[key]))
+    without = executable_cost(bare.executables()[key])
+    return every_layer(served, without, serving.model.config.num_layers)
 
 
 def step_row(key: tuple[str, Any], cost: ChipCost, chip: ChipSpec, runs: int) -> dict[str, Any]:
@@ -111,7 +101,7 @@ def workload_steps(engine: Any, shape: tuple[int, int, int, int], batch: int) ->
 
 
 def project_workload(
-    unrolled: Any,
+    bare: Any,
     engine: Any,
     chip: ChipSpec,
     shape: tuple[int, int, int, int],
@@ -121,7 +111,7 @@ def project_workload(
     """``batch`` concurrent requests of ``shape``: every step they run, cold and cached."""
     runs = workload_steps(engine, shape, batch)
     times = times or CompileTimes(echo=None)
-    costs = {key: step_cost(unrolled, engine, key, times) for key in runs}
+    costs = {key: step_cost(bare, engine, key, times) for key in runs}
     seconds = sum(costs[key].seconds(chip) * n for key, n in runs.items())
     warm = sum(costs[key].seconds(chip) * n for key, n in runs.items() if key[0] != "prefix")
     items = shape[1] * batch
@@ -148,9 +138,9 @@ def project(
 ) -> list[dict]:
     """The ``workloads`` rows: RFC-008's workload at 1 request per step (``single``) and at
     the largest batch bucket (``batched``), and one request of 1000 items (``ranking``, a
-    ranking request's latency). Each row compiles its own steps once more than served."""
-    unrolled = unrolled_engine(engine, mesh, abstract_params)
+    ranking request's latency). Each row compiles its own steps, and again with no layers."""
+    bare = bare_engine(engine, mesh, abstract_params)
     largest = engine.settings.batch_buckets[-1]
     shapes = {"single": (WORKLOAD, 1), "batched": (WORKLOAD, largest), "ranking": (RANKING, 1)}
     chosen = list(dict.fromkeys(shapes[w] for w in WORKLOADS if w in workloads))
-    return [project_workload(unrolled, engine, chip, shape, b, times) for shape, b in chosen]
+    return [project_workload(bare, engine, chip, shape, b, times) for shape, b in chosen]

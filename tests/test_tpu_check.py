@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from cluster.tpu_topology import GIB, ChipSpec, axes_crossing_hosts, libtpu_path
-from planning.compiled_cost import ChipCost, all_layers, ici_bytes
+from planning.compiled_cost import ChipCost, every_layer, ici_bytes
 from planning.tpu_projection import step_flops
 from replicas.engine.layouts.shared_prefix import PrefixDims
 from replicas.engine.layouts.stream import StreamDims
@@ -46,8 +46,8 @@ def test_libtpu_is_installed_by_the_set_up() -> None:
 
 CHECKS = {
     # Qwen3-0.6B on one host and on a whole v6e-16 slice, with the projection of 16
-    # requests per step (its steps compiled three more times), to compare them; the Llama
-    # family once. The other rows (one request per step; one request of 1000 items, whose
+    # requests per step (its steps compiled twice more: as served, and with no layers), to
+    # compare them; the Llama family once. The other rows (one request per step; one request of 1000 items, whose
     # spread over the data axis tests/test_data_axis.py holds on CPU meshes) are what the
     # tool prints by default and docs/tpu.md shows: the same code, 580 CPU-s more here.
     ("v6e:2x2", "Qwen3-0.6B"): ["--projection", "--workloads", "batched"],
@@ -173,15 +173,14 @@ def test_collective_bytes_are_read_from_hlo_lines() -> None:
     assert ici_bytes("\n".join([start, done, fused])) == 192
 
 
-def test_a_step_of_every_layer_is_the_scanned_step_plus_the_difference_per_layer() -> None:
-    """Compiled with 1 and 2 layers a loop iteration: XLA counts the body once, so the
-    difference is one layer; with an odd count JAX unrolls the remainder after the loop
-    (3 layers counted, two more than the scanned step)."""
-    one, two = ChipCost(10.0, 100.0, 4.0), ChipCost(16.0, 130.0, 6.0)
-    assert all_layers(one, two, 28) == ChipCost(10 + 27 * 6, 100 + 27 * 30, 4 + 27 * 2)
-    three = ChipCost(22.0, 160.0, 8.0)
-    assert all_layers(one, three, 27) == ChipCost(10 + 26 * 6, 100 + 26 * 30, 4 + 26 * 2)
-    assert all_layers(one, one, 1) == one
+def test_a_step_of_every_layer_is_the_bare_step_plus_each_layer() -> None:
+    """The served step counts its loop body (one layer) once; the step compiled with no
+    layers counts the rest: every layer is ``bare + layers * (served - bare)``, FLOPs and
+    collectives; the bytes are the served executable's (every layer's parameters in it)."""
+    served, bare = ChipCost(16.0, 130.0, 6.0), ChipCost(10.0, 100.0, 4.0)
+    assert every_layer(served, bare, 28) == ChipCost(10 + 28 * 6, 130, 4 + 28 * 2)
+    assert every_layer(served, bare, 1) == served
+    assert every_layer(bare, bare, 5) == bare  # a step with nothing in its layers
     chip = ChipSpec("x", 16 * GIB, peak_flops=1e12, hbm_bandwidth=1e12, ici_bandwidth=1e11)
     cost = ChipCost(2e12, 1e12, 1e10)
     assert cost.seconds(chip) == max(2.0, 1.0) + 0.1
@@ -200,7 +199,7 @@ def test_compiled_flops_per_chip_add_up_to_the_analytic_flops(plans: dict) -> No
         for (kind, dims), step in steps_of(plan, 10, 16).items():
             shaped = StreamDims(*dims) if kind == "items" else PrefixDims(*dims)
             analytic = step_flops(config, kind, shaped, 160 if kind == "items" else 0)
-            # Every layer counted (the scanned step and its 2-layer loop body), the Pallas
+            # Every layer counted (the scanned step and the step with no layers), the Pallas
             # kernels by their cost estimates; XLA adds norms, softmax and the like on top.
             assert 0.95 <= step["flops_per_chip"] * chips / analytic <= 1.15, (topology, kind)
 

@@ -192,10 +192,6 @@ class CausalLM:
     stream_attention: Callable[..., Array] = attend_item_stream
     # Dense rows' attention (``masked_attention``, or a fused causal kernel on GPU).
     dense_attention: Callable[..., Array] = masked_attention
-    # Layers per iteration of the layer scan. XLA's cost analysis counts a loop body once,
-    # so the planner compiles a step again at 2 (planning.compiled_cost) and reads one
-    # layer's cost as the difference. For planning compiles only: serving keeps 1.
-    scan_unroll: int = 1
 
     @property
     def layer(self) -> DecoderLayer:
@@ -267,9 +263,7 @@ class CausalLM:
             return h, (k, v)
 
         scanned = (params["layers"], self.layer_kinds(), stacks)
-        x, (keys, values) = jax.lax.scan(
-            step, self._embed(params, tokens), scanned, unroll=self.scan_unroll
-        )
+        x, (keys, values) = jax.lax.scan(step, self._embed(params, tokens), scanned)
         return self._final_norm(params, x), keys, values
 
     def hidden_states(
@@ -318,9 +312,7 @@ class CausalLM:
             return out, (own_k, own_v)
 
         scanned = (params["layers"], prefix_k, prefix_v, self.layer_kinds(), stacks)
-        x, (keys, values) = jax.lax.scan(
-            step, self._embed(params, tokens), scanned, unroll=self.scan_unroll
-        )
+        x, (keys, values) = jax.lax.scan(step, self._embed(params, tokens), scanned)
         return self._final_norm(params, x), keys, values
 
     def logits(self, params: Params, hidden: Array) -> Array:
