@@ -114,23 +114,26 @@ SESSION_SYSTEM_CONFIG = {
 
 
 def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> ServeCluster:
+    """A local Ray cluster with Serve. Its workers get this process's environment (the run's
+    XLA flags and compilation cache, conftest.py) with the repository on PYTHONPATH and the
+    hub off: ``ray.init`` starts the raylet from this process and the raylet every worker.
+    Not through a job ``runtime_env``: with one, each worker starts as ``setup_worker.py``, a
+    Python process importing Ray that then executes the worker, 1-4 CPU-s more a worker."""
     import ray
     from ray import serve
 
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        **{k: v for k, v in os.environ.items() if k.startswith(("XLA_", "JAX_"))},  # conftest.py
+    os.environ.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
         **(env_vars or {}),
-    }
+    )
     metrics_port = free_port()
     ray.init(
         address="local",  # a new cluster, never one another worker's test started here
         num_cpus=num_cpus,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": env},
         _metrics_export_port=metrics_port,
         _system_config=SESSION_SYSTEM_CONFIG,
     )
