@@ -47,9 +47,10 @@ def test_libtpu_is_installed_by_the_set_up() -> None:
 CHECKS = {
     # Qwen3-0.6B on one host and on a whole v6e-16 slice, with the projection of 16
     # requests per step (its steps compiled twice more: as served, and with no layers), to
-    # compare them; the Llama family once. The other rows (one request per step; one request of 1000 items, whose
-    # spread over the data axis tests/test_data_axis.py holds on CPU meshes) are what the
-    # tool prints by default and docs/tpu.md shows: the same code, 580 CPU-s more here.
+    # compare them; the Llama family once. The other rows (one request per step; one
+    # request of 1000 items, whose spread over the data axis tests/test_data_axis.py holds
+    # on CPU meshes) are what the tool prints by default and docs/tpu.md shows: the same
+    # code, more CPU-s here.
     ("v6e:2x2", "Qwen3-0.6B"): ["--projection", "--workloads", "batched"],
     ("v6e:4x4", "Qwen3-0.6B"): ["--projection", "--workloads", "batched"],
     ("v6e:4x4", "Llama-3.2-1B"): ["--no-projection"],
