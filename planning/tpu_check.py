@@ -259,7 +259,8 @@ def check(args: argparse.Namespace) -> Plan:
     if args.projection and model.config.pooling is None:  # score workloads: not an embedder's
         times = CompileTimes()
         with_slots = partial(abstract_params, lora=lora)
-        plan.projection = project(engine, mesh, chip, with_slots, times, args.workloads)
+        rows = project(engine, mesh, chip, with_slots, times, args.workloads, args.batched)
+        plan.projection = rows
         plan.projection_compile_s = times.totals()
     return plan
 
@@ -322,7 +323,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "request per step), batched (at the largest batch bucket), ranking (one request of "
         "1000 items)",
     )
+    parser.add_argument(
+        "--batched",
+        type=positive_int,
+        help="requests per step of the batched row (default: the largest batch bucket)",
+    )
     return parser.parse_args(argv)
+
+
+def positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a whole number of requests, at least 1")
+    return int(text)
 
 
 def add_lora_arguments(parser: argparse.ArgumentParser) -> None:

@@ -135,12 +135,14 @@ def project(
     abstract_params: Any,
     times: CompileTimes,
     workloads: tuple[str, ...] = WORKLOADS,
+    batched: int | None = None,
 ) -> list[dict]:
     """The ``workloads`` rows: RFC-008's workload at 1 request per step (``single``) and at
-    the largest batch bucket (``batched``), and one request of 1000 items (``ranking``, a
-    ranking request's latency). Each row compiles its own steps, and again with no layers."""
+    the largest batch bucket or ``batched`` requests (``batched``), and one request of 1000
+    items (``ranking``, a ranking request's latency). Each row compiles its own steps, and
+    again with no layers."""
     bare = bare_engine(engine, mesh, abstract_params)
-    largest = engine.settings.batch_buckets[-1]
-    shapes = {"single": (WORKLOAD, 1), "batched": (WORKLOAD, largest), "ranking": (RANKING, 1)}
+    many = batched or engine.settings.batch_buckets[-1]
+    shapes = {"single": (WORKLOAD, 1), "batched": (WORKLOAD, many), "ranking": (RANKING, 1)}
     chosen = list(dict.fromkeys(shapes[w] for w in WORKLOADS if w in workloads))
     return [project_workload(bare, engine, chip, shape, b, times) for shape, b in chosen]
