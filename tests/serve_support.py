@@ -137,6 +137,10 @@ def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> 
         _metrics_export_port=metrics_port,
         _system_config=SESSION_SYSTEM_CONFIG,
     )
+    # Ray's log monitor tails every worker's log files ten times a second to forward their
+    # lines to a driver; with log_to_driver off it forwards nothing, and over a run it took
+    # 36 CPU-s (docs/testing.md). Ray's own tests stop it the same way.
+    ray._private.worker._global_node.kill_log_monitor()
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     node_ip = ray.util.get_node_ip_address()
