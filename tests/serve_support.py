@@ -113,7 +113,7 @@ SESSION_SYSTEM_CONFIG = {
 }
 
 
-def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> ServeCluster:
+def start_cluster(num_cpus: int = 2) -> ServeCluster:
     """A local Ray cluster with Serve. Its workers get this process's environment (the run's
     XLA flags and compilation cache, conftest.py) with the repository on PYTHONPATH and the
     hub off: ``ray.init`` starts the raylet from this process and the raylet every worker.
@@ -122,11 +122,11 @@ def start_cluster(num_cpus: int = 2, env_vars: dict[str, str] | None = None) -> 
     import ray
     from ray import serve
 
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ.update(
-        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        PYTHONPATH=os.pathsep.join([str(ROOT), *(p for p in paths if p != str(ROOT))]),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        **(env_vars or {}),
     )
     metrics_port = free_port()
     ray.init(
