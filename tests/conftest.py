@@ -118,9 +118,10 @@ def is_worker() -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Before anything imports jax: every process of the run (this one, Ray's workers, the
-    host-group and multi-device subprocesses) compiles XLA CPU steps at LLVM -O0 (about twice
-    as fast to compile, tests/test_engine.py 42 s -> 20 s; the results agree with the shipped
-    optimization to float32 rounding, tests/test_xla_test_flags.py) and keeps them in a
+    host-group and multi-device subprocesses) compiles XLA CPU steps with the test flags
+    (tests/xla_flags.py: LLVM -O0 and the elemental emitters, each about halving a compile;
+    the results agree with the shipped options to float32 rounding,
+    tests/test_xla_test_flags.py) and keeps them in a
     compilation cache of its own, new and empty for each run (a replica restarted by a
     chaos test, the second host of a group or the next module's replica of the same model
     loads what an earlier one compiled). The TPU compiles in tests/background.py use
@@ -129,6 +130,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_worker() or RUN_ENV not in os.environ:
         os.environ[RUN_ENV] = tempfile.mkdtemp(prefix="scorejax-test-run-")
     run = Path(os.environ[RUN_ENV])
+    (run / "jax-cache").mkdir(exist_ok=True)  # jax makes it at its first write, maybe later
     config.stash[RUN] = run
     os.environ.update(session_env(os.environ, str(run / "jax-cache")))
 

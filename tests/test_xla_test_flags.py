@@ -1,5 +1,6 @@
-"""The suite compiles XLA CPU steps at LLVM -O0 (tests/xla_flags.py, set by conftest.py) to
-halve its compile time; this holds that the flag changes no result beyond float32 rounding:
+"""The suite compiles XLA CPU steps at LLVM -O0 with XLA's elemental emitters in place of the
+fusion emitters (tests/xla_flags.py, set by conftest.py), each about halving its compile
+time; this holds that the flags change no result beyond float32 rounding:
 the same works through every layout, scored in a process with the shipped XLA options and
 in one with the test flags."""
 
