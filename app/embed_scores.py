@@ -9,6 +9,7 @@ embedded once per request.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,8 @@ from app.embeddings import Embedder, pooling_of
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.schema import RerankRequest, ScoreRequest
 from app.validation import (
-    check_base_model,
     check_item_count,
+    check_model_name,
     check_token_ids,
     check_unicode,
     is_text_request,
@@ -33,6 +34,10 @@ class CosineWork:
 
     work: EmbedWork
     prompt_tokens: int
+
+    def with_adapter(self, adapter: str | None) -> CosineWork:
+        """The same request run with a LoRA adapter (semantics 21; None: the base)."""
+        return dataclasses.replace(self, work=dataclasses.replace(self.work, adapter=adapter))
 
 
 def _joined(query: EmbedWork, items: EmbedWork) -> CosineWork:
@@ -62,7 +67,7 @@ def cosine_score_work(
     """A /v1/score body on an embedding model; None for ``items: []`` (no call)."""
     info = embedder.info
     request = validate_request(payload)
-    check_base_model(request.model, info)
+    adapter = check_model_name(request.model, info)
     head = pooling_of(info, "/v1/score")
     if request.label_token_ids is not None:
         raise ScoreRequestError(
@@ -78,14 +83,16 @@ def cosine_score_work(
         return request, None
     if text:
         items = [str(item) for item in request.items]
-        return request, _texts(embedder, str(request.query), items, head.prompt("query"), "items")
+        cosine = _texts(embedder, str(request.query), items, head.prompt("query"), "items")
+        return request, cosine.with_adapter(adapter)
     lists = [list(request.query), *(list(item) for item in request.items)]  # type: ignore[arg-type]
     for name, ids in zip(["query"] + ["items"] * len(request.items), lists, strict=True):
         if not ids:
             raise ScoreRequestError(Reason.EMPTY_INPUT, f"{name}: an empty token list", name)
         check_token_ids(ids, info.vocab_size, name)
     query = EmbedWork((tuple(lists[0]),))
-    return request, _joined(query, EmbedWork(tuple(tuple(ids) for ids in lists[1:])))
+    cosine = _joined(query, EmbedWork(tuple(tuple(ids) for ids in lists[1:])))
+    return request, cosine.with_adapter(adapter)
 
 
 def cosine_rerank_work(
@@ -94,7 +101,7 @@ def cosine_rerank_work(
     """A /v1/rerank body on an embedding model; None for ``documents: []``."""
     info = embedder.info
     request = validate_body(payload, RerankRequest)
-    check_base_model(request.model, info)
+    adapter = check_model_name(request.model, info)
     head = pooling_of(info, "/v1/rerank")
     texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
     check_item_count(len(texts), info)
@@ -102,4 +109,5 @@ def cosine_rerank_work(
     if not texts:
         return request, None
     prompt = request.instruction if request.instruction is not None else head.prompt("query")
-    return request, _texts(embedder, request.query, texts, prompt, "documents")
+    cosine = _texts(embedder, request.query, texts, prompt, "documents")
+    return request, cosine.with_adapter(adapter)

@@ -12,6 +12,7 @@ NumPy.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,8 +23,8 @@ from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.tokenization import TextTokenizer
 from app.validation import (
-    check_base_model,
     check_item_count,
+    check_model_name,
     check_token_ids,
     check_unicode,
     validate_body,
@@ -180,7 +181,7 @@ class Embedder:
     def prepare(self, payload: Any, gate: Gate = admit_all) -> EmbedPrepared:
         """/v1/embeddings: validate, then (after ``gate``) tokenize."""
         request = validate_body(payload, EmbeddingRequest)
-        check_base_model(request.model, self.info)
+        adapter = check_model_name(request.model, self.info)
         head = pooling_of(self.info, "/v1/embeddings")
         _check_dimensions(request.dimensions, head, "dimensions")
         keep = request.truncate_prompt_tokens
@@ -223,6 +224,7 @@ class Embedder:
             work = EmbedWork(tuple(inputs))
             _check_work(work, self.info)
         tokens = sum(len(ids) for ids in work.inputs)
+        work = dataclasses.replace(work, adapter=adapter)
         return EmbedPrepared(work, request.dimensions, request.encoding_format == "base64", tokens)
 
     def prepare_cohere(
@@ -230,7 +232,7 @@ class Embedder:
     ) -> tuple[EmbedPrepared, list[str]]:
         """/v2/embed: its texts behind the prompt ``input_type`` names."""
         request = validate_body(payload, CohereEmbedRequest)
-        check_base_model(request.model, self.info)
+        adapter = check_model_name(request.model, self.info)
         head = pooling_of(self.info, "/v2/embed")
         _check_dimensions(request.output_dimension, head, "output_dimension")
         if not request.texts:
@@ -243,7 +245,7 @@ class Embedder:
             prompt = next((head.prompt(n) for n in names if head.prompt(n) is not None), None)
         keep = None if request.truncate == "NONE" else input_limit(self.info)
         gate()
-        work = self.text_work(request.texts, prompt, keep)
+        work = dataclasses.replace(self.text_work(request.texts, prompt, keep), adapter=adapter)
         tokens = sum(len(ids) for ids in work.inputs)
         return EmbedPrepared(work, request.output_dimension, False, tokens), list(request.texts)
 

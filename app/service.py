@@ -250,13 +250,13 @@ class ScoringService:
         vectors, timings = await self._embedded(prepared.work, backend, timings)
         if cohere:
             return cohere_body(prepared, vectors, texts, uuid.uuid4().hex), timings
-        return openai_body(prepared, vectors, self.info.name), timings
+        return openai_body(prepared, vectors, prepared.work.adapter or self.info.name), timings
 
     async def _cosine_scores(
         self, payload: Any, backend: Backend, gate: Gate
     ) -> tuple[dict[str, Any], Timings]:
         start = time.perf_counter()
-        _, cosine = cosine_score_work(self.embedder, payload, gate)
+        request, cosine = cosine_score_work(self.embedder, payload, gate)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         scores: list[list[float]] = []
         tokens = 0
@@ -265,7 +265,8 @@ class ScoringService:
             scores = [[float(c)] for c in cosines(vectors[0], vectors[1:])]
             tokens = cosine.prompt_tokens
         usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
-        body = {"object": "scoring", "model": self.info.name, "scores": scores, "usage": usage}
+        model = check_model_name(request.model, self.info) or self.info.name
+        body = {"object": "scoring", "model": model, "scores": scores, "usage": usage}
         return {**body, "created": int(self.clock())}, timings
 
     async def _cosine_rerank(
@@ -278,7 +279,8 @@ class ScoringService:
         if cosine is not None:
             vectors, timings = await self._embedded(cosine.work, backend, timings)
             relevance, tokens = cosines(vectors[0], vectors[1:]), cosine.prompt_tokens
-        return rerank_body(request, relevance, tokens, self.info.name), timings
+        model = check_model_name(request.model, self.info) or self.info.name
+        return rerank_body(request, relevance, tokens, model), timings
 
     async def _embedded(
         self, work: EmbedWork, backend: Backend, timings: Timings

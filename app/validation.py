@@ -97,16 +97,6 @@ def check_model_name(requested: str | None, info: ModelInfo) -> str | None:
     )
 
 
-def check_base_model(requested: str | None, info: ModelInfo) -> None:
-    """Routes that serve no adapter yet (embeddings): a LoRA adapter's name is refused."""
-    if check_model_name(requested, info) is not None:
-        raise ScoreRequestError(
-            Reason.UNSUPPORTED_FOR_MODEL,
-            f"model {requested!r}: LoRA adapters are not served on this route",
-            param="model",
-        )
-
-
 def check_token_ids(ids: Iterable[int], vocab_size: int, param: str) -> None:
     """Negative ids and ids >= the model's vocabulary size are rejected."""
     for token_id in ids:

@@ -69,27 +69,34 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--item-column", default="item")
     score.add_argument("--apply-softmax", action="store_true")
     score.add_argument("--item-first", action="store_true")
-    score.add_argument(
-        "--model", default=None, help="a LoRA adapter of the config's lora_adapters (or the base)"
-    )
+    _model_option(score)
     rerank = modes.add_parser("rerank", help="each (query, document) row's relevance")
     _common(rerank)
     rerank.add_argument("--query-column", default="query")
     rerank.add_argument("--document-column", default="document")
+    _model_option(rerank)
     loglik = modes.add_parser("loglik", help="lm-eval loglikelihood of each row's continuation")
     _common(loglik)
     loglik.add_argument("--context-column", default="context")
     loglik.add_argument("--continuation-column", default="continuation")
+    _model_option(loglik)
     classify = modes.add_parser("classify", help="each row's label and probs, as /v1/classify")
     _common(classify)
     classify.add_argument("--input-column", default="input")
     classify.add_argument("--no-activation", action="store_true", help="the raw head outputs")
+    _model_option(classify)
     embed = modes.add_parser("embed", help="each row's vector, as /v1/embeddings")
     _common(embed)
     embed.add_argument("--input-column", default="text")
     embed.add_argument("--prompt-name", default=None, help="one of the model's prompts")
     embed.add_argument("--dimensions", type=int, default=None, help="Matryoshka: first d")
+    _model_option(embed)
     return top
+
+
+def _model_option(mode: argparse.ArgumentParser) -> None:
+    help_text = "a LoRA adapter of the config's lora_adapters every row runs with (or the base)"
+    mode.add_argument("--model", default=None, help=help_text)
 
 
 def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
@@ -102,6 +109,7 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
         app=args.app,
         max_in_flight=args.max_in_flight,
         group=not args.no_group,
+        adapter=adapter_of(getattr(args, "model", None), settings),
     )
     if args.mode == "rerank":
         columns = RerankColumns(args.query_column, args.document_column, args.id_column)
@@ -131,7 +139,6 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
             return loglik_dataset(ds, settings, pairs, options, keep, tally)
 
         return job.run(scored, args.id_column)
-    check_model(args.model, settings)
     score_columns = ScoreColumns(
         label_token_ids=args.labels,
         query=args.query_column,
@@ -139,7 +146,7 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
         id=args.id_column,
         apply_softmax=args.apply_softmax,
         item_first=args.item_first,
-        model=args.model,
+        model=options.adapter,
     )
     return run_score_job(
         args.input,
@@ -154,15 +161,17 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
     )
 
 
-def check_model(model: str | None, settings: ReplicaSettings) -> None:
-    """``--model`` names the base or one of the config's ``lora_adapters`` (SettingsError)."""
+def adapter_of(model: str | None, settings: ReplicaSettings) -> str | None:
+    """The LoRA adapter ``--model`` names (None: the base model, by its name or no
+    ``--model``); a SettingsError when the config serves no such model."""
     adapters = [name for name, _ in settings.lora_adapters]
     if model is None or model in adapters:
-        return
+        return model
     base = resolve_model_source(settings.model).name
     if model != base:
         served = ", ".join(repr(name) for name in (base, *adapters))
         raise SettingsError(f"--model: {model!r} is not served by this config; it serves {served}")
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,9 +78,12 @@ class EmbedPrepare(PrepareRows):
         )
 
 
-def pack_rows(batch: pa.Table, limits: ScoringLimits) -> list[tuple[EmbedWork, list[int]]]:
+def pack_rows(
+    batch: pa.Table, limits: ScoringLimits, adapter: str | None = None
+) -> list[tuple[EmbedWork, list[int]]]:
     """The batch's prepared rows, longest first, in EmbedWorks of at most
-    ``max_items_per_request`` inputs and ``max_request_tokens`` tokens; with each one's rows."""
+    ``max_items_per_request`` inputs and ``max_request_tokens`` tokens, each run with
+    ``adapter`` (``--model``; None: the base); with each one's rows."""
     ids, skips = batch.column(IDS).to_pylist(), batch.column(SKIP).to_pylist()
     rows = sorted((r for r, i in enumerate(ids) if i is not None), key=lambda r: -len(ids[r]))
     packs: list[tuple[EmbedWork, list[int]]] = []
@@ -90,18 +93,19 @@ def pack_rows(batch: pa.Table, limits: ScoringLimits) -> list[tuple[EmbedWork, l
     for row in rows:
         length = len(ids[row])
         if current and (len(current) >= limits.max_items_per_request or tokens + length > budget):
-            packs.append((_work(ids, skips, current), current))
+            packs.append((_work(ids, skips, current, adapter), current))
             current, tokens = [], 0
         current.append(row)
         tokens += length
     if current:
-        packs.append((_work(ids, skips, current), current))
+        packs.append((_work(ids, skips, current, adapter), current))
     return packs
 
 
-def _work(ids: list[Any], skips: list[Any], rows: list[int]) -> EmbedWork:
+def _work(ids: list[Any], skips: list[Any], rows: list[int], adapter: str | None) -> EmbedWork:
     lengths = tuple(int(skips[r] or 0) for r in rows)
-    return EmbedWork(tuple(tuple(ids[r]) for r in rows), lengths if any(lengths) else ())
+    inputs = tuple(tuple(ids[r]) for r in rows)
+    return EmbedWork(inputs, lengths if any(lengths) else (), adapter=adapter)
 
 
 def embedding_column(
@@ -128,20 +132,24 @@ class EmbedEngine:
 
     def __init__(
         self, settings: ReplicaSettings, dimensions: int | None, tally: Any,
-        engine_factory: str = DEFAULT_ENGINE,
+        engine_factory: str = DEFAULT_ENGINE, adapter: str | None = None,
     ) -> None:  # fmt: skip
         self._engine = load_engine_factory(engine_factory)(settings)
-        self._dimensions, self._tally = dimensions, tally
+        self._dimensions, self._tally, self._adapter = dimensions, tally, adapter
 
     @classmethod
-    def around(cls, engine: Any, dimensions: int | None = None, tally: Any = None) -> EmbedEngine:
+    def around(
+        cls, engine: Any, dimensions: int | None = None, tally: Any = None,
+        adapter: str | None = None,
+    ) -> EmbedEngine:  # fmt: skip
         stage = cls.__new__(cls)
         stage._engine, stage._dimensions, stage._tally = engine, dimensions, tally
+        stage._adapter = adapter
         return stage
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         info = self._engine.info
-        packs = pack_rows(batch, info.limits)
+        packs = pack_rows(batch, info.limits, self._adapter)
         answers = counted_call(self._engine, [w for w, _ in packs], self._tally)
         size = info.pooling.dimension
         column = embedding_column(batch.num_rows, packs, answers, size, self._dimensions)
@@ -153,16 +161,18 @@ class ServeEmbed:
     at most ``max_in_flight`` calls outstanding; 503s sent again after Retry-After."""
 
     def __init__(
-        self, app: str, dimensions: int | None, tally: Any, max_in_flight: int = 4
-    ) -> None:
+        self, app: str, dimensions: int | None, tally: Any, max_in_flight: int = 4,
+        adapter: str | None = None,
+    ) -> None:  # fmt: skip
         from ray import serve
 
         self._handle = serve.get_app_handle(app)
         self._info = self._handle.describe.remote().result()
         self._dimensions, self._tally, self._max = dimensions, tally, max_in_flight
+        self._adapter = adapter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        packs = pack_rows(batch, self._info.limits)
+        packs = pack_rows(batch, self._info.limits, self._adapter)
         send: Callable[[Any], Any] = self._handle.score_work.remote
         answers = call_all(send, [w for w, _ in packs], self._max, self._tally)
         size = self._info.pooling.dimension
@@ -207,12 +217,14 @@ def embed_dataset(
         batch_size=options.batch_size, concurrency=1, num_cpus=options.cpu_share,
     )  # fmt: skip
     if options.engine == "serve":
-        args: tuple[Any, ...] = (options.app, columns.dimensions, tally, options.max_in_flight)
+        args: tuple[Any, ...] = (
+            options.app, columns.dimensions, tally, options.max_in_flight, options.adapter
+        )  # fmt: skip
         embedded = engine_map(
             prepared, ServeEmbed, args, options, grouping, num_cpus=options.cpu_share
         )
     else:
-        args = (settings, columns.dimensions, tally, options.engine_factory)
+        args = (settings, columns.dimensions, tally, options.engine_factory, options.adapter)
         remote = engine_remote_args(settings, options.engine_env)
         embedded = engine_map(prepared, EmbedEngine, args, options, grouping, **remote)
     finished = embedded.map_batches(

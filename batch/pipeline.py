@@ -91,6 +91,8 @@ class EngineOptions:
     # Rows per shuffled block when grouping (0: batch_size): one Ray Data task of the engine
     # stage, retried whole if its actor dies.
     block_rows: int = 0
+    # The LoRA adapter every row runs with (``--model``; semantics 21); None: the base model.
+    adapter: str | None = None
 
 
 def score_dataset(
@@ -352,13 +354,13 @@ def _work_dataset(
         num_cpus=options.cpu_share,
     )
     if options.engine == "serve":
-        args = (options.app, settings, mode.results, tally, options.max_in_flight)
+        args = (options.app, settings, mode.results, tally, options.max_in_flight, options.adapter)
         scored = engine_map(
             prepared, ServeWorks, args, options, grouping, num_cpus=options.cpu_share
         )
     else:
         _check_local(settings)
-        args = (settings, mode.results, tally, options.engine_factory)
+        args = (settings, mode.results, tally, options.engine_factory, options.adapter)
         remote = engine_remote_args(settings, options.engine_env)
         scored = engine_map(prepared, EngineWorks, args, options, grouping, **remote)
     finished = scored.map_batches(

@@ -115,16 +115,17 @@ class ServeWorks:
         results: Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]],
         tally: Any,
         max_in_flight: int = 4,
+        adapter: str | None = None,
     ) -> None:
         from ray import serve
 
         self._handle = serve.get_app_handle(app_name)
         self._limits, self._results, self._tally = settings.limits, results, tally
         self._multi_item = settings.multi_item_scoring_delimiter is not None
-        self._max_in_flight = max_in_flight
+        self._max_in_flight, self._adapter = max_in_flight, adapter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        works = read_works(batch)
+        works = read_works(batch, self._adapter)
         answers = row_answers(works, self._limits, self._multi_item, self._call)
         return with_columns(batch, self._results(batch, works, answers))
 

@@ -76,19 +76,23 @@ class EngineWorks:
         results: Results,
         tally: Any,
         engine_factory: str = DEFAULT_ENGINE,
+        adapter: str | None = None,
     ) -> None:
         self._engine = load_engine_factory(engine_factory)(settings)
-        self._results, self._tally = results, tally
+        self._results, self._tally, self._adapter = results, tally, adapter
 
     @classmethod
-    def around(cls, engine: Any, results: Results, tally: Any = None) -> EngineWorks:
+    def around(
+        cls, engine: Any, results: Results, tally: Any = None, adapter: str | None = None
+    ) -> EngineWorks:
         """The stage over an engine already built (in-process use, tests)."""
         stage = cls.__new__(cls)
         stage._engine, stage._results, stage._tally = engine, results, tally
+        stage._adapter = adapter
         return stage
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        works = read_works(batch)
+        works = read_works(batch, self._adapter)
         info = self._engine.info
         multi_item = info.multi_item_scoring_delimiter is not None
 

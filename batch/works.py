@@ -42,17 +42,20 @@ def work_columns(works: Sequence[Work | None]) -> dict[str, pa.Array]:
     }
 
 
-def read_works(batch: pa.Table) -> list[Work | None]:
-    """The works ``work_columns`` wrote into ``batch``."""
+def read_works(batch: pa.Table, adapter: str | None = None) -> list[Work | None]:
+    """The works ``work_columns`` wrote into ``batch``, each run with ``adapter`` (the job's
+    ``--model``; None: the base model)."""
     columns = {name: batch.column(name).to_pylist() for name in WORK_COLUMNS}
     out: list[Work | None] = []
     for query, items, labels, top_k, tail, keep in zip(*columns.values(), strict=True):
         if items is None:
             out.append(None)
         elif query is not None:
-            out.append(ScoreWork(tuple(query), tuple(map(tuple, items)), tuple(labels)))
+            items = tuple(map(tuple, items))
+            out.append(ScoreWork(tuple(query), items, tuple(labels), adapter=adapter))
         else:
-            out.append(PromptWork(tuple(map(tuple, items)), top_k, None, keep, tail))
+            prompts = tuple(map(tuple, items))
+            out.append(PromptWork(prompts, top_k, None, keep, tail, adapter=adapter))
     return out
 
 
@@ -68,7 +71,9 @@ def _merged(works: Sequence[Work | None], rows: list[int]) -> PromptWork:
     first = works[rows[0]]
     assert isinstance(first, PromptWork)
     prompts = tuple(p for r in rows for p in works[r].prompts)  # type: ignore[union-attr]
-    return PromptWork(prompts, first.top_k, None, first.keep_lone_prefixes, first.scored_tail)
+    return PromptWork(
+        prompts, first.top_k, None, first.keep_lone_prefixes, first.scored_tail, first.adapter
+    )
 
 
 def pack_prompts(
@@ -79,7 +84,7 @@ def pack_prompts(
     groups: dict[tuple, list[int]] = {}
     for row, work in enumerate(works):
         if isinstance(work, PromptWork):
-            key = (work.scored_tail, work.top_k, work.keep_lone_prefixes)
+            key = (work.scored_tail, work.top_k, work.keep_lone_prefixes, work.adapter)
             groups.setdefault(key, []).append(row)
     packs: list[tuple[PromptWork, list[int]]] = []
     for rows in groups.values():

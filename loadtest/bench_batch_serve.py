@@ -50,18 +50,27 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def shipped_config(port: int, config: Path = SERVE_CONFIG) -> tuple[dict[str, Any], dict[str, Any]]:
+def shipped_config(
+    port: int, config: Path = SERVE_CONFIG, model: str | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """serve_config.yaml as ``serve.start``'s keyword arguments (its proxy and HTTP options,
-    on ``port``) and the applications the controller deploys."""
+    on ``port``) and the applications the controller deploys, ``model`` in place of the
+    shipped one when given (the one setting a user changes to serve another model)."""
     text = yaml.safe_load(config.read_text())
     http = {**text.get("http_options", {}), "port": port}
     start = {"proxy_location": text.get("proxy_location"), "http_options": http}
+    if model is not None:
+        for app in text["applications"]:
+            app["args"]["model"] = model
     return start, {"applications": text["applications"]}
 
 
 @contextmanager
-def served_app(port: int = 8000, ready_timeout_s: float = 1800.0) -> Iterator[str]:
-    """The shipped app on a private local Ray cluster; yields its URL; stops both after."""
+def served_app(
+    port: int = 8000, ready_timeout_s: float = 1800.0, model: str | None = None
+) -> Iterator[str]:
+    """The shipped app (serving ``model`` when given) on a private local Ray cluster; yields
+    its URL; stops both after."""
     import ray
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
@@ -78,7 +87,7 @@ def served_app(port: int = 8000, ready_timeout_s: float = 1800.0) -> Iterator[st
         _system_config={"worker_niceness": 0},  # as make serve starts Ray (cluster/niceness.py)
     )
     try:
-        start, apps = shipped_config(port)
+        start, apps = shipped_config(port, model=model)
         serve.start(**start)
         client = serve.context._get_global_client()
         client.deploy_apps(ServeDeploySchema.model_validate(apps), _blocking=False)

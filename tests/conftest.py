@@ -179,7 +179,7 @@ SHARED_FIXTURE_GROUPS = {
             "test_loading_smollm2",
             "test_rerank_smollm2",
         ),
-        "embed": ("test_batch_embed", "test_embed_engine", "test_embed_routes"),
+        "embed": ("test_batch_embed", "test_embed_engine", "test_embed_routes", "test_lora_embed"),
     }.items()
     for name in names
 }

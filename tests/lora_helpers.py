@@ -57,6 +57,28 @@ def save_adapter(
     return directory
 
 
+def save_embedding_adapter(
+    base: Path, directory: Path, *, seed: int, r: int, lora_alpha: float, target_modules: list[str]
+) -> Path:
+    """A random LoRA adapter of the bare transformer (``AutoModel``: Qwen3Model, ...) of an
+    embedding model at ``base``, saved by peft into ``directory`` (a FEATURE_EXTRACTION
+    adapter, as sentence-transformers' ``add_adapter`` trains one)."""
+    import torch
+    from peft import LoraConfig, TaskType, get_peft_model
+    from transformers import AutoModel
+
+    torch.manual_seed(seed)
+    model = AutoModel.from_pretrained(str(base), dtype=torch.float32)
+    config = LoraConfig(
+        task_type=TaskType.FEATURE_EXTRACTION, r=r, lora_alpha=lora_alpha,
+        target_modules=target_modules,
+    )  # fmt: skip
+    peft_model = get_peft_model(model, config)
+    _randomize_lora_(peft_model, seed)
+    peft_model.save_pretrained(str(directory), safe_serialization=True)
+    return directory
+
+
 def peft_model(
     base: Path, adapter: Path | None, seq_cls: bool = False, merged: bool = False
 ) -> Any:

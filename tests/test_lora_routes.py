@@ -2,7 +2,8 @@
 through the real engine equals transformers + peft for the adapter and the base; rerank,
 classify and completions hand the adapter to the replica; an unknown name is a 404
 ``model_not_found`` that never reaches a replica; /v1/models lists each adapter with the
-base as its ``parent``; embedding routes refuse an adapter instead of ignoring it."""
+base as its ``parent``; batch jobs run their rows with the adapter ``--model`` names
+(tests/test_lora_embed.py: adapters on an embedding model)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ import numpy as np
 import pytest
 
 from app.classify import prepare_classify
-from app.embed_scores import cosine_score_work
 from app.errors import ScoreRequestError
 from app.service import ScoringService
 from replicas.contract import ModelInfo, ScoreHead, ScoringLimits
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
+from tests.fp32 import assert_fp32_close, fp32_bound
 from tests.lora_helpers import peft_model, reference_scores, save_adapter
 
 LABELS = [7042, 4528, 11452]
@@ -136,21 +137,13 @@ def test_models_lists_each_adapter_with_the_base_as_parent(served):
     }
 
 
-def test_embedding_routes_refuse_an_adapter_instead_of_ignoring_it(served):
-    service: ScoringService = served["service"]
-    body = {"query": "q", "items": ["a"], "model": "ranker"}
-    with pytest.raises(ScoreRequestError) as caught:
-        cosine_score_work(service.embedder, body)
-    assert caught.value.reason.value == "unsupported_for_model"
-
-
 def test_a_batch_score_job_runs_its_rows_with_the_model_it_names(served):
     """``python -m batch score --model ranker``: the CPU stage and the engine stage give each
     row the adapter (and its rows pack only with rows of the same adapter); an unknown name
     stops the job before it starts."""
     import pyarrow as pa
 
-    from batch.__main__ import check_model
+    from batch.__main__ import adapter_of
     from batch.rows import ScoreColumns
     from batch.stages import LOGPROBS, EngineScore, Tokenize
     from replicas.settings import SettingsError
@@ -171,7 +164,59 @@ def test_a_batch_score_job_runs_its_rows_with_the_model_it_names(served):
     )
     got = np.array([row[0] for row in scored.column(LOGPROBS).to_pylist()])
     assert np.abs(got - reference).max() <= 1e-4
-    check_model("ranker", served["settings"])
-    check_model(None, served["settings"])
+    assert adapter_of("ranker", served["settings"]) == "ranker"
+    assert adapter_of(None, served["settings"]) is None
+    assert adapter_of(served["service"].info.name, served["settings"]) is None  # the base
     with pytest.raises(SettingsError, match="--model"):
-        check_model("nope", served["settings"])
+        adapter_of("nope", served["settings"])
+
+
+def test_batch_rerank_and_loglik_jobs_run_their_rows_with_the_model_they_name(served):
+    """``python -m batch rerank|loglik --model ranker``: the engine stage runs every row's
+    work with the adapter, packed (query_likelihood and loglik rows into one prompt work
+    each), and each row equals its route's answer for ``model: ranker``, not the base's."""
+    import pyarrow as pa
+
+    from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
+    from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
+    from batch.work_stages import EngineWorks
+    from batch.works import read_works
+
+    service: ScoringService = served["service"]
+    documents = ["Paris is the capital of France.", "Bananas are yellow."]
+    rows = pa.Table.from_pylist(
+        [{"id": i, "query": "capital of France", "document": d} for i, d in enumerate(documents)]
+    )
+    pairs = pa.Table.from_pylist(
+        [{"id": i, "context": "The capital of France is", "continuation": c}
+         for i, c in enumerate([" Paris", " a banana"])]
+    )  # fmt: skip
+    modes = (
+        (rows, RerankPrepare, RerankColumns(), relevance_columns, "relevance"),
+        (pairs, LoglikPrepare, LoglikColumns(), loglik_columns, "logprob"),
+    )
+    got: dict[tuple[str, str | None], list[float]] = {}
+    prepared = {}
+    for table, prepare, columns, results, output in modes:
+        prepared[output] = prepare.around(service, columns)(table)
+        for adapter in ("ranker", None):
+            stage = EngineWorks.around(served["engine"], results, adapter=adapter)
+            got[output, adapter] = stage(prepared[output]).column(output).to_pylist()
+    body = {"query": "capital of France", "documents": documents, "model": "ranker"}
+    answer, _ = asyncio.run(service.rerank_timed(body, Recorder(served["engine"])))
+    route = {r["index"]: r["relevance_score"] for r in answer["results"]}
+    assert_fp32_close(got["relevance", "ranker"], [route[0], route[1]], what="relevance")
+    counts = prepared["logprob"].column(CONTINUATION).to_pylist()
+    for row, (work, count) in enumerate(zip(read_works(prepared["logprob"]), counts, strict=True)):
+        body = {"prompt": list(work.prompts[0]), "echo": True, "max_tokens": 0, "logprobs": 1}
+        completed, _ = asyncio.run(
+            service.complete_timed(body | {"model": "ranker"}, Recorder(served["engine"]))
+        )
+        tokens = np.asarray(completed["choices"][0]["logprobs"]["token_logprobs"][-count:])
+        # A sum of per-token float32 differences: at most the sum of their floors.
+        difference = abs(got["logprob", "ranker"][row] - tokens.sum())
+        assert difference <= fp32_bound(tokens).sum(), (row, difference)
+    # The adapter moves every answer (relevances near 2e-5 here: compared as logs).
+    ratios = np.log(got["relevance", "ranker"]) - np.log(got["relevance", None])
+    assert np.abs(ratios).max() > 1e-2
+    assert np.abs(np.subtract(got["logprob", "ranker"], got["logprob", None])).max() > 1e-3
