@@ -142,11 +142,17 @@ def group_bodies(rows: Sequence[dict[str, Any]]) -> list[bytes]:
 
 
 class RetryingClient:
-    """What a user with a file of pairs writes: ``concurrency`` threads posting /v1/score,
-    each 503 sent again after its Retry-After (1 s when it has none)."""
+    """What a user with a file of pairs writes: ``concurrency`` threads posting to ``route``
+    (/v1/score), each 503 sent again after its Retry-After (1 s when it has none)."""
 
-    def __init__(self, url: str, concurrency: int = CONCURRENCY, timeout_s: float = 300.0):
-        self._url, self._concurrency = f"{url}/v1/score", concurrency
+    def __init__(
+        self,
+        url: str,
+        concurrency: int = CONCURRENCY,
+        timeout_s: float = 300.0,
+        route: str = "/v1/score",
+    ) -> None:
+        self._url, self._concurrency = f"{url}{route}", concurrency
         self._client = httpx.Client(
             timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency)
         )
@@ -162,7 +168,8 @@ class RetryingClient:
             if response.status_code == 200:
                 return retried
             if response.status_code != 503:
-                raise RuntimeError(f"/v1/score: HTTP {response.status_code} {response.text[:300]}")
+                status = f"HTTP {response.status_code} {response.text[:300]}"
+                raise RuntimeError(f"{self._url}: {status}")
             retried += 1
             time.sleep(float(response.headers.get("retry-after", 1)))  # the server's Retry-After
 
