@@ -57,6 +57,8 @@ def _common(mode: argparse.ArgumentParser) -> None:
     mode.add_argument(
         "--no-group", action="store_true", help="input already grouped by query: no shuffle"
     )
+    help_text = "a LoRA adapter of the config's lora_adapters every row runs with (or the base)"
+    mode.add_argument("--model", default=None, help=help_text)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -69,34 +71,24 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--item-column", default="item")
     score.add_argument("--apply-softmax", action="store_true")
     score.add_argument("--item-first", action="store_true")
-    _model_option(score)
     rerank = modes.add_parser("rerank", help="each (query, document) row's relevance")
     _common(rerank)
     rerank.add_argument("--query-column", default="query")
     rerank.add_argument("--document-column", default="document")
-    _model_option(rerank)
     loglik = modes.add_parser("loglik", help="lm-eval loglikelihood of each row's continuation")
     _common(loglik)
     loglik.add_argument("--context-column", default="context")
     loglik.add_argument("--continuation-column", default="continuation")
-    _model_option(loglik)
     classify = modes.add_parser("classify", help="each row's label and probs, as /v1/classify")
     _common(classify)
     classify.add_argument("--input-column", default="input")
     classify.add_argument("--no-activation", action="store_true", help="the raw head outputs")
-    _model_option(classify)
     embed = modes.add_parser("embed", help="each row's vector, as /v1/embeddings")
     _common(embed)
     embed.add_argument("--input-column", default="text")
     embed.add_argument("--prompt-name", default=None, help="one of the model's prompts")
     embed.add_argument("--dimensions", type=int, default=None, help="Matryoshka: first d")
-    _model_option(embed)
     return top
-
-
-def _model_option(mode: argparse.ArgumentParser) -> None:
-    help_text = "a LoRA adapter of the config's lora_adapters every row runs with (or the base)"
-    mode.add_argument("--model", default=None, help=help_text)
 
 
 def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
@@ -109,7 +101,7 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
         app=args.app,
         max_in_flight=args.max_in_flight,
         group=not args.no_group,
-        adapter=adapter_of(getattr(args, "model", None), settings),
+        adapter=adapter_of(args.model, settings),
     )
     if args.mode == "rerank":
         columns = RerankColumns(args.query_column, args.document_column, args.id_column)
