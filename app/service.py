@@ -265,7 +265,7 @@ class ScoringService:
             scores = [[float(c)] for c in cosines(vectors[0], vectors[1:])]
             tokens = cosine.prompt_tokens
         usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
-        model = check_model_name(request.model, self.info) or self.info.name
+        model = request.model or self.info.name  # checked: the base's name or an adapter's
         body = {"object": "scoring", "model": model, "scores": scores, "usage": usage}
         return {**body, "created": int(self.clock())}, timings
 
@@ -279,8 +279,7 @@ class ScoringService:
         if cosine is not None:
             vectors, timings = await self._embedded(cosine.work, backend, timings)
             relevance, tokens = cosines(vectors[0], vectors[1:]), cosine.prompt_tokens
-        model = check_model_name(request.model, self.info) or self.info.name
-        return rerank_body(request, relevance, tokens, model), timings
+        return rerank_body(request, relevance, tokens, request.model or self.info.name), timings
 
     async def _embedded(
         self, work: EmbedWork, backend: Backend, timings: Timings

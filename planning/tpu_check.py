@@ -259,8 +259,9 @@ def check(args: argparse.Namespace) -> Plan:
     if args.projection and model.config.pooling is None:  # score workloads: not an embedder's
         times = CompileTimes()
         with_slots = partial(abstract_params, lora=lora)
-        rows = project(engine, mesh, chip, with_slots, times, args.workloads, args.batched)
-        plan.projection = rows
+        plan.projection = project(
+            engine, mesh, chip, with_slots, times, args.workloads, args.batched
+        )
         plan.projection_compile_s = times.totals()
     return plan
 
