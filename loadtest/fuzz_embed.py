@@ -1,7 +1,8 @@
 """Hypothesis strategies for the embedding routes (semantics 20): /v1/embeddings (and
 /embeddings), /v2/embed, and /v1/score and /v1/rerank on an embedding model. Each draws
 ``(route, bytes)``: valid bodies (all 200s on an embedding model), one field broken (400s with
-a reason) and arbitrary JSON over the routes' field names (never a 5xx)."""
+a reason; an unknown ``model``, a 404 ``model_not_found``) and arbitrary JSON over the routes'
+field names (never a 5xx)."""
 
 from __future__ import annotations
 
@@ -60,7 +61,8 @@ def _broken(served: Served, dimension: int) -> dict[str, st.SearchStrategy[objec
 
 
 def near_valid_embeddings(served: Served, dimension: int) -> st.SearchStrategy[Body]:
-    """A valid /v1/embeddings body with one field broken, or an unknown field: 400s."""
+    """A valid /v1/embeddings body with one field broken, or an unknown field: 400s (an
+    unknown ``model``: a 404)."""
 
     def break_one(body: Body) -> st.SearchStrategy[Body]:
         broken = _broken(served, dimension)
