@@ -11,7 +11,7 @@ from cluster.mesh import build_mesh
 from replicas.model.attention import cudnn_dense_attention, with_attention
 from replicas.model.causal_lm import AttentionSpec, CausalLM, CausalSpec, masked_attention
 from replicas.model.config import ModelConfig, config_from_hf
-from replicas.model.layers import attend_item_stream
+from replicas.model.layers import QUERY_BLOCK, attend_dense, attend_item_stream
 from replicas.model.masks import PAD, QUERY, segment_mask
 from replicas.settings import SettingsError
 from tests.model_helpers import tiny_hf_config
@@ -85,3 +85,34 @@ def random_qkv(key, rows, tokens, heads, kv_heads, head_dim=16, dtype=jnp.float3
 
 def tiny_config() -> ModelConfig:
     return config_from_hf(tiny_hf_config("llama"))
+
+
+@pytest.mark.parametrize("sliding", [None, 100])
+def test_item_stream_with_a_window_of_many_query_blocks_equals_dense_attention(sliding) -> None:
+    """A window of 512 runs query blocks of ``QUERY_BLOCK`` reading four blocks back: items
+    of 1..512 tokens across block edges (and a partial last block) read exactly what a dense
+    mask built by hand lets them: the valid prefix keys and their own earlier tokens."""
+    assert QUERY_BLOCK < 512
+    lengths, prefix = [3, 512, 200, 1, 384], 5
+    stream = sum(lengths)  # 1100: not a multiple of the block
+    item_ids = np.concatenate([np.full(n, i) for i, n in enumerate(lengths)])[None]
+    offsets = np.concatenate([np.arange(n) for n in lengths])[None]
+    valid = np.asarray([[True, False, True, True, False]])
+    q, k, v = random_qkv(jax.random.key(2), 1, stream, heads=4, kv_heads=2)
+    pk, pv = (x[:, :prefix] for x in random_qkv(jax.random.key(3), 1, prefix, 4, 2)[1:])
+    positions = prefix + offsets  # as the engine places items behind a prefix
+    window = None if sliding is None else jnp.asarray(sliding)
+    got = jax.jit(attend_item_stream, static_argnames="window")(
+        q, pk, pv, jnp.asarray(valid), k, v, jnp.asarray(item_ids), window=512,
+        positions=jnp.asarray(positions), sliding_window=window,
+    )  # fmt: skip
+    same_item = (item_ids[0][:, None] == item_ids[0][None]) & (
+        np.arange(stream)[:, None] >= np.arange(stream)[None]
+    )
+    prefix_mask = np.broadcast_to(valid, (stream, prefix))
+    if sliding is not None:
+        same_item &= positions[0][:, None] - positions[0][None] < sliding
+        prefix_mask = prefix_mask & (positions[0][:, None] - np.arange(prefix)[None] < sliding)
+    mask = np.concatenate([prefix_mask, same_item], axis=1)[None]  # [1, S, T + S]
+    want = attend_dense(q, jnp.concatenate([pk, k], 1), jnp.concatenate([pv, v], 1), mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6, rtol=1e-5)

@@ -7,9 +7,10 @@ from replicas.model.masks import (
     DELIMITER,
     PAD,
     QUERY,
+    key_blocks,
+    lookback,
     own_item_mask,
     segment_mask,
-    window_blocks,
     work_segment_mask,
 )
 
@@ -66,17 +67,30 @@ def test_single_item_rows_are_causal_with_padding():
     np.testing.assert_array_equal(np.asarray(segment_mask(segments)), expected)
 
 
-def test_window_blocks_pair_each_block_with_the_one_before():
-    x = jnp.arange(6)[None]  # one row, S' = 6, W = 2
+def test_key_blocks_pair_each_block_with_the_blocks_before_it():
+    x = jnp.arange(6)[None]  # one row, S' = 6, blocks of 2
     np.testing.assert_array_equal(
-        np.asarray(window_blocks(x, 2, fill=-9))[0], [[-9, -9, 0, 1], [0, 1, 2, 3], [2, 3, 4, 5]]
+        np.asarray(key_blocks(x, 2, 1, fill=-9))[0], [[-9, -9, 0, 1], [0, 1, 2, 3], [2, 3, 4, 5]]
     )
-    np.testing.assert_array_equal(np.asarray(window_blocks(x, 6))[0], [[0, 1, 2, 3, 4, 5]])
+    np.testing.assert_array_equal(
+        np.asarray(key_blocks(x, 2, 2, fill=-9))[0],
+        [[-9, -9, -9, -9, 0, 1], [-9, -9, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]],
+    )
+    np.testing.assert_array_equal(np.asarray(key_blocks(x, 6, 0))[0], [[0, 1, 2, 3, 4, 5]])
+
+
+def test_lookback_reaches_the_start_of_the_longest_item_and_no_further():
+    assert lookback(window=4, block=4, blocks=3) == 1  # the block before, as a window of 4
+    assert lookback(window=512, block=128, blocks=16) == 4  # 511 keys back: four blocks
+    assert lookback(window=513, block=128, blocks=16) == 4
+    assert lookback(window=514, block=128, blocks=16) == 5
+    assert lookback(window=512, block=128, blocks=2) == 1  # only one block before the last
+    assert lookback(window=1, block=1, blocks=8) == 0  # one-token items read themselves
 
 
 def test_own_item_mask_is_causal_within_each_item_across_block_edges():
     # stream: item0(3) item1(2) pad, in blocks of W = 3: [0 0 0] [1 1 -1]
-    mask = np.asarray(own_item_mask(jnp.array([[0, 0, 0, 1, 1, -1]]), 3))[0]  # [2, 3, 6]
+    mask = np.asarray(own_item_mask(jnp.array([[0, 0, 0, 1, 1, -1]]), 3, 1))[0]  # [2, 3, 6]
     first_block = [  # keys: 3 fill slots, then stream 0..2
         [0, 0, 0, 1, 0, 0],
         [0, 0, 0, 1, 1, 0],
@@ -92,6 +106,18 @@ def test_own_item_mask_is_causal_within_each_item_across_block_edges():
 
 def test_own_item_mask_reaches_into_the_previous_block_for_a_straddling_item():
     # item0(1) item1(3) in blocks of W = 2: item 1 spans stream 1..3, across the block edge
-    mask = np.asarray(own_item_mask(jnp.array([[0, 1, 1, 1]]), 2))[0]  # [2, 2, 4]
+    mask = np.asarray(own_item_mask(jnp.array([[0, 1, 1, 1]]), 2, 1))[0]  # [2, 2, 4]
     np.testing.assert_array_equal(mask[1, 0], [0, 1, 1, 0])  # stream 2 reads stream 1 and 2
     np.testing.assert_array_equal(mask[1, 1], [0, 1, 1, 1])  # stream 3 reads 1..3
+
+
+def test_own_item_mask_of_blocks_smaller_than_the_window_reads_back_as_far_as_an_item_reaches():
+    # item0(1) item1(4) pad in blocks of 2 for a window of 4 (lookback 2): item 1 spans stream
+    # 1..4, so stream 4 reads two blocks back
+    mask = np.asarray(own_item_mask(jnp.array([[0, 1, 1, 1, 1, -1]]), 2, 2))[0]  # [3, 2, 6]
+    expected = [
+        [[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]],  # keys: 4 fill slots, stream 0..1
+        [[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]],  # keys: 2 fill slots, stream 0..3
+        [[0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]],  # keys: stream 0..5; padding reads nothing
+    ]
+    np.testing.assert_array_equal(mask, np.array(expected, dtype=bool))

@@ -18,11 +18,14 @@ import numpy as np
 
 from replicas.model.config import ModelConfig
 from replicas.model.lora import with_delta
-from replicas.model.masks import own_item_mask, window_blocks, within_window
+from replicas.model.masks import key_blocks, lookback, own_item_mask, within_window
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
 _INIT = nn.initializers.normal(0.02)
+# Stream tokens per query block of the item stream's own-item part: a block reads the keys an
+# item of at most ``window`` tokens can reach, ``window`` + this many, not ``2 * window``.
+QUERY_BLOCK = 128
 
 
 class RMSNorm(nn.Module):
@@ -136,8 +139,9 @@ def attend_item_stream(
     q: [B, S, H, Dh]; prefix_k/v: [B, T, K, Dh]; prefix_valid: [B, T] bool; k, v:
     [B, S, K, Dh] of the stream; item_ids: [B, S] int (-1 padding) -> [B, S, H, Dh].
     Two partial attentions share one running max and are summed: the prefix part (no mask
-    beyond the query length) and the own-item part over blocks of ``window`` queries reading
-    their block and the one before (exact when no item is longer than ``window``).
+    beyond the query length) and the own-item part over blocks of ``min(window,
+    QUERY_BLOCK)`` queries, each reading its block and the blocks before it that an item of
+    ``window`` tokens can reach (exact when no item is longer than ``window``).
     ``scale``/``softcap``: as ``attend_dense``. ``sliding_window`` ([] int) with the stream's
     ``positions`` [B, S]: a token at p reads only keys at positions > p - sliding_window (a
     prefix key's position is its index).
@@ -146,6 +150,7 @@ def attend_item_stream(
     kv_heads = k.shape[-2]
     scale = head_dim**-0.5 if scale is None else scale
     qg = _group(q, kv_heads)  # [B, S, K, G, Dh]
+    groups = qg.shape[3]
     prefix_logits = jnp.einsum("bskgd,btkd->bkgst", qg, prefix_k).astype(jnp.float32) * scale
     prefix_logits = soft_cap(prefix_logits, softcap)
     readable = prefix_valid[:, None, :]  # [B, 1, T]
@@ -153,37 +158,42 @@ def attend_item_stream(
         prefix_pos = jnp.arange(prefix_valid.shape[1], dtype=jnp.int32)[None]  # [1, T]
         readable = readable & within_window(positions, prefix_pos, sliding_window)  # [B, S, T]
     prefix_logits = jnp.where(readable[:, None, None], prefix_logits, NEG_INF)
-    padded = -(-length // window) * window
+    block = min(window, QUERY_BLOCK)
+    padded = -(-length // block) * block
+    nb = padded // block
+    back = lookback(window, block, nb)
     pad = [(0, 0), (0, padded - length)]
-    qb = jnp.pad(qg, pad + [(0, 0)] * 3).reshape(batch, padded // window, window, *qg.shape[2:])
-    kw = window_blocks(jnp.pad(k, pad + [(0, 0)] * 2), window)  # [B, nb, C, K, Dh]
-    vw = window_blocks(jnp.pad(v, pad + [(0, 0)] * 2), window)
-    mask = own_item_mask(jnp.pad(item_ids, pad, constant_values=-1), window)  # [B, nb, W, C]
+    qb = jnp.pad(qg, pad + [(0, 0)] * 3).reshape(batch, nb, block, kv_heads, groups, head_dim)
+    qb = qb.transpose(0, 1, 3, 4, 2, 5)  # [B, nb, K, G, W, Dh]: batched matmuls, no copies
+    kw = key_blocks(jnp.pad(k, pad + [(0, 0)] * 2), block, back).transpose(0, 1, 3, 2, 4)
+    vw = key_blocks(jnp.pad(v, pad + [(0, 0)] * 2), block, back).transpose(0, 1, 3, 2, 4)
+    mask = own_item_mask(jnp.pad(item_ids, pad, constant_values=-1), block, back)  # [B, nb, W, C]
     if sliding_window is not None:
         pos = jnp.pad(positions, pad)
-        q_pos = pos.reshape(batch, padded // window, window)  # [B, nb, W]
-        k_pos = window_blocks(pos, window)  # [B, nb, C]
+        q_pos = pos.reshape(batch, nb, block)  # [B, nb, W]
+        k_pos = key_blocks(pos, block, back)  # [B, nb, C]
         mask = mask & within_window(q_pos, k_pos, sliding_window)
-    own_logits = jnp.einsum("bnwkgd,bnckd->bnkgwc", qb, kw).astype(jnp.float32) * scale
+    # kw, vw: [B, nb, K, C, Dh]; own_logits: [B, nb, K, G, W, C]
+    own_logits = jnp.einsum("bnkgwd,bnkcd->bnkgwc", qb, kw).astype(jnp.float32) * scale
     own_logits = soft_cap(own_logits, softcap)
     own_logits = jnp.where(mask[:, :, None, None], own_logits, NEG_INF)
     # Running max of both parts, laid out like the prefix part: [B, K, G, S].
-    own_max = jnp.moveaxis(own_logits.max(-1), 1, 3).reshape(batch, kv_heads, -1, padded)
+    own_max = jnp.moveaxis(own_logits.max(-1), 1, 3).reshape(batch, kv_heads, groups, padded)
     top = jnp.maximum(prefix_logits.max(-1), own_max[..., :length])
     prefix_p = jnp.exp(prefix_logits - top[..., None])  # [B, K, G, S, T]
     top_b = jnp.moveaxis(
         jnp.pad(top, [(0, 0)] * 3 + [(0, padded - length)]).reshape(
-            batch, kv_heads, -1, padded // window, window
+            batch, kv_heads, groups, nb, block
         ),
         3,
         1,
     )  # [B, nb, K, G, W]
     own_p = jnp.exp(own_logits - top_b[..., None])  # [B, nb, K, G, W, C]
-    own_sum = jnp.moveaxis(own_p.sum(-1), 1, 3).reshape(batch, kv_heads, -1, padded)
+    own_sum = jnp.moveaxis(own_p.sum(-1), 1, 3).reshape(batch, kv_heads, groups, padded)
     total = prefix_p.sum(-1) + own_sum[..., :length]  # [B, K, G, S]
     out = jnp.einsum("bkgst,btkd->bskgd", prefix_p.astype(v.dtype), prefix_v)
-    own_out = jnp.einsum("bnkgwc,bnckd->bnwkgd", own_p.astype(v.dtype), vw)
-    out = out + own_out.reshape(batch, padded, *own_out.shape[3:])[:, :length]
+    own_out = jnp.einsum("bnkgwc,bnkcd->bnwkgd", own_p.astype(v.dtype), vw)
+    out = out + own_out.reshape(batch, padded, kv_heads, groups, head_dim)[:, :length]
     out = out / jnp.moveaxis(total, 3, 1)[..., None].astype(out.dtype)  # [B, S, K, G, Dh]
     return _ungroup(out)
 

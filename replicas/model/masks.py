@@ -4,7 +4,8 @@ Every function works on jnp arrays inside a jitted step; tests compare them with
 matrices. ``True`` means "may attend". Two families: dense rows (``segment_mask``: single-item
 rows and RFC-008's packed reference row; ``work_segment_mask``: several small works back to
 back in one row, the fused layout) and the item stream's own-item part
-(``own_item_mask``: blocks of W stream tokens reading their block and the one before).
+(``own_item_mask``: blocks of stream tokens reading their block and the blocks before it
+that an item of at most the window's length can reach).
 
 Segment ids of a token row (``segments``): ``0`` query, ``i + 1`` item i, ``DELIMITER`` a
 delimiter, ``PAD`` padding. From them one rule gives every dense layout:
@@ -49,25 +50,32 @@ def within_window(q_positions: Array, k_positions: Array, window: Array) -> Arra
     return (q_positions[..., :, None] - k_positions[..., None, :]) < window
 
 
-def window_blocks(x: Array, window: int, fill: int = 0) -> Array:
-    """[B, S', ...] in blocks of ``window`` -> [B, S'/W, 2W (W when one block), ...]: each
-    block with the block before it (``fill`` before the first)."""
+def lookback(window: int, block: int, blocks: int) -> int:
+    """Key blocks before a block of ``block`` queries that an item of at most ``window``
+    tokens can reach: ceil((window - 1) / block), no more than the ``blocks`` - 1 there are."""
+    return max(0, min(-(-(window - 1) // block), blocks - 1))
+
+
+def key_blocks(x: Array, block: int, back: int, fill: int = 0) -> Array:
+    """[B, S', ...] in blocks of ``block`` -> [B, S'/block, (back + 1) * block, ...]: each
+    block with the ``back`` blocks before it, oldest first (``fill`` before the stream)."""
     batch, length = x.shape[:2]
-    blocks = x.reshape(batch, length // window, window, *x.shape[2:])
-    if blocks.shape[1] == 1:
+    count = length // block
+    blocks = x.reshape(batch, count, block, *x.shape[2:])
+    if back == 0:
         return blocks
-    previous = jnp.concatenate([jnp.full_like(blocks[:, :1], fill), blocks[:, :-1]], axis=1)
-    return jnp.concatenate([previous, blocks], axis=2)
+    lead = jnp.full((batch, back, *blocks.shape[2:]), fill, x.dtype)
+    padded = jnp.concatenate([lead, blocks], axis=1)  # [B, back + count, block, ...]
+    return jnp.concatenate([padded[:, i : i + count] for i in range(back + 1)], axis=2)
 
 
-def own_item_mask(item_ids: Array, window: int) -> Array:
-    """[B, S'] item ids (-1 padding), S' a multiple of W -> [B, S'/W, W, 2W] (or [.., W, W]):
-    query i of block j may read window key c iff both are in the same item and c is not later.
-    """
+def own_item_mask(item_ids: Array, block: int, back: int) -> Array:
+    """[B, S'] item ids (-1 padding), S' a multiple of ``block`` -> [B, S'/block, block, C]
+    with C = (back + 1) * block (``key_blocks``' keys): query i of block j may read key c
+    iff both are in the same item and c is not later."""
     batch, length = item_ids.shape
-    queries = item_ids.reshape(batch, length // window, window)  # [B, nb, W]
-    keys = window_blocks(jnp.where(item_ids < 0, -2, item_ids), window, fill=-2)  # [B, nb, W or 2W]
-    offset = keys.shape[-1] - window  # keys before the block
-    causal = jnp.arange(keys.shape[-1])[None, :] <= jnp.arange(window)[:, None] + offset
+    queries = item_ids.reshape(batch, length // block, block)  # [B, nb, block]
+    keys = key_blocks(jnp.where(item_ids < 0, -2, item_ids), block, back, fill=-2)  # [B, nb, C]
+    causal = jnp.arange(keys.shape[-1])[None, :] <= jnp.arange(block)[:, None] + back * block
     same = (queries[..., :, None] == keys[..., None, :]) & (queries[..., :, None] >= 0)
     return same & causal
