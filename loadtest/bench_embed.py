@@ -66,11 +66,12 @@ def corpus(count: int, low: int, high: int, seed: int = 0) -> list[str]:
 
 def served_seconds(
     model_dir: Path, texts: list[str], args: argparse.Namespace
-) -> tuple[float, int]:
+) -> tuple[float, int, dict[str, float]]:
     """Wall seconds of the shipped app embedding ``texts`` over HTTP (requests of
     ``args.per_request`` texts, ``args.concurrency`` in flight, each 503 sent again after its
-    Retry-After, as a client does) after one untimed round; and the 503s retried."""
-    from loadtest.bench_batch_serve import RetryingClient, served_app
+    Retry-After, as a client does) after one untimed round; the 503s retried; and how far
+    the run moved the replica's counters (``/v1/stats``)."""
+    from loadtest.bench_batch_serve import RetryingClient, served_app, stats
 
     step = args.per_request
     bodies = [
@@ -80,7 +81,10 @@ def served_seconds(
         client = RetryingClient(url, args.concurrency, 600.0, route="/v1/embeddings")
         try:
             client.run(bodies[: args.concurrency])  # untimed: the first steps
-            return client.run(bodies)
+            before = stats(url)
+            seconds, retried = client.run(bodies)
+            after = stats(url)
+            return seconds, retried, {k: after[k] - before[k] for k in (*COUNTERS, "steps")}
         finally:
             client.close()
 
@@ -161,7 +165,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     texts = corpus(args.texts, args.min_tokens, args.max_tokens)
     r = in_process(settings, texts, model_dir)  # its engine is gone before the app starts
     print({k: v for k, v in r.items() if not k.endswith("_moved")}, flush=True)
-    r["served_s"], r["served_retried"] = served_seconds(model_dir, texts, args)
+    r["served_s"], r["served_retried"], r["served_moved"] = served_seconds(model_dir, texts, args)
     r |= {"texts": len(texts), "layers": args.layers}
     for path in ("engine", "batch", "st", "served"):
         r[path] = r["tokens"] / r[f"{path}_s"]
@@ -202,18 +206,24 @@ def write_report(r: dict[str, Any], args: argparse.Namespace, path: Path) -> Non
 
 
 def where_the_time_goes(r: dict[str, Any]) -> list[str]:
-    """The engine's own seconds and compiles inside the in-process runs."""
+    """The engine's own seconds and compiles in each run (served: the replica's)."""
     lines = []
     for name, seconds, moved in (
         ("engine", r["engine_s"], r["engine_moved"]),
         ("batch", r["batch_s"], r["batch_moved"]),
+        ("served", r["served_s"], r["served_moved"]),
     ):
         lines.append(
             f"- {name}: {moved['engine_seconds']:.1f} of its {seconds:.1f} s in engine steps; "
             f"{moved['request_path_compiles']} request-path and "
-            f"{moved['background_compiles']} background compiles"
+            f"{moved['background_compiles']} background compiles" + steps_and_padding(moved)
         )
     return lines
+
+
+def steps_and_padding(moved: dict[str, float]) -> str:
+    """ "; N steps, padding P" where the counters hold steps (the replica's), else ""."""
+    return f"; {moved['steps']} steps, padding {padding(moved):.3f}" if "steps" in moved else ""
 
 
 def main() -> None:
