@@ -15,6 +15,7 @@ RUNS = {
     "e": "(e) engine, each query's rows as one work, in process",
     "a sorted": "(a) `--engine local`, rows sorted by query, `--no-group`",
     "a shuffled": "(a) `--engine local`, rows shuffled, grouped in the job (the default)",
+    "a shuffled, cache warm": "(a) the same shuffled, grouped job again on its compilation cache",
     "a shuffled --no-group": "(a) `--engine local`, rows shuffled, `--no-group`",
     "b": "(b) `--engine serve` through the running app, rows sorted by query",
     "c": "(c) HTTP, one /v1/score request per row, concurrency 4",
@@ -23,9 +24,11 @@ RUNS = {
 }
 # Targets of issue 34 (docs/batch.md): (a) >= 0.9x (e) and (c'), >= 5x (c) at 10 rows per
 # query; sorted input within 1.15x of grouped input. Issue 46: shuffled input, grouped in the
-# job, within 1.15x of sorted input's time (wall).
+# job, within 1.15x of sorted input's time (wall); the job >= 0.9x the engine alone, both
+# warm (the job on the compilation cache its first run left, as the shipped config keeps).
 TARGETS = {
     "a/e": 0.9,
+    "a warm/e": 0.9,
     "a/c'": 0.9,
     "a/c": 5.0,
     "grouped/sorted": 1.15,
@@ -148,7 +151,9 @@ def ratios(runs: Mapping[str, Rate]) -> dict[str, float | None]:
     """The issues' ratios on steady items/s; ``grouped/sorted`` is (e) over (a) sorted
     (the engine given each query's rows as one work is the grouped input's packing); the
     shuffled slowdowns: (a) sorted over (a) shuffled (grouped in the job; and ``--no-group``),
-    per engine second and per wall second (the job's whole time, shuffle included)."""
+    per engine second and per wall second (the job's whole time, shuffle included); ``a
+    warm/e``: the shuffled job run again on its compilation cache, per engine second, over
+    (e) (which is timed after its own compiles)."""
     sorted_, shuffled = runs.get("a sorted"), runs.get("a shuffled")
     return {
         "a/e": ratio(sorted_, runs.get("e")),
@@ -156,6 +161,7 @@ def ratios(runs: Mapping[str, Rate]) -> dict[str, float | None]:
         "a/c": ratio(sorted_, runs.get("c")),
         "grouped/sorted": ratio(runs.get("e"), sorted_),
         "a shuffled/e": _engine_ratio(shuffled, runs.get("e")),
+        "a warm/e": _engine_ratio(runs.get("a shuffled, cache warm"), runs.get("e")),
         "shuffled slowdown": ratio(sorted_, shuffled),
         "shuffled slowdown (wall)": _wall_ratio(sorted_, shuffled),
         "shuffled slowdown, --no-group (wall)": _wall_ratio(
@@ -235,8 +241,9 @@ def section_body(
         f"{before}, after {after}",
         "- wall: the job's whole time (actor start, model load and compiles included for (a)); "
         "steady: items after the first result arrived over the time after it ((a), (b)), "
-        "else per engine second; HTTP runs and (d) after untimed warm-up requests; (a) without "
-        "the persistent compilation cache (each job compiles), the app with it as shipped",
+        "else per engine second; HTTP runs and (d) after untimed warm-up requests; each first "
+        "(a) job on an empty compilation cache (it compiles, steps beside its compiles), the "
+        "cache-warm (a) on the cache its first run left, the app with the shipped one",
         "- (b) scores the same rows as (a); (c) and (c') rows of the same shape with queries of "
         "their own, so the app's query cache holds none of them when they start",
         "- engine s, steps, cache hits, tokens: the engine's counters ((b), (c), (c'): the "

@@ -82,6 +82,7 @@ def test_ratios_and_the_section_show_every_run_and_target() -> None:
         "e": Rate(100, 10.0, steady_items_per_s=10.0),
         "a sorted": Rate(200, 40.0, steady_items_per_s=9.0),
         "a shuffled": Rate(200, 50.0, steady_items_per_s=6.0),
+        "a shuffled, cache warm": Rate(200, 30.0, steady_items_per_s=7.0, engine_s=21.0),
         "c": Rate(20, 10.0),
         "c'": Rate(200, 25.0),
     }
@@ -90,12 +91,13 @@ def test_ratios_and_the_section_show_every_run_and_target() -> None:
     assert values["a/c"] == pytest.approx(4.5) and values["grouped/sorted"] == pytest.approx(10 / 9)
     assert values["shuffled slowdown"] == pytest.approx(1.5)
     assert values["shuffled slowdown (wall)"] == pytest.approx(5.0 / 4.0)
+    assert values["a warm/e"] == pytest.approx(200 / 21.0 / 10.0)  # per engine second
     body = section_body(
         "python -m loadtest.bench_batch", "cpu, 2 cores", [(1, 2, 3), (4, 5, 6)], {"200x10": runs}
     )
     assert "before 1.00, 2.00, 3.00, after 4.00, 5.00, 6.00" in body
     assert (
         "### 200x10" in body
-        and "| 200x10 | 0.90 | 1.12 | 4.50 | 1.11 |  | 1.50 | 1.25 |  |" in body
+        and "| 200x10 | 0.90 | 1.12 | 4.50 | 1.11 |  | 0.95 | 1.50 | 1.25 |  |" in body
     )
     assert "(b) `--engine serve`" not in body  # a run not measured has no line
