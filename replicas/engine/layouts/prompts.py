@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
 
@@ -24,7 +23,6 @@ import numpy as np
 
 from replicas.contract import MAX_TOP_LOGPROBS, PromptLogprobs, PromptWork
 from replicas.engine.layouts.common import (
-    BucketDims,
     ScoreIndex,
     bucket_for,
     data_buckets,
@@ -34,7 +32,6 @@ from replicas.engine.layouts.common import (
 from replicas.engine.layouts.prefix_blocks import (
     PrefixEntry,
     assemble,
-    fit_width,
     row_pieces,
     split_entries,
 )
@@ -46,6 +43,17 @@ from replicas.engine.layouts.prompt_plan import (
     least_loaded,
     reuse_pays,
     split_lone,
+)
+from replicas.engine.layouts.prompt_units import (
+    MAX_REMAINDER,
+    CachedPrompt,
+    Need,
+    PromptPrefixDims,
+    PromptStreamDims,
+    Unit,
+    block_chunks,
+    packed_units,
+    per_block_counts,
 )
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import window_for
@@ -59,93 +67,6 @@ from replicas.engine.layouts.token_steps import (
 )
 from replicas.engine.prefix_index import PrefixIndex
 from replicas.model.causal_lm import CausalLM
-
-MAX_REMAINDER = 512  # the most tokens of one prompt run behind a prefix (an item)
-Need = tuple[int, tuple[int, ...], int, tuple[Any, ...]]  # (block, tokens, top_k, prefix key)
-
-
-@dataclass(frozen=True, order=True)
-class PromptPrefixDims(BucketDims):
-    """A prompt prefix step: ``batch`` prefixes of ``tokens``, ``top_k`` alternatives."""
-
-    batch: int
-    tokens: int
-    top_k: int
-
-    @property
-    def cost(self) -> int:
-        return self.batch * self.tokens
-
-
-@dataclass(frozen=True, order=True)
-class PromptStreamDims(BucketDims):
-    """A prompt item-stream step (``StreamDims`` with ``top_k`` in place of labels)."""
-
-    batch: int
-    prefix: int
-    tokens: int
-    window: int
-    top_k: int
-
-    @property
-    def cost(self) -> int:
-        return self.batch * (self.tokens + self.prefix) * 64 + self.window + self.top_k
-
-
-@dataclass(frozen=True)
-class CachedPrompt:
-    """A prefix in the query cache: its keys/values on one data block, the hidden states at
-    its block ends (device -> ``[1, n / PREFIX_BLOCK, D]``), and the log-prob of each of its
-    tokens and the top-k after each (row j: after ``tokens[:j]``; row 0 unused)."""
-
-    tokens: tuple[int, ...]
-    entry: PrefixEntry
-    states: dict[Any, jax.Array]
-    token_logprobs: np.ndarray  # [n]
-    top_ids: np.ndarray  # [n, k]
-    top_logprobs: np.ndarray  # [n, k]
-    extra_bytes: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.entry.nbytes + self.extra_bytes
-
-    @property
-    def top_k(self) -> int:
-        return self.top_ids.shape[1]
-
-    def read(self, reused: int, width: int) -> PrefixEntry:
-        """The entry a stream row reading the first ``reused`` tokens sees at ``width``."""
-        entry = self.entry
-        keys = {d: fit_width(a, width) for d, a in entry.keys.items()}
-        values = {d: fit_width(a, width) for d, a in entry.values.items()}
-        block = reused // PREFIX_BLOCK - 1
-        last = {d: s[:, block] for d, s in self.states.items()}  # [1, D]
-        return PrefixEntry(keys, values, last, reused, width, entry.block, entry.nbytes)
-
-
-@dataclass(frozen=True)
-class Unit:
-    """Prompts of one work behind one prefix, run in one stream row on ``block``."""
-
-    work: int
-    members: tuple[int, ...]
-    items: tuple[tuple[int, ...], ...]
-    reused: int
-    block: int
-    top_k: int
-    source: CachedPrompt | None = None
-    prefix: tuple[int, ...] = ()  # a prefix to compute (when source is None and reused > 0)
-    owner: tuple[int, ...] = ()  # who alone reads the prefix (prefix_reuse off), else ()
-
-    @property
-    def prefix_key(self) -> tuple[Any, ...]:
-        """One computed prefix per key: the tokens on a data block (and its only reader)."""
-        return (self.prefix, self.block, self.owner)
-
-    @property
-    def size(self) -> int:
-        return sum(len(item) for item in self.items)
 
 
 class PromptLayout:
@@ -227,7 +148,7 @@ class PromptLayout:
             )
             if not work.keep_lone_prefixes:
                 groups, lone = split_lone(work.prompts, groups, limit)
-                units += _packed_units(w, work, lone, capacity, top_k, load)
+                units += packed_units(w, work, lone, capacity, top_k, load)
             for group in groups:
                 prompts = [work.prompts[i] for i in group.members]
                 reused, source = self._lookup(prompts, group.prefix_length, top_k, use_cache)
@@ -284,8 +205,8 @@ class PromptLayout:
             by_width.setdefault(width, []).append((block, tokens, top_k, key))
         per_block = buckets[-1] // groups
         for width, needs in sorted(by_width.items()):
-            for chunk in _block_chunks(needs, groups, per_block):
-                fullest = max(_per_block_counts(chunk, groups))
+            for chunk in block_chunks(needs, groups, per_block):
+                fullest = max(per_block_counts(chunk, groups))
                 batch = bucket_for(fullest * groups, buckets, "batch_buckets")
                 top_k = max(need[2] for need in chunk)
                 yield PromptPrefixDims(batch, width, top_k), chunk
@@ -304,8 +225,8 @@ class PromptLayout:
             by_width.setdefault(width(unit), []).append(unit)
         per_block = buckets[-1] // groups
         for prefix, group in by_width.items():
-            for chunk in _block_chunks(group, groups, per_block, block_of=lambda u: u.block):
-                fullest = max(_per_block_counts(chunk, groups, block_of=lambda u: u.block))
+            for chunk in block_chunks(group, groups, per_block, block_of=lambda u: u.block):
+                fullest = max(per_block_counts(chunk, groups, block_of=lambda u: u.block))
                 tokens = bucket_for(
                     max(u.size for u in chunk), settings.item_token_buckets, "item_token_buckets"
                 )
@@ -480,20 +401,6 @@ class PromptLayout:
             out.top_ids[j], out.top_logprobs[j] = ids[row, :k], best[row, :k]
 
 
-def _packed_units(
-    w: int, work: PromptWork, lone: Sequence[int], capacity: int, top_k: int, load: list[int]
-) -> list[Unit]:
-    """Prompts ``lone`` run whole (no prefix), as many per stream row as ``capacity`` holds,
-    each row on the least loaded data block."""
-    items = [tuple(work.prompts[i]) for i in lone]
-    units = []
-    for start, end in chunk_members(items, capacity):
-        block = least_loaded(load)
-        units.append(Unit(w, tuple(lone[start:end]), tuple(items[start:end]), 0, block, top_k))
-        load[block] += 1
-    return units
-
-
 def _kv_shape(model: CausalLM) -> tuple[int, int, int, int]:
     c = model.config
     return c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size
@@ -505,28 +412,3 @@ def _empty(length: int, k: int) -> PromptLogprobs:
         np.full((length + 1, k), -1, np.int32),
         np.full((length + 1, k), np.nan, np.float32),
     )
-
-
-def _per_block_counts(chunk: Sequence[Any], groups: int, block_of: Any = None) -> list[int]:
-    counts = [0] * groups
-    for need in chunk:
-        counts[block_of(need) if block_of else need[0]] += 1
-    return counts
-
-
-def _block_chunks(
-    needs: Sequence[Any], groups: int, per_block: int, block_of: Any = None
-) -> Iterator[list[Any]]:
-    """``needs`` in steps holding at most ``per_block`` of each data block's."""
-    pending = list(needs)
-    while pending:
-        counts, step, rest = [0] * groups, [], []
-        for need in pending:
-            block = block_of(need) if block_of else need[0]
-            if counts[block] < per_block:
-                counts[block] += 1
-                step.append(need)
-            else:
-                rest.append(need)
-        yield step
-        pending = rest
