@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from replicas.settings import ReplicaSettings, SettingsError
 
 RESULT_COLUMNS = ("scores", "error", "error_message")
 FORMATS = ("parquet", "jsonl", "csv")
+TALLY_PREFIX = "scorejax-batch-tally-"  # a running job's counts actor (named: findable)
 
 
 def settings_from_config(config: Path | None = None) -> ReplicaSettings:
@@ -392,9 +394,13 @@ class Job:
         use_checkpoint(self.checkpoint, id_column)
         # On the driver's node: a node lost mid-job must not take the job's counts with it.
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-        tally = ray.remote(Tally).options(num_cpus=0, scheduling_strategy=here).remote()
-        start = time.perf_counter()
-        ds = read_input(self.input_path, self.input_format, self.cpu_share)
-        out = write_output(scored(ds, tally), self.output, self.output_format, self.cpu_share)
-        wall = time.perf_counter() - start
-        return Summary.from_totals(ray.get(tally.totals.remote()) | shuffle_cost(out), wall)
+        name = f"{TALLY_PREFIX}{uuid.uuid4().hex}"
+        tally = ray.remote(Tally).options(name=name, num_cpus=0, scheduling_strategy=here).remote()
+        try:  # the tally's worker process ends with the job (many jobs run from one driver)
+            start = time.perf_counter()
+            ds = read_input(self.input_path, self.input_format, self.cpu_share)
+            out = write_output(scored(ds, tally), self.output, self.output_format, self.cpu_share)
+            wall = time.perf_counter() - start
+            return Summary.from_totals(ray.get(tally.totals.remote()) | shuffle_cost(out), wall)
+        finally:
+            ray.kill(tally)

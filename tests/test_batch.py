@@ -27,6 +27,7 @@ from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.__main__ import main
 from batch.pipeline import (
+    TALLY_PREFIX,
     EngineOptions,
     run_score_job,
     score_dataset,
@@ -363,6 +364,10 @@ def test_the_rerank_command_writes_what_v1_rerank_answers(
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     argv = ["rerank", "--input", str(source), "--output", str(tmp_path / "out")]
     assert main([*argv, "--config", str(config_file), "--output-format", "jsonl"]) == 0
+    import ray.util
+
+    named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
+    assert not [n for n in named if n.startswith(TALLY_PREFIX)]  # the job's counts actor ended
     written = {row["id"]: row for row in written_rows(tmp_path / "out")}
     settings = settings_from_config(config_file)
     service, engine = ScoringService.from_settings(settings), ScoringEngine.from_settings(settings)
