@@ -164,7 +164,7 @@ def attend_item_stream(
     back = lookback(window, block, nb)
     pad = [(0, 0), (0, padded - length)]
     qb = jnp.pad(qg, pad + [(0, 0)] * 3).reshape(batch, nb, block, kv_heads, groups, head_dim)
-    qb = qb.transpose(0, 1, 3, 4, 2, 5)  # [B, nb, K, G, W, Dh]: batched matmuls, no copies
+    qb = qb.transpose(0, 1, 3, 4, 2, 5)  # [B, nb, K, G, W, Dh]: both einsums plain batched matmuls
     kw = key_blocks(jnp.pad(k, pad + [(0, 0)] * 2), block, back).transpose(0, 1, 3, 2, 4)
     vw = key_blocks(jnp.pad(v, pad + [(0, 0)] * 2), block, back).transpose(0, 1, 3, 2, 4)
     mask = own_item_mask(jnp.pad(item_ids, pad, constant_values=-1), block, back)  # [B, nb, W, C]
