@@ -222,7 +222,7 @@ def where_the_time_goes(r: dict[str, Any]) -> list[str]:
 
 
 def steps_and_padding(moved: dict[str, float]) -> str:
-    """ "; N steps, padding P" where the counters hold steps (the replica's), else ""."""
+    """The suffix '; N steps, padding P' where the counters hold steps (the replica's)."""
     return f"; {moved['steps']} steps, padding {padding(moved):.3f}" if "steps" in moved else ""
 
 
