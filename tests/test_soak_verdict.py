@@ -1,8 +1,8 @@
-"""loadtest.soak's verdict on literal samples: it judges the RSS floor, first window to last."""
+"""loadtest.soak_verdict on literal samples: it judges the RSS floor, first window to last."""
 
 from __future__ import annotations
 
-from loadtest.soak import verdict
+from loadtest.soak_verdict import verdict
 
 KINDS = frozenset({"fresh"})
 
