@@ -63,7 +63,7 @@ from loadtest.bench_batch_serve import (
     warm,
 )
 from loadtest.bench_common import LABELS, machine_description, write_section
-from loadtest.bench_serve import Deadline, DeadlineExceeded
+from loadtest.server_client import Deadline, DeadlineExceeded
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings
 

@@ -23,7 +23,7 @@ import yaml
 
 from loadtest.bench_batch_report import Rate, stat_rate, steady_items_per_s
 from loadtest.bench_common import LABELS
-from loadtest.bench_serve import JSON_HEADERS, Deadline, Server, score_body
+from loadtest.server_client import JSON_HEADERS, Deadline, Server, score_body
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_CONFIG = ROOT / "serve_config.yaml"

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from loadtest.bench_serve import Deadline, Server, score_body
 from loadtest.bench_serve_report import ID_RANGE, Sample, ratio, total
+from loadtest.server_client import Deadline, Server, score_body
 
 ITEM_COUNTS = (10, 100)
 QUERY_TOKENS, ITEM_TOKENS = 300, 10

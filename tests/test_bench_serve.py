@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadtest.bench_common import replace_section, write_section
-from loadtest.bench_serve import loopback_url, parse_args
+from loadtest.bench_serve import parse_args
 from loadtest.bench_serve_report import (
     SECTION,
     CacheResult,
@@ -27,6 +27,7 @@ from loadtest.bench_serve_report import (
     targets,
     targets_table,
 )
+from loadtest.server_client import loopback_url
 
 DOC = """# Benchmarks
 

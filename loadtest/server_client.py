@@ -1,0 +1,165 @@
+"""A running scorejax server as the benchmarks drive it: strictly one request at a time over
+loopback HTTP, readiness polled (``GET /health``), its ``GET /v1/stats`` counters read around
+each timed request, and a ``Deadline`` every wait checks (``loadtest.bench_serve``,
+``bench_batch``, ``first_minute``)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+
+from loadtest.bench_common import LABELS
+from loadtest.bench_serve_report import Sample
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+class ScoreFailed(RuntimeError):
+    """A score request got no 200 answer (an error status, a time-out, no connection)."""
+
+
+class DeadlineExceeded(RuntimeError):
+    """The run's time budget (--deadline-s) is spent."""
+
+
+class ServerNotReady(RuntimeError):
+    """GET /health did not answer 200 in time."""
+
+
+def loopback_url(url: str) -> str:
+    """``url`` without a trailing slash; ValueError unless it is http(s) to a loopback host."""
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    if parsed.scheme not in ("http", "https") or not _is_loopback(host):
+        raise ValueError(f"{url!r} is not an http(s) URL of a loopback address")
+    return url.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """A monotonic-clock instant after which no new request is sent."""
+
+    stop_at: float
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        return cls(time.monotonic() + seconds)
+
+    def check(self) -> None:
+        if time.monotonic() > self.stop_at:
+            raise DeadlineExceeded("the --deadline-s budget is spent")
+
+
+class Server:
+    """A scorejax server at a loopback URL, driven strictly one request at a time."""
+
+    def __init__(self, base_url: str, deadline: Deadline, timeout_s: float = 300.0) -> None:
+        self._base = loopback_url(base_url)
+        self._deadline = deadline
+        self._client = httpx.Client(timeout=timeout_s)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def check_deadline(self) -> None:
+        """DeadlineExceeded once the run's time budget is spent."""
+        self._deadline.check()
+
+    def wait_healthy(self, timeout_s: float, poll_s: float = 1.0) -> None:
+        """Poll GET /health until it answers 200; RuntimeError after ``timeout_s``."""
+        stop_at = time.monotonic() + timeout_s
+        while time.monotonic() < stop_at:
+            try:
+                if self._client.get(f"{self._base}/health", timeout=10).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(poll_s)
+        raise ServerNotReady(f"{self._base}/health did not answer 200 within {timeout_s:.0f} s")
+
+    def model_id(self) -> str | None:
+        """The served model's id from GET /v1/models (None if unreadable)."""
+        try:
+            return str(self._client.get(f"{self._base}/v1/models").json()["data"][0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+            return None
+
+    def stats(self) -> dict[str, Any]:
+        """GET /v1/stats of the scoring replica; {} when it cannot be read."""
+        try:
+            response = self._client.get(f"{self._base}/v1/stats")
+            body = response.json() if response.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return {}
+        return body if isinstance(body, dict) else {}
+
+    def score(self, body: bytes) -> float:
+        """POST /v1/score; wall seconds until the full answer. ScoreFailed unless 200."""
+        self.check_deadline()
+        start = time.perf_counter()
+        try:
+            response = self._client.post(
+                f"{self._base}/v1/score", content=body, headers=JSON_HEADERS
+            )
+        except httpx.HTTPError as error:
+            raise ScoreFailed(f"no answer ({type(error).__name__})") from None
+        wall = time.perf_counter() - start
+        if response.status_code != 200:
+            raise ScoreFailed(f"HTTP {response.status_code} {_reason(response)}")
+        return wall
+
+    def warm(self, body: bytes) -> None:
+        """Untimed requests of ``body``'s shape until its own signature is compiled: a new
+        shape runs on a covering signature and compiles once it recurs (a second request
+        when the first was declined as a one-off), then ``settle``."""
+        before = self.stats().get("declined_one_off", 0)
+        self.score(body)
+        if self.stats().get("declined_one_off", 0) > before:
+            self.score(body)
+        self.settle()
+
+    def settle(self, timeout_s: float = 300.0, poll_s: float = 0.5) -> None:
+        """Poll /v1/stats until no background compile is pending (bounded): timed requests
+        should see the steady state users get from then on."""
+        stop_at = time.monotonic() + timeout_s
+        while time.monotonic() < stop_at and self.stats().get("background_pending", 0):
+            time.sleep(poll_s)
+
+    def timed(self, body: bytes) -> Sample:
+        """One score request with the replica stats read right before and after it."""
+        before = self.stats()
+        wall = self.score(body)
+        return Sample.between(wall, before, self.stats())
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("reason", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
+def score_body(query: list[int], items: list[list[int]], item_first: bool = False) -> bytes:
+    """A /v1/score body in token ids (no tokenizer involved)."""
+    payload = {
+        "query": query,
+        "items": items,
+        "label_token_ids": list(LABELS),
+        "item_first": item_first,
+    }
+    return json.dumps(payload).encode()
