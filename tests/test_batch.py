@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+import ray.util
 import yaml
 
 from app.errors import ScoreRequestError
@@ -364,8 +365,6 @@ def test_the_rerank_command_writes_what_v1_rerank_answers(
     source.write_text("".join(json.dumps(row) + "\n" for row in rows))
     argv = ["rerank", "--input", str(source), "--output", str(tmp_path / "out")]
     assert main([*argv, "--config", str(config_file), "--output-format", "jsonl"]) == 0
-    import ray.util
-
     named = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)]
     assert not [n for n in named if n.startswith(TALLY_PREFIX)]  # the job's counts actor ended
     written = {row["id"]: row for row in written_rows(tmp_path / "out")}
