@@ -7,9 +7,13 @@ against peft unmerged and merged."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
+from cluster.mesh import build_mesh
+from replicas.checkpoints.loading import load_model
 from replicas.contract import PromptWork, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
 from replicas.settings import ReplicaSettings
@@ -227,3 +231,32 @@ def test_fused_rows_mix_adapters_token_by_token(qwen3):
     for work, out in zip(works, outputs, strict=True):
         reference = reference_scores(_peft(qwen3, work.adapter), _rows(work), list(LABELS))
         assert np.abs(out - reference).max() <= TO_PEFT, work.adapter
+
+
+def test_grouped_update_equals_peft_in_every_layout(qwen3):
+    """The update grouped by slot (model.slot_routing, what ``auto`` runs from 33 slots on)
+    forced on the same adapters: fused rows mixing a, b and the base token by token, a
+    shared prefix with its item stream, single-item rows and prompt log-probs each equal
+    peft."""
+    adapters = (("a", str(qwen3["paths"]["a"])), ("b", str(qwen3["paths"]["b"])))
+    settings = ReplicaSettings(
+        **{**SETTINGS, "fused_step_tokens": 32}, model=str(qwen3["base"]), lora_adapters=adapters
+    )
+    mesh = build_mesh(settings.mesh_shape)
+    loaded = load_model(settings.model, mesh, settings.dtype)
+    grouped = dataclasses.replace(loaded.model, lora_update="grouped")
+    engine = ScoringEngine(grouped, loaded.params, mesh, settings, "qwen3-grouped")
+    rng = np.random.default_rng(90)
+    small = [
+        ScoreWork(_ids(rng, 5), (_ids(rng, 2), _ids(rng, 3)), LABELS, adapter=name)
+        for name in ("a", "b", None)
+    ]
+    works = [*small, _work(91, "b"), _work(92, "a", item_first=True)]
+    for work, out in zip(works, engine.score_batch(works), strict=True):
+        reference = reference_scores(_peft(qwen3, work.adapter), _rows(work), list(LABELS))
+        assert np.abs(out - reference).max() <= TO_PEFT, work.adapter
+    prompt = _ids(rng, 9)
+    ((answer,),) = engine.score_batch([PromptWork((prompt,), top_k=1, adapter="a")])
+    (reference,) = reference_logprobs(_peft(qwen3, "a"), [list(prompt)])
+    expected = reference[np.arange(len(prompt) - 1), list(prompt[1:])]
+    assert np.abs(answer.token_logprobs[1:] - expected).max() <= TO_PEFT

@@ -80,6 +80,7 @@ class ScoringEngine:
         vocab = model.config.vocab_size
         check_delimiter_in_vocab(settings, vocab, name)
         model = with_attention(model, settings.attention, mesh)
+        model = dataclasses.replace(model, lora_groups=int(mesh.shape["data"]))
         self._lora = start_slots(model, params, mesh, settings, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}

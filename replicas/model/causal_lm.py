@@ -144,7 +144,7 @@ class DecoderLayer(nn.Module):
         lora: Any = None,
     ) -> tuple[Array, Array, Array]:
         """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh]).
-        ``lora``: (this layer's adapter stacks, one-hot slots [B, T, M]), see model.lora."""
+        ``lora``: (this layer's adapter stacks, the step's slot route), see model.lora."""
         q, k, v = self._qkv(x, positions, kind, lora)
         attended = self.dense_attention(q, k, v, self._dense_spec(spec, positions, kind))
         return self._mlp_block(self._attn_block(x, attended, lora), lora), k, v
@@ -192,6 +192,11 @@ class CausalLM:
     stream_attention: Callable[..., Array] = attend_item_stream
     # Dense rows' attention (``masked_attention``, or a fused causal kernel on GPU).
     dense_attention: Callable[..., Array] = masked_attention
+    # Groups of rows the LoRA update sorts tokens by slot within (model.slot_routing): the
+    # mesh's data axis, so no token moves across data shards.
+    lora_groups: int = 1
+    # The LoRA update's form (model.lora.update_form): "auto", "dense" or "grouped".
+    lora_update: str = "auto"
 
     @property
     def layer(self) -> DecoderLayer:
@@ -252,13 +257,13 @@ class CausalLM:
         With adapter slots (``params["lora"]``) tokens are tagged ids (model.lora)."""
         layer = self.layer
         tokens, slots = split_tagged(params, tokens, self.config.vocab_size)
-        stacks, onehot = layer_inputs(params, slots, self.dtype)
+        stacks, route = layer_inputs(params, slots, self.lora_groups, self.lora_update)
 
         def step(
             h: Array, scanned: tuple[Params, LayerKind | None, Params | None]
         ) -> tuple[Array, tuple[Array, Array]]:
             layer_params, kind, lora = scanned
-            lora_in = None if lora is None else (lora, onehot)
+            lora_in = None if lora is None else (lora, route)
             h, k, v = layer.apply({"params": layer_params}, h, positions, spec, kind, lora_in)
             return h, (k, v)
 
@@ -298,13 +303,13 @@ class CausalLM:
         extended by its stream: one item of the query's remaining tokens)."""
         layer = self.layer
         tokens, slots = split_tagged(params, tokens, self.config.vocab_size)
-        stacks, onehot = layer_inputs(params, slots, self.dtype)
+        stacks, route = layer_inputs(params, slots, self.lora_groups, self.lora_update)
 
         def step(
             h: Array, scanned: tuple[Params, Array, Array, LayerKind | None, Params | None]
         ) -> tuple[Array, tuple[Array, Array]]:
             layer_params, k, v, kind, lora = scanned
-            lora_in = None if lora is None else (lora, onehot)
+            lora_in = None if lora is None else (lora, route)
             out, own_k, own_v = layer.apply(
                 {"params": layer_params}, h, positions, spec, k, v, kind, lora_in,
                 method=DecoderLayer.stream,

@@ -15,22 +15,28 @@ without a new argument, and everything keyed by token ids (the query cache, pref
 is keyed by adapter too: a cached query of adapter A is never read for adapter B. Padding
 (id 0) reads slot 0. The model splits a tagged id into (id, slot) before the embedding.
 
-The update per token is ``(x @ A[slot]) @ B[slot]``, computed as ``x @ A[m]`` for every slot,
-masked by the token's one-hot slot, then summed through ``B`` (BGMV as dense matmuls: each
-token pays ``M * r * (in + out)`` multiply-adds per projection, exact for any mix of slots
-in a row). A seq-cls head saved by the adapter (``modules_to_save: [score]``) is a stacked
-head ``[M, D, L]`` (slot 0: the base head); a work's label ids index its slot's outputs
+The update per token is ``(x @ A[slot]) @ B[slot]``, exact for any mix of slots in a row, in
+one of two forms (``update_form``). Dense: every slot's ``x @ A[m]``, masked by the token's
+one-hot slot, summed through B as two plain matmuls (``M * r * (in + out)`` multiply-adds a
+token). Grouped (SGMV): the step's tokens sorted by slot once into blocks of one slot each,
+within each data shard (``slot_routing``), each block multiplying only its slot's A and B
+(one slot's ``r * (in + out)`` plus the blocks' padding and gathers, whatever M is).
+
+A seq-cls head saved by the adapter (``modules_to_save: [score]``) is a stacked head
+``[M, D, L]`` (slot 0: the base head); a work's label ids index its slot's outputs
 (``slot * L + label``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from replicas.model.config import ModelConfig
+from replicas.model.slot_routing import SlotRoute, dense_delta, grouped_delta, route_slots
 
 Array = jax.Array
 Params = dict[str, Any]
@@ -46,6 +52,10 @@ TARGETS: dict[str, tuple[str, str, str, str]] = {
     "up": ("up_proj", "mlp", "d", "f"),
     "down": ("down_proj", "mlp", "f", "d"),
 }
+# Slots from which "auto" groups tokens by slot (model.slot_routing) instead of running every
+# slot's update on every token: measured on a 2-core CPU at Qwen3-0.6B's width, the grouped
+# form is ~2x faster at 33 and 65 slots and no faster at 9 or 17 (docs/serving.md, "LoRA").
+GROUPED_FROM_SLOTS = 33
 _IN_AXES = {"d": ("embed",), "he": ("heads", "head_dim"), "f": ("mlp",)}
 _KV_IN_OUT = {"k", "v"}
 
@@ -116,25 +126,41 @@ def untag(params: Params, tokens: Array, vocab: int) -> Array:
     return split_tagged(params, tokens, vocab)[0]
 
 
-def layer_inputs(params: Params, slots: Array | None, dtype: Any) -> tuple[Params | None, Any]:
-    """(the per-layer stacks to scan beside the layers, the tokens' one-hot slots
-    ``[..., T, M]``); (None, None) without LoRA."""
+def update_form(choice: str, slots: int) -> str:
+    """The form the update runs in: ``choice`` ("dense", "grouped"), or for "auto" grouped
+    from ``GROUPED_FROM_SLOTS`` slots on (the dense form's cost grows with the slots)."""
+    if choice == "auto":
+        return "grouped" if slots >= GROUPED_FROM_SLOTS else "dense"
+    if choice not in ("dense", "grouped"):
+        raise ValueError(f"lora_update: {choice!r} is not auto, dense or grouped")
+    return choice
+
+
+def layer_inputs(
+    params: Params, slots: Array | None, groups: int, choice: str = "auto"
+) -> tuple[Any, Any]:
+    """(the per-layer stacks to scan beside the layers, how the tokens reach their slots:
+    a ``SlotRoute`` within ``groups`` groups of rows (fewer where they do not divide the
+    rows) or one-hot slots [B, T, M], per ``update_form``); (None, None) without LoRA.
+    Computed once a step: every layer reuses it."""
     if slots is None:
         return None, None
     stacks = params["lora"]["layers"]
     count = next(iter(stacks.values()))["a"].shape[1]
-    return stacks, jax.nn.one_hot(slots, count, dtype=dtype)
+    if update_form(choice, count) == "dense":
+        return stacks, jax.nn.one_hot(slots, count, dtype=next(iter(stacks.values()))["a"].dtype)
+    return stacks, route_slots(slots, count, math.gcd(slots.shape[0], groups))
 
 
-def lora_delta(x: Array, target: str, stacks: Params, onehot: Array) -> Array:
-    """The low-rank update of ``target`` for inputs ``x [..., T, *in]`` whose tokens read
-    the slots ``onehot [..., T, M]``; one layer's ``stacks[target]``: a ``[M, *in, r]``,
-    b ``[M, r, *out]`` -> ``[..., T, *out]``."""
+def lora_delta(x: Array, target: str, stacks: Params, slots: Any) -> Array:
+    """The low-rank update of ``target`` for inputs ``x [B, T, *in]`` whose tokens reach
+    their slots by ``slots`` (``layer_inputs``' second); one layer's ``stacks[target]``:
+    a ``[M, *in, r]``, b ``[M, r, *out]`` -> ``[B, T, *out]``."""
     _, _, inputs, outputs = TARGETS[target]
     pair = stacks[target]
-    per_slot = jnp.einsum(f"...t{inputs},m{inputs}r->...tmr", x, pair["a"])  # [..., T, M, r]
-    picked = per_slot * onehot[..., None]
-    return jnp.einsum(f"...tmr,mr{outputs}->...t{outputs}", picked, pair["b"])
+    if isinstance(slots, SlotRoute):
+        return grouped_delta(x, pair["a"], pair["b"], slots, inputs, outputs)
+    return dense_delta(x, pair["a"], pair["b"], slots, inputs, outputs)
 
 
 def with_delta(base: Array, x: Array, target: str, lora: tuple[Params, Array] | None) -> Array:
@@ -142,8 +168,8 @@ def with_delta(base: Array, x: Array, target: str, lora: tuple[Params, Array] | 
     allocates ``target``."""
     if lora is None or target not in lora[0]:
         return base
-    stacks, onehot = lora
-    return base + lora_delta(x, target, stacks, onehot).astype(base.dtype)
+    stacks, slots = lora
+    return base + lora_delta(x, target, stacks, slots).astype(base.dtype)
 
 
 def head_slot_outputs(params: Params, hidden: Array) -> Array:
