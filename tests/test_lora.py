@@ -234,10 +234,10 @@ def test_fused_rows_mix_adapters_token_by_token(qwen3):
 
 
 def test_grouped_update_equals_peft_in_every_layout(qwen3):
-    """The update grouped by slot (model.slot_routing, what ``auto`` runs from 33 slots on)
-    forced on the same adapters: fused rows mixing a, b and the base token by token, a
-    shared prefix with its item stream, single-item rows and prompt log-probs each equal
-    peft."""
+    """The update grouped by slot (model.slot_routing: ``auto`` runs it from 9 slots on, so
+    these 5 slots run dense elsewhere) forced on the same adapters: fused rows mixing a, b
+    and the base token by token, a shared prefix with its item stream, single-item rows and
+    prompt log-probs each equal peft."""
     adapters = (("a", str(qwen3["paths"]["a"])), ("b", str(qwen3["paths"]["b"])))
     settings = ReplicaSettings(
         **{**SETTINGS, "fused_step_tokens": 32}, model=str(qwen3["base"]), lora_adapters=adapters

@@ -53,9 +53,10 @@ TARGETS: dict[str, tuple[str, str, str, str]] = {
     "down": ("down_proj", "mlp", "f", "d"),
 }
 # Slots from which "auto" groups tokens by slot (model.slot_routing) instead of running every
-# slot's update on every token: measured on a 2-core CPU at Qwen3-0.6B's width, the grouped
-# form is ~2x faster at 33 and 65 slots and no faster at 9 or 17 (docs/serving.md, "LoRA").
-GROUPED_FROM_SLOTS = 33
+# slot's update on every token. Measured in the engine on a 2-core CPU (loadtest.bench_lora,
+# Qwen3-0.6B's width, rank 16): grouped 1.12x dense at 9 slots, 1.35x at 33; fewer slots
+# were not measured and keep the dense form, whose cost shrinks with them.
+GROUPED_FROM_SLOTS = 9
 _IN_AXES = {"d": ("embed",), "he": ("heads", "head_dim"), "f": ("mlp",)}
 _KV_IN_OUT = {"k", "v"}
 
