@@ -21,12 +21,17 @@ from replicas.model.slot_routing import (
 )
 from tests.fp32 import assert_fp32_close
 
+# Jitted whole: one compile per shape instead of one per operation (test time).
+GROUPED = jax.jit(grouped_delta, static_argnames=("ins", "outs"))
+DENSE = jax.jit(dense_delta, static_argnames=("ins", "outs"))
+ROUTE = jax.jit(route_slots, static_argnames=("count", "groups", "block"))
+
 
 def test_route_of_one_row_against_literal_arrays():
     """Slots [2, 0, 2, 1] over 3 slots in blocks of 2: runs of one block each, slot 0 at
     places 0-1, slot 1 at 2-3, slot 2 at 4-5; 4 marks an empty place; a last block past
     every run reads slot 0."""
-    route = route_slots(jnp.asarray([[2, 0, 2, 1]]), count=3, groups=1, block=2)
+    route = ROUTE(jnp.asarray([[2, 0, 2, 1]]), count=3, groups=1, block=2)
     assert places(4, 3, 2) == 8
     np.testing.assert_array_equal(route.source, [[1, 4, 3, 4, 0, 2, 4, 4]])
     np.testing.assert_array_equal(route.place, [[4, 0, 5, 2]])
@@ -36,7 +41,7 @@ def test_route_of_one_row_against_literal_arrays():
 def test_route_keeps_each_group_to_its_own_rows():
     """Two groups of one row each: a token's place and source index its own group, a slot
     with no tokens takes no place, and a run longer than a block takes two blocks."""
-    route = route_slots(jnp.asarray([[1, 1, 1], [0, 1, 0]]), count=2, groups=2, block=2)
+    route = ROUTE(jnp.asarray([[1, 1, 1], [0, 1, 0]]), count=2, groups=2, block=2)
     np.testing.assert_array_equal(route.source, [[0, 1, 2, 3, 3, 3], [0, 2, 1, 3, 3, 3]])
     np.testing.assert_array_equal(route.place, [[0, 1, 2], [0, 2, 1]])
     np.testing.assert_array_equal(route.block_slot, [[1, 1, 0], [0, 1, 0]])
@@ -76,8 +81,8 @@ def test_grouped_update_equals_dense(rows, tokens, slots, groups, ins, in_shape,
     for mix in (rng.integers(0, slots, (rows, tokens)), np.zeros((rows, tokens), int)):
         mix = jnp.asarray(mix)
         onehot = jax.nn.one_hot(mix, slots, dtype=jnp.float32)
-        want = dense_delta(x, a, b, onehot, ins, outs)
-        got = grouped_delta(x, a, b, route_slots(mix, slots, groups), ins, outs)
+        want = DENSE(x, a, b, onehot, ins=ins, outs=outs)
+        got = GROUPED(x, a, b, ROUTE(mix, count=slots, groups=groups), ins=ins, outs=outs)
         assert got.shape == (rows, tokens, *out_shape)
         assert_fp32_close(np.asarray(got), np.asarray(want), layers=1)
 
