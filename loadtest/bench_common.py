@@ -33,6 +33,22 @@ def timed(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(samples)
 
 
+def timed_together(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
+    """Median wall seconds of each call over ``repeats`` rounds that run every call once in
+    turn (after one untimed warm-up round): a machine whose speed drifts during the run
+    slows every call alike, so their ratios hold where one call's samples taken after
+    another's would not."""
+    for fn in calls.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
 def matmul_peak_flops(sizes: tuple[int, ...] = (512, 1024, 1536, 2048), repeats: int = 8) -> float:
     """Best observed float32 matmul FLOP/s of this machine through XLA, over a few sizes."""
     import jax

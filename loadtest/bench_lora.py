@@ -12,8 +12,9 @@ written in PEFT's file layout (no peft needed): items/s of
   (``auto``; what an engine that cannot mix adapters does when requests arrive interleaved).
 
 Engine only (no HTTP), the shipped settings of the machine's kind (``serve_config.gpu.yaml`` on a
-GPU, ``serve_config.yaml`` on a CPU), medians of ``--repeats`` once every signature is
-compiled. Targets (DESIGN.md): mixed >= 0.8x base, >= 3x one adapter a step::
+GPU, ``serve_config.yaml`` on a CPU), medians of ``--repeats`` rounds (each runs every call
+once in turn, so a drifting machine slows them alike) once every signature is compiled.
+Targets (DESIGN.md): mixed >= 0.8x base, >= 3x one adapter a step::
 
     python -m loadtest.bench_lora [--batches 8,64] [--adapters 8] [--shape qwen3-0.6b|small]
         [--output FILE]
@@ -33,7 +34,7 @@ import jax
 import numpy as np
 
 from cluster.mesh import build_mesh
-from loadtest.bench_common import machine_description, timed, write_section
+from loadtest.bench_common import machine_description, timed_together, write_section
 from loadtest.bench_engine import SERVE_CONFIG, make_work, shipped_settings
 from loadtest.bench_gpu import QWEN3_0_6B, save_random_qwen3
 from replicas.checkpoints.loading import load_model
@@ -126,7 +127,7 @@ def one_batch(engines: dict[str, ScoringEngine], works: list[ScoreWork], repeats
         call(), call()
     for name in ("base", *FORMS):
         engines[name].wait_for_background_compiles()
-    seconds = {name: timed(call, repeats) for name, call in calls.items()}
+    seconds = timed_together(calls, repeats)
     together = np.concatenate(shipped.score_batch(mixed))
     alone = dict(zip((id(w) for g in groups for w in g), each_alone(), strict=True))
     separate = np.concatenate([alone[id(w)] for w in mixed])
@@ -191,8 +192,9 @@ def main() -> None:
         f"`python -m loadtest.bench_lora --shape {args.shape} --batches {args.batches} "
         f"--adapters {args.adapters}` on {where} ({args.shape}, random weights, "
         f"{args.adapters} random rank-16 adapters on every projection; the shipped settings "
-        f"of the machine's kind; medians of {args.repeats} once every signature is "
-        "compiled). Mixed: the requests spread over the adapters in one call, the update "
+        f"of the machine's kind; medians of {args.repeats} rounds, each running every "
+        "call once in turn, once every signature is compiled). Mixed: the requests spread "
+        "over the adapters in one call, the update "
         "dense (every slot on every token) and grouped (tokens sorted by slot) side by side; "
         "the shipped form is what `auto` picks for this many slots. One adapter a step: the "
         "same requests, one call per adapter, on the shipped form. Targets: mixed >= 0.8x "
