@@ -144,7 +144,8 @@ class DecoderLayer(nn.Module):
         lora: Any = None,
     ) -> tuple[Array, Array, Array]:
         """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh]).
-        ``lora``: (this layer's adapter stacks, the step's slot route), see model.lora."""
+        ``lora``: (this layer's adapter stacks, how the step's tokens reach their slots), see
+        model.lora."""
         q, k, v = self._qkv(x, positions, kind, lora)
         attended = self.dense_attention(q, k, v, self._dense_spec(spec, positions, kind))
         return self._mlp_block(self._attn_block(x, attended, lora), lora), k, v
@@ -257,13 +258,13 @@ class CausalLM:
         With adapter slots (``params["lora"]``) tokens are tagged ids (model.lora)."""
         layer = self.layer
         tokens, slots = split_tagged(params, tokens, self.config.vocab_size)
-        stacks, route = layer_inputs(params, slots, self.lora_groups, self.lora_update)
+        stacks, slot_map = layer_inputs(params, slots, self.lora_groups, self.lora_update)
 
         def step(
             h: Array, scanned: tuple[Params, LayerKind | None, Params | None]
         ) -> tuple[Array, tuple[Array, Array]]:
             layer_params, kind, lora = scanned
-            lora_in = None if lora is None else (lora, route)
+            lora_in = None if lora is None else (lora, slot_map)
             h, k, v = layer.apply({"params": layer_params}, h, positions, spec, kind, lora_in)
             return h, (k, v)
 
@@ -303,13 +304,13 @@ class CausalLM:
         extended by its stream: one item of the query's remaining tokens)."""
         layer = self.layer
         tokens, slots = split_tagged(params, tokens, self.config.vocab_size)
-        stacks, route = layer_inputs(params, slots, self.lora_groups, self.lora_update)
+        stacks, slot_map = layer_inputs(params, slots, self.lora_groups, self.lora_update)
 
         def step(
             h: Array, scanned: tuple[Params, Array, Array, LayerKind | None, Params | None]
         ) -> tuple[Array, tuple[Array, Array]]:
             layer_params, k, v, kind, lora = scanned
-            lora_in = None if lora is None else (lora, route)
+            lora_in = None if lora is None else (lora, slot_map)
             out, own_k, own_v = layer.apply(
                 {"params": layer_params}, h, positions, spec, k, v, kind, lora_in,
                 method=DecoderLayer.stream,

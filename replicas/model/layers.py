@@ -227,7 +227,8 @@ class Attention(nn.Module):
     ) -> tuple[Array, Array, Array]:
         """x: [..., T, D], positions: [..., T] -> q [..., T, H, Dh], k and v [..., T, K, Dh].
         ``local`` ([] bool, traced): this layer is windowed (Gemma 3: other RoPE base).
-        ``lora``: (this layer's adapter stacks, the step's slot route), see model.lora."""
+        ``lora``: (this layer's adapter stacks, how the step's tokens reach their slots), see
+        model.lora."""
         inv_freq: Any = self.inv_freq
         if self.config.local_rope_theta is not None and local is not None:
             inv_freq = jnp.where(local, self.local_inv_freq, self.inv_freq)

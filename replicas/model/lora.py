@@ -54,8 +54,9 @@ TARGETS: dict[str, tuple[str, str, str, str]] = {
 }
 # Slots from which "auto" groups tokens by slot (model.slot_routing) instead of running every
 # slot's update on every token. Measured in the engine on a 2-core CPU (loadtest.bench_lora,
-# Qwen3-0.6B's width, rank 16): grouped 1.12x dense at 9 slots, 1.35x at 33; fewer slots
-# were not measured and keep the dense form, whose cost shrinks with them.
+# Qwen3-0.6B's width, rank 16, calls timed in turn): a tie at 9 slots (0.85x vs 0.84x base),
+# grouped 1.20x dense at 33; fewer slots were not measured and keep the dense form, whose
+# cost shrinks with them (docs/serving.md).
 GROUPED_FROM_SLOTS = 9
 _IN_AXES = {"d": ("embed",), "he": ("heads", "head_dim"), "f": ("mlp",)}
 _KV_IN_OUT = {"k", "v"}
@@ -147,9 +148,10 @@ def layer_inputs(
     if slots is None:
         return None, None
     stacks = params["lora"]["layers"]
-    count = next(iter(stacks.values()))["a"].shape[1]
+    first_a = next(iter(stacks.values()))["a"]  # [layers, M, *in, r]
+    count = first_a.shape[1]
     if update_form(choice, count) == "dense":
-        return stacks, jax.nn.one_hot(slots, count, dtype=next(iter(stacks.values()))["a"].dtype)
+        return stacks, jax.nn.one_hot(slots, count, dtype=first_a.dtype)
     return stacks, route_slots(slots, count, math.gcd(slots.shape[0], groups))
 
 
@@ -164,7 +166,7 @@ def lora_delta(x: Array, target: str, stacks: Params, slots: Any) -> Array:
     return dense_delta(x, pair["a"], pair["b"], slots, inputs, outputs)
 
 
-def with_delta(base: Array, x: Array, target: str, lora: tuple[Params, Array] | None) -> Array:
+def with_delta(base: Array, x: Array, target: str, lora: tuple[Params, Any] | None) -> Array:
     """``base`` (the projection of ``x``) plus its LoRA update when ``lora`` is set and
     allocates ``target``."""
     if lora is None or target not in lora[0]:
