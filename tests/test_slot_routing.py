@@ -50,7 +50,11 @@ def test_route_keeps_each_group_to_its_own_rows():
 def test_block_sizes_and_places_cover_any_mix():
     assert block_size(16, 9) == MIN_BLOCK
     assert block_size(1 << 20, 2) == MAX_BLOCK
-    assert block_size(2048, 9) == 64  # sqrt(32 * 2048 / 9) = 85
+    assert block_size(320, 9) == 32  # sqrt(32 * 320 / 9) = 34, above 320 / 9
+    assert block_size(2048, 9) == 256  # 2048 / 9 = 228, above sqrt(32 * 2048 / 9) = 85
+    for tokens in (112, 320, 896, 2048):  # below MAX_BLOCK's reach: at most ~2M blocks
+        block = block_size(tokens, 9)
+        assert places(tokens, 9, block) // block <= 2 * 9 + 2
     # every slot part-filling a block: still fits
     assert places(100, 9, 16) >= 100 + 9 * 15
     assert places(3, 9, 16) == 48  # three tokens, at most three runs

@@ -25,9 +25,11 @@ Array = jax.Array
 
 MIN_BLOCK, MAX_BLOCK = 16, 256
 # A block's cost: its padding (at most a block per slot: M * block tokens' updates) against
-# one gathered A and B per block (~N / block of them); block ~ sqrt(GATHER_WEIGHT * N / M)
+# one gathered A and B per block (~N / block + M of them); block ~ sqrt(GATHER_WEIGHT * N / M)
 # balances them. GATHER_WEIGHT from probe timings of one projection on a 2-core CPU (blocks
-# of 16-128 at 9-65 slots over 320 and 2048 tokens); not tuned for an accelerator.
+# of 16-128 at 9-65 slots over 320 and 2048 tokens). A block is also at least N / M tokens,
+# so a step gathers at most ~2M slots' A and B (the dense form reads each of the M once):
+# on a step bound by bytes the gathers stay within twice the dense form's weight reads.
 GATHER_WEIGHT = 32
 
 
@@ -42,8 +44,9 @@ class SlotRoute(NamedTuple):
 
 def block_size(tokens: int, slots: int) -> int:
     """Tokens per block for a group of ``tokens`` over ``slots`` slots: the power of two
-    nearest ``sqrt(GATHER_WEIGHT * tokens / slots)``, within [MIN_BLOCK, MAX_BLOCK]."""
-    target = math.sqrt(GATHER_WEIGHT * tokens / slots)
+    nearest ``sqrt(GATHER_WEIGHT * tokens / slots)`` or ``tokens / slots``, the larger,
+    within [MIN_BLOCK, MAX_BLOCK]."""
+    target = max(math.sqrt(GATHER_WEIGHT * tokens / slots), tokens / slots)
     return min(MAX_BLOCK, max(MIN_BLOCK, 1 << round(math.log2(max(target, 1.0)))))
 
 
