@@ -6,7 +6,10 @@ fit the base), then recorded in the app's ``AdapterRegistry``; an unload is reco
 Every replica follows the registry (``replicas/serving/adapter_registry.py``), and each
 ingress replica keeps ``LiveNames``, the names it validates ``model`` against, from it every
 ``REFRESH_S``: an adapter loaded or unloaded through one ingress is known to every ingress
-and scoring replica within about a second.
+and scoring replica within about a second, and to a request naming it at once: an
+ingress that does not know a requested name asks the registry (``know``), and a scoring replica
+runs a work naming an adapter only after a view of the registry fetched after the work arrived
+(``AdapterFollower``), so load and unload are read-your-writes (semantics 21).
 """
 
 from __future__ import annotations
@@ -79,6 +82,18 @@ class AdapterAdmin:
         await self._call(self._registry.remove, name)
         self.names.set(n for n in self.names if n != name)
         return {"object": "lora_adapter", "lora_name": name, "loaded": False}
+
+    async def know(self, payload: Any) -> None:
+        """Read-your-writes here: a request naming a ``model`` this ingress does not know
+        (loaded through another ingress within ``REFRESH_S``) refreshes the names first, so
+        it is served, or refused with the registry's word. A known name needs no call: the
+        scoring replica checks it against a fresh view before its step."""
+        name = payload.get("model") if isinstance(payload, dict) else None
+        if isinstance(name, str) and name != self._base and name not in self.names:
+            try:
+                await self.refresh()
+            except Exception as error:  # the registry restarting: judge by the last names
+                logger.warning("lora adapter registry unavailable: %s", error)
 
     async def refresh(self) -> None:
         _, paths = await self._registry.snapshot.remote()

@@ -137,7 +137,8 @@ def build_api(
     api.add_exception_handler(ScoreRequestError, _score_request_error)
     api.add_exception_handler(HTTPException, _routing_error)
     api.middleware("http")(_Frame(keys, recorder, set_request_id))
-    api.include_router(_routes(service, backend, health, stats, gate))
+    known = adapters.know if adapters is not None else _known_already
+    api.include_router(_routes(service, backend, health, stats, gate, known))
     api.include_router(_adapter_routes(adapters))
     if adapters is not None:  # the other ingress replicas' loads and unloads, followed
         api.router.on_startup.append(adapters.start_following)
@@ -183,8 +184,15 @@ def _routes(
     health: HealthCheck,
     stats: StatsSource | None,
     gate: Gate,
+    known: Callable[[Any], Awaitable[None]],
 ) -> APIRouter:
     router = APIRouter()
+
+    async def payload_of(request: Request) -> Any:
+        """The body, with the adapter names current for the ``model`` it names."""
+        payload = parse_json(await read_limited(request.stream()))
+        await known(payload)
+        return payload
 
     @router.post(
         "/v1/score",
@@ -193,13 +201,13 @@ def _routes(
         responses=RESPONSES | {200: {"model": ScoreResponse, "description": "One row per item"}},
     )
     async def score(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await payload_of(request)
         body, timings = await service.score_timed(payload, backend, gate)
         _note_scored(request, timings, len(body["scores"]), body["usage"]["prompt_tokens"])
         return JSONResponse(body, headers=timing_headers(timings))
 
     async def rerank(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await payload_of(request)
         body, timings = await service.rerank_timed(payload, backend, gate)
         _note_scored(request, timings, len(payload["documents"]), body["usage"]["prompt_tokens"])
         return JSONResponse(body, headers=timing_headers(timings))
@@ -218,7 +226,7 @@ def _routes(
         )
 
     async def embeddings(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await payload_of(request)
         cohere = relative_path(request.url.path, request.scope.get("root_path", "")) == "/v2/embed"
         body, timings = await service.embed_timed(payload, backend, gate, cohere=cohere)
         count = len(body["data"]) if "data" in body else len(body["texts"])
@@ -245,7 +253,7 @@ def _routes(
         responses=RESPONSES | {200: {"description": "One entry per input"}},
     )
     async def classify(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await payload_of(request)
         body, timings = await service.classify_timed(payload, backend, gate)
         _note_scored(request, timings, len(body["data"]), body["usage"]["prompt_tokens"])
         return JSONResponse(body, headers=timing_headers(timings))
@@ -257,7 +265,7 @@ def _routes(
         responses=RESPONSES | {200: {"description": "One choice per prompt"}},
     )
     async def completions(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await payload_of(request)
         body, timings = await service.complete_timed(payload, backend, gate)
         _note_scored(request, timings, len(body["choices"]), body["usage"]["prompt_tokens"])
         return JSONResponse(body, headers=timing_headers(timings))
@@ -302,6 +310,10 @@ def _routes(
         return JSONResponse(await stats())
 
     return router
+
+
+async def _known_already(payload: Any) -> None:
+    """No adapters load at run time: the names the service has are all there are."""
 
 
 def _note_scored(request: Request, timings: Timings, items: int, tokens: int) -> None:

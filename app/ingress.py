@@ -62,6 +62,16 @@ def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
     return None
 
 
+# A replica's refusals that are not a 400 (an adapter unloaded after the ingress checked the
+# name is the replica's 404, semantics 21).
+REPLICA_STATUS = {
+    Reason.UNAVAILABLE: 503,
+    Reason.OVERLOADED: 503,
+    Reason.INTERNAL: 500,
+    Reason.MODEL_NOT_FOUND: 404,
+}
+
+
 # What Ray Data LLM's ServeDeploymentStage adds to each request (not a method's field).
 PROCESSOR_FIELDS = ("request_id", "idx_in_batch")
 
@@ -155,6 +165,7 @@ class ScoreIngress:
             "item_first": item_first,
             "model": model,
         }
+        await self._know(payload)
         return await self._service.score(payload, self._call_replica)
 
     async def rerank(
@@ -169,7 +180,9 @@ class ScoreIngress:
         """The /v1/rerank body for these fields; raises ScoreRequestError like a 400/503."""
         payload = {"query": query, "documents": documents, "top_n": top_n}
         payload |= {"return_documents": return_documents, "instruction": instruction}
-        body, _ = await self._service.rerank_timed(payload | {"model": model}, self._call_replica)
+        payload |= {"model": model}
+        await self._know(payload)
+        body, _ = await self._service.rerank_timed(payload, self._call_replica)
         return body
 
     async def classify(
@@ -177,6 +190,7 @@ class ScoreIngress:
     ) -> dict[str, Any]:
         """The /v1/classify body for these fields; raises ScoreRequestError like a 400/503."""
         payload = {"input": input, "activation": activation, "model": model}
+        await self._know(payload)
         body, _ = await self._service.classify_timed(payload, self._call_replica)
         return body
 
@@ -192,6 +206,7 @@ class ScoreIngress:
         """The /v1/completions body for these fields; raises ScoreRequestError like a 400/503."""
         payload = {"prompt": prompt, "echo": echo, "logprobs": logprobs}
         payload |= {"max_tokens": max_tokens, "temperature": temperature, "model": model}
+        await self._know(payload)
         body, _ = await self._service.complete_timed(payload, self._call_replica)
         return body
 
@@ -210,6 +225,7 @@ class ScoreIngress:
         fields |= {"instruction": instruction, "truncate_prompt_tokens": truncate_prompt_tokens}
         payload = {"input": input, "encoding_format": encoding_format}
         payload |= {key: value for key, value in fields.items() if value is not None}
+        await self._know(payload)
         body, _ = await self._service.embed_timed(payload, self._call_replica)
         return body
 
@@ -232,6 +248,11 @@ class ScoreIngress:
     async def classify_stream(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """As ``score_stream``, for ``classify``."""
         yield await _processor_row(self.classify, request)
+
+    async def _know(self, payload: dict[str, Any]) -> None:
+        """The adapter names current for the ``model`` a handle call names (AdapterAdmin)."""
+        if self._adapters is not None:
+            await self._adapters.know(payload)
 
     async def describe(self) -> ModelInfo:
         return self._service.info
@@ -266,10 +287,10 @@ class ScoreIngress:
         except Exception as raw:
             error = _unwrap(raw)
             if isinstance(error, ReplicaRejected):
-                status = 503 if error.reason in (Reason.UNAVAILABLE, Reason.OVERLOADED) else 400
-                status = 500 if error.reason == Reason.INTERNAL else status
+                status = REPLICA_STATUS.get(Reason(error.reason), 400)
+                param = "model" if error.reason == Reason.MODEL_NOT_FOUND else None
                 raise ScoreRequestError(
-                    error.reason, error.message, None, status, error.retry_after_s
+                    error.reason, error.message, param, status, error.retry_after_s
                 ) from None
             if isinstance(error, BackPressureError):
                 raise ScoreRequestError(

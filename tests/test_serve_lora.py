@@ -1,9 +1,11 @@
 """LoRA adapters loaded and unloaded at run time over HTTP (semantics 21), served for real:
-two ingress replicas, one scoring replica and the app's adapter registry on Ray Serve. An
-adapter loaded through vLLM's ``/v1/load_lora_adapter`` is served by every ingress within
-about a second and scores as transformers + peft; bad loads are 400s that change nothing;
-after ``/v1/unload_lora_adapter`` its name is a 404 everywhere; requests for the base,
-sent all the while, are all answered the same."""
+two ingress replicas, two scoring replicas and the app's adapter registry on Ray Serve.
+Read-your-writes: right after ``/v1/load_lora_adapter`` answers 200, every request naming the
+adapter, whichever ingress and scoring replica it reaches, scores as transformers + peft;
+right after ``/v1/unload_lora_adapter`` answers 200, every one is a 404; bad loads are 400s
+that change nothing. Requests for the base and for the adapter, sent all the while from
+other threads, are answered the same throughout: the base's never move, the adapter's are
+its own scores or a 404, never the base's under its name."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from app.builder import scoring_app
 from replicas.settings import ReplicaSettings
 from tests.fp32 import assert_fp32_close
 from tests.lora_helpers import lora_settings, peft_model, reference_scores, save_adapter
-from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster, wait_for  # noqa: F401
+from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
 pytestmark = [pytest.mark.slow, RAY_SERVE]
 
@@ -44,7 +46,8 @@ def client(serve_cluster: ServeCluster, tiny_llama_dir: Path) -> Iterator[httpx.
         **lora_settings(max_loras=1, max_lora_rank=4), model=str(tiny_llama_dir)
     )
     small = {"ray_actor_options": {"num_cpus": 0.1}}
-    app = scoring_app(settings, replica_options=small, ingress_options={**small, "num_replicas": 2})
+    two = {**small, "num_replicas": 2}
+    app = scoring_app(settings, replica_options=two, ingress_options=two)
     serve_cluster.deploy(app, "lora", "/lora")
     with serve_cluster.client() as http:
         http.base_url = http.base_url.join("/lora")
@@ -62,12 +65,12 @@ def every_answer(client: httpx.Client, status: int) -> list[httpx.Response] | No
     return answers if all(a.status_code == status for a in answers) else None
 
 
-class BaseTraffic:
-    """Requests for the base model sent one after another from a thread while the test
-    loads and unloads: every one must be a 200 with the same scores."""
+class Traffic:
+    """Requests for ``model`` (None: the base) sent one after another from a thread while
+    the test loads and unloads."""
 
-    def __init__(self, client: httpx.Client) -> None:
-        self._url, self.answers = str(client.base_url), []
+    def __init__(self, client: httpx.Client, model: str | None = None) -> None:
+        self._url, self._model, self.answers = str(client.base_url), model, []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._send, daemon=True)
 
@@ -75,9 +78,10 @@ class BaseTraffic:
         with httpx.Client(base_url=self._url, timeout=60) as client:
             while not self._stop.is_set():
                 body = {"query": QUERY, "items": ITEMS, "label_token_ids": LABELS}
+                body |= {"model": self._model} if self._model else {}
                 self.answers.append(client.post("/v1/score", json=body))
 
-    def __enter__(self) -> BaseTraffic:
+    def __enter__(self) -> Traffic:
         self._thread.start()
         return self
 
@@ -93,21 +97,28 @@ def model_ids(client: httpx.Client) -> list[str]:
 def test_an_adapter_loaded_over_http_serves_everywhere_as_peft_then_unloads(
     client, adapter, tiny_llama_dir
 ):
-    with BaseTraffic(client) as traffic:
-        loaded_and_unloaded(client, adapter, tiny_llama_dir)
-    statuses = [answer.status_code for answer in traffic.answers]
+    with Traffic(client) as base, Traffic(client, "ranker") as named:
+        reference = loaded_and_unloaded(client, adapter, tiny_llama_dir)
+    statuses = [answer.status_code for answer in base.answers]
     assert statuses and set(statuses) == {200}, statuses  # under traffic: nothing refused
-    first = np.log(traffic.answers[0].json()["scores"])
-    for answer in traffic.answers[1:]:  # the base's answers never moved (steps of any mix)
+    first = np.log(base.answers[0].json()["scores"])
+    for answer in base.answers[1:]:  # the base's answers never moved (steps of any mix)
         assert_fp32_close(np.log(answer.json()["scores"]), first, what="base under loads")
+    served = [answer for answer in named.answers if answer.status_code == 200]
+    assert {answer.status_code for answer in named.answers} <= {200, 404}
+    assert served, "no request for the adapter was served while it was loaded"
+    for answer in served:  # its own weights, never the base's under its name
+        assert np.abs(np.log(answer.json()["scores"]) - reference).max() <= 1e-4
 
 
-def loaded_and_unloaded(client: httpx.Client, adapter: Path, tiny_llama_dir: Path) -> None:
+def loaded_and_unloaded(client: httpx.Client, adapter: Path, tiny_llama_dir: Path) -> np.ndarray:
+    """Load, use, refuse bad loads, unload; the adapter's reference log-probs."""
     assert score(client, "ranker").status_code == 404  # nothing loaded yet
     load = {"lora_name": "ranker", "lora_path": str(adapter)}
     response = client.post("/v1/load_lora_adapter", json=load)
     assert response.status_code == 200, response.text
-    answers = wait_for(lambda: every_answer(client, 200), 10, "every ingress serving ranker")
+    answers = every_answer(client, 200)  # at once, through either ingress and replica
+    assert answers is not None, "a request right after the load was not served"
     rows = [QUERY + item for item in ITEMS]
     reference = reference_scores(peft_model(tiny_llama_dir, adapter), rows, LABELS)
     assert {answer.json()["model"] for answer in answers} == {"ranker"}  # echoed
@@ -129,7 +140,8 @@ def loaded_and_unloaded(client: httpx.Client, adapter: Path, tiny_llama_dir: Pat
 
     response = client.post("/v1/unload_lora_adapter", json={"lora_name": "ranker"})
     assert response.status_code == 200, response.text
-    wait_for(lambda: every_answer(client, 404), 10, "every ingress refusing ranker")
+    assert every_answer(client, 404) is not None, "a request right after the unload was served"
     assert model_ids(client)[1:] == []
     gone = client.post("/v1/unload_lora_adapter", json={"lora_name": "ranker"})
     assert gone.status_code == 404 and gone.json()["reason"] == "model_not_found"
+    return reference

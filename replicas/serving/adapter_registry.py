@@ -6,13 +6,16 @@ scoring replicas, each with its own engine slots. One ``AdapterRegistry`` deploy
 of its own; only in apps with ``max_loras`` > 0) holds the truth: names -> directories and a
 version that every change raises. A load is first made by one scoring replica (which reads
 the files and refuses an adapter that does not fit the base), then recorded here; an unload
-is recorded here. Every other replica follows (``AdapterFollower``): at once when a work names
-an adapter it lacks, and otherwise at most ``REFRESH_S`` after a change, before its next work.
+is recorded here. Every other replica follows (``AdapterFollower``): a work naming an adapter
+waits for a view of the registry fetched after it arrived (read-your-writes, semantics 21:
+once load or unload answered 200, no replica serves the old state), other works see a change
+at most ``REFRESH_S`` after it.
 A registry restarted by Serve starts again from ``lora_adapters``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -84,23 +87,38 @@ Apply = Callable[[Mapping[str, str], Mapping[str, str]], Awaitable[None]]
 
 
 class AdapterFollower:
-    """A replica's view of the registry: ``follow`` fetches it when ``wanted`` is not known
-    here or the view is older than ``REFRESH_S``, and hands (loaded, wanted) to ``apply``
-    when it changed."""
+    """A replica's view of the registry, handed as (loaded, wanted) to ``apply`` when it
+    changed. ``follow(wanted)`` for a work naming an adapter, and ``follow(force=True)``,
+    return once a view fetched after the call began is applied (read-your-writes: a load or
+    unload that answered 200 before the work arrived is seen); plain ``follow()`` fetches at
+    most every ``REFRESH_S``. Fetches run one at a time, and every call waiting for a fresh
+    view shares the next one (one registry call per step's worth of works, not per work)."""
 
     def __init__(self, registry: Any, known: Mapping[str, str], apply: Apply) -> None:
         self._registry, self._apply = registry, apply
         self._version, self._paths = -1, dict(known)
         self._checked = float("-inf")
+        self._running: asyncio.Future | None = None  # the fetch under way
+        self._queued: asyncio.Future | None = None  # the fetch that starts after it
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(self._paths)
 
     async def follow(self, wanted: str | None = None, force: bool = False) -> None:
-        stale = force or time.monotonic() - self._checked >= REFRESH_S
-        if not stale and (wanted is None or wanted in self._paths):
+        fresh = force or wanted is not None
+        if not fresh and time.monotonic() - self._checked < REFRESH_S:
             return
+        if self._queued is None:
+            self._queued = asyncio.ensure_future(self._fetch_after(self._running))
+        await asyncio.shield(self._queued)  # a caller that goes leaves the shared fetch be
+
+    async def _fetch_after(self, previous: asyncio.Future | None) -> None:
+        """Wait for the fetch under way, then fetch and apply: this one began after every
+        caller that is waiting for it."""
+        if previous is not None:
+            await asyncio.wait([previous])  # its failure was its callers' to see
+        self._running, self._queued = self._queued, None
         self._checked = time.monotonic()
         try:
             version, paths = await self._registry.snapshot.remote()
