@@ -43,7 +43,7 @@ class Registry:
         return self.book.snapshot()
 
 
-def test_a_follower_asks_on_an_unknown_name_or_a_stale_view_only(monkeypatch) -> None:
+def test_a_follower_asks_for_every_named_adapter_and_a_stale_view_only(monkeypatch) -> None:
     now = [100.0]
     monkeypatch.setattr(adapter_registry.time, "monotonic", lambda: now[0])
     book = AdapterBook(max_loras=2, paths={"a": "/a"})
@@ -55,19 +55,57 @@ def test_a_follower_asks_on_an_unknown_name_or_a_stale_view_only(monkeypatch) ->
     follower = AdapterFollower(registry, {"a": "/a"}, apply)
 
     async def scenario() -> None:
-        await follower.follow("a")  # never asked yet: stale
-        await follower.follow("a")  # fresh and known: no call
+        await follower.follow(None)  # never asked yet: stale
+        await follower.follow(None)  # fresh, no adapter named: no call
         assert registry.calls == 1 and applied == [({"a": "/a"}, {"a": "/a"})]
         book.add("b", "/b")
-        await follower.follow("b")  # unknown here: asked at once
+        await follower.follow("b")  # an adapter named: a view fetched after the call
         assert registry.calls == 2 and follower.names == ("a", "b")
         book.remove("a")
-        await follower.follow(None)  # fresh: the unload waits for the view to age
-        assert registry.calls == 2 and "a" in follower.names
-        now[0] += adapter_registry.REFRESH_S
-        await follower.follow(None)
+        await follower.follow("a")  # read-your-writes: the unload is seen at once
         assert registry.calls == 3 and follower.names == ("b",)
         assert applied[-1] == ({"a": "/a", "b": "/b"}, {"b": "/b"})
+        book.add("a", "/a2")
+        await follower.follow(None)  # fresh: a base work waits for the view to age
+        assert registry.calls == 3 and follower.names == ("b",)
+        now[0] += adapter_registry.REFRESH_S
+        await follower.follow(None)
+        assert registry.calls == 4 and follower.names == ("b", "a")
+
+    asyncio.run(scenario())
+
+
+def test_waiting_follows_share_the_next_fetch_which_begins_after_them() -> None:
+    book = AdapterBook(max_loras=2, paths={})
+    started: list[int] = []  # the book's version when each fetch began
+    release = asyncio.Event()
+
+    class Slow:
+        def __init__(self) -> None:
+            self.snapshot = self
+
+        async def remote(self) -> tuple[int, dict[str, str]]:
+            started.append(book.version)
+            await release.wait()
+            return book.snapshot()
+
+    async def apply(loaded: Any, wanted: Any) -> None:
+        pass
+
+    follower = AdapterFollower(Slow(), {}, apply)
+
+    async def scenario() -> None:
+        first = asyncio.create_task(follower.follow("x"))
+        while not started:  # the first fetch under way
+            await asyncio.sleep(0)
+        book.add("x", "/x")  # a load answered while it runs
+        waiting = [asyncio.create_task(follower.follow("x")) for _ in range(5)]
+        for _ in range(5):  # every waiting follow has joined the next fetch
+            await asyncio.sleep(0)
+        release.set()
+        await asyncio.gather(first, *waiting)
+        assert started == [0, 1]  # one more fetch for the five, begun after the load
+        assert follower.names == ("x",)
 
     asyncio.run(scenario())
 
