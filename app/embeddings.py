@@ -1,10 +1,11 @@
 """Embeddings at the ingress (semantics 20): /v1/embeddings (OpenAI), /v2/embed (Cohere v2),
 and the cosine scores /v1/score and /v1/rerank give on an embedding model.
 
-Text is encoded as sentence-transformers encodes it: the prompt's text in front of the input's
-text, one string, with the tokenizer's special tokens (its post-processing: Qwen3-Embedding's
-appended ``<|endoftext|>``). A text far longer than the model takes is cut before it is
-tokenized whole. The replica answers pooled float32 vectors (Dense and Normalize applied);
+Text is encoded as sentence-transformers 6.2 encodes it (``app.embed_inputs``): the prompt's
+text in front of the input's, with the tokenizer's special tokens, or, for a model whose
+``modality_config`` has ``message``, rendered through the chat template with the prompt as a
+system message. A text far longer than the model takes is cut before it is tokenized whole.
+The replica answers pooled float32 vectors (Dense and Normalize applied);
 the Matryoshka cut (first d components, then L2-normalized), cosines and base64 run here in
 NumPy.
 """
@@ -19,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from app.embed_inputs import encode_inputs
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
 from app.errors import Gate, Reason, ScoreRequestError, admit_all
 from app.tokenization import TextTokenizer
@@ -37,7 +39,6 @@ from replicas.contract import (
     check_embed_limits,
 )
 
-CHARS_PER_TOKEN = 32  # a text cut to (limit + 1) * this many characters still overflows
 EMBED_ROUTES = ("/v1/embeddings", "/embeddings", "/v2/embed")
 # Cohere's input_type -> the prompt names tried, in order
 INPUT_TYPES = {
@@ -83,33 +84,6 @@ def input_limit(info: ModelInfo) -> int:
     return min(longest, pooling.max_seq_length or longest) if pooling else longest
 
 
-def prompt_length(tokenizer: Any, prompt: str) -> int:
-    """The prompt's tokens, as sentence-transformers counts them for ``include_prompt``:
-    encoded alone, less a trailing special token the tokenizer appends."""
-    ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-    special = set(getattr(tokenizer, "all_special_ids", ()) or ())
-    return len(ids) - (1 if ids and ids[-1] in special else 0)
-
-
-def encode_texts(
-    tokenizer: TextTokenizer, texts: Sequence[str], limit: int, keep: int | None
-) -> list[tuple[int, ...]]:
-    """Each text's ids with special tokens; ``keep``: truncated to that many (the
-    tokenizer's own truncation, so appended special tokens stay). A text longer than
-    ``(limit + 1) * CHARS_PER_TOKEN`` characters is tokenized cut to that first; only when
-    the cut text stays within ``limit`` tokens is the whole text tokenized."""
-    width = (max(limit, keep or 0) + 1) * CHARS_PER_TOKEN
-    cut = [text[:width] for text in texts]
-    kwargs: dict[str, Any] = {"add_special_tokens": True}
-    if keep is not None:
-        kwargs.update(truncation=True, max_length=keep)
-    encoded = [tuple(int(t) for t in ids) for ids in tokenizer(cut, **kwargs)["input_ids"]]
-    for i, text in enumerate(texts):
-        if len(text) > width and len(encoded[i]) <= (keep or limit):
-            encoded[i] = tuple(int(t) for t in tokenizer(text, **kwargs)["input_ids"])
-    return encoded
-
-
 def _check_text(texts: Sequence[str]) -> None:
     for text in texts:
         if not text:
@@ -145,13 +119,13 @@ class Embedder:
     def text_work(
         self, texts: Sequence[str], prompt: str | None, keep: int | None = None
     ) -> EmbedWork:
-        """An EmbedWork of ``texts``, each behind ``prompt`` (sentence-transformers'
-        ``prompt + text``), checked against the limits."""
+        """An EmbedWork of ``texts``, each behind ``prompt`` as sentence-transformers puts it
+        there (``app.embed_inputs``), checked against the limits."""
         head = pooling_of(self.info, "/v1/embeddings")
-        full = [f"{prompt}{text}" if prompt else text for text in texts]
-        inputs = encode_texts(self.tokenizer, full, input_limit(self.info), keep)
-        skip = prompt_length(self.tokenizer, prompt) if prompt and not head.include_prompt else 0
-        work = EmbedWork(tuple(inputs), (skip,) * len(inputs) if skip else ())
+        limit = input_limit(self.info)
+        prepared = encode_inputs(self.tokenizer, texts, prompt, head, limit, keep)
+        skip, inputs = prepared.skip, prepared.inputs
+        work = EmbedWork(inputs, (skip,) * len(inputs) if skip else ())
         _check_work(work, self.info)
         return work
 

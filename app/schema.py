@@ -170,6 +170,15 @@ class ModelCard(BaseModel):
         description="An embedding model's pooling (null: not an embedding model)."
     )
     dimension: int | None = Field(description="An embedding model's vector size.")
+    input_format: Literal["text", "chat_template"] | None = Field(
+        default=None,
+        description=(
+            "How an embedding model's text becomes tokens, as sentence-transformers 6.2 "
+            "prepares it: text (the prompt in front) or chat_template (rendered through the "
+            "tokenizer's chat template, the prompt as a system message); null: not an "
+            "embedding model."
+        ),
+    )
     parent: str | None = Field(
         default=None, description="A LoRA adapter's base model (vLLM's shape); absent: a base."
     )

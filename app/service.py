@@ -368,6 +368,8 @@ class ScoringService:
             "kind": info.kind,
             "pooling": info.pooling.pooling if info.pooling else None,
             "dimension": info.pooling.dimension if info.pooling else None,
+            # how an embedding model's text becomes tokens: as it is, or its chat template's render
+            "input_format": info.pooling.inputs.kind if info.pooling else None,
         }
 
 

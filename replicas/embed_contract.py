@@ -6,9 +6,46 @@ out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
+from typing import Any
 
 POOLINGS = ("lasttoken", "mean", "cls")
+INPUT_FORMATS = ("text", "chat_template")
+MESSAGE_FORMATS = ("flat", "structured")
+
+
+@dataclass(frozen=True)
+class InputFormat:
+    """How an input's text becomes token ids, as sentence-transformers 6.2's Transformer
+    prepares it (``replicas.model.st_inputs`` reads it). ``text``: the prompt's text in
+    front of the input's, tokenized with the tokenizer's special tokens. ``chat_template``
+    (the ``message`` modality): the input as a user message behind a system message holding
+    the prompt (no prompt: the template's default system turn), rendered through the
+    tokenizer's chat template without a generation prompt and tokenized without special
+    tokens; a cut input gets the template's tail back (``restore_suffix``).
+    ``message_format``: a message's content as a string (``flat``) or as
+    ``[{"type": "text", "text": ...}]`` (``structured``); ``template_kwargs``: further
+    variables for the template (``processing_kwargs.chat_template``), each value as JSON
+    (hashable)."""
+
+    kind: str = "text"
+    message_format: str = "flat"
+    template_kwargs: tuple[tuple[str, str], ...] = ()
+    restore_suffix: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in INPUT_FORMATS:
+            raise ValueError(f"input format: {self.kind!r} not in {INPUT_FORMATS}")
+        if self.message_format not in MESSAGE_FORMATS:
+            raise ValueError(f"message format: {self.message_format!r} not in {MESSAGE_FORMATS}")
+
+    @property
+    def chat(self) -> bool:
+        return self.kind == "chat_template"
+
+    def template_variables(self) -> dict[str, Any]:
+        return {name: json.loads(value) for name, value in self.template_kwargs}
 
 
 @dataclass(frozen=True)
@@ -20,7 +57,9 @@ class PoolingHead:
     ``include_prompt``). ``dense``: (in, out, activation) of each Dense layer after pooling
     (activation ``tanh`` or ``identity``); then L2 normalization when ``normalize``.
     ``prompts``: the model's named prompt texts, prepended to an input's text as
-    sentence-transformers prepends them; ``max_seq_length``: the most tokens per input."""
+    sentence-transformers prepends them; ``max_seq_length``: the most tokens per input;
+    ``inputs``: how text becomes token ids (a chat template's render leaves no prompt
+    tokens out of the pooling, whatever ``include_prompt`` says, as sentence-transformers)."""
 
     pooling: str
     normalize: bool
@@ -30,6 +69,7 @@ class PoolingHead:
     prompts: tuple[tuple[str, str], ...] = ()
     default_prompt_name: str | None = None
     max_seq_length: int | None = None
+    inputs: InputFormat = field(default_factory=InputFormat)
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLINGS:

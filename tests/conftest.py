@@ -52,6 +52,20 @@ def embedding_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture(scope="session")
+def chat_embedding_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """``qwen3-last`` and ``llama-mean`` saved with SmolLM2's chat template (the same weights
+    as ``embedding_dirs``'; ``max_seq_length`` 64): sentence-transformers renders their text
+    through the template."""
+    from tests.embed_helpers import save_embedding_model
+
+    root = tmp_path_factory.mktemp("chat-embedders")
+    return {
+        v: save_embedding_model(v, root / v, tiny_llama_dir, 64, chat_template=True)
+        for v in ("qwen3-last", "llama-mean")
+    }
+
+
+@pytest.fixture(scope="session")
 def embedding_engine(embedding_dirs: dict) -> Any:
     """``get(variant)``: a warm ScoringEngine of that embedding directory (one per session,
     shared by the tests/test_embed_*.py modules; tests/embed_helpers.embed_settings)."""
@@ -179,7 +193,13 @@ SHARED_FIXTURE_GROUPS = {
             "test_loading_smollm2",
             "test_rerank_smollm2",
         ),
-        "embed": ("test_batch_embed", "test_embed_engine", "test_embed_routes", "test_lora_embed"),
+        "embed": (
+            "test_batch_embed",
+            "test_embed_engine",
+            "test_embed_inputs",
+            "test_embed_routes",
+            "test_lora_embed",
+        ),
     }.items()
     for name in names
 }

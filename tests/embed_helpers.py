@@ -1,11 +1,15 @@
 """Tiny random-weight embedding models saved as sentence-transformers directories, and their
 reference vectors (sentence-transformers' ``encode`` in float32), for tests/test_embed_*.py.
 
-Each directory is what sentence-transformers writes for a decoder embedder: the transformers
-base model (``Qwen3Model``, ``LlamaModel``, ``Gemma3TextModel``; safetensors names without
-``model.``, no LM head) at the root with SmolLM2's tokenizer, ``modules.json`` (Transformer ->
-Pooling -> optional Dense -> optional Normalize), ``1_Pooling/config.json`` and the prompts in
-``config_sentence_transformers.json``. Nothing is downloaded.
+Each directory is what sentence-transformers 6.2 writes for a decoder embedder: the
+transformers base model (``Qwen3Model``, ``LlamaModel``, ``Gemma3TextModel``; safetensors names
+without ``model.``, no LM head) at the root with SmolLM2's tokenizer, ``modules.json``
+(Transformer -> Pooling -> optional Dense -> optional Normalize), ``1_Pooling/config.json``
+(the Llama one ``include_prompt: false``), the prompts in ``config_sentence_transformers.json``
+and the Transformer's ``modality_config`` in ``sentence_bert_config.json``: ``text`` only
+when the tokenizer's chat template was removed (the default), ``text`` and ``message`` when
+it was kept (``chat_template=True``: sentence-transformers then renders every text through
+the template). A variant's weights are the same either way. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -26,13 +30,16 @@ EMBED_VARIANTS: dict[str, tuple[str, str, dict[str, Any], str, int | None]] = {
     "llama-mean": ("LlamaConfig", "LlamaModel", {}, "mean", None),
     "gemma3-mean-dense": ("Gemma3TextConfig", "Gemma3TextModel", GEMMA3, "mean", 48),
 }
+EXCLUDES_PROMPT = ("llama-mean",)  # Pooling(include_prompt=False)
 
 
 def save_embedding_model(
-    variant: str, directory: Path, tokenizer_dir: Path, max_seq_length: int = 512
-) -> Path:
+    variant: str, directory: Path, tokenizer_dir: Path, max_seq_length: int = 512,
+    chat_template: bool = False,
+) -> Path:  # fmt: skip
     """Build ``variant`` with random weights and save it as a sentence-transformers directory
-    (a ``query`` prompt, Normalize; the Gemma one a Dense 64 -> 48 with tanh first)."""
+    (a ``query`` prompt, Normalize; the Gemma one a Dense 64 -> 48 with tanh first), with
+    the tokenizer's chat template or without."""
     import torch
     import transformers
     from sentence_transformers import SentenceTransformer
@@ -53,12 +60,15 @@ def save_embedding_model(
     hf_dir = directory.parent / f"{directory.name}-hf"
     base.save_pretrained(hf_dir, safe_serialization=True)
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
-    # Without a chat template: sentence-transformers 6 renders text through one when the
-    # tokenizer has it; an embedder's text is plain text with its prompt in front.
-    tokenizer.chat_template = None
+    if not chat_template:  # sentence-transformers 6 renders text through one when it is there
+        tokenizer.chat_template = None
     tokenizer.save_pretrained(hf_dir)
     transformer = Transformer(str(hf_dir), max_seq_length=max_seq_length)
-    modules: list[Any] = [transformer, Pooling(config.hidden_size, pooling_mode=pooling)]
+    include = variant not in EXCLUDES_PROMPT
+    modules: list[Any] = [
+        transformer,
+        Pooling(config.hidden_size, pooling_mode=pooling, include_prompt=include),
+    ]
     if dense is not None:
         modules.append(Dense(config.hidden_size, dense, activation_function=torch.nn.Tanh()))
     modules.append(Normalize())

@@ -1,7 +1,9 @@
 """The embedding routes over in-process HTTP (app.http, no Ray) on a warm engine of the
 tiny Qwen3 sentence-transformers directory (semantics 20): OpenAI's /v1/embeddings (float and
 base64, prompts, Matryoshka, token ids, truncation), Cohere's /v2/embed, cosine /v1/score and
-/v1/rerank, /v1/models' kind, the routes the kind refuses, and 400s with reasons."""
+/v1/rerank, /v1/models' kind, the routes the kind refuses, and 400s with reasons; the same
+routes on the directory saved with a chat template (its text rendered through it, as
+sentence-transformers 6.2 does)."""
 
 from __future__ import annotations
 
@@ -172,6 +174,7 @@ def test_models_say_the_kind_and_other_routes_are_refused_by_name(served) -> Non
     (card,) = models["data"]
     assert (card["scoring"], card["rerank_method"]) == ("cosine", "cosine")
     assert (card["kind"], card["pooling"], card["dimension"]) == ("embedding", "lasttoken", 64)
+    assert card["input_format"] == "text"
     message = refused(
         post(api, "/v1/completions", {"prompt": "x", "echo": True}), "unsupported_for_model"
     )
@@ -196,5 +199,42 @@ def test_a_causal_lm_refuses_the_embedding_routes(tiny_llama_dir) -> None:
     message = refused(post(api, "/v1/embeddings", {"input": "x"}), "unsupported_for_model")
     assert "causal_lm" in message and "/v1/embeddings" in message
     refused(post(api, "/v2/embed", {"texts": ["x"]}), "unsupported_for_model")
-    assert ask(api, "GET", "/v1/models").body["data"][0]["kind"] == "causal_lm"
+    card = ask(api, "GET", "/v1/models").body["data"][0]
+    assert (card["kind"], card["input_format"]) == ("causal_lm", None)
     assert "/v1/embeddings" not in ask(api, "GET", "/openapi.json").body["paths"]
+
+
+def test_a_chat_template_model_over_http(chat_embedding_dirs: dict, embedding_engine: Any) -> None:
+    """The Qwen3 directory saved with its tokenizer's chat template, on the engine of the same
+    weights: /v1/embeddings (a prompt, Matryoshka, an input cut at max_seq_length), /v2/embed
+    and cosine /v1/score and /v1/rerank equal ``encode``; /v1/models names the format."""
+    directory, engine = chat_embedding_dirs[VARIANT], embedding_engine(VARIANT)
+    service = ScoringService.from_settings(embed_settings(directory))
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    async def health() -> None:
+        return None
+
+    api = build_api(service, backend, health)
+    card = ask(api, "GET", "/v1/models").body["data"][0]
+    assert card["input_format"] == "chat_template"
+    texts = [*texts_of(14, 3, longest=30), "seven blue " * 60]
+    query = reference_vectors(directory, texts, prompt_name="query")
+    body = {"input": texts, "prompt_name": "query", "truncate_prompt_tokens": 64}
+    np.testing.assert_allclose(vectors_of(post(api, "/v1/embeddings", body)), query, atol=TOL)
+    cut = vectors_of(post(api, "/v1/embeddings", {"input": texts[:3], "dimensions": 16}))
+    truncated = reference_vectors(directory, texts[:3], truncate_dim=16)
+    expected = truncated / np.linalg.norm(truncated, axis=1, keepdims=True)
+    np.testing.assert_allclose(cut, expected, atol=TOL, rtol=0)
+    cohere = post(api, "/v2/embed", {"texts": texts, "input_type": "search_query"})
+    np.testing.assert_allclose(cohere.body["embeddings"]["float"], query, atol=TOL, rtol=0)
+    docs = texts[:3]
+    d = reference_vectors(directory, docs)
+    scored = post(api, "/v1/score", {"query": texts[3][:200], "items": docs})
+    q = reference_vectors(directory, [texts[3][:200]], prompt_name="query")[0]
+    cosine = d @ q / (np.linalg.norm(d, axis=1) * np.linalg.norm(q))
+    np.testing.assert_allclose(np.asarray(scored.body["scores"])[:, 0], cosine, atol=TOL)
+    ranked = post(api, "/v1/rerank", {"query": texts[3][:200], "documents": docs})
+    assert [r["index"] for r in ranked.body["results"]] == list(np.argsort(-cosine))

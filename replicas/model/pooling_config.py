@@ -21,8 +21,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from replicas.embed_contract import POOLINGS, PoolingHead
+from replicas.embed_contract import POOLINGS, InputFormat, PoolingHead
 from replicas.model.families import text_config
+from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format
 
 # transformers base models (what sentence-transformers saves) -> family
 BASE_ARCHITECTURES = {
@@ -44,10 +45,6 @@ _LEGACY_MODES = {
     "pooling_mode_cls_token": "cls",
 }
 _NO_LIMIT = 1 << 40  # tokenizers without a limit say int(1e30); anything this large is none
-
-
-class UnsupportedEmbeddingError(ValueError):
-    """The embedding model's files or settings are unusable (named in the message)."""
 
 
 def is_base_model(hf: Any) -> bool:
@@ -136,9 +133,12 @@ def _max_seq_length(directory: Path) -> int | None:
     return None
 
 
-def st_pooling_head(directory: Path, hidden_size: int) -> PoolingHead:
+def st_pooling_head(
+    directory: Path, hidden_size: int, model_type: str | None = None
+) -> PoolingHead:
     """The PoolingHead of a sentence-transformers directory."""
     modules = st_modules(directory)
+    inputs = input_format(directory, True, model_type)
     pooling = _read_json(modules[1][1] / "config.json")
     width, dense = hidden_size, []
     for kind, path in modules[2:]:
@@ -163,6 +163,7 @@ def st_pooling_head(directory: Path, hidden_size: int) -> PoolingHead:
         prompts=tuple(sorted((str(k), str(v)) for k, v in prompts.items())),
         default_prompt_name=default,
         max_seq_length=_max_seq_length(directory),
+        inputs=inputs,
     )
 
 
@@ -179,7 +180,7 @@ def pooling_head_for(
                 "pooling: a sentence-transformers directory sets its own pooling and "
                 "normalization (1_Pooling, Normalize); leave pooling and normalize unset"
             )
-        return st_pooling_head(directory, hidden)
+        return st_pooling_head(directory, hidden, getattr(hf, "model_type", None))
     if pooling is None and normalize is None and not is_base_model(hf):
         return None
     if pooling is not None and pooling not in POOLINGS:
@@ -189,4 +190,8 @@ def pooling_head_for(
         normalize=True if normalize is None else bool(normalize),
         dimension=hidden,
         max_seq_length=_max_seq_length(directory) if directory is not None else None,
+        # as sentence-transformers loads a bare directory: the chat template when it has one
+        inputs=input_format(directory, False, getattr(hf, "model_type", None))
+        if directory is not None
+        else InputFormat(),
     )
