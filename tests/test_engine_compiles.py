@@ -158,7 +158,7 @@ def test_a_query_or_item_longer_than_one_step_holds_is_refused_by_name(tiny):
 
 
 def test_a_stale_or_foreign_compile_record_entry_is_skipped(tiny, tmp_path):
-    record = tmp_path / "scorejax-signatures.json"
+    record = make_engine(tiny, compilation_cache_dir=str(tmp_path))._compiler.record_path
     record.write_text(
         '[{"kind": "rows", "dims": [1, 1, 16, 4, 4, 9]}, {"kind": "gone", "dims": [1]},'
         ' {"kind": "prefix", "dims": [1, 16]}]'

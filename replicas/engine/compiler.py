@@ -16,8 +16,13 @@ the bound only when its requests run at least ``PADDING_TO_COMPILE`` padded and 
 margin keeps two shapes of similar worth from replacing each other without end). One-off
 shapes never compile and decay to nothing. Warm-up signatures, and the ones another compile
 needed (a stream step's prefix step), are kept. With a record file (in the persistent compilation
-cache's directory) the most valuable signatures compile again at the next start-up, where
-the persistent cache makes it a load, with the uses they had.
+cache's directory, one per model and settings: ``signature_record``) the most valuable
+signatures compile again at the next start-up, where the persistent cache makes it a load,
+with the uses they had; a recorded signature this engine cannot build is skipped (``replay``).
+
+The background worker runs only while compiles are queued. At interpreter exit (``atexit``)
+queued compiles are dropped and the running one is waited for, so XLA is never torn down
+under a compile (a daemon thread inside XLA at exit aborts the process).
 
 Gated (a host group, several JAX processes stepping in lock-step): a background compile is
 held, not used, until ``publish`` names it. The leader publishes a signature once every host
@@ -26,11 +31,12 @@ holds it, at the same step on every host, so every host resolves every step the 
 
 from __future__ import annotations
 
+import atexit
 import logging
-import queue
 import threading
 import time
-from collections import OrderedDict
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -48,6 +54,7 @@ SEEN_LIMIT = 256  # uncompiled shapes whose uses are kept
 PERSIST_EVERY_S = 60.0  # uses reach the record at most this often
 DECLINE_REASONS = ("one_off", "small_padding", "low_value")
 EVICT_REASONS = ("one_off", "low_value")
+EXIT_WAIT_S = 600.0  # interpreter exit waits at most this long for a running compile
 
 
 class Dims(Protocol):
@@ -90,15 +97,22 @@ class StepCompiler:
         self._lock = threading.Condition()  # guards the dicts and counters
         self._compile_lock = threading.RLock()  # one compile at a time (nested: same thread)
         self._local = threading.local()  # the source a nested compile is counted under
-        self._queue: queue.Queue[Key] = queue.Queue()
-        self._pending: set[Key] = set()
-        self._worker: threading.Thread | None = None
+        self._queue: deque[Key] = deque()  # background compiles not started yet
+        self._pending: set[Key] = set()  # ... and the running one
+        self._worker: threading.Thread | None = None  # alive while compiles are queued
+        self._stopped = False  # no more background compiles (interpreter exit)
+        self._exit_hook = False
         self.counts = {"warmup": 0, "request_path": 0, "background": 0, "evicted": 0}
         self.counts |= {"declined": 0} | {f"declined_{r}": 0 for r in DECLINE_REASONS}
         self.counts |= {f"evicted_{r}": 0 for r in EVICT_REASONS}
 
     def __len__(self) -> int:
         return len(self._executables)
+
+    @property
+    def record_path(self) -> Path | None:
+        """This engine's record file (None: no record)."""
+        return self._record.path
 
     def executable(self, kind: str, dims: Any) -> Any:
         """The compiled step of ``(kind, dims)``; one dropped since ``resolve`` chose it (a
@@ -301,30 +315,64 @@ class StepCompiler:
         entries = sorted(self._history.values(), key=lambda e: -e.value(now))
         return [entry.key for entry in entries]
 
+    def replay(self, kind: str, dims: Any) -> bool:
+        """Compile a recorded signature at start-up, as traffic's. One this engine cannot
+        build (a record written by an older version, or edited) is skipped with a warning
+        and forgotten, never failing the start; False then."""
+        try:
+            self.ensure(kind, dims, "warmup", keep=False)
+        except Exception as error:
+            logger.warning("skipping recorded signature %s %s: %r", kind, dims, error)
+            with self._lock:
+                self._history.pop((kind, dims), None)
+            return False
+        return True
+
     # -- background -------------------------------------------------------------------
 
     def _schedule(self, key: Key) -> None:
         with self._lock:
-            if key in self._pending:
+            if key in self._pending or self._stopped:
                 return
             self._pending.add(key)
+            self._queue.append(key)
             if self._worker is None:
                 self._worker = threading.Thread(
                     target=self._work, name="scorejax-compiler", daemon=True
                 )
                 self._worker.start()
-        self._queue.put(key)
+                if not self._exit_hook:  # a weak reference: the hook keeps no engine alive
+                    atexit.register(_stop_at_exit, weakref.ref(self))
+                    self._exit_hook = True
 
     def _work(self) -> None:
+        """Compile queued signatures one at a time; end once none is queued (or stopped)."""
         while True:
-            kind, dims = self._queue.get()
+            with self._lock:
+                if self._stopped or not self._queue:
+                    self._worker = None
+                    self._lock.notify_all()
+                    return
+                kind, dims = self._queue.popleft()
             try:
                 self.ensure(kind, dims, "background")
             except Exception:  # a failed background compile must not kill the worker
                 logger.exception("background compile of %s %s failed", kind, dims)
-                with self._lock:
-                    self._pending.discard((kind, dims))
-                    self._lock.notify_all()
+            with self._lock:  # also when another path compiled it first
+                self._pending.discard((kind, dims))
+                self._lock.notify_all()
+
+    def stop(self, timeout_s: float = EXIT_WAIT_S) -> None:
+        """Start no more background compiles: drop the queued ones and wait for the running
+        one (XLA must not be torn down under it)."""
+        with self._lock:
+            self._stopped = True
+            self._pending.difference_update(self._queue)
+            self._queue.clear()
+            worker = self._worker
+            self._lock.notify_all()
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout_s)
 
     # -- record -------------------------------------------------------------------------
 
@@ -336,3 +384,10 @@ class StepCompiler:
             Entry(key, self._traffic.get(key, Usage()), self._saving(key))
             for key in self._executables
         )
+
+
+def _stop_at_exit(compiler: weakref.ref[StepCompiler]) -> None:
+    """At interpreter exit: wait for a compiler's running background compile, if it lives."""
+    live = compiler()
+    if live is not None:
+        live.stop()

@@ -14,7 +14,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -38,6 +37,7 @@ from replicas.engine.layouts.single_item import SingleItemLayout
 from replicas.engine.lora_slots import AdapterSlots, refuse_without_slots, start_slots
 from replicas.engine.memory import release_free_heap
 from replicas.engine.query_cache import QueryCache
+from replicas.engine.signature_record import record_identity, record_path
 from replicas.engine.warm_coverage import (
     check_warm_coverage,
     completion_shapes_for,
@@ -51,9 +51,8 @@ from replicas.model.attention import with_attention
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
-RECORD_FILE = "scorejax-signatures.json"
 # ScoringInputError lives in replicas.engine.work_checks; callers import it from here too.
-__all__ = ["RECORD_FILE", "ScoringEngine", "ScoringInputError", "configure_compilation_cache"]
+__all__ = ["ScoringEngine", "ScoringInputError", "configure_compilation_cache"]
 
 
 def configure_compilation_cache(directory: str | None) -> None:
@@ -114,12 +113,12 @@ class ScoringEngine:
         self._embed = EmbedLayout(model, self, dense) if pooling is not None else None
         layouts = (self._single, self._multi, self._prompts, *filter(None, [self._embed]))
         owners = {kind: layout for layout in layouts for kind in layout.kinds}
-        directory = settings.compilation_cache_dir
+        identity = record_identity(name, model, params, mesh, settings)  # the record's owner
         self._compiler = StepCompiler(
             lambda kind, dims: owners[kind].compile(kind, dims),
             {kind: layout.kinds[kind] for kind, layout in owners.items()},
             background=settings.background_compile,
-            record=Path(directory) / RECORD_FILE if directory else None,
+            record=record_path(settings.compilation_cache_dir, identity),
             gated=settings.hosts_per_replica > 1,
             max_traffic=settings.max_traffic_signatures,
         )
@@ -308,11 +307,15 @@ class ScoringEngine:
     def compile_keys(self, keys: Sequence[tuple[str, Any]]) -> int:
         """Compile ``(kind, dims)`` signatures at start-up (nothing is scored). The configured
         warm-up's are kept for good; others (replayed from the record) count as traffic's,
-        which ``max_traffic_signatures`` bounds."""
+        which ``max_traffic_signatures`` bounds; one that fails to build is skipped."""
         before = self.compile_count
         configured = set(self._configured_keys())
+        recorded = set(self._compiler.recorded()) - configured
         for kind, dims in keys:
-            self._compiler.ensure(kind, dims, "warmup", keep=(kind, dims) in configured)
+            if (kind, dims) in recorded:
+                self._compiler.replay(kind, dims)
+            else:
+                self._compiler.ensure(kind, dims, "warmup", keep=(kind, dims) in configured)
         release_free_heap()  # the compiles' transient memory (replicas/engine/memory.py)
         return self.compile_count - before
 

@@ -7,23 +7,68 @@ cost for the work minus its own). A one-off shape's uses decay to nothing; a rec
 stay up. ``SignatureRecord`` is the JSON file beside the persistent compilation cache that
 lists every kept signature with its uses, last use (wall-clock time) and saving, so a
 restart compiles the most valuable ones again (a cache load) and they keep their history.
+
+A record belongs to the model and settings that wrote it: its file is named by a fingerprint
+of ``record_identity`` (the model's name or path, its config, its parameters' shapes and
+dtypes, LoRA slots included, the mesh and the settings that change a step's program), so one
+cache folder serves several models one after another and none replays another's steps.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
+import os
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jax
+
 logger = logging.getLogger(__name__)
 
 HALF_LIFE_S = 600.0  # a use counts half as much ten minutes later
 Key = tuple[str, Any]
+RECORD_PREFIX = "scorejax-signatures-"  # then the fingerprint, then .json
+# Settings that change what a signature compiles to (or which kinds exist) beyond the model.
+COMPILE_SETTINGS = (
+    "dtype", "mesh_shape", "layout", "attention", "max_loras", "max_lora_rank",
+    "hosts_per_replica", "pooling", "normalize",
+)  # fmt: skip
+
+
+def record_identity(name: str, model: Any, params: Any, mesh: Any, settings: Any) -> dict:
+    """What an engine's compiled steps depend on besides their signatures (JSON-able)."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(params)
+    return {
+        "model": name,
+        "config": repr(model.config),
+        "lora_update": model.lora_update,
+        "params": [[jax.tree_util.keystr(path), *shape_of(leaf)] for path, leaf in leaves],
+        "mesh": {str(axis): int(size) for axis, size in mesh.shape.items()},
+        "platform": mesh.devices.flat[0].platform,
+        "settings": {field: repr(getattr(settings, field)) for field in COMPILE_SETTINGS},
+    }
+
+
+def shape_of(leaf: Any) -> tuple[list[int], str]:
+    return list(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", ""))
+
+
+def fingerprint(identity: Mapping[str, Any]) -> str:
+    text = json.dumps(identity, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def record_path(directory: str | Path | None, identity: Mapping[str, Any]) -> Path | None:
+    """The record of the engine ``identity`` describes, in ``directory`` (None: none)."""
+    if not directory:
+        return None
+    return Path(directory) / f"{RECORD_PREFIX}{fingerprint(identity)}.json"
 
 
 @dataclass(frozen=True)
@@ -60,7 +105,11 @@ class SignatureRecord:
     def __init__(self, path: Path | None, dims_types: Mapping[str, type]) -> None:
         self._path = path
         self._dims_types = dict(dims_types)
-        self._lock = threading.Lock()  # one writer at a time (the tmp file is shared)
+        self._lock = threading.Lock()  # one writer at a time
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
 
     def read(self) -> list[Entry]:
         """The recorded signatures this engine knows how to build (stale entries, e.g. from
@@ -78,9 +127,10 @@ class SignatureRecord:
                 key = (row["kind"], self._dims_types[row["kind"]](*row["dims"]))
                 usage = Usage(float(row.get("uses", 0.0)), float(row.get("last_used", 0.0)))
                 saving = math.inf if row.get("saving") is None else float(row["saving"])
-            except (KeyError, TypeError, ValueError):
+            except Exception:  # any row this version cannot read is stale: skip it
                 continue
             entries.append(Entry(key, usage, saving))
+        logger.info("compile record %s: %d signatures to replay", self._path, len(entries))
         return entries
 
     def write(self, entries: Iterable[Entry]) -> None:
@@ -100,7 +150,8 @@ class SignatureRecord:
         with self._lock:
             try:
                 self._path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = self._path.with_suffix(".tmp")
+                writer = f"{os.getpid()}-{threading.get_ident()}"  # engines may share a file
+                tmp = self._path.with_name(f"{self._path.name}.{writer}.tmp")
                 tmp.write_text(json.dumps(rows))
                 tmp.replace(self._path)
             except OSError:
