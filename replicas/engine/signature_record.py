@@ -27,8 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jax
-
 logger = logging.getLogger(__name__)
 
 HALF_LIFE_S = 600.0  # a use counts half as much ten minutes later
@@ -43,6 +41,8 @@ COMPILE_SETTINGS = (
 
 def record_identity(name: str, model: Any, params: Any, mesh: Any, settings: Any) -> dict:
     """What an engine's compiled steps depend on besides their signatures (JSON-able)."""
+    import jax  # here, not at the top: the ingress reads the record's reasons jax-free
+
     leaves, _ = jax.tree_util.tree_flatten_with_path(params)
     return {
         "model": name,
