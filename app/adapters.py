@@ -115,12 +115,15 @@ class AdapterAdmin:
 
     @staticmethod
     async def _call(method: Any, *args: Any) -> Any:
-        """A handle call; a refusal (a ValueError or KeyError it raised) is a 400."""
+        """A handle call; a refusal (a ValueError or KeyError it raised) is a 400, no adapter
+        directory at the path a 404."""
         try:
             return await method.remote(*args)
         except Exception as raw:
             error = getattr(raw, "cause", None) or raw  # a RayTaskError carries the original
             message = getattr(error, "message", None) or str(error).strip("'\"")
+            if getattr(error, "reason", None) == Reason.NOT_FOUND:  # no adapter at the path
+                raise ScoreRequestError(Reason.NOT_FOUND, message, "lora_path", 404) from None
             if isinstance(error, ValueError | KeyError):
                 raise ScoreRequestError(Reason.INVALID_REQUEST, message, "lora_path") from None
             raise ScoreRequestError(

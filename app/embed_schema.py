@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
+
+from app.schema import WholeInt
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
@@ -15,14 +17,14 @@ class EmbeddingRequest(BaseModel):
 
     model_config = _STRICT
 
-    input: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(
+    input: StrictStr | list[StrictStr] | list[WholeInt] | list[list[WholeInt]] = Field(
         description=(
             "A text, texts, one input as token ids, or inputs as token-id lists. Text is "
             "encoded with the tokenizer's special tokens after its prompt (if any)."
         )
     )
     model: StrictStr | None = Field(default=None, description="Served model name; optional.")
-    dimensions: StrictInt | None = Field(
+    dimensions: WholeInt | None = Field(
         default=None,
         description="Matryoshka: keep the first d components, then L2-normalize (1..dimension).",
     )
@@ -35,7 +37,7 @@ class EmbeddingRequest(BaseModel):
     instruction: StrictStr | None = Field(
         default=None, description="A prompt text put in front of every text input."
     )
-    truncate_prompt_tokens: StrictInt | None = Field(
+    truncate_prompt_tokens: WholeInt | None = Field(
         default=None,
         description="Keep each input's first k tokens; unset, a longer input is a 400.",
     )
@@ -59,7 +61,7 @@ class CohereEmbedRequest(BaseModel):
     embedding_types: list[Literal["float"]] = Field(
         default=["float"], description="Only float embeddings are served."
     )
-    output_dimension: StrictInt | None = Field(
+    output_dimension: WholeInt | None = Field(
         default=None, description="Matryoshka: as /v1/embeddings' dimensions."
     )
     truncate: Literal["NONE", "END"] | None = Field(

@@ -103,6 +103,9 @@ def _check_dimensions(dimensions: int | None, pooling: PoolingHead, param: str) 
 
 
 def _check_work(work: EmbedWork, info: ModelInfo) -> None:
+    if any(not ids for ids in work.inputs):  # a text of characters the tokenizer drops
+        message = "input: a text that tokenizes to no tokens is not embedded"
+        raise ScoreRequestError(Reason.EMPTY_INPUT, message, "input")
     try:
         check_embed_limits(work, info.limits, info.pooling.max_seq_length if info.pooling else None)
     except ScoringLimitError as error:

@@ -146,13 +146,15 @@ def build_api(
 
 
 def _adapter_routes(adapters: AdapterAdmin | None) -> APIRouter:
-    """vLLM's routes that load and unload LoRA adapters at run time (behind the API keys)."""
-    router = APIRouter()
+    """vLLM's routes that load and unload LoRA adapters at run time (behind the API keys).
+    With ``max_loras: 0`` they are not in the OpenAPI document and answer a 404 that names
+    the setting: a route this configuration cannot serve is not offered."""
+    router = APIRouter(include_in_schema=adapters is not None)
 
     def admin() -> AdapterAdmin:
         if adapters is None:
             message = "max_loras: 0, this server loads no LoRA adapters (set max_loras > 0)"
-            raise ScoreRequestError(Reason.INVALID_REQUEST, message)
+            raise ScoreRequestError(Reason.NOT_FOUND, message, status_code=404)
         return adapters
 
     @router.post(

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from app.embed_openapi import cohere_embed_request_schema, embedding_request_schema
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
 from app.schema import (
     ClassifyRequest,
@@ -45,9 +46,9 @@ NOT_EXPRESSIBLE = (
     "length query + items + delimiters (or query + item with item_first) over "
     "max_multi_item_seq_len (sequence_too_long), with limit_to_warmup a query, item or label "
     "count that no warm-up envelope admits together (sequence_too_long, too_many_labels), "
-    "more computed tokens than max_request_tokens (too_many_tokens), "
-    "and JSON numbers with a fraction or exponent "
-    "(1.0 is not a token id). Bodies over 16 MiB are refused."
+    "and more computed tokens than max_request_tokens (too_many_tokens). A whole number "
+    "written with a fraction or exponent (2.0, 2e0) is the integer it equals, as JSON Schema "
+    "reads it. Bodies over 16 MiB are refused."
 )
 
 
@@ -122,15 +123,16 @@ def score_request_schema(
     text: dict[str, Any] = {"type": "string"}
     if text_query_min_length:
         text["minLength"] = text_query_min_length
+    item_text: dict[str, Any] = {"type": "string"}
     if info is not None:
         query_ids["maxItems"] = longest_query(info)
         item_ids["maxItems"] = longest_item(info)
         props["items"]["maxItems"] = info.limits.max_items_per_request
-        if isinstance(info.adapters, tuple):  # else loaded at run time: any name
-            names = [{"const": name} for name in (info.name, *info.adapters)]  # LoRA too
-            props["model"]["anyOf"] = [*names, {"type": "null"}]
+        props["model"] = model_name_schema(info)
+        if info.pooling is not None:  # cosine scores: every text and token list embedded
+            text["minLength"] = item_text["minLength"] = item_ids["minItems"] = 1
     props["query"]["anyOf"] = [text, query_ids]
-    props["items"]["items"]["anyOf"] = [{"type": "string"}, item_ids]
+    props["items"]["items"]["anyOf"] = [item_text, item_ids]
     _label_rules(schema, info)
     # All text or all token ids (mixed_input_types): the query's kind decides the items'.
     schema["oneOf"] = [
@@ -185,14 +187,89 @@ def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
                 UnloadLoraAdapterRequest,
             )
         )
-        schemas["ScoreRequest"] = score_request_schema(service.info, service.text_query_min_length)
-        schemas["ClassifyRequest"] = classify_request_schema(
-            service.info, service.text_query_min_length
-        )
+        info, text_min_length = service.info, service.text_query_min_length
+        schemas["ScoreRequest"] = score_request_schema(info, text_min_length)
+        schemas["ClassifyRequest"] = classify_request_schema(info, text_min_length)
+        schemas["CompletionRequest"] = completion_request_schema(info, text_min_length)
+        schemas["DetokenizeRequest"]["properties"]["tokens"]["items"] = _token_id(info, False)
+        if info.pooling is not None:  # cosine rerank: every document embedded
+            schemas["RerankRequest"]["properties"]["documents"]["items"] = NON_EMPTY_DOCUMENT
+            schemas["EmbeddingRequest"] = embedding_request_schema(info, info.pooling)
+            schemas["CohereEmbedRequest"] = cohere_embed_request_schema(info, info.pooling)
+        for name in REQUESTS_NAMING_THE_MODEL:
+            schemas[name]["properties"]["model"] = model_name_schema(info)
         for path in routes_the_kind_refuses(service.info):
             document["paths"].pop(path, None)
         api.openapi_schema = document
     return api.openapi_schema
+
+
+NON_EMPTY_TEXT = {"type": "string", "minLength": 1}
+NON_EMPTY_DOCUMENT = {
+    "anyOf": [
+        NON_EMPTY_TEXT,
+        {
+            "type": "object",
+            "properties": {"text": NON_EMPTY_TEXT},
+            "required": ["text"],
+            "additionalProperties": False,
+        },
+    ]
+}
+REQUESTS_NAMING_THE_MODEL = (
+    "ScoreRequest",
+    "RerankRequest",
+    "ClassifyRequest",
+    "CompletionRequest",
+    "EmbeddingRequest",
+    "CohereEmbedRequest",
+    "TokenizeRequest",
+    "DetokenizeRequest",
+)
+
+
+def model_name_schema(info: ModelInfo) -> dict[str, Any]:
+    """``model`` as app.validation.check_model_name checks it: the base model's name or a
+    LoRA adapter's, or null. With adapters loaded at run time the names change, so any
+    string, and one served neither way is a 404 ``model_not_found``."""
+    if isinstance(info.adapters, tuple):
+        names = [{"const": name} for name in (info.name, *info.adapters)]
+        return {"anyOf": [*names, {"type": "null"}], "default": None}
+    description = (
+        f"{info.name!r}, a LoRA adapter loaded now (GET /v1/models lists them), or null; "
+        "any other name is a 404 model_not_found."
+    )
+    return {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None,
+            "description": description}  # fmt: skip
+
+
+def completion_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any]:
+    """CompletionRequest with the route's rules (app.completions): one to
+    ``max_items_per_request`` prompts, each text (non-empty where "" has no tokens) or
+    non-empty in-vocabulary token ids; ``max_tokens`` 0 or 1 with ``temperature`` 0 or
+    absent at 1; ``n`` and ``best_of`` 1; no ``stream``, no ``suffix``."""
+    schema = CompletionRequest.model_json_schema(ref_template=_REF)
+    props = schema["properties"]
+    most = info.limits.max_items_per_request
+    text: dict[str, Any] = {"type": "string"}
+    if text_min_length:
+        text["minLength"] = text_min_length
+    ids = {"type": "array", "items": _token_id(info, False), "minItems": 1}
+    props["prompt"]["anyOf"] = [
+        text,
+        {"type": "array", "items": text, "minItems": 1, "maxItems": most},
+        ids,
+        {"type": "array", "items": ids, "minItems": 1, "maxItems": most},
+    ]
+    props["max_tokens"]["anyOf"] = [{"enum": [0, 1]}, {"type": "null"}]
+    for name in ("n", "best_of"):
+        props[name]["anyOf"] = [{"const": 1}, {"type": "null"}]
+    props["stream"]["anyOf"] = [{"const": False}, {"type": "null"}]
+    props["suffix"] = {"type": "null", "default": None, "description": "Absent: no insertion."}
+    one_token = {"properties": {"max_tokens": {"const": 1}}, "required": ["max_tokens"]}
+    greedy = {"properties": {"temperature": {"anyOf": [{"const": 0}, {"type": "null"}]}}}
+    schema["allOf"] = [{"if": one_token, "then": greedy}]
+    return schema
 
 
 def routes_the_kind_refuses(info: ModelInfo) -> tuple[str, ...]:
@@ -217,5 +294,5 @@ def classify_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[s
         text["minLength"] = text_min_length
     texts = {"type": "array", "items": text, "maxItems": info.limits.max_items_per_request}
     props["input"]["anyOf"] = [text, texts]
-    props["model"]["anyOf"] = [{"const": info.name}, {"type": "null"}]
+    props["model"] = model_name_schema(info)
     return schema

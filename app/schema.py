@@ -1,17 +1,33 @@
 """Pydantic models of the HTTP edge: the /v1/score request, its response and the error body.
 
 Strict on purpose: ``"1"`` is not an int, ``true`` is not an int, ``1`` is not a bool, and
-unknown fields are rejected. Inside the service everything is frozen dataclasses; these
-models exist only to parse input and to describe the API (OpenAPI).
+unknown fields are rejected. A JSON number is an integer when its value is whole (``2.0`` is
+the integer 2, as JSON Schema and so the OpenAPI document read it; ``2.5`` is refused).
+Inside the service everything is frozen dataclasses; these models exist only to parse input
+and to describe the API (OpenAPI).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+def _whole_number(value: Any) -> Any:
+    """A whole float as the integer it is (JSON Schema's ``integer``); anything else as is,
+    for the strict int check to judge (``true``, ``"1"``, ``2.5`` stay refused)."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    return value
+
+
+WholeInt = Annotated[int, BeforeValidator(_whole_number)]
+PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_whole_number)]
+TopK = Annotated[int, Field(ge=0, le=20), BeforeValidator(_whole_number)]
 
 
 class ScoreRequest(BaseModel):
@@ -19,16 +35,16 @@ class ScoreRequest(BaseModel):
 
     model_config = _STRICT
 
-    query: StrictStr | list[StrictInt] = Field(
+    query: StrictStr | list[WholeInt] = Field(
         description="Text (encoded with the tokenizer's special tokens) or token ids."
     )
-    items: list[StrictStr | list[StrictInt]] = Field(
+    items: list[StrictStr | list[WholeInt]] = Field(
         description=(
             "Candidate items: all text (each encoded without special tokens) or all token-id "
             "lists, the same kind as the query. An empty list answers scores: []."
         )
     )
-    label_token_ids: list[StrictInt] | None = Field(
+    label_token_ids: list[WholeInt] | None = Field(
         default=None,
         description=(
             "Token ids whose next-token probability is scored for every item. Required for "
@@ -66,8 +82,8 @@ class RerankRequest(BaseModel):
     documents: list[StrictStr | RerankDocument] = Field(
         description='Texts (or {"text": ...} objects) to rank; [] answers results: [].'
     )
-    top_n: StrictInt | None = Field(
-        default=None, ge=1, description="Return only the best top_n results (default: all)."
+    top_n: PositiveInt | None = Field(
+        default=None, description="Return only the best top_n results (default: all)."
     )
     return_documents: StrictBool = Field(
         default=False, description="Echo each result's document text."
@@ -75,10 +91,10 @@ class RerankRequest(BaseModel):
     instruction: StrictStr | None = Field(
         default=None, description="The reranker's task instruction (default: the template's)."
     )
-    max_tokens_per_doc: StrictInt | None = Field(
-        default=None, ge=1, description="Cut each document to its first max_tokens_per_doc tokens."
+    max_tokens_per_doc: PositiveInt | None = Field(
+        default=None, description="Cut each document to its first max_tokens_per_doc tokens."
     )
-    priority: StrictInt | None = Field(
+    priority: WholeInt | None = Field(
         default=None, description="Accepted for Cohere's SDK and ignored (requests run in order)."
     )
     model: StrictStr | None = Field(
@@ -197,7 +213,7 @@ class CompletionRequest(BaseModel):
 
     model_config = _STRICT
 
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]] = Field(
+    prompt: StrictStr | list[StrictStr] | list[WholeInt] | list[list[WholeInt]] = Field(
         description="A text, texts, token ids, or token-id lists (a batch of prompts). Text "
         "is encoded with the tokenizer's special tokens; token ids are taken as they are."
     )
@@ -205,18 +221,16 @@ class CompletionRequest(BaseModel):
     echo: StrictBool = Field(
         default=False, description="Return the prompt's tokens with their log-probs."
     )
-    logprobs: StrictInt | None = Field(
-        default=None, ge=0, le=20, description="Top alternatives per position (0-20)."
-    )
-    max_tokens: StrictInt | None = Field(
+    logprobs: TopK | None = Field(default=None, description="Top alternatives per position (0-20).")
+    max_tokens: WholeInt | None = Field(
         default=None, description="0 (default) or 1: the greedy next token. More is a 400."
     )
     temperature: float | None = Field(default=None, description="0 or absent with max_tokens 1.")
     top_p: float | None = Field(default=None, description="Accepted; no sampling happens.")
-    seed: StrictInt | None = Field(default=None, description="Accepted; nothing is random.")
+    seed: WholeInt | None = Field(default=None, description="Accepted; nothing is random.")
     stop: StrictStr | list[StrictStr] | None = Field(default=None, description="Accepted.")
-    n: StrictInt | None = Field(default=None, description="1 or absent.")
-    best_of: StrictInt | None = Field(default=None, description="1 or absent.")
+    n: WholeInt | None = Field(default=None, description="1 or absent.")
+    best_of: WholeInt | None = Field(default=None, description="1 or absent.")
     stream: StrictBool | None = Field(default=None, description="false or absent.")
     suffix: StrictStr | None = Field(default=None, description="Absent: no insertion.")
     user: StrictStr | None = Field(default=None, description="Accepted and ignored.")
@@ -252,7 +266,7 @@ class DetokenizeRequest(BaseModel):
 
     model_config = _STRICT
 
-    tokens: list[StrictInt]
+    tokens: list[WholeInt]
     model: StrictStr | None = None
 
 
@@ -274,4 +288,4 @@ class UnloadLoraAdapterRequest(BaseModel):
     model_config = _STRICT
 
     lora_name: StrictStr = Field(min_length=1)
-    lora_int_id: StrictInt | None = Field(default=None, description="vLLM's; accepted, unused.")
+    lora_int_id: WholeInt | None = Field(default=None, description="vLLM's; accepted, unused.")

@@ -165,7 +165,7 @@ def test_agreement_rules() -> None:
     assert not agreement.disagrees(encode(good), 200, None)
     assert agreement.disagrees(encode(good), 400, "invalid_request")
     assert not agreement.disagrees(encode(good), 400, "sequence_too_long")  # unstated rule
-    assert not agreement.disagrees(encode({**good, "label_token_ids": [4.0]}), 400, "x")
+    assert agreement.disagrees(encode({**good, "label_token_ids": [4.0]}), 400, "x")  # it is 4
     assert not agreement.disagrees(encode({**good, "query": "\ud800"}), 400, "x")
     assert agreement.disagrees(encode({**good, "items": ["text"]}), 200, None)  # mixed
     assert agreement.disagrees(b"{", 200, None)

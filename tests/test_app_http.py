@@ -302,9 +302,11 @@ def test_an_overloaded_gate_refuses_before_tokenization_and_bad_input_stays_a_40
     assert ask(app, "POST", "/v1/score", b"{").status == 400
 
 
-def test_adapter_routes_without_lora_slots_are_400s_naming_max_loras() -> None:
+def test_adapter_routes_without_lora_slots_are_unoffered_404s_naming_max_loras() -> None:
     body = json.dumps({"lora_name": "ranker", "lora_path": "/nowhere"}).encode()
     for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
         reply, works = call("POST", path, body)
-        assert reply.status == 400 and "max_loras" in reply.body["message"], path
+        assert reply.status == 404 and "max_loras" in reply.body["message"], path
         assert works == []
+    document, _ = call("GET", "/openapi.json")
+    assert not {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"} & set(document.body["paths"])

@@ -53,7 +53,7 @@ def test_not_json_is_invalid_json(body: bytes) -> None:
         b"true",
         with_(label_token_ids=["1"]),
         with_(label_token_ids=[True]),
-        with_(label_token_ids=[1.0]),
+        with_(label_token_ids=[1.5]),
         with_(label_token_ids=1),
         with_(label_token_ids={"a": 1}),
         with_(apply_softmax=1),
@@ -97,6 +97,13 @@ def test_missing_labels_are_empty_label_token_ids(body: bytes) -> None:
 def test_huge_ints_parse_and_are_left_to_the_vocab_rule() -> None:
     request = validate_request(parse_json(with_(label_token_ids=[10**30])))
     assert request.label_token_ids == [10**30]
+
+
+def test_a_whole_number_is_the_integer_it_equals_as_json_schema_reads_it() -> None:
+    whole = validate_request(parse_json(b'{"query": [1.0, 2e0], "items": [[3.0]], '
+                                        b'"label_token_ids": [5.0]}'))  # fmt: skip
+    assert (whole.query, whole.items, whole.label_token_ids) == ([1, 2], [[3]], [5])
+    assert all(type(t) is int for t in [*whole.query, *whole.items[0], *whole.label_token_ids])
 
 
 def test_good_request_keeps_defaults() -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from replicas.checkpoints.loading import _RAW_DTYPES, PICKLE_SUFFIXES, _read_raw
-from replicas.checkpoints.name_map import CheckpointError
+from replicas.checkpoints.name_map import AdapterNotFound, CheckpointError
 from replicas.model.config import ModelConfig
 from replicas.model.lora import TARGETS, has_head_slots
 
@@ -83,7 +83,7 @@ def _fail(name: str, message: str) -> AdapterError:
 def read_adapter_config(name: str, directory: Path) -> dict[str, Any]:
     """The checked ``adapter_config.json`` of ``directory``."""
     if not directory.is_dir():
-        raise _fail(name, f"{directory}: not a directory")
+        raise AdapterNotFound(f"lora adapter {name!r}: {directory}: not a directory")
     path = directory / ADAPTER_CONFIG
     if not path.is_file():
         raise _fail(name, f"{directory}: no {ADAPTER_CONFIG}")

@@ -27,6 +27,10 @@ class CheckpointError(ValueError):
     """The checkpoint files are missing, unreadable or do not match the config."""
 
 
+class AdapterNotFound(CheckpointError):
+    """No LoRA adapter directory at the path a load names (the load route's 404)."""
+
+
 # Layout kinds: Hugging Face layout -> our layout of one (per-layer) tensor.
 SAME = "same"  # identical: embeddings [V, D], norm scales [D] or [Dh]
 TRANSPOSE = "transpose"  # [out, in] -> [in, out]: MLP [F, D] -> [D, F], lm_head [V, D] -> [D, V]

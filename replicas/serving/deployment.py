@@ -26,6 +26,7 @@ from cluster.niceness import (
     warn_if_niced,
     worker_niceness,
 )
+from replicas.checkpoints.name_map import AdapterNotFound
 from replicas.contract import (
     EmbedWork,
     EngineUnavailable,
@@ -194,6 +195,8 @@ class ScoringReplica:
         await self._adapters.follow(force=True)
         try:
             await self._between_steps(lambda: self._engine.load_adapter(name, path))
+        except AdapterNotFound as error:
+            raise ReplicaRejected("not_found", str(error)) from None
         except (ValueError, OSError, AttributeError) as error:
             raise ReplicaRejected("invalid_request", str(error)) from None
         self._adapters.loaded(name, path)
