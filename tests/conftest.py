@@ -199,6 +199,7 @@ SHARED_FIXTURE_GROUPS = {
             "test_embed_inputs",
             "test_embed_routes",
             "test_lora_embed",
+            "test_openapi_conformance",
         ),
     }.items()
     for name in names
