@@ -47,6 +47,7 @@ class Outcome:
     reason: str
     retry_after: str | None
     sent_s: float = 0.0  # when it was sent, seconds into the overload phase
+    queue_s: float | None = None  # a 200's x-queue-time: handed to the replicas -> its step
 
 
 def body(rng: random.Random, items: int, words: int = 60) -> dict:
@@ -68,7 +69,11 @@ async def send(client: httpx.AsyncClient, payload: dict) -> Outcome:
             reason = response.json()["reason"]  # the error envelope (app/errors.py)
         except (ValueError, KeyError, TypeError):
             reason = "no_envelope"
-    return Outcome(response.status_code, seconds, reason, response.headers.get("retry-after"))
+    queued = response.headers.get("x-queue-time")  # milliseconds
+    queue_s = float(queued) / 1e3 if queued is not None else None
+    return Outcome(
+        response.status_code, seconds, reason, response.headers.get("retry-after"), 0.0, queue_s
+    )
 
 
 async def capacity(client: httpx.AsyncClient, args: argparse.Namespace) -> float:
@@ -149,6 +154,7 @@ def seconds_of(outcomes: list[Outcome], status: int) -> list[float]:
 
 def summary(outcomes: list[Outcome], rate: float, cap: float) -> dict:
     ok = [o.seconds for o in outcomes if o.status == 200]
+    queued = [o.queue_s for o in outcomes if o.status == 200 and o.queue_s is not None]
     shed = [o for o in outcomes if o.status == 503 and o.reason == "overloaded"]
     other = [o for o in outcomes if o.status != 200 and o not in shed]
     return {
@@ -166,6 +172,8 @@ def summary(outcomes: list[Outcome], rate: float, cap: float) -> dict:
         "p99_rejection_s": round(percentile([o.seconds for o in shed], 0.99), 3),
         "p50_success_s": round(percentile(ok, 0.5), 3),
         "p99_success_s": round(percentile(ok, 0.99), 3),
+        "p50_success_queue_s": round(percentile(queued, 0.5), 3),
+        "p99_success_queue_s": round(percentile(queued, 0.99), 3),
     }
 
 

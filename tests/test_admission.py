@@ -179,3 +179,23 @@ def test_an_unclean_completion_restarts_the_rate_after_it() -> None:
         now[0] += 1.0
         queue.finished(ticket)
     assert queue.work_rate() == pytest.approx(10.0)
+
+
+def test_until_the_window_refills_after_an_unclean_step_the_rate_before_stands() -> None:
+    """Issue 57.4: a background compile during overload restarted the rate, and with no
+    basis every request was admitted (60 in 1.6 s at 40 requests/s, queue waits up to 27 s
+    with max_queue_wait_s 5). The rate before the compile now stands in."""
+    now = [0.0]
+    queue = QueueEstimate(clock=lambda: now[0])
+    for _ in range(5):  # 10 units a second
+        ticket = queue.started(10)
+        now[0] += 1.0
+        queue.finished(ticket)
+    slow = queue.started(10)
+    now[0] += 5.0
+    queue.finished(slow, served=True, clean=False)
+    assert queue.work_rate() == pytest.approx(10.0)
+    for _ in range(8):  # 80 units queued: 8 s at the rate before
+        queue.started(10)
+    verdict = admit(queue, 5.0)
+    assert not verdict.admitted and verdict.expected_wait_s == pytest.approx(8.0)

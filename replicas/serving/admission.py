@@ -52,6 +52,7 @@ class QueueEstimate:
     _head_since: float = 0.0  # busy clock since which the oldest call in flight has drained
     _completions: deque[tuple[float, float]] = field(default_factory=deque)  # (busy clock, cost)
     _origin: float = 0.0  # busy clock the rate's window may start at (after an unclean step)
+    _prior: float | None = None  # the rate before an unclean step, until the window refills
 
     @property
     def in_flight(self) -> int:
@@ -81,12 +82,14 @@ class QueueEstimate:
         """The call of ``ticket`` left the queue; only served calls count toward the rate (a
         fast refusal says nothing about how fast the queue drains). A served call whose step
         was not ``clean`` (a compile ran beside it) says the engine was slower than it is:
-        the rate forgets it and everything before it, and starts again after it."""
+        the window forgets it and everything before it, and starts again after it; until it
+        refills, the rate before stands in."""
         if ticket not in self._ahead:
             return
         now = self.busy_clock()
         cost = self._ahead.pop(ticket)
         if served and not clean:
+            self._prior = self.work_rate()  # what the engine did before the compile
             self._completions.clear()
             self._origin = now
         elif served:
@@ -98,11 +101,13 @@ class QueueEstimate:
         self._head_since = now  # the next oldest call drains from here
 
     def work_rate(self) -> float | None:
-        """Cost units served per busy second; None before ``MIN_COMPLETIONS`` (no basis yet:
-        admit)."""
+        """Cost units served per busy second; while fewer than ``MIN_COMPLETIONS`` are in
+        the window, the rate measured before the unclean step that restarted it (an
+        overload that triggers background compiles must not open admission wide), or None
+        before any (no basis yet: admit)."""
         times = self._completions
         if len(times) < MIN_COMPLETIONS:
-            return None
+            return self._prior
         if len(times) > self.recent:  # the oldest kept marks where the others' span began
             since, served = times[0][0], sum(cost for _, cost in itertools.islice(times, 1, None))
         else:
