@@ -142,6 +142,21 @@ def test_lone_prompts_run_whole_many_per_step_and_keep_nothing(tiny) -> None:
         assert np.isnan(answer.token_logprobs[:-3]).all() and (answer.top_ids[-1] == -1).all()
 
 
+def test_prompts_without_a_whole_block_run_packed_though_prefixes_are_kept(tiny) -> None:
+    """/v1/completions keeps each lone prompt's whole blocks for a later request that shares
+    them (keep_lone_prefixes), but a prompt of at most 16 tokens has no whole block to keep:
+    such prompts run whole, many to a step (1024 one-token prompts had taken one step each,
+    ~0.45 s apiece on the shipped CPU config, past the request deadline)."""
+    rng = np.random.default_rng(5)
+    prompts = tuple(ids(rng, n) for n in (1, 3, 16, 2, 9))
+    engine = make_engine(tiny, batch_buckets=(1,))  # the shipped CPU config: one row a step
+    [answers] = engine.score_batch([PromptWork(prompts, top_k=2)])
+    for prompt, answer in zip(prompts, answers, strict=True):
+        check(tiny, prompt, answer, 2)
+    assert engine.stats()["steps"] == 1
+    assert engine.stats()["query_cache_entries"] == 0
+
+
 def test_prompts_group_by_whole_shared_blocks() -> None:
     base = tuple(range(1, 41))
     prompts = [(*base, 7, 8), (9,) * 5, (*base, 1), base[:20] + (3,) * 30]

@@ -69,14 +69,20 @@ def alone(prompts: Sequence[Sequence[int]], block: int) -> list[PromptGroup]:
 
 
 def split_lone(
-    prompts: Sequence[Sequence[int]], groups: Sequence[PromptGroup], max_whole: int
+    prompts: Sequence[Sequence[int]],
+    groups: Sequence[PromptGroup],
+    max_whole: int,
+    keep_prefixes: bool = False,
 ) -> tuple[list[PromptGroup], list[int]]:
     """``groups`` less the one-member groups whose prompt is at most ``max_whole`` tokens
-    (an item runs no longer), and those prompts' indices, in order."""
+    (an item runs no longer), and those prompts' indices, in order. ``keep_prefixes``: a
+    lone prompt with a prefix of whole blocks keeps it (computed and cached for a later
+    request that shares it); one shorter than a block has none to keep and is packed too."""
     kept, lone = [], []
     for group in groups:
         (first, *others) = group.members
-        if others or len(prompts[first]) > max_whole:
+        cached = keep_prefixes and group.prefix_length > 0
+        if others or cached or len(prompts[first]) > max_whole:
             kept.append(group)
         else:
             lone.append(first)

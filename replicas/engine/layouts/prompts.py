@@ -146,9 +146,9 @@ class PromptLayout:
                 if settings.prefix_reuse
                 else alone(work.prompts, PREFIX_BLOCK)
             )
-            if not work.keep_lone_prefixes:
-                groups, lone = split_lone(work.prompts, groups, limit)
-                units += packed_units(w, work, lone, capacity, top_k, load)
+            keep = work.keep_lone_prefixes
+            groups, lone = split_lone(work.prompts, groups, limit, keep_prefixes=keep)
+            units += packed_units(w, work, lone, capacity, top_k, load)
             for group in groups:
                 prompts = [work.prompts[i] for i in group.members]
                 reused, source = self._lookup(prompts, group.prefix_length, top_k, use_cache)
