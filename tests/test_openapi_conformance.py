@@ -43,7 +43,7 @@ from tests.head_helpers import save_tiny_head
 pytestmark = pytest.mark.slow
 
 CONFIG = Path(__file__).resolve().parents[1] / "serve_config.yaml"
-CASES = 25  # positive cases per operation
+CASES = 12  # positive cases per operation (suite time: 4 kinds x ~14 operations)
 MISSING = {"model_not_found", "not_found"}  # a 404 for a name the client chose
 
 
