@@ -1,4 +1,4 @@
-"""Log-probabilities -> the scores a client sees (DESIGN.md semantics 5), with NumPy/SciPy.
+"""Log-probabilities -> the scores a client sees (semantics 5), with NumPy/SciPy.
 
 ``apply_softmax=True``: softmax over the requested labels of each row (rows sum to 1).
 ``apply_softmax=False``: ``exp(logprob)``, the full-vocabulary probability of each label.

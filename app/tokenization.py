@@ -1,4 +1,4 @@
-"""Text -> token ids, DESIGN.md semantics 2: the query WITH special tokens, each item WITHOUT.
+"""Text -> token ids, semantics 2: the query WITH special tokens, each item WITHOUT.
 
 The two are joined as token ids (never as text), in single-item and multi-item mode alike, so
 the mode never changes a score. Token inputs pass through unchanged.

@@ -1,4 +1,4 @@
-"""Every rejection rule of DESIGN.md "Semantics" 7, as functions that raise ScoreRequestError.
+"""Every rejection rule of semantics 7 (docs/semantics.md), as functions raising ScoreRequestError.
 
 The limit rules (too_many_items, sequence_too_long) come from replicas.contract.check_limits,
 the same function the engine runs, so the ingress and the replicas share one definition.

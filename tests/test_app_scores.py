@@ -1,4 +1,4 @@
-"""Log-probabilities -> scores: softmax over the labels, or exp (DESIGN.md semantics 5)."""
+"""Log-probabilities -> scores: softmax over the labels, or exp (semantics 5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Batch scoring equals serving (DESIGN.md semantics 17).
+"""Batch scoring equals serving (semantics 17).
 
 The tiny random Llama, the shipped serve_config.yaml pointed at it (small buckets, no
 warm-up). Each row's expected answer is what the route's code (``ScoringService.score``,

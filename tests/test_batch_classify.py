@@ -1,4 +1,4 @@
-"""``python -m batch classify``'s stages equal /v1/classify (DESIGN.md semantics 17, 18).
+"""``python -m batch classify``'s stages equal /v1/classify (semantics 17, 18).
 
 A tiny random 3-label Qwen3 sequence classifier (transformers ``save_pretrained``) under the
 shipped serve_config.yaml's settings (tests/test_batch.py's small buckets). In this process:

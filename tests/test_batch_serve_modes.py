@@ -1,6 +1,6 @@
 """``rerank`` and ``loglik`` with ``--engine serve``: the rows go through an app deployed on
 the session's Ray cluster (the ingress's ``score_work``, several calls in flight per caller
-actor) and each row equals what the local engine stage gives it (DESIGN.md semantics 17).
+actor) and each row equals what the local engine stage gives it (semantics 17).
 
 The tiny random Llama and the shipped serve_config.yaml pointed at it (tests/test_batch.py's
 config): rerank by the config's query_likelihood, through ``python -m batch rerank``; loglik

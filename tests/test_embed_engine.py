@@ -21,7 +21,7 @@ from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 from replicas.contract import EmbedWork
 from tests.embed_helpers import QUERY_PROMPT, reference_vectors, texts_of
 
-TOL = 1e-5  # tiny models: DESIGN.md "Comparing two float32 paths"
+TOL = 1e-5  # tiny models: docs/semantics.md, "The float32 floor"
 
 
 def family_of(variant: str, embedding_dirs: dict, embedding_engine: Any) -> tuple:

@@ -27,7 +27,7 @@ from replicas.engine.scoring_engine import ScoringEngine
 from tests.embed_helpers import QUERY_PROMPT, embed_settings, reference_vectors, texts_of
 from tests.lora_helpers import save_embedding_adapter
 
-TOL = 1e-5  # tiny models: DESIGN.md "Comparing two float32 paths"
+TOL = 1e-5  # tiny models: docs/semantics.md, "The float32 floor"
 VARIANT = "qwen3-last"
 
 

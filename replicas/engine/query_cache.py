@@ -1,4 +1,4 @@
-"""The query cache (DESIGN.md semantics 9): per-layer keys/values of recent queries.
+"""The query cache (semantics 9): per-layer keys/values of recent queries.
 
 Keyed by the query's token ids and the prefix bucket it was computed at; least recently
 used entries are evicted to stay within ``capacity_bytes``; an entry larger than the whole
