@@ -91,9 +91,17 @@ def test_grouped_update_equals_dense(rows, tokens, slots, groups, ins, in_shape,
         assert_fp32_close(np.asarray(got), np.asarray(want), layers=1)
 
 
-def test_auto_groups_from_many_slots():
-    assert update_form("auto", GROUPED_FROM_SLOTS - 1) == "dense"
-    assert update_form("auto", GROUPED_FROM_SLOTS) == "grouped"
+@pytest.mark.parametrize("platform", ["cpu", "tpu", "gpu"])
+def test_auto_groups_from_many_slots(platform):
+    threshold = GROUPED_FROM_SLOTS[platform]
+    assert update_form("auto", threshold - 1, platform) == "dense"
+    assert update_form("auto", threshold, platform) == "grouped"
+
+
+def test_auto_follows_the_backend_and_unknown_platforms_take_the_cpu_threshold():
+    assert update_form("auto", GROUPED_FROM_SLOTS["cpu"]) == "grouped"  # the suite runs on cpu
+    assert update_form("auto", GROUPED_FROM_SLOTS["cpu"], "rocm") == "grouped"
+    assert update_form("auto", GROUPED_FROM_SLOTS["gpu"] - 1, "gpu") == "dense"
     assert update_form("dense", 100) == "dense"
     with pytest.raises(ValueError, match="lora_update"):
         update_form("sparse", 9)

@@ -53,11 +53,15 @@ TARGETS: dict[str, tuple[str, str, str, str]] = {
     "down": ("down_proj", "mlp", "f", "d"),
 }
 # Slots from which "auto" groups tokens by slot (model.slot_routing) instead of running every
-# slot's update on every token. Measured in the engine on a 2-core CPU (loadtest.bench_lora,
-# Qwen3-0.6B's width, rank 16, calls timed in turn): a tie at 9 slots (0.85x vs 0.84x base),
-# grouped 1.20x dense at 33; fewer slots were not measured and keep the dense form, whose
-# cost shrinks with them (docs/serving.md).
-GROUPED_FROM_SLOTS = 9
+# slot's update on every token, by the platform jax runs on (``jax.default_backend()``).
+# Measured with loadtest.bench_lora (Qwen3-0.6B's width, rank 16, calls timed in turn):
+# - cpu (2-core EPYC, the engine): a tie at 9 slots (0.85x vs 0.84x base), grouped 1.20x dense
+#   at 33; fewer slots were not measured and keep the dense form, whose cost shrinks with them;
+# - tpu (v6e, projected from compiled executables): grouped 0.94x base vs dense 0.79x at 9;
+# - gpu (H200): dense wins at 9 slots (0.76-0.80x base vs grouped 0.67-0.75x) and ties at
+#   33 (0.66-0.68x both), so "auto" never groups there (docs/benchmarks.md, "LoRA").
+# A platform not listed takes the cpu threshold (docs/serving.md, "LoRA").
+GROUPED_FROM_SLOTS = {"cpu": 9, "tpu": 9, "gpu": 10**9}
 _IN_AXES = {"d": ("embed",), "he": ("heads", "head_dim"), "f": ("mlp",)}
 _KV_IN_OUT = {"k", "v"}
 
@@ -128,11 +132,14 @@ def untag(params: Params, tokens: Array, vocab: int) -> Array:
     return split_tagged(params, tokens, vocab)[0]
 
 
-def update_form(choice: str, slots: int) -> str:
+def update_form(choice: str, slots: int, platform: str | None = None) -> str:
     """The form the update runs in: ``choice`` ("dense", "grouped"), or for "auto" grouped
-    from ``GROUPED_FROM_SLOTS`` slots on (the dense form's cost grows with the slots)."""
+    from ``GROUPED_FROM_SLOTS[platform]`` slots on (the dense form's cost grows with the
+    slots); ``platform`` defaults to jax's default backend."""
     if choice == "auto":
-        return "grouped" if slots >= GROUPED_FROM_SLOTS else "dense"
+        platform = platform or jax.default_backend()
+        threshold = GROUPED_FROM_SLOTS.get(platform, GROUPED_FROM_SLOTS["cpu"])
+        return "grouped" if slots >= threshold else "dense"
     if choice not in ("dense", "grouped"):
         raise ValueError(f"lora_update: {choice!r} is not auto, dense or grouped")
     return choice
