@@ -1,9 +1,12 @@
 """ScoreIngress: the CPU Serve deployment in front of the scoring replicas.
 
-HTTP (app.http's FastAPI app through ``@serve.ingress``): ``POST /v1/score``, ``/v1/rerank``,
-``/v1/completions``, ``/tokenize``, ``/detokenize``, ``GET /tokenizer_info``, ``/v1/models``,
-``/health``, ``/v1/stats``, ``/openapi.json``, ``/docs``.
-Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` returns the
+HTTP (app.http's FastAPI app through ``@serve.ingress``): ``POST /v1/score``, ``/v1/rerank``
+(also ``/rerank``, ``/v2/rerank``), ``/v1/classify``, ``/v1/completions``,
+``/v1/embeddings`` (also ``/embeddings``), ``/v2/embed``, ``/tokenize``, ``/detokenize``,
+``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``; ``GET /tokenizer_info``,
+``/v1/models``, ``/health``, ``/v1/stats``, ``/openapi.json``, ``/docs``.
+Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` (likewise
+``rerank``, ``classify``, ``completions``, ``embeddings``) returns the
 same body as the HTTP route (and raises ScoreRequestError, whose ``body`` is the HTTP error);
 ``handle.score_work.remote(work)`` takes a work a batch job prepared with app/'s code.
 Ray Data LLM (``ray.data.llm.ServeDeploymentProcessorConfig``, docs/batch.md):

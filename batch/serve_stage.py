@@ -1,6 +1,6 @@
 """``--engine serve``: rows scored by a running scorejax Serve application through its
-DeploymentHandle (DESIGN.md: calls from other Ray apps), so a batch job shares the replicas
-with online traffic.
+DeploymentHandle (the handle calls of docs/architecture.md, "Two deployments"), so a batch job
+shares the replicas with online traffic.
 
 ``score``: each batch's rows are packed by query as for the local engine and each pack is
 sent as token ids to the ingress's ``score`` method (the /v1/score code path). ``rerank`` and

@@ -14,7 +14,7 @@ written in PEFT's file layout (no peft needed): items/s of
 Engine only (no HTTP), the shipped settings of the machine's kind (``serve_config.gpu.yaml`` on a
 GPU, ``serve_config.yaml`` on a CPU), medians of ``--repeats`` rounds (each runs every call
 once in turn, so a drifting machine slows them alike) once every signature is compiled.
-Targets (DESIGN.md): mixed >= 0.8x base, >= 3x one adapter a step::
+Targets (docs/benchmarks.md, "LoRA"): mixed >= 0.8x base, >= 3x one adapter a step::
 
     python -m loadtest.bench_lora [--batches 8,64] [--adapters 8] [--shape qwen3-0.6b|small]
         [--output FILE]

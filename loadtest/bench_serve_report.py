@@ -369,7 +369,7 @@ def section_body(report: Report) -> str:
         f"{report.peak_flops / 1e9:.0f} GFLOP/s",
         "- served/engine: client wall time over the replica's `engine_seconds` growth; padding:"
         " `computed_tokens` over `useful_tokens` growth; model FLOP/s: analytic useful FLOPs"
-        " (`loadtest/flops.py`) over the multi-item time",
+        " (`replicas/model/flops.py`) over the multi-item time",
         "",
         HEADER,
         *(format_row(r) for r in report.rows),

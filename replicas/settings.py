@@ -68,9 +68,12 @@ class ReplicaSettings:
     # cuDNN flash attention for causal rows on GPU in bf16/fp16, XLA otherwise; or forced.
     # Pallas off TPU runs in interpret mode (slow; for tests).
     attention: str = "auto"
-    # Query (prefix) lengths T, and packed reference rows: a geometric ladder, ~1.125x apart.
+    # Token rows: query (prefix) lengths T, single-item rows' length L (``query + item``),
+    # packed reference and fused rows: a geometric ladder, ~1.125x apart.
     token_buckets: tuple[int, ...] = bucket_ladder(16, 8192)
-    # Item-stream tokens S of a step: items end to end (single-item rows too).
+    # Item-stream tokens S of a step: items end to end (also prompt and embedding streams).
+    # A single-item step's R rows of L tokens hold R * L up to the largest of these within
+    # item_tokens_per_step times the largest batch bucket (layouts/single_item.py).
     item_token_buckets: tuple[int, ...] = bucket_ladder(16, 8192)
     # Requests (or row units) per step.
     batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)

@@ -1,5 +1,5 @@
-"""The one bound for comparing two float32 paths of the same model (DESIGN.md, "Comparing two
-float32 paths"): multi-item vs single-item, batch vs route, a data axis vs one device, a warm
+"""The one bound for comparing two float32 paths of the same model (docs/semantics.md, "The
+float32 floor"): multi-item vs single-item, batch vs route, a data axis vs one device, a warm
 cache vs a cold step, one step shape vs another, host groups vs one process.
 
 Two exact paths compute the same real-number function; they differ only in the order in
@@ -35,7 +35,7 @@ Derivation (first order in the unit roundoff ``u = 2**-24``):
    factor 2 is kept for it. ``2 * 4.5 * 3.3 = 30``, rounded up: ``32 * sqrt(L) * u``.
 5. An absolute term covers what does not scale with ``|v|``: the vocabulary's logsumexp (its
    own reordered sum, relative to the largest logit rather than to ``v``) and values near 0.
-   It is the design's bound for the tiny test models, 1e-5.
+   It is semantics 3's bound for the tiny test models, 1e-5.
 
 So ``|a - b| <= 1e-5 + 32 * sqrt(L) * u * |b|`` element-wise. On SmolLM2 (30 layers) at a
 log-prob of -11.18 that is 1.27e-4; the fresh machine of issue 42 measured 1.34e-5 there (11%

@@ -1,6 +1,6 @@
 """/v1/completions and the tokenizer routes over in-process HTTP (app.http, no Ray), with the
 real engine on the tiny random-weight Llama and SmolLM2's tokenizer; prompt log-probs against
-transformers (PyTorch, fp32, same weights). tests/test_serve_completions.py runs the same
+transformers (PyTorch, fp32, same weights). tests/test_lm_eval.py runs the same
 routes on a real Ray Serve with lm-evaluation-harness as the client."""
 
 from __future__ import annotations

@@ -88,9 +88,9 @@ def test_batch_rows_equal_transformers_on_smollm2(
 ) -> None:
     """Each row's label log-probs, at both batch sizes, against transformers fp32 on the same
     GGUF weights scoring the row alone (the query's and the item's token ids as the stages
-    tokenized them, the labels after the last): within 1e-4, the design's bound against
-    transformers (30 fp32 layers in two implementations; the rows agree with the route within
-    1e-5 above)."""
+    tokenized them, the labels after the last): within 1e-4, the bound against transformers
+    of docs/semantics.md, "The float32 floor" (30 fp32 layers in two implementations; the
+    rows agree with the route within 1e-5 above)."""
     import torch
 
     model, reference = smollm2_transformers, {}

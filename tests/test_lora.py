@@ -28,7 +28,7 @@ from tests.lora_helpers import (
 )
 from tests.model_helpers import save_tiny
 
-TO_PEFT = 1e-4  # DESIGN.md Targets: each adapter's answers vs transformers + peft
+TO_PEFT = 1e-4  # semantics 21: each adapter's answers vs transformers + peft
 SETTINGS = lora_settings(max_loras=4, max_lora_rank=8)
 # name -> (seed, rank, alpha, target modules, extra LoraConfig fields)
 ADAPTERS = {

@@ -1,10 +1,14 @@
 """The scoring engine: token-id work in, label log-probabilities out.
 
-It validates work, hands multi-item work to its layout (shared-prefix or packed reference)
-and everything else to the single-item layout, and implements what layouts need to run
-(``layouts.runner.Runner``): compiled steps by signature (``compiler.StepCompiler``, with
-covering look-ups and background compiles), the query cache, arguments placed on the mesh,
-and counters. Returns one float32 ``[items, labels]`` array per work.
+It validates work and hands each kind to its layout: multi-item ScoreWork to the
+shared-prefix layout (small works fused, with ``fused_step_tokens``) or, with ``layout:
+packed_reference``, the packed reference; other ScoreWork (no delimiter, or ``item_first``)
+to the single-item layout; PromptWork to the prompt layout; EmbedWork (an embedding model)
+to the embedding layout. It implements what layouts need to run (``layouts.runner.Runner``):
+compiled steps by signature (``compiler.StepCompiler``, with covering look-ups and
+background compiles), the query cache, arguments placed on the mesh, and counters. Returns
+per work a float32 ``[items, labels]`` array, a list of PromptLogprobs, or float32
+``[inputs, dimension]`` vectors.
 """
 
 from __future__ import annotations

@@ -1,11 +1,16 @@
-"""The model: a Flax causal LM for the Llama, Qwen2 and Qwen3 families.
+"""The model: a Flax causal LM for the Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3
+(text) families, with score heads, pooling heads and LoRA slots.
 
-``config`` (ModelConfig from a Hugging Face config), ``layers`` (RMSNorm, RoPE, attention
-over dense masks and item streams, MLP), ``causal_lm`` (CausalLM with the attention spec it
-runs under), ``attention`` (the backend choice: XLA reference, Pallas on TPU, cuDNN on
-GPU), ``pallas_attention`` (the TPU kernels beside their XLA reference), ``masks`` (built
-from lengths), ``params`` (logical axes and shardings of every parameter), ``flops`` and
-``catalog`` (production sizes for deviceless compiles).
+``config`` (ModelConfig from a Hugging Face config; the architectures it accepts),
+``families`` (the Mistral and Gemma fields: windows, soft-caps, Gemma norms), ``layers``
+(RMSNorm, RoPE, attention over dense masks and item streams, MLP), ``causal_lm`` (CausalLM
+with the attention spec it runs under), ``heads`` and ``head_config`` (seq-cls and reward
+score heads), ``pooling_config`` and ``st_inputs`` (embedding models' pooling and input
+format), ``lora`` and ``slot_routing`` (LoRA adapter slots, dense or grouped by slot),
+``attention`` (the backend choice: XLA reference, Pallas on TPU, cuDNN on GPU),
+``pallas_attention`` (the TPU kernels beside their XLA reference), ``masks`` (built from
+lengths), ``params`` (logical axes and shardings of every parameter), ``flops`` and
+``catalog`` (production sizes for deviceless compiles), ``errors`` (the parsers' one error).
 """
 
 from replicas._exports import lazy_exports

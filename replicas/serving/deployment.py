@@ -1,9 +1,12 @@
-"""The ScoringReplica Serve deployment: one ScoringEngine, fed by @serve.batch.
+"""The ScoringReplica Serve deployment: one engine, fed by @serve.batch.
 
-Concurrent ScoreWork from any number of ingress replicas is gathered into one
-``engine.score_batch`` call (max batch size and wait from ReplicaSettings; both can change
-at run time through ``user_config``). The engine is imported lazily, so this module stays
-jax-free at import time and the CPU ingress can import it (for the handle's types).
+Concurrent works (ScoreWork, PromptWork, EmbedWork) from any number of ingress replicas are
+gathered into one ``engine.score_batch`` call (max batch size and wait from ReplicaSettings;
+both can change at run time through ``user_config``). The engine class (ScoringEngine,
+GroupEngine or SliceEngine) is loaded by name when the replica starts (``engine_factory``,
+``setup.load_engine_factory``); of the engine package this module imports only
+``replicas.engine.memory`` (ctypes), so importing it does not import jax: the CPU ingress
+imports it (``app/builder.py`` binds ScoringReplica; ``tests/test_app_layering.py``).
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The item-stream step: items end to end in one flat token stream behind shared prefixes.
 
-Used by the shared-prefix layout (the prefix is the query, computed once by ``prefix_step``
-or taken from the query cache) and by the single-item layout (an empty prefix; each
-``query + item`` row is one "item"). A step's compiled shape is ``StreamDims``: requests B,
-prefix tokens T, stream tokens S, the item window W (longest item allowed) and labels C.
-Per-token metadata (item id, position ``len(query) + k``) comes from lengths, never from
-searching token ids.
+The shared-prefix layout's steps (the prefix is the query, computed once by ``prefix_step``
+or taken from the query cache). Single-item rows do not run here (they are causal rows,
+``dense.causal_step``); the prompt, embedding and prefix-extension steps run the same stream
+attention (``CausalLM.stream_hidden``) in steps of their own and take ``window_for`` from
+here. A step's compiled shape is ``StreamDims``: requests B, prefix tokens T, stream tokens
+S, the item window W (longest item allowed) and labels C. Per-token metadata (item id,
+position ``len(query) + k``) comes from lengths, never from searching token ids.
 """
 
 from __future__ import annotations
