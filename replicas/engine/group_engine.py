@@ -19,8 +19,9 @@ import jax
 import numpy as np
 
 from cluster.host_group import HostGroup, HostGroupError
-from replicas.contract import EngineUnavailable, ModelInfo, ScoreWork
+from replicas.contract import ModelInfo, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import EngineUnavailable
 from replicas.settings import ReplicaSettings, SettingsError
 
 FOLLOWER_FACTORY = "replicas.engine:FollowerEngine"

@@ -17,7 +17,8 @@ import numpy as np
 
 from cluster.host_group import HostGroupError
 from cluster.slice_group import SliceGroup, slice_names
-from replicas.contract import EngineUnavailable, ModelInfo, ScoreWork
+from replicas.contract import ModelInfo, ScoreWork
+from replicas.errors import EngineUnavailable
 from replicas.settings import ReplicaSettings
 
 LEADER_FACTORY = "replicas.engine.group_engine:GroupEngine.from_settings"
