@@ -181,7 +181,7 @@ def test_a_refused_work_does_not_fail_its_batch(settings: ReplicaSettings) -> No
 def test_limits_are_checked_before_batching(settings: ReplicaSettings) -> None:
     replica = Replica(settings, "tests.fake_engine:FakeEngine")
     with pytest.raises(ScoringError) as caught:
-        asyncio.run(replica.score(work(query_len=80)))
+        asyncio.run(replica.score_timed(work(query_len=80)))
     assert caught.value.reason == "sequence_too_long"
     assert replica._engine.batches == 0
 
@@ -209,7 +209,7 @@ def test_an_overloaded_replica_refuses_before_batching(settings: ReplicaSettings
         now[0] += 0.5
         replica._queue.finished(ticket)
     with pytest.raises(ScoringError) as caught:
-        asyncio.run(replica.score(work()))
+        asyncio.run(replica.score_timed(work()))
     assert caught.value.reason == "overloaded" and caught.value.retry_after_s == 3
     assert replica._engine.batches == 0 and replica.stats()["rejected_overloaded"] == 1
     assert pickle.loads(pickle.dumps(caught.value)).retry_after_s == 3

@@ -169,6 +169,9 @@ class ScoringEngine:
             **self._cache.stats(),
         }
 
+    def check_health(self) -> None:
+        """Nothing to check: one process, whose failures its steps raise."""
+
     def executables(self) -> dict[tuple[str, Any], Any]:
         """Compiled steps by ``(kind, dims)`` (``jax.stages.Compiled``: memory and cost
         analysis for deviceless checks, ``planning.tpu_check``)."""
@@ -197,6 +200,7 @@ class ScoringEngine:
         self._swap_adapter(lambda slots: slots.load(name, path))
 
     def unload_adapter(self, name: str) -> None:
+        """Free ``name``'s slot between steps (KeyError when none holds it)."""
         self._swap_adapter(lambda slots: slots.unload(name))
 
     def _swap_adapter(self, change: Callable[[AdapterSlots], Any]) -> None:

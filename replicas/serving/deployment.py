@@ -1,4 +1,5 @@
-"""The ScoringReplica Serve deployment: one ScoringEngine, fed by @serve.batch.
+"""The ScoringReplica Serve deployment: one engine (``replicas.engine_contract.Engine``), fed
+by @serve.batch.
 
 Concurrent ScoreWork from any number of ingress replicas is gathered into one
 ``engine.score_batch`` call (max batch size and wait from ReplicaSettings; both can change
@@ -12,10 +13,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from ray import serve
@@ -37,6 +38,7 @@ from replicas.contract import (
     work_cost,
 )
 from replicas.engine.memory import release_free_heap
+from replicas.engine_contract import Engine
 from replicas.errors import (
     EngineUnavailable,
     Reason,
@@ -70,21 +72,9 @@ TRIM_INTERVAL_S = 10.0
 CONCURRENT_BATCHES = 4  # x max_batch_size 16 = the shipped max_ongoing_requests
 
 
-class Engine(Protocol):
-    """What the replica needs of replicas.engine.scoring_engine.ScoringEngine."""
-
-    @property
-    def info(self) -> ModelInfo: ...
-
-    @property
-    def compile_count(self) -> int: ...
-
-    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]: ...
-
-
 @serve.deployment(name="ScoringReplica", max_ongoing_requests=64, health_check_period_s=10)
 class ScoringReplica:
-    """Owns one ScoringEngine; answers ``score(work) -> [items, labels]`` log-probabilities."""
+    """Owns one engine; answers ``score_timed(work)``: ``[items, labels]`` log-probabilities."""
 
     def __init__(
         self,
@@ -111,7 +101,7 @@ class ScoringReplica:
         if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
             engine_factory = SLICE_ENGINE if self._settings.tpu_slice else GROUP_ENGINE
         factory, niceness = load_engine_factory(engine_factory), self._settings.engine_niceness
-        self._engine = start_compute_niced(niceness, lambda: factory(self._settings))
+        self._engine: Engine = start_compute_niced(niceness, lambda: factory(self._settings))
         # Steps run on one thread at the engine's niceness; the event loop keeps its own.
         self._steps = ThreadPoolExecutor(1, "scorejax-step", set_thread_niceness, (niceness,))
         info = self._engine.info
@@ -146,9 +136,7 @@ class ScoringReplica:
     def check_health(self) -> None:
         if not self._ready:
             raise RuntimeError("scoring engine is not loaded and warmed up yet")
-        engine_health = getattr(self._engine, "check_health", None)
-        if callable(engine_health):
-            engine_health()  # a host group pings its followers
+        self._engine.check_health()  # a host group pings its followers
         if self._failed_batches_in_a_row >= UNHEALTHY_AFTER_FAILED_BATCHES:
             raise RuntimeError(
                 f"{self._failed_batches_in_a_row} scoring batches failed in a row; "
@@ -199,16 +187,13 @@ class ScoringReplica:
         }
 
     def _engine_counters(self) -> dict[str, Any]:
-        """The engine's counters (``stats()``), or none for an engine that keeps none."""
-        engine_stats = getattr(self._engine, "stats", None)
-        return engine_stats() if callable(engine_stats) else {}
-
-    async def score(self, work: ScoreWork) -> np.ndarray:
-        """Log-probabilities ``[n_items, n_labels]`` of one request (float32)."""
-        return (await self.score_timed(work)).scores
+        """The engine's counters (``stats()``; empty for an engine that keeps none)."""
+        return self._engine.stats()
 
     async def score_timed(self, work: ScoreWork) -> ScoredWork:
-        """``score`` with the seconds of its engine step (the ingress's timing headers)."""
+        """One request's answer (``scores``: a ScoreWork's float32 log-probabilities
+        ``[n_items, n_labels]``) with the seconds of its engine step (the ingress's timing
+        headers); refusals raise ScoringError."""
         self._requests += 1
         if self._adapters is not None:
             await self._adapters.follow(work.adapter)
@@ -231,7 +216,7 @@ class ScoringReplica:
         return result
 
     async def _score_many(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
-        """The @serve.batch target: concurrent score() calls arrive here as one list."""
+        """The @serve.batch target: concurrent score_timed() calls arrive here as one list."""
         self._batches += 1
         self._works += len(works)
         self._largest_batch = max(self._largest_batch, len(works))
