@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from app.errors import Reason, ScoreRequestError
+from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 
 OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs"})
@@ -63,7 +63,7 @@ def check_access(path: str, authorization: str | None, keys: frozenset[str]) -> 
         return
     scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not key_matches(token.strip(), keys):
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.UNAUTHORIZED, "missing or invalid API key (Authorization: Bearer <key>)",
             status_code=401,
         )  # fmt: skip

@@ -19,9 +19,9 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from app.errors import Reason, ScoreRequestError
 from app.schema import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from app.validation import validate_body
+from replicas.errors import Reason, ScoringError
 from replicas.serving.adapter_registry import REFRESH_S
 
 logger = logging.getLogger("ray.serve")
@@ -63,7 +63,7 @@ class AdapterAdmin:
         await self.refresh()
         if name == self._base or name in self.names:
             what = "the base model's name" if name == self._base else "already loaded"
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.INVALID_REQUEST, f"lora adapter {name!r}: {what}", param="lora_name"
             )
         await self._call(self._replica.load_adapter, name, path)
@@ -76,7 +76,7 @@ class AdapterAdmin:
         name = request.lora_name
         await self.refresh()
         if name not in self.names:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.MODEL_NOT_FOUND, f"lora adapter {name!r}: not loaded", "lora_name", 404
             )
         await self._call(self._registry.remove, name)
@@ -122,10 +122,10 @@ class AdapterAdmin:
         except Exception as raw:
             error = getattr(raw, "cause", None) or raw  # a RayTaskError carries the original
             message = getattr(error, "message", None) or str(error).strip("'\"")
-            if getattr(error, "reason", None) == Reason.NOT_FOUND:  # no adapter at the path
-                raise ScoreRequestError(Reason.NOT_FOUND, message, "lora_path", 404) from None
+            if isinstance(error, ScoringError) and error.reason == Reason.NOT_FOUND:  # no dir
+                raise ScoringError(Reason.NOT_FOUND, message, "lora_path", 404) from None
             if isinstance(error, ValueError | KeyError):
-                raise ScoreRequestError(Reason.INVALID_REQUEST, message, "lora_path") from None
-            raise ScoreRequestError(
+                raise ScoringError(Reason.INVALID_REQUEST, message, "lora_path") from None
+            raise ScoringError(
                 Reason.UNAVAILABLE, f"lora adapter change failed: {error}", None, 503
             ) from None

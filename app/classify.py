@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.errors import Gate, admit_all
 from app.schema import ClassifyRequest
 from app.scores import classify_probs
 from app.tokenization import TextTokenizer
@@ -27,6 +27,7 @@ from app.validation import (
     validate_body,
 )
 from replicas.contract import ModelInfo, ScoreHead, ScoreWork
+from replicas.errors import Reason, ScoringError
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class ClassifyWork:
 def refuse_score_head(info: ModelInfo, route: str) -> None:
     """Routes that read token log-probabilities refuse a score-head model (400)."""
     if info.head is not None:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.NO_LM_HEAD,
             f"{route}: model {info.name!r} has a score head, not a language-model head; "
             "use /v1/score or /v1/classify",
@@ -51,7 +52,7 @@ def refuse_score_head(info: ModelInfo, route: str) -> None:
 def head_of(info: ModelInfo) -> ScoreHead:
     """The served head, or a 400 ``no_score_head`` naming the model."""
     if info.head is None:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.NO_SCORE_HEAD,
             f"/v1/classify: model {info.name!r} has no score head (a causal LM is scored "
             "through /v1/score with label_token_ids)",
@@ -79,8 +80,8 @@ def prepare_classify(
     for work in works:
         try:
             check_work(work, info)
-        except ScoreRequestError as error:
-            raise ScoreRequestError(error.reason, error.message, "input") from None
+        except ScoringError as error:
+            raise ScoringError(error.reason, error.message, "input") from None
     return ClassifyWork(request, works, sum(len(work.query_ids) for work in works))
 
 

@@ -16,16 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.errors import Gate, admit_all
 from app.schema import CompletionRequest, DetokenizeRequest, TokenizeRequest
 from app.validation import check_model_name, check_token_ids, check_unicode, validate_body
 from replicas.contract import (
     ModelInfo,
     PromptLogprobs,
     PromptWork,
-    ScoringLimitError,
     check_limits,
 )
+from replicas.errors import Reason, ScoringError
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def check_generation(request: CompletionRequest) -> None:
     )  # fmt: skip
     for param, refused, message in refusals:
         if refused:
-            raise ScoreRequestError(Reason.GENERATION_NOT_SUPPORTED, message, param)
+            raise ScoringError(Reason.GENERATION_NOT_SUPPORTED, message, param)
 
 
 @dataclass(frozen=True)
@@ -77,30 +77,30 @@ class Completions:
     info: ModelInfo
 
     def prepare(self, payload: Any, gate: Gate = admit_all) -> Prompts:
-        """Validate and tokenize a completions body; raises ScoreRequestError (400)."""
+        """Validate and tokenize a completions body; raises ScoringError (400)."""
         request = validate_body(payload, CompletionRequest)
         adapter = check_model_name(request.model, self.info)
         check_generation(request)
         prompts = prompt_list(request.prompt)
         if not prompts:
-            raise ScoreRequestError(Reason.EMPTY_PROMPT, "prompt lists no prompt", "prompt")
+            raise ScoringError(Reason.EMPTY_PROMPT, "prompt lists no prompt", "prompt")
         limit = self.info.limits.max_items_per_request
         if len(prompts) > limit:
             message = f"{len(prompts)} prompts exceed max_items_per_request={limit}"
-            raise ScoreRequestError(Reason.TOO_MANY_ITEMS, message, "prompt")
+            raise ScoringError(Reason.TOO_MANY_ITEMS, message, "prompt")
         gate()
         texts: tuple[str | None, ...] = tuple(p if isinstance(p, str) else None for p in prompts)
         ids = [self._encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for tokens in ids:
             if not tokens:
                 message = "every prompt must hold at least one token"
-                raise ScoreRequestError(Reason.EMPTY_PROMPT, message, "prompt")
+                raise ScoringError(Reason.EMPTY_PROMPT, message, "prompt")
             check_token_ids(tokens, self.info.vocab_size, "prompt")
         work = PromptWork(tuple(tuple(t) for t in ids), request.logprobs or 0, adapter=adapter)
         try:
             check_limits(work, self.info.limits, multi_item=True)
-        except ScoringLimitError as error:
-            raise ScoreRequestError(error.reason, str(error), "prompt") from None
+        except ScoringError as error:
+            raise ScoringError(error.reason, error.message, "prompt") from None
         return Prompts(request, work, texts)
 
     def _encode(self, text: str) -> list[int]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.embeddings import Embedder, pooling_of
-from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.errors import Gate, admit_all
 from app.schema import RerankRequest, ScoreRequest
 from app.validation import (
     check_item_count,
@@ -26,6 +26,7 @@ from app.validation import (
     validate_request,
 )
 from replicas.contract import EmbedWork
+from replicas.errors import Reason, ScoringError
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ def _texts(
 ) -> CosineWork:
     for name, text in (("query", query), *((param, item) for item in items)):
         if not text:
-            raise ScoreRequestError(Reason.EMPTY_INPUT, f"{name}: empty text is not embedded", name)
+            raise ScoringError(Reason.EMPTY_INPUT, f"{name}: empty text is not embedded", name)
         check_unicode(text, name)
     return _joined(embedder.text_work([query], prompt), embedder.text_work(items, None))
 
@@ -70,7 +71,7 @@ def cosine_score_work(
     adapter = check_model_name(request.model, info)
     head = pooling_of(info, "/v1/score")
     if request.label_token_ids is not None:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.LABELS_WITH_HEAD,
             f"label_token_ids: model {info.name!r} is an embedding model; its score is the "
             "cosine of query and item, omit label_token_ids",
@@ -88,7 +89,7 @@ def cosine_score_work(
     lists = [list(request.query), *(list(item) for item in request.items)]  # type: ignore[arg-type]
     for name, ids in zip(["query"] + ["items"] * len(request.items), lists, strict=True):
         if not ids:
-            raise ScoreRequestError(Reason.EMPTY_INPUT, f"{name}: an empty token list", name)
+            raise ScoringError(Reason.EMPTY_INPUT, f"{name}: an empty token list", name)
         check_token_ids(ids, info.vocab_size, name)
     query = EmbedWork((tuple(lists[0]),))
     cosine = _joined(query, EmbedWork(tuple(tuple(ids) for ids in lists[1:])))

@@ -22,7 +22,7 @@ import numpy as np
 
 from app.embed_inputs import encode_inputs
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
-from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.errors import Gate, admit_all
 from app.tokenization import TextTokenizer
 from app.validation import (
     check_item_count,
@@ -35,9 +35,9 @@ from replicas.contract import (
     EmbedWork,
     ModelInfo,
     PoolingHead,
-    ScoringLimitError,
     check_embed_limits,
 )
+from replicas.errors import Reason, ScoringError
 
 EMBED_ROUTES = ("/v1/embeddings", "/embeddings", "/v2/embed")
 # Cohere's input_type -> the prompt names tried, in order
@@ -64,7 +64,7 @@ def refuse_kind(info: ModelInfo, route: str, serves: Sequence[str]) -> None:
     """A 400 ``unsupported_for_model`` naming ``route`` and the model's kind when the kind
     is not one of ``serves``."""
     if info.kind not in serves:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.UNSUPPORTED_FOR_MODEL,
             f"{route}: model {info.name!r} is a {info.kind} model; {route} serves "
             f"{' and '.join(serves)} models",
@@ -87,15 +87,13 @@ def input_limit(info: ModelInfo) -> int:
 def _check_text(texts: Sequence[str]) -> None:
     for text in texts:
         if not text:
-            raise ScoreRequestError(
-                Reason.EMPTY_INPUT, "input: empty strings are not embedded", "input"
-            )
+            raise ScoringError(Reason.EMPTY_INPUT, "input: empty strings are not embedded", "input")
         check_unicode(text, "input")
 
 
 def _check_dimensions(dimensions: int | None, pooling: PoolingHead, param: str) -> None:
     if dimensions is not None and not 1 <= dimensions <= pooling.dimension:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.INVALID_DIMENSIONS,
             f"{param}: {dimensions} is outside 1..{pooling.dimension} (the model's dimension)",
             param,
@@ -105,11 +103,11 @@ def _check_dimensions(dimensions: int | None, pooling: PoolingHead, param: str) 
 def _check_work(work: EmbedWork, info: ModelInfo) -> None:
     if any(not ids for ids in work.inputs):  # a text of characters the tokenizer drops
         message = "input: a text that tokenizes to no tokens is not embedded"
-        raise ScoreRequestError(Reason.EMPTY_INPUT, message, "input")
+        raise ScoringError(Reason.EMPTY_INPUT, message, "input")
     try:
         check_embed_limits(work, info.limits, info.pooling.max_seq_length if info.pooling else None)
-    except ScoringLimitError as error:
-        raise ScoreRequestError(error.reason, str(error), "input") from None
+    except ScoringError as error:
+        raise ScoringError(error.reason, error.message, "input") from None
 
 
 @dataclass(frozen=True)
@@ -135,7 +133,7 @@ class Embedder:
     def _prompt(self, name: str | None, instruction: str | None) -> str | None:
         head = pooling_of(self.info, "/v1/embeddings")
         if name is not None and instruction is not None:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.INVALID_REQUEST,
                 "prompt_name and instruction: give one, not both",
                 "prompt_name",
@@ -148,7 +146,7 @@ class Embedder:
         prompt = head.prompt(name)
         if prompt is None:
             known = ", ".join(n for n, _ in head.prompts) or "none"
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.UNKNOWN_PROMPT,
                 f"prompt_name: {name!r} is not a prompt of this model (its prompts: {known})",
                 "prompt_name",
@@ -164,7 +162,7 @@ class Embedder:
         keep = request.truncate_prompt_tokens
         limit = input_limit(self.info)
         if keep is not None and not 1 <= keep <= limit:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.INVALID_REQUEST,
                 f"truncate_prompt_tokens: {keep} is outside 1..{limit} (the model's limit)",
                 "truncate_prompt_tokens",
@@ -173,7 +171,7 @@ class Embedder:
         if isinstance(raw, str):
             raw = [raw]
         if not raw:
-            raise ScoreRequestError(Reason.EMPTY_INPUT, "input: the list is empty", "input")
+            raise ScoringError(Reason.EMPTY_INPUT, "input: the list is empty", "input")
         check_item_count(len(raw) if not isinstance(raw[0], int) else 1, self.info)
         if isinstance(raw[0], str):
             texts = [str(text) for text in raw]
@@ -183,7 +181,7 @@ class Embedder:
             work = self.text_work(texts, prompt, keep)
         else:
             if request.prompt_name is not None or request.instruction is not None:
-                raise ScoreRequestError(
+                raise ScoringError(
                     Reason.INVALID_REQUEST,
                     "prompt_name / instruction: prompts apply to text, not to token ids",
                     "input",
@@ -192,9 +190,7 @@ class Embedder:
             inputs = []
             for ids in lists:
                 if not ids:
-                    raise ScoreRequestError(
-                        Reason.EMPTY_INPUT, "input: an empty token list", "input"
-                    )
+                    raise ScoringError(Reason.EMPTY_INPUT, "input: an empty token list", "input")
                 check_token_ids(ids, self.info.vocab_size, "input")
                 inputs.append(tuple(ids[:keep] if keep else ids))
             gate()
@@ -213,7 +209,7 @@ class Embedder:
         head = pooling_of(self.info, "/v2/embed")
         _check_dimensions(request.output_dimension, head, "output_dimension")
         if not request.texts:
-            raise ScoreRequestError(Reason.EMPTY_INPUT, "texts: the list is empty", "texts")
+            raise ScoringError(Reason.EMPTY_INPUT, "texts: the list is empty", "texts")
         check_item_count(len(request.texts), self.info)
         _check_text(request.texts)
         prompt = None

@@ -27,11 +27,12 @@ from starlette.responses import Response
 from app.access import check_access
 from app.adapters import AdapterAdmin
 from app.embeddings import EMBED_ROUTES
-from app.errors import Gate, Reason, ScoreRequestError, admit_all, error_body
+from app.errors import Gate, admit_all
 from app.openapi import RESPONSES, request_body, served_openapi
 from app.schema import ModelList, RerankResponse, ScoreResponse
 from app.service import Backend, ScoringService, Timings
 from app.validation import parse_json
+from replicas.errors import Reason, ScoringError, error_body
 
 logger = logging.getLogger(__name__)
 # One line per request. A child of Serve's "ray.serve" logger, so inside a Serve replica the
@@ -73,9 +74,7 @@ async def read_limited(chunks: AsyncIterator[bytes], limit: int = MAX_BODY_BYTES
     async for chunk in chunks:
         size += len(chunk)
         if size > limit:
-            raise ScoreRequestError(
-                Reason.INVALID_REQUEST, f"request body is larger than {limit} bytes"
-            )
+            raise ScoringError(Reason.INVALID_REQUEST, f"request body is larger than {limit} bytes")
         parts.append(chunk)
     return b"".join(parts)
 
@@ -106,7 +105,7 @@ def timing_headers(timings: Timings) -> dict[str, str]:
     return {name: f"{seconds * 1e3:.0f}" for name, seconds in parts.items() if seconds is not None}
 
 
-def error_response(error: ScoreRequestError, request: Request) -> JSONResponse:
+def error_response(error: ScoringError, request: Request) -> JSONResponse:
     """The envelope of ``error``; notes its reason on the request for the frame."""
     request.state.reason = str(error.reason)
     return JSONResponse(error.body, status_code=error.status_code, headers=error.headers)
@@ -134,7 +133,7 @@ def build_api(
         redoc_url=None,
     )
     api.openapi = lambda: served_openapi(api, service)  # type: ignore[method-assign]
-    api.add_exception_handler(ScoreRequestError, _score_request_error)
+    api.add_exception_handler(ScoringError, _scoring_error)
     api.add_exception_handler(HTTPException, _routing_error)
     api.middleware("http")(_Frame(keys, recorder, set_request_id))
     known = adapters.know if adapters is not None else _known_already
@@ -154,7 +153,7 @@ def _adapter_routes(adapters: AdapterAdmin | None) -> APIRouter:
     def admin() -> AdapterAdmin:
         if adapters is None:
             message = "max_loras: 0, this server loads no LoRA adapters (set max_loras > 0)"
-            raise ScoreRequestError(Reason.NOT_FOUND, message, status_code=404)
+            raise ScoringError(Reason.NOT_FOUND, message, status_code=404)
         return adapters
 
     @router.post(
@@ -308,7 +307,7 @@ def _routes(
     @router.get("/v1/stats", summary="Counters of one scoring replica")
     async def counters() -> Response:
         if stats is None:
-            raise ScoreRequestError(Reason.NOT_FOUND, "no stats source", status_code=404)
+            raise ScoringError(Reason.NOT_FOUND, "no stats source", status_code=404)
         return JSONResponse(await stats())
 
     return router
@@ -324,8 +323,8 @@ def _note_scored(request: Request, timings: Timings, items: int, tokens: int) ->
     request.state.tokens = tokens
 
 
-async def _score_request_error(request: Request, error: Exception) -> Response:
-    assert isinstance(error, ScoreRequestError)
+async def _scoring_error(request: Request, error: Exception) -> Response:
+    assert isinstance(error, ScoringError)
     return error_response(error, request)
 
 
@@ -343,7 +342,7 @@ async def _routing_error(request: Request, error: Exception) -> Response:
     status = error.status_code
     reason = Reason.NOT_FOUND if status == 404 else Reason.INVALID_REQUEST
     message = f"no route {path}" if status == 404 else str(error.detail)
-    return error_response(ScoreRequestError(reason, message, None, status), request)
+    return error_response(ScoringError(reason, message, None, status), request)
 
 
 @dataclass(frozen=True)
@@ -364,7 +363,7 @@ class _Frame:
         try:
             check_access(path, request.headers.get("authorization"), self.keys)
             response = await call_next(request)
-        except ScoreRequestError as error:
+        except ScoringError as error:
             response = error_response(error, request)
         except Exception:
             logger.exception("request %s: unexpected error answering %s", request_id, path)

@@ -7,7 +7,7 @@ HTTP (app.http's FastAPI app through ``@serve.ingress``): ``POST /v1/score``, ``
 ``/v1/models``, ``/health``, ``/v1/stats``, ``/openapi.json``, ``/docs``.
 Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` (likewise
 ``rerank``, ``classify``, ``completions``, ``embeddings``) returns the
-same body as the HTTP route (and raises ScoreRequestError, whose ``body`` is the HTTP error);
+same body as the HTTP route (and raises ScoringError, whose ``body`` is the HTTP error);
 ``handle.score_work.remote(work)`` takes a work a batch job prepared with app/'s code.
 Ray Data LLM (``ray.data.llm.ServeDeploymentProcessorConfig``, docs/batch.md):
 ``score_stream``, ``rerank_stream``, ``classify_stream`` take one request dict (the row's
@@ -33,15 +33,14 @@ from ray.serve.handle import DeploymentHandle
 
 from app.access import load_api_keys
 from app.adapters import AdapterAdmin, LiveNames
-from app.errors import Reason, ScoreRequestError
 from app.http import build_api
 from app.metrics import IngressMetrics
 from app.service import ScoringService
 from app.works import check_prepared
 from cluster.niceness import warn_if_niced
 from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoredWork, ScoreWork, work_cost
+from replicas.errors import Reason, ScoringError
 from replicas.serving.admission import QueueEstimate, admit
-from replicas.serving.deployment import ReplicaRejected
 from replicas.serving.setup import coerce_settings
 from replicas.settings import ReplicaSettings
 
@@ -65,16 +64,6 @@ def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
     return None
 
 
-# A replica's refusals that are not a 400 (an adapter unloaded after the ingress checked the
-# name is the replica's 404, semantics 21).
-REPLICA_STATUS = {
-    Reason.UNAVAILABLE: 503,
-    Reason.OVERLOADED: 503,
-    Reason.INTERNAL: 500,
-    Reason.MODEL_NOT_FOUND: 404,
-}
-
-
 # What Ray Data LLM's ServeDeploymentStage adds to each request (not a method's field).
 PROCESSOR_FIELDS = ("request_id", "idx_in_batch")
 
@@ -95,12 +84,12 @@ async def _processor_row(
     method: Callable[..., Awaitable[dict[str, Any]]], request: Mapping[str, Any]
 ) -> dict[str, Any]:
     """One processor row: the body, or a 400's reason and message (a 503 or 500 raises, as
-    the handle method does: ScoreRequestError is a ValueError, which the processor's
+    the handle method does: ScoringError is a ValueError, which the processor's
     ``should_continue_on_error`` turns into the row's ``__inference_error__``)."""
     fields = {k: _plain(v) for k, v in request.items() if k not in PROCESSOR_FIELDS}
     try:
         body = await method(**fields)
-    except ScoreRequestError as error:
+    except ScoringError as error:
         if error.status_code != 400:
             raise
         return {"response": None, "error": error.reason.value, "error_message": error.message}
@@ -159,7 +148,7 @@ class ScoreIngress:
         item_first: bool = False,
         model: str | None = None,
     ) -> dict[str, Any]:
-        """The /v1/score body for these fields; raises ScoreRequestError like a 400/503."""
+        """The /v1/score body for these fields; raises ScoringError like a 400/503."""
         payload = {
             "query": query,
             "items": items,
@@ -180,7 +169,7 @@ class ScoreIngress:
         instruction: str | None = None,
         model: str | None = None,
     ) -> dict[str, Any]:
-        """The /v1/rerank body for these fields; raises ScoreRequestError like a 400/503."""
+        """The /v1/rerank body for these fields; raises ScoringError like a 400/503."""
         payload = {"query": query, "documents": documents, "top_n": top_n}
         payload |= {"return_documents": return_documents, "instruction": instruction}
         payload |= {"model": model}
@@ -191,7 +180,7 @@ class ScoreIngress:
     async def classify(
         self, input: str | list[str], activation: bool = True, model: str | None = None
     ) -> dict[str, Any]:
-        """The /v1/classify body for these fields; raises ScoreRequestError like a 400/503."""
+        """The /v1/classify body for these fields; raises ScoringError like a 400/503."""
         payload = {"input": input, "activation": activation, "model": model}
         await self._know(payload)
         body, _ = await self._service.classify_timed(payload, self._call_replica)
@@ -206,7 +195,7 @@ class ScoreIngress:
         temperature: float | None = None,
         model: str | None = None,
     ) -> dict[str, Any]:
-        """The /v1/completions body for these fields; raises ScoreRequestError like a 400/503."""
+        """The /v1/completions body for these fields; raises ScoringError like a 400/503."""
         payload = {"prompt": prompt, "echo": echo, "logprobs": logprobs}
         payload |= {"max_tokens": max_tokens, "temperature": temperature, "model": model}
         await self._know(payload)
@@ -223,7 +212,7 @@ class ScoreIngress:
         truncate_prompt_tokens: int | None = None,
         model: str | None = None,
     ) -> dict[str, Any]:
-        """The /v1/embeddings body for these fields; raises ScoreRequestError like a 400/503."""
+        """The /v1/embeddings body for these fields; raises ScoringError like a 400/503."""
         fields = {"dimensions": dimensions, "prompt_name": prompt_name, "model": model}
         fields |= {"instruction": instruction, "truncate_prompt_tokens": truncate_prompt_tokens}
         payload = {"input": input, "encoding_format": encoding_format}
@@ -235,7 +224,7 @@ class ScoreIngress:
     async def score_work(self, work: ScoreWork | PromptWork | EmbedWork) -> Any:
         """A work already prepared with app/'s code (a batch job's CPU stage), checked again:
         the replica's answer (``[items, labels]`` log-probs, or one PromptLogprobs per
-        prompt); raises ScoreRequestError like a 400/503."""
+        prompt); raises ScoringError like a 400/503."""
         check_prepared(work, self._service.info)
         return (await self._call_replica(work)).scores
 
@@ -273,7 +262,7 @@ class ScoreIngress:
             return result
         except TimeoutError:
             message = f"no answer within the request deadline ({settings.request_deadline_s} s)"
-            raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, 1) from None
+            raise ScoringError(Reason.OVERLOADED, message, None, 503, 1) from None
         finally:
             self._queue.finished(ticket, served, clean)
 
@@ -282,36 +271,36 @@ class ScoreIngress:
         verdict = admit(self._queue, self._settings.max_queue_wait_s)
         if not verdict.admitted:
             message = verdict.refusal("ingress")
-            raise ScoreRequestError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
+            raise ScoringError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
 
     async def _replica_answer(self, work: ScoreWork | PromptWork) -> ScoredWork:
         try:
             return await self._replica.score_timed.remote(work)
         except Exception as raw:
             error = _unwrap(raw)
-            if isinstance(error, ReplicaRejected):
-                status = REPLICA_STATUS.get(Reason(error.reason), 400)
+            if isinstance(error, ScoringError):  # the replica's refusal, with its own status
+                # (an adapter unloaded after the ingress checked the name: 404, semantics 21)
                 param = "model" if error.reason == Reason.MODEL_NOT_FOUND else None
-                raise ScoreRequestError(
-                    error.reason, error.message, param, status, error.retry_after_s
+                raise ScoringError(
+                    error.reason, error.message, param, error.status_code, error.retry_after_s
                 ) from None
             if isinstance(error, BackPressureError):
-                raise ScoreRequestError(
+                raise ScoringError(
                     Reason.OVERLOADED, "scoring replicas are overloaded; retry later", None, 503, 1
                 ) from None
             if isinstance(error, RayActorError | RayServeException):
-                raise ScoreRequestError(
+                raise ScoringError(
                     Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
                 ) from None
             logger.exception("scoring replica failed")
-            raise ScoreRequestError(Reason.INTERNAL, "scoring failed", None, 500) from None
+            raise ScoringError(Reason.INTERNAL, "scoring failed", None, 500) from None
 
     async def _replica_stats(self) -> dict[str, Any]:
         """Counters of one scoring replica (requests, batches, compile_count)."""
         try:
             return await self._replica.stats.remote()
         except Exception as error:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
             ) from None
 
@@ -319,11 +308,11 @@ class ScoreIngress:
         try:
             replica_info = await self._replica.describe.remote()
         except Exception as error:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
             ) from None
         mismatch = compare_info(self._service.info, replica_info)
         if mismatch:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.UNAVAILABLE, f"ingress and replica disagree on {mismatch}", None, 503
             )

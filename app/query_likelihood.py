@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.errors import Reason, ScoreRequestError
 from app.templates import template_from_pairs
 from app.tokenization import TextTokenizer
 from replicas.contract import PromptLogprobs, PromptWork
+from replicas.errors import Reason, ScoringError
 
 # The default prompt, chosen by measurement on SmolLM2-135M-Instruct (docs/serving.md,
 # "Reranking": top-1 1.000, NDCG@4 0.996 on tests/data/rerank_relevance against 0.912 / 0.979
@@ -53,7 +53,7 @@ def likelihood_prompts(
     query_ids = tokenizer(template.query.format(query=query), add_special_tokens=False)
     scored = tuple(int(t) for t in query_ids["input_ids"])
     if not scored:
-        raise ScoreRequestError(Reason.EMPTY_QUERY, "query has no tokens", "query")
+        raise ScoringError(Reason.EMPTY_QUERY, "query has no tokens", "query")
     texts = [template.document.format(document=document) for document in documents]
     encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
     prompts = tuple(tuple(int(t) for t in ids) + scored for ids in encoded)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.errors import Gate, admit_all
 from app.query_likelihood import LikelihoodTemplate, likelihood_prompts, likelihood_relevance
 from app.schema import RerankRequest
 from app.templates import template_from_pairs
@@ -29,9 +29,9 @@ from replicas.contract import (
     PromptWork,
     ScoreHead,
     ScoreWork,
-    ScoringLimitError,
     check_limits,
 )
+from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,7 @@ class Reranker:
             texts = self._cut(texts, request.max_tokens_per_doc)
         for param, text in (("query", request.query), *(("documents", t) for t in texts)):
             if not _encodable(text):
-                raise ScoreRequestError(
+                raise ScoringError(
                     Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
                 )
         if isinstance(self.template, LikelihoodTemplate):
@@ -138,7 +138,7 @@ class Reranker:
             instruction=request.instruction or template.instruction, query=request.query
         )
         if not _encodable(query):
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.INVALID_REQUEST, "instruction: text is not valid Unicode", "instruction"
             )
         items = [template.document.format(document=text) for text in texts]
@@ -226,16 +226,17 @@ def _head_reranker(
 
 def _check(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
     """The shared limits, their errors naming ``documents`` where they name the items."""
-    try:
-        if isinstance(work, PromptWork):
+    if isinstance(work, PromptWork):
+        try:
             check_limits(work, info.limits, multi_item=True)
-        else:
-            check_work(work, info)
-    except ScoringLimitError as error:
-        raise ScoreRequestError(error.reason, str(error), "documents") from None
-    except ScoreRequestError as error:
+        except ScoringError as error:
+            raise ScoringError(error.reason, error.message, "documents") from None
+        return
+    try:
+        check_work(work, info)
+    except ScoringError as error:
         param = "documents" if error.param == "items" else error.param
-        raise ScoreRequestError(error.reason, error.message, param, error.status_code) from None
+        raise ScoringError(error.reason, error.message, param, error.status_code) from None
 
 
 def _encodable(text: str) -> bool:

@@ -2,7 +2,7 @@
 
 ``ScoringService.score`` takes a decoded request body and an async backend that turns one
 ScoreWork into ``[n_items, n_labels]`` log-probabilities (a DeploymentHandle in production, a
-fake in unit tests) and returns the response body, or raises ScoreRequestError.
+fake in unit tests) and returns the response body, or raises ScoringError.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from app.classify import classify_body, head_card, prepare_classify, refuse_scor
 from app.completions import Completions
 from app.embed_scores import cosine_rerank_work, cosine_score_work
 from app.embeddings import Embedder, cohere_body, cosines, openai_body, refuse_kind
-from app.errors import Gate, Reason, ScoreRequestError, admit_all
+from app.errors import Gate, admit_all
 from app.rerank import Reranker, rerank_body, reranker_for
 from app.schema import ScoreRequest
 from app.scores import head_scores, to_scores
@@ -45,6 +45,7 @@ from replicas.contract import (
     ScoredWork,
     ScoreWork,
 )
+from replicas.errors import Reason, ScoringError
 from replicas.model.head_config import score_head_from_hf
 from replicas.model.pooling_config import pooling_head_for
 from replicas.serving.setup import model_vocab_size
@@ -122,7 +123,7 @@ class ScoringService:
         return Embedder(self.info, self.tokenizer)
 
     def prepare(self, payload: Any, gate: Gate = admit_all) -> Prepared:
-        """Every validation rule, in a fixed order; raises ScoreRequestError on the first.
+        """Every validation rule, in a fixed order; raises ScoringError on the first.
         ``gate`` runs once the body's schema checks passed, before tokenization."""
         request = validate_request(payload)
         adapter = check_model_name(request.model, self.info)
@@ -187,7 +188,7 @@ class ScoringService:
         if self.info.pooling is not None:
             return await self._cosine_rerank(payload, backend, gate)
         if self.reranker is None:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.NOT_FOUND,
                 f"model {self.info.name!r} has no rerank template (setting rerank_template)",
                 status_code=404,
@@ -290,7 +291,7 @@ class ScoringService:
         assert self.info.pooling is not None
         expected = (work.num_items, self.info.pooling.dimension)
         if vectors.shape != expected or not np.isfinite(vectors).all():
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.INTERNAL,
                 f"replica returned {vectors.shape} vectors (finite: {np.isfinite(vectors).all()}), "
                 f"expected {expected}",
@@ -305,13 +306,13 @@ class ScoringService:
         answer, timings = await replica_answer(work, backend, timings)
         if len(answer) != work.num_items:
             message = f"replica answered {len(answer)} prompts of {work.num_items}"
-            raise ScoreRequestError(Reason.INTERNAL, message, status_code=500)
+            raise ScoringError(Reason.INTERNAL, message, status_code=500)
         return list(answer), timings
 
     def served_tokenizer(self) -> Completions:
         """The completions and tokenizer routes' helper (404 when none was built)."""
         if self.completions is None:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.NOT_FOUND, "this server has no tokenizer routes", status_code=404
             )
         return self.completions
@@ -324,13 +325,13 @@ class ScoringService:
         logprobs = np.asarray(answer)
         expected = (work.num_items, len(work.label_ids))
         if logprobs.shape != expected:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.INTERNAL,
                 f"replica returned shape {logprobs.shape}, expected {expected}",
                 status_code=500,
             )
         if not np.isfinite(logprobs).all():
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.INTERNAL, "replica returned non-finite log-probabilities", status_code=500
             )
         return logprobs, timings

@@ -1,4 +1,4 @@
-"""Every rejection rule of semantics 7 (docs/semantics.md), as functions raising ScoreRequestError.
+"""Every rejection rule of semantics 7 (docs/semantics.md), as functions raising ScoringError.
 
 The limit rules (too_many_items, sequence_too_long) come from replicas.contract.check_limits,
 the same function the engine runs, so the ingress and the replicas share one definition.
@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from app.errors import Reason, ScoreRequestError
 from app.schema import ScoreRequest
-from replicas.contract import ModelInfo, ScoreWork, ScoringLimitError, check_limits
+from replicas.contract import ModelInfo, ScoreWork, check_limits
+from replicas.errors import Reason, ScoringError
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -29,7 +29,7 @@ def parse_json(raw: bytes) -> Any:
         text = raw.decode("utf-8")
         return json.loads(text, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as error:  # JSONDecodeError/UnicodeDecodeError: ValueError
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.INVALID_JSON, f"request body is not valid JSON: {_short(error)}"
         ) from None
 
@@ -42,12 +42,12 @@ def validate_request(payload: Any) -> ScoreRequest:
 def validate_body(
     payload: Any,
     schema: type[Body],
-    to_error: Callable[[ValidationError, Mapping[str, Any]], ScoreRequestError] | None = None,
+    to_error: Callable[[ValidationError, Mapping[str, Any]], ScoringError] | None = None,
 ) -> Body:
     """A decoded body as ``schema`` (strict); its first problem is a 400 (``to_error``'s,
     else ``schema_error``'s)."""
     if not isinstance(payload, Mapping):
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.INVALID_REQUEST,
             f"request body must be a JSON object, got {type(payload).__name__}",
         )
@@ -56,12 +56,12 @@ def validate_body(
     except ValidationError as error:
         raise (to_error(error, payload) if to_error else schema_error(error)) from None
     except RecursionError:
-        raise ScoreRequestError(Reason.INVALID_REQUEST, "request is nested too deeply") from None
+        raise ScoringError(Reason.INVALID_REQUEST, "request is nested too deeply") from None
 
 
-def _schema_error(error: ValidationError, payload: Mapping[str, Any]) -> ScoreRequestError:
+def _schema_error(error: ValidationError, payload: Mapping[str, Any]) -> ScoringError:
     if "label_token_ids" not in payload or payload.get("label_token_ids") is None:
-        return ScoreRequestError(
+        return ScoringError(
             Reason.EMPTY_LABEL_TOKEN_IDS,
             "label_token_ids is required and must list at least one token id",
             param="label_token_ids",
@@ -69,14 +69,14 @@ def _schema_error(error: ValidationError, payload: Mapping[str, Any]) -> ScoreRe
     return schema_error(error)
 
 
-def schema_error(error: ValidationError) -> ScoreRequestError:
+def schema_error(error: ValidationError) -> ScoringError:
     """The 400 of a pydantic error: its first problem, where it is (``param``)."""
     details = error.errors(include_url=False, include_input=False)
     first = details[0]
     location = [str(part) for part in first.get("loc", ())]
     param = location[0] if location else None
     where = ".".join(location) or "request"
-    return ScoreRequestError(
+    return ScoringError(
         Reason.INVALID_REQUEST, f"{where}: {first.get('msg', 'invalid value')}", param=param
     )
 
@@ -89,7 +89,7 @@ def check_model_name(requested: str | None, info: ModelInfo) -> str | None:
     if requested in info.adapters:
         return requested
     served = ", ".join(repr(name) for name in (info.name, *info.adapters))
-    raise ScoreRequestError(
+    raise ScoringError(
         Reason.MODEL_NOT_FOUND,
         f"model {requested!r} is not served here; this server serves {served}",
         param="model",
@@ -101,11 +101,11 @@ def check_token_ids(ids: Iterable[int], vocab_size: int, param: str) -> None:
     """Negative ids and ids >= the model's vocabulary size are rejected."""
     for token_id in ids:
         if token_id < 0:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.NEGATIVE_TOKEN_ID, f"{param}: token id {token_id} is negative", param
             )
         if token_id >= vocab_size:
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.TOKEN_ID_EXCEEDS_VOCAB,
                 f"{param}: token id {_short(token_id)} is >= the vocabulary size {vocab_size}",
                 param,
@@ -114,7 +114,7 @@ def check_token_ids(ids: Iterable[int], vocab_size: int, param: str) -> None:
 
 def check_labels(labels: Sequence[int], vocab_size: int) -> None:
     if not labels:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.EMPTY_LABEL_TOKEN_IDS,
             "label_token_ids must list at least one token id",
             param="label_token_ids",
@@ -130,7 +130,7 @@ def score_labels(labels: Sequence[int] | None, info: ModelInfo) -> tuple[int, ..
         check_labels(labels or [], info.vocab_size)
         return tuple(labels or ())
     if labels is not None:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.LABELS_WITH_HEAD,
             f"label_token_ids: model {info.name!r} scores with a head of {head.num_labels} "
             "label(s); omit label_token_ids (each row holds the head's outputs)",
@@ -145,7 +145,7 @@ def is_text_request(request: ScoreRequest) -> bool:
     for item in request.items:
         if isinstance(item, str) != text:
             kind = "text" if text else "token ids"
-            raise ScoreRequestError(
+            raise ScoringError(
                 Reason.MIXED_INPUT_TYPES,
                 f"query is {kind} but an item is not; query and items must all be text "
                 "or all be token ids",
@@ -160,7 +160,7 @@ def check_unicode(text: str, param: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
         ) from None
 
@@ -182,7 +182,7 @@ def check_item_count(num_items: int, info: ModelInfo) -> None:
     """Early form of the too_many_items rule, before any tokenization work."""
     limit = info.limits.max_items_per_request
     if num_items > limit:
-        raise ScoreRequestError(
+        raise ScoringError(
             Reason.TOO_MANY_ITEMS,
             f"{num_items} items exceed max_items_per_request={limit}",
             param="items",
@@ -192,9 +192,7 @@ def check_item_count(num_items: int, info: ModelInfo) -> None:
 def check_work(work: ScoreWork, info: ModelInfo) -> None:
     """Rules that need token ids: empty query, delimiter in content, the shared limits."""
     if not work.query_ids:
-        raise ScoreRequestError(
-            Reason.EMPTY_QUERY, "query is empty after tokenization", param="query"
-        )
+        raise ScoringError(Reason.EMPTY_QUERY, "query is empty after tokenization", param="query")
     delimiter = info.multi_item_scoring_delimiter
     if delimiter is not None:
         if delimiter in work.query_ids:
@@ -203,14 +201,14 @@ def check_work(work: ScoreWork, info: ModelInfo) -> None:
             raise _delimiter_error("items", delimiter)
     try:
         check_limits(work, info.limits, multi_item=delimiter is not None)
-    except ScoringLimitError as error:
+    except ScoringError as error:
         params = {Reason.TOO_MANY_ITEMS: "items", Reason.TOO_MANY_LABELS: "label_token_ids"}
         param = params.get(Reason(error.reason))
-        raise ScoreRequestError(error.reason, str(error), param=param) from None
+        raise ScoringError(error.reason, error.message, param=param) from None
 
 
-def _delimiter_error(param: str, delimiter: int) -> ScoreRequestError:
-    return ScoreRequestError(
+def _delimiter_error(param: str, delimiter: int) -> ScoringError:
+    return ScoringError(
         Reason.DELIMITER_IN_CONTENT,
         f"{param} contains token id {delimiter}, the multi-item scoring delimiter; "
         "it may not appear in the query or an item",

@@ -4,21 +4,20 @@ delimiter rule and the shared limits (the checks the routes run once text is tok
 
 from __future__ import annotations
 
-from app.errors import ScoreRequestError
 from app.validation import check_token_ids, check_work
 from replicas.contract import (
     EmbedWork,
     ModelInfo,
     PromptWork,
     ScoreWork,
-    ScoringLimitError,
     check_embed_limits,
     check_limits,
 )
+from replicas.errors import ScoringError
 
 
 def check_prepared(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo) -> None:
-    """Raise ScoreRequestError (a 400) where ``work`` breaks a rule of its route."""
+    """Raise ScoringError (a 400) where ``work`` breaks a rule of its route."""
     if isinstance(work, EmbedWork):
         for tokens in work.inputs:
             check_token_ids(tokens, info.vocab_size, "input")
@@ -26,16 +25,16 @@ def check_prepared(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo) ->
             check_embed_limits(
                 work, info.limits, info.pooling.max_seq_length if info.pooling else None
             )
-        except ScoringLimitError as error:
-            raise ScoreRequestError(error.reason, str(error), "input") from None
+        except ScoringError as error:
+            raise ScoringError(error.reason, error.message, "input") from None
         return
     if isinstance(work, PromptWork):
         for prompt in work.prompts:
             check_token_ids(prompt, info.vocab_size, "prompt")
         try:
             check_limits(work, info.limits, multi_item=True)
-        except ScoringLimitError as error:
-            raise ScoreRequestError(error.reason, str(error), "prompt") from None
+        except ScoringError as error:
+            raise ScoringError(error.reason, error.message, "prompt") from None
         return
     check_token_ids(work.query_ids, info.vocab_size, "query")
     for item in work.item_ids:

@@ -17,12 +17,12 @@ import numpy as np
 import pyarrow as pa
 
 from app.classify import ClassifyWork, prepare_classify
-from app.errors import Reason, ScoreRequestError
 from app.scores import classify_probs
 from batch.rows import plain
 from batch.work_stages import PrepareRows
 from batch.works import Work
 from replicas.contract import ScoreHead, ScoreWork
+from replicas.errors import Reason, ScoringError
 
 
 @dataclass(frozen=True)
@@ -35,16 +35,16 @@ class ClassifyColumns:
 class ClassifyPrepare(PrepareRows):
     """The route's tokenizer and model card per CPU actor."""
 
-    def prepare(self, row: dict[str, Any]) -> ClassifyWork | ScoreRequestError:
+    def prepare(self, row: dict[str, Any]) -> ClassifyWork | ScoringError:
         text = plain(row.get(self._columns.input))
         if not isinstance(text, str):
             message = "input: one text per row"
-            return ScoreRequestError(Reason.INVALID_REQUEST, message, "input")
+            return ScoringError(Reason.INVALID_REQUEST, message, "input")
         service = self._service
         payload = {"input": text, "activation": self._columns.activation}
         try:
             return prepare_classify(payload, service.info, service.tokenizer)
-        except ScoreRequestError as error:
+        except ScoringError as error:
             return error
 
     def work_of(self, prepared: ClassifyWork) -> ScoreWork:

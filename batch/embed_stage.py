@@ -22,7 +22,6 @@ import pyarrow as pa
 import ray.data
 
 from app.embeddings import matryoshka
-from app.errors import Reason, ScoreRequestError
 from batch.grouping import GroupBy, engine_map, job_grouping
 from batch.pipeline import EngineOptions, engine_remote_args
 from batch.rows import plain
@@ -30,6 +29,7 @@ from batch.serve_stage import call_all
 from batch.stages import counted_call, report, with_columns
 from batch.work_stages import PrepareRows
 from replicas.contract import EmbedWork, ScoringLimits
+from replicas.errors import Reason, ScoringError
 from replicas.serving.setup import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings, SettingsError
 
@@ -49,21 +49,21 @@ class EmbedPrepare(PrepareRows):
     """The route's tokenizer and prompts per CPU actor (``PrepareRows``'s service and
     columns; its own ``prepare`` and call)."""
 
-    def prepare(self, row: dict[str, Any]) -> EmbedWork | ScoreRequestError:
+    def prepare(self, row: dict[str, Any]) -> EmbedWork | ScoringError:
         text = plain(row.get(self._columns.input))
         if not isinstance(text, str):
-            return ScoreRequestError(Reason.INVALID_REQUEST, "input: one text per row", "input")
+            return ScoringError(Reason.INVALID_REQUEST, "input: one text per row", "input")
         payload: dict[str, Any] = {"input": text}
         if self._columns.prompt_name is not None:
             payload["prompt_name"] = self._columns.prompt_name
         try:
             return self._service.embedder.prepare(payload).work
-        except ScoreRequestError as error:
+        except ScoringError as error:
             return error
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         prepared = [self.prepare(row) for row in batch.to_pylist()]
-        errors = [p if isinstance(p, ScoreRequestError) else None for p in prepared]
+        errors = [p if isinstance(p, ScoringError) else None for p in prepared]
         works = [p if isinstance(p, EmbedWork) else None for p in prepared]
         return with_columns(
             batch,

@@ -18,11 +18,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from app.errors import Reason, ScoreRequestError
 from batch.rows import plain
 from batch.work_stages import PrepareRows
 from batch.works import Work
 from replicas.contract import PromptLogprobs, PromptWork
+from replicas.errors import Reason, ScoringError
 
 CONTINUATION = "_sj_continuation"  # how many of the prompt's last tokens are the continuation
 
@@ -59,20 +59,20 @@ class LoglikPrepare(PrepareRows):
         if isinstance(value, list):
             return value
         if not isinstance(value, str):
-            raise ScoreRequestError(Reason.INVALID_REQUEST, "a text or a list of token ids")
+            raise ScoringError(Reason.INVALID_REQUEST, "a text or a list of token ids")
         tokenizer = self._service.served_tokenizer().tokenizer
         return [int(t) for t in tokenizer(value, add_special_tokens=special)["input_ids"]]
 
-    def prepare(self, row: dict[str, Any]) -> LoglikRow | ScoreRequestError:
+    def prepare(self, row: dict[str, Any]) -> LoglikRow | ScoringError:
         """The row's one-prompt work, prepared as /v1/completions prepares it, or its 400."""
         try:
             context = self._ids(row.get(self._columns.context), special=True)
             continuation = self._ids(row.get(self._columns.continuation), special=False)
             if not continuation:
-                raise ScoreRequestError(Reason.EMPTY_PROMPT, "the continuation has no tokens")
+                raise ScoringError(Reason.EMPTY_PROMPT, "the continuation has no tokens")
             payload = {"prompt": context + continuation, "echo": True, "max_tokens": 0}
             prompts = self._service.served_tokenizer().prepare(payload | {"logprobs": 1})
-        except ScoreRequestError as error:
+        except ScoringError as error:
             return error
         return LoglikRow(prompts.work, len(continuation))
 

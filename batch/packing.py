@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from replicas.contract import ScoreWork, ScoringLimitError, ScoringLimits, check_limits
+from replicas.contract import ScoreWork, ScoringLimits, check_limits
+from replicas.errors import ScoringError
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ def _merged(first: ScoreWork, items: list[tuple[int, ...]]) -> ScoreWork:
 def _fits(work: ScoreWork, limits: ScoringLimits, multi_item: bool) -> bool:
     try:
         check_limits(work, limits, multi_item)
-    except ScoringLimitError:
+    except ScoringError:
         return False
     return True
 

@@ -16,11 +16,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from app.errors import ScoreRequestError
 from app.rerank import RerankWork, work_relevance
 from batch.work_stages import PrepareRows
 from batch.works import Work
 from replicas.contract import PromptWork
+from replicas.errors import ScoringError
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class RerankColumns:
 class RerankPrepare(PrepareRows):
     """The route's Reranker per CPU actor."""
 
-    def prepare(self, row: dict[str, Any]) -> RerankWork | ScoreRequestError:
+    def prepare(self, row: dict[str, Any]) -> RerankWork | ScoringError:
         payload = {
             "query": row.get(self._columns.query),
             "documents": [row.get(self._columns.document)],
@@ -43,7 +43,7 @@ class RerankPrepare(PrepareRows):
             raise ValueError("rerank: the model has no rerank template (setting rerank_template)")
         try:
             return reranker.prepare(payload, self._service.info)
-        except ScoreRequestError as error:
+        except ScoringError as error:
             return error
 
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from replicas.contract import ScoreWork
+from replicas.errors import ScoringError
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def prepare_row(service: ScoringService, payload: Mapping[str, Any]) -> Prepared
     """The row's ScoreWork, or the reason and message /v1/score answers it with."""
     try:
         return PreparedRow(service.prepare(dict(payload)).work)
-    except ScoreRequestError as error:
+    except ScoringError as error:
         return PreparedRow(None, error.reason.value, error.message)
 
 

@@ -22,12 +22,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from app.errors import Reason, ScoreRequestError
 from batch.packing import pack_works
 from batch.rows import ScoreColumns
 from batch.stages import LOGPROBS, logprob_column, report, row_works, with_columns
 from batch.works import Work, read_works, row_answers
 from replicas.contract import ScoreWork
+from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings
 
 RETRIED = (Reason.OVERLOADED, Reason.UNAVAILABLE)
@@ -48,7 +48,7 @@ def call_all(
         index, response = pending.popleft()
         try:
             results[index] = response.result()
-        except ScoreRequestError as error:
+        except ScoringError as error:
             if error.status_code != 503 or error.reason not in RETRIED:
                 raise
             report(tally, {"retried_503": 1})

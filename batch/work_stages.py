@@ -16,10 +16,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.stages import counted_call, report, with_columns
 from batch.works import WORK_COLUMNS, Work, read_works, row_answers, work_columns
+from replicas.errors import ScoringError
 from replicas.serving.setup import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings
 
@@ -28,7 +28,7 @@ Results = Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]
 
 class PrepareRows:
     """The route's ScoringService per CPU actor; ``prepare(row)`` (a subclass's) gives a
-    row's work or the route's ScoreRequestError; ``extra(prepared)`` more helper columns."""
+    row's work or the route's ScoringError; ``extra(prepared)`` more helper columns."""
 
     def __init__(self, settings: ReplicaSettings, columns: Any) -> None:
         self._service = ScoringService.from_settings(settings)
@@ -49,8 +49,8 @@ class PrepareRows:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         prepared = [self.prepare(row) for row in batch.to_pylist()]
-        errors = [p if isinstance(p, ScoreRequestError) else None for p in prepared]
-        works = [None if isinstance(p, ScoreRequestError) else self.work_of(p) for p in prepared]
+        errors = [p if isinstance(p, ScoringError) else None for p in prepared]
+        works = [None if isinstance(p, ScoringError) else self.work_of(p) for p in prepared]
         return with_columns(
             batch,
             work_columns(works)

@@ -15,7 +15,8 @@ from typing import Any
 import pyarrow as pa
 
 from batch.packing import pack_works, unpack
-from replicas.contract import PromptWork, ScoreWork, ScoringLimitError, ScoringLimits, check_limits
+from replicas.contract import PromptWork, ScoreWork, ScoringLimits, check_limits
+from replicas.errors import ScoringError
 
 Work = ScoreWork | PromptWork
 QUERY, ITEMS, LABELS = "_sj_work_query", "_sj_work_items", "_sj_work_labels"
@@ -62,7 +63,7 @@ def read_works(batch: pa.Table, adapter: str | None = None) -> list[Work | None]
 def _fits(work: PromptWork, limits: ScoringLimits) -> bool:
     try:
         check_limits(work, limits, True)
-    except ScoringLimitError:
+    except ScoringError:
         return False
     return True
 

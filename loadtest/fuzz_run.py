@@ -25,7 +25,6 @@ from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from app.errors import ScoreRequestError
 from app.http import ACCESS_LOG
 from app.service import ScoringService
 from app.validation import parse_json
@@ -41,6 +40,7 @@ from loadtest.fuzz_strategies import (
     tokenizer_route_bodies,
     valid_bodies,
 )
+from replicas.errors import ScoringError
 
 JSON = {"content-type": "application/json"}
 # Rules the document cannot state (tokenization, the packed-length sum): a schema-valid body
@@ -101,7 +101,7 @@ class Agreement:
             return False  # counted as a server error instead
         try:
             payload = parse_json(body)
-        except ScoreRequestError:
+        except ScoringError:
             return status == 200
         if self.schema_accepts(payload):
             return status != 200 and reason not in UNSTATED

@@ -66,7 +66,7 @@ async def send(client: httpx.AsyncClient, payload: dict) -> Outcome:
     reason = ""
     if response.status_code != 200:
         try:
-            reason = response.json()["reason"]  # the error envelope (app/errors.py)
+            reason = response.json()["reason"]  # the error envelope (replicas/errors.py)
         except (ValueError, KeyError, TypeError):
             reason = "no_envelope"
     queued = response.headers.get("x-queue-time")  # milliseconds

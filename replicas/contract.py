@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replicas.embed_contract import EmbedWork, PoolingHead  # the embedding half
+from replicas.errors import Reason, ScoringError
 
 DEFAULT_MAX_ITEMS_PER_REQUEST = 128
 DEFAULT_MAX_MULTI_ITEM_SEQ_LEN = 8192
@@ -237,72 +238,57 @@ def work_cost(work: ScoreWork | PromptWork | EmbedWork, multi_item: bool) -> int
     return CALL_OVERHEAD_TOKENS + computed_tokens(work, multi_item)
 
 
-class ScoringLimitError(ValueError):
-    """A request breaks a configured limit; ``reason`` is the machine-readable code."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine cannot score now (a host of its group died or stalled); the request is
-    answered 503 ``unavailable`` and the replica reports itself unhealthy."""
-
-    reason = "unavailable"
-
-
 def check_prompt_limits(work: PromptWork, limits: ScoringLimits) -> None:
-    """Raise ScoringLimitError if a PromptWork breaks ``limits``: prompts per request as
+    """Raise ScoringError if a PromptWork breaks ``limits``: prompts per request as
     items, each prompt within the longest row a step holds, the computed tokens in all."""
     if work.num_items > limits.max_items_per_request:
-        raise ScoringLimitError(
-            "too_many_items",
+        raise ScoringError(
+            Reason.TOO_MANY_ITEMS,
             f"{work.num_items} prompts exceed max_items_per_request={limits.max_items_per_request}",
         )
     longest = max((len(prompt) for prompt in work.prompts), default=0)
     if longest > limits.max_row_tokens:
-        raise ScoringLimitError(
-            "sequence_too_long",
+        raise ScoringError(
+            Reason.SEQUENCE_TOO_LONG,
             f"a prompt of {longest} tokens exceeds the longest row a step holds "
             f"({limits.max_row_tokens} tokens)",
         )
     if limits.max_prompt_tokens is not None and longest > limits.max_prompt_tokens:
-        raise ScoringLimitError(
-            "sequence_too_long",
+        raise ScoringError(
+            Reason.SEQUENCE_TOO_LONG,
             f"a prompt of {longest} tokens is beyond what this deployment serves without a "
             f"compile (completion_warmup_shapes: prompts <= {limits.max_prompt_tokens} tokens)",
         )
     tokens = computed_tokens(work, multi_item=True)
     if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
-        raise ScoringLimitError(
-            "too_many_tokens",
+        raise ScoringError(
+            Reason.TOO_MANY_TOKENS,
             f"the prompts hold {tokens} tokens, over max_request_tokens="
             f"{limits.max_request_tokens}",
         )
 
 
 def check_embed_limits(work: EmbedWork, limits: ScoringLimits, max_seq_length: int | None) -> None:
-    """Raise ScoringLimitError if an EmbedWork breaks ``limits``: inputs per request as items,
+    """Raise ScoringError if an EmbedWork breaks ``limits``: inputs per request as items,
     each input within the model's ``max_seq_length`` and the longest row a step holds, the
     tokens in all within ``max_request_tokens``."""
     if work.num_items > limits.max_items_per_request:
-        raise ScoringLimitError(
-            "too_many_items",
+        raise ScoringError(
+            Reason.TOO_MANY_ITEMS,
             f"{work.num_items} inputs exceed max_items_per_request={limits.max_items_per_request}",
         )
     longest = max((len(tokens) for tokens in work.inputs), default=0)
     limit = min(limits.max_row_tokens, max_seq_length or limits.max_row_tokens)
     if longest > limit:
-        raise ScoringLimitError(
-            "sequence_too_long",
+        raise ScoringError(
+            Reason.SEQUENCE_TOO_LONG,
             f"an input of {longest} tokens exceeds the model's limit of {limit} tokens "
             "(truncate_prompt_tokens keeps the first k)",
         )
     tokens = computed_tokens(work, multi_item=True)
     if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
-        raise ScoringLimitError(
-            "too_many_tokens",
+        raise ScoringError(
+            Reason.TOO_MANY_TOKENS,
             f"the inputs hold {tokens} tokens, over max_request_tokens={limits.max_request_tokens}",
         )
 
@@ -310,7 +296,7 @@ def check_embed_limits(work: EmbedWork, limits: ScoringLimits, max_seq_length: i
 def check_limits(
     work: ScoreWork | PromptWork | EmbedWork, limits: ScoringLimits, multi_item: bool
 ) -> None:
-    """Raise ScoringLimitError if ``work`` breaks ``limits``; used on both sides of the handle."""
+    """Raise ScoringError if ``work`` breaks ``limits``; used on both sides of the handle."""
     if isinstance(work, EmbedWork):  # the model's max_seq_length: the engine checks it too
         check_embed_limits(work, limits, None)
         return
@@ -318,8 +304,8 @@ def check_limits(
         check_prompt_limits(work, limits)
         return
     if work.num_items > limits.max_items_per_request:
-        raise ScoringLimitError(
-            "too_many_items",
+        raise ScoringError(
+            Reason.TOO_MANY_ITEMS,
             f"{work.num_items} items exceed max_items_per_request={limits.max_items_per_request}",
         )
     item_lens = [len(item) for item in work.item_ids]
@@ -330,16 +316,16 @@ def check_limits(
         else longest_row(len(work.query_ids), item_lens)
     )
     if length > limits.max_multi_item_seq_len:
-        raise ScoringLimitError(
-            "sequence_too_long",
+        raise ScoringError(
+            Reason.SEQUENCE_TOO_LONG,
             f"sequence length {length} exceeds max_multi_item_seq_len="
             f"{limits.max_multi_item_seq_len}",
         )
     row = max([len(work.query_ids), *item_lens]) if shared else length
     if row > limits.max_row_tokens:
         what = "query or item" if shared else "query + item row"
-        raise ScoringLimitError(
-            "sequence_too_long",
+        raise ScoringError(
+            Reason.SEQUENCE_TOO_LONG,
             f"a {what} of {row} tokens exceeds the longest row a step holds "
             f"({limits.max_row_tokens} tokens)",
         )
@@ -347,8 +333,8 @@ def check_limits(
     tokens = computed_tokens(work, multi_item)
     if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
         how = "" if shared else " (without a shared prefix the query counts once per item)"
-        raise ScoringLimitError(
-            "too_many_tokens",
+        raise ScoringError(
+            Reason.TOO_MANY_TOKENS,
             f"the request needs {tokens} tokens computed{how}, over max_request_tokens="
             f"{limits.max_request_tokens}",
         )
@@ -362,8 +348,8 @@ def _check_envelopes(work: ScoreWork, envelopes: Sequence[Envelope], shared: boo
         return
     most_labels = max(e.labels for e in envelopes)
     if labels > most_labels:
-        raise ScoringLimitError(
-            "too_many_labels",
+        raise ScoringError(
+            Reason.TOO_MANY_LABELS,
             f"{labels} label_token_ids exceed the {most_labels} this deployment serves "
             "(warmup_shapes)",
         )
@@ -371,7 +357,7 @@ def _check_envelopes(work: ScoreWork, envelopes: Sequence[Envelope], shared: boo
     what = f"a {query}-token query with items up to {longest} tokens"
     if not shared:
         what = f"a query + item row of {query + longest} tokens"
-    raise ScoringLimitError(
-        "sequence_too_long",
+    raise ScoringError(
+        Reason.SEQUENCE_TOO_LONG,
         f"{what} is beyond what this deployment serves without a compile (warmup_shapes: {served})",
     )

@@ -1,4 +1,5 @@
-"""A jax-free stand-in for replicas.engine.ScoringEngine with hand-checkable arithmetic.
+"""A jax-free stand-in for replicas.engine.ScoringEngine with hand-checkable arithmetic; it
+keeps the whole engine contract (replicas/engine_contract.py), without counters or LoRA slots.
 
 logprob(label, query, item) = -(label % 7) - 0.1 * (len(query) + len(item))
 
@@ -12,11 +13,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from replicas.checkpoints.sources import load_hf_config, resolve_model_source
 from replicas.contract import ModelInfo, ScoreWork, check_limits, work_cost
+from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings
 
 
@@ -68,6 +71,18 @@ class FakeEngine:
         if self.delay_s or self.delay_per_token_s:
             time.sleep(self.delay_s + self.delay_per_token_s * tokens)
         return [fake_logprobs(work) for work in works]
+
+    def stats(self) -> dict[str, Any]:
+        return {}  # no counters of its own
+
+    def check_health(self) -> None:
+        """Nothing to check."""
+
+    def load_adapter(self, name: str, path: str) -> None:
+        raise ScoringError(Reason.INVALID_REQUEST, "max_loras: 0, a fake engine has no LoRA slots")
+
+    def unload_adapter(self, name: str) -> None:
+        raise ScoringError(Reason.INVALID_REQUEST, "max_loras: 0, a fake engine has no LoRA slots")
 
 
 class SlowFakeEngine(FakeEngine):

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from app.completions import Completions
-from app.errors import ScoreRequestError
 from app.openapi import longest_item, longest_query, score_request_schema
 from app.service import ScoringService
 from loadtest import fuzz, fuzz_cases
@@ -22,6 +21,7 @@ from loadtest.fuzz_run import Agreement, Tally, in_process, run_all, run_strateg
 from loadtest.fuzz_server import CheckingBackend, in_process_app
 from loadtest.fuzz_strategies import Served, encode, valid_bodies
 from replicas.contract import ModelInfo, ScoringLimits
+from replicas.errors import ScoringError
 
 VOCAB = 49152
 INFO = ModelInfo("fuzz-model", VOCAB, 0, ScoringLimits(16, 256, 256))
@@ -134,7 +134,7 @@ def test_the_document_without_a_model_has_the_model_free_rules() -> None:
 def _accepted(service: ScoringService, **payload: Any) -> bool:
     try:
         service.prepare({"label_token_ids": [1], **payload})
-    except ScoreRequestError as error:
+    except ScoringError as error:
         assert error.reason.value == "sequence_too_long", error.message
         return False
     return True

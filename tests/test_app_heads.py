@@ -13,11 +13,11 @@ import pytest
 from scipy.special import expit, softmax
 
 from app.completions import Completions
-from app.errors import ScoreRequestError
 from app.openapi import score_request_schema
 from app.rerank import reranker_for
 from app.service import ScoringService
 from replicas.contract import ModelInfo, ScoreHead, ScoreWork, ScoringLimits
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 
 VOCAB = 49152
@@ -56,7 +56,7 @@ def service_for(tokenizer: Any, head: ScoreHead | None, **settings: Any) -> Scor
 
 
 def refused(call: Any) -> dict[str, Any]:
-    with pytest.raises(ScoreRequestError) as caught:
+    with pytest.raises(ScoringError) as caught:
         asyncio.run(call)
     assert caught.value.status_code == 400
     return caught.value.body

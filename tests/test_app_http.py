@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import Reason, ScoreRequestError
 from app.http import build_api, read_limited, relative_path
 from app.schema import ModelList
 from app.service import ScoringService
 from loadtest.fuzz_strategies import json_values
 from replicas.contract import ModelInfo, ScoredWork, ScoreWork, ScoringLimits
+from replicas.errors import Reason, ScoringError
 from tests.fake_engine import fake_logprobs
 from tests.http_support import Reply, ask
 
@@ -54,7 +54,7 @@ def call(
 
     async def health() -> None:
         if not healthy:
-            raise ScoreRequestError(Reason.UNAVAILABLE, "down", None, 503)
+            raise ScoringError(Reason.UNAVAILABLE, "down", None, 503)
 
     reply = ask(build_api(SERVICE, backend, health), method, path, body)
     return reply, works
@@ -184,7 +184,7 @@ def test_body_limit() -> None:
             yield b"x" * 10
 
     assert asyncio.run(read_limited(chunks(), limit=50)) == b"x" * 50
-    with pytest.raises(ScoreRequestError) as caught:
+    with pytest.raises(ScoringError) as caught:
         asyncio.run(read_limited(chunks(), limit=49))
     assert caught.value.status_code == 400
 
@@ -289,7 +289,7 @@ def test_an_overloaded_gate_refuses_before_tokenization_and_bad_input_stays_a_40
         return None
 
     def refuse() -> None:
-        raise ScoreRequestError(Reason.OVERLOADED, "ingress overloaded", None, 503, 7)
+        raise ScoringError(Reason.OVERLOADED, "ingress overloaded", None, 503, 7)
 
     app = build_api(service, backend, health, gate=refuse)
     good = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": [1]}).encode()

@@ -10,12 +10,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.errors import ScoreRequestError
 from app.http import build_api
 from app.query_likelihood import LikelihoodTemplate
 from app.rerank import Reranker, RerankTemplate, reranker_for
 from app.service import ScoringService
 from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoreWork, ScoringLimits
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.fake_engine import fake_logprobs
 from tests.http_support import ask
@@ -103,14 +103,14 @@ def test_max_tokens_per_doc_cuts_each_document(service, tokenizer):
     ],
 )
 def test_bad_requests_are_400s_naming_the_field(service, payload, param):
-    with pytest.raises(ScoreRequestError) as error:
+    with pytest.raises(ScoringError) as error:
         rerank(service, **payload)
     assert error.value.status_code == 400 and error.value.param == param
 
 
 def test_an_unknown_model_is_a_404_naming_the_field(service):
     """Semantics 21: ``model`` names the served model or one of its LoRA adapters."""
-    with pytest.raises(ScoreRequestError) as error:
+    with pytest.raises(ScoringError) as error:
         rerank(service, query="q", documents=["a"], model="other")
     assert error.value.status_code == 404 and error.value.param == "model"
 

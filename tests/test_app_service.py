@@ -13,9 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from replicas.contract import ModelInfo, ScoreWork, ScoringLimits
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.fake_engine import fake_logprobs
 
@@ -64,7 +64,7 @@ def score(service: ScoringService, backend: Backend, **payload: Any) -> dict[str
 
 def rejection(service: ScoringService, **payload: Any) -> tuple[str, Backend]:
     backend = Backend()
-    with pytest.raises(ScoreRequestError) as caught:
+    with pytest.raises(ScoringError) as caught:
         score(service, backend, **payload)
     assert caught.value.status_code == 400
     assert not backend.works, "a rejected request reached the replica"
@@ -216,7 +216,7 @@ def test_wrong_shape_from_replica_is_a_500(service: ScoringService) -> None:
     async def broken(work: ScoreWork) -> np.ndarray:
         return np.zeros((1, 5), np.float32)
 
-    with pytest.raises(ScoreRequestError) as caught:
+    with pytest.raises(ScoringError) as caught:
         asyncio.run(
             service.score({"query": "q", "items": ["a", "b"], "label_token_ids": [1]}, broken)
         )

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from app.errors import Reason, ScoreRequestError, error_body
 from app.validation import parse_json, score_labels, validate_request
 from replicas.contract import ModelInfo, ScoringLimits
+from replicas.errors import Reason, ScoringError, error_body
 
 GOOD = {"query": "q", "items": ["a"], "label_token_ids": [1]}
 
 
 def reason_of(body: bytes) -> str:
-    with pytest.raises(ScoreRequestError) as caught:
+    with pytest.raises(ScoringError) as caught:
         validate_request(parse_json(body))
     assert caught.value.status_code == 400
     assert caught.value.body["code"] == 400
@@ -88,7 +88,7 @@ def test_wrong_types_are_invalid_request(body: bytes) -> None:
 def test_missing_labels_are_empty_label_token_ids(body: bytes) -> None:
     # the schema lets them be absent (a score-head model takes none); a causal LM refuses
     request = validate_request(parse_json(body))
-    with pytest.raises(ScoreRequestError) as caught:
+    with pytest.raises(ScoringError) as caught:
         score_labels(request.label_token_ids, ModelInfo("m", 100, None, ScoringLimits()))
     assert caught.value.body["reason"] == "empty_label_token_ids"
     assert caught.value.body["param"] == "label_token_ids"
@@ -112,7 +112,7 @@ def test_good_request_keeps_defaults() -> None:
 
 
 def test_param_names_the_field_at_fault() -> None:
-    with pytest.raises(ScoreRequestError) as caught:
+    with pytest.raises(ScoringError) as caught:
         validate_request(parse_json(with_(apply_softmax="yes")))
     assert caught.value.param == "apply_softmax"
     assert "apply_softmax" in caught.value.message
@@ -133,7 +133,7 @@ def test_envelope_has_the_sglang_fields() -> None:
 def test_error_survives_pickling_with_its_body() -> None:
     import pickle
 
-    error = ScoreRequestError(Reason.OVERLOADED, "busy", None, 503)
+    error = ScoringError(Reason.OVERLOADED, "busy", None, 503)
     copy = pickle.loads(pickle.dumps(error))
     assert copy.body == error.body
     assert copy.body["type"] == "ServiceUnavailableError"

@@ -24,7 +24,6 @@ import pytest
 import ray.util
 import yaml
 
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.__main__ import main
 from batch.pipeline import (
@@ -37,6 +36,7 @@ from batch.pipeline import (
 )
 from batch.rows import ScoreColumns, row_payload
 from batch.stages import EngineScore, Tokenize, finish
+from replicas.errors import ScoringError
 from tests.batch_fault_engine import DIE_ENV, STOP_ENV
 from tests.fp32 import assert_fp32_close
 from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
@@ -129,7 +129,7 @@ def expected(config_file: Path) -> dict[str, Any]:
         payload = row_payload(row, ScoreColumns(LABELS))
         try:
             answers[row["id"]] = asyncio.run(service.score(payload, backend))["scores"]
-        except ScoreRequestError as error:
+        except ScoringError as error:
             assert error.status_code == 400
             answers[row["id"]] = error.reason.value
     return answers
@@ -339,7 +339,7 @@ def test_rerank_rows_equal_what_v1_rerank_answers(config_file: Path, method: str
         payload = {"query": source["query"], "documents": [source["document"]]}
         try:
             body, _ = asyncio.run(service.rerank_timed(payload, backend))
-        except ScoreRequestError as error:
+        except ScoringError as error:
             assert row["error"] == error.reason.value and row["relevance"] is None
             continue
         assert row["error"] is None

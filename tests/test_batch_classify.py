@@ -19,10 +19,10 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.classify_stage import ClassifyColumns, ClassifyPrepare, ClassifyResults
 from batch.pipeline import classify_dataset, settings_from_config
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.fp32 import assert_fp32_close
 from tests.head_helpers import save_tiny_head
@@ -76,7 +76,7 @@ def test_classify_rows_equal_what_v1_classify_answers(
         payload = {"input": source["input"], "activation": activation}
         try:
             body, _ = asyncio.run(service.classify_timed(payload, backend))
-        except ScoreRequestError as error:
+        except ScoringError as error:
             assert (row["error"], row["probs"], row["label"]) == (error.reason.value, None, None)
             continue
         (want,) = body["data"]

@@ -71,11 +71,11 @@ class FakeHandle:
         return self
 
     def result(self) -> dict[str, object]:
-        from app.errors import Reason, ScoreRequestError
+        from replicas.errors import Reason, ScoringError
 
         self.calls += 1
         if self.calls <= self.refusals:
-            raise ScoreRequestError(Reason.OVERLOADED, "busy", status_code=503, retry_after_s=1)
+            raise ScoringError(Reason.OVERLOADED, "busy", status_code=503, retry_after_s=1)
         items = self.fields["items"]
         return {"scores": [[np.exp(-1.5), np.exp(-2.5)] for _ in items]}  # type: ignore[attr-defined]
 
@@ -109,11 +109,11 @@ class Outstanding:
             self.owner, self.request, self.refuse = owner, request, refuse
 
         def result(self) -> int:
-            from app.errors import Reason, ScoreRequestError
+            from replicas.errors import Reason, ScoringError
 
             self.owner.open -= 1
             if self.refuse:
-                raise ScoreRequestError(Reason.OVERLOADED, "busy", status_code=503, retry_after_s=0)
+                raise ScoringError(Reason.OVERLOADED, "busy", status_code=503, retry_after_s=0)
             return 10 * self.request
 
 
@@ -127,14 +127,14 @@ def test_engine_serve_keeps_max_in_flight_calls_and_answers_in_order() -> None:
 
 
 def test_engine_serve_raises_a_400_instead_of_retrying_it() -> None:
-    from app.errors import Reason, ScoreRequestError
     from batch.serve_stage import call_all
+    from replicas.errors import Reason, ScoringError
 
     class Refused:
         def result(self) -> None:
-            raise ScoreRequestError(Reason.EMPTY_QUERY, "empty", status_code=400)
+            raise ScoringError(Reason.EMPTY_QUERY, "empty", status_code=400)
 
-    with pytest.raises(ScoreRequestError):
+    with pytest.raises(ScoringError):
         call_all(lambda request: Refused(), [1], 4, None)
 
 

@@ -18,13 +18,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from batch.__main__ import main
 from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
 from batch.pipeline import EngineOptions, loglik_dataset, settings_from_config
 from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
 from replicas.contract import ScoreWork
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings
 from tests.fp32 import assert_fp32_close
 from tests.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
@@ -145,6 +145,6 @@ def test_score_work_checks_a_work_again_and_answers_as_the_engine(
     answer = handle.score_work.remote(work).result(timeout_s=120)
     assert_fp32_close(answer, engine.score_batch([work])[0])
     vocab = service.info.vocab_size
-    with pytest.raises(ScoreRequestError) as refused:
+    with pytest.raises(ScoringError) as refused:
         handle.score_work.remote(ScoreWork((504, vocab), ((5,),), (7042,))).result(timeout_s=60)
     assert (refused.value.status_code, refused.value.reason) == (400, "token_id_exceeds_vocab")

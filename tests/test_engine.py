@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
-from replicas.contract import ScoreWork, ScoringLimitError
-from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
+from replicas.contract import ScoreWork
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import ScoringError
 from replicas.model.causal_lm import CausalLM
 from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings, SettingsError
@@ -303,10 +304,10 @@ def test_limits_raise_clear_errors(tiny):
         max_items_per_request=4,
         max_multi_item_seq_len=40,
     )
-    with pytest.raises(ScoringLimitError, match="max_items_per_request") as too_many:
+    with pytest.raises(ScoringError, match="max_items_per_request") as too_many:
         engine.score_batch([work(15, item_lens=(1,) * 5)])
     assert too_many.value.reason == "too_many_items"
-    with pytest.raises(ScoringLimitError, match="max_multi_item_seq_len"):
+    with pytest.raises(ScoringError, match="max_multi_item_seq_len"):
         engine.score_batch([work(16, query=30, item_lens=(4, 4))])  # 30 + 1 + 2 * 5 = 41
 
 
@@ -324,7 +325,7 @@ def test_limits_raise_clear_errors(tiny):
 def test_bad_work_is_refused_before_anything_runs(engines, bad, reason):
     engine = engines["shared_prefix"]
     before = engine.compile_count
-    with pytest.raises(ScoringInputError) as error:
+    with pytest.raises(ScoringError) as error:
         engine.score_batch([work(17), bad])
     assert error.value.reason == reason
     assert engine.compile_count == before

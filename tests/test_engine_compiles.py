@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
-from replicas.contract import ScoreWork, ScoringLimitError
+from replicas.contract import ScoreWork
 from replicas.engine.layouts.dense import DenseDims
 from replicas.engine.query_cache import QueryCache
 from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import ScoringError
 from replicas.model.causal_lm import CausalLM
 from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings, SettingsError
@@ -144,16 +145,16 @@ def test_many_items_are_bounded_by_the_configured_limit_up_to_4096(tiny):
     with pytest.raises(SettingsError, match="max_items_per_request"):
         ReplicaSettings(max_items_per_request=4097)
     engine = make_engine(tiny, max_items_per_request=10)
-    with pytest.raises(ScoringLimitError, match="max_items_per_request"):
+    with pytest.raises(ScoringError, match="max_items_per_request"):
         engine.score_batch([work(9, item_lens=(1,) * 11)])
 
 
 def test_a_query_or_item_longer_than_one_step_holds_is_refused_by_name(tiny):
     engine = make_engine(tiny)  # longest row: min(64, 128) tokens
-    with pytest.raises(ScoringLimitError, match="longest row") as error:
+    with pytest.raises(ScoringError, match="longest row") as error:
         engine.score_batch([work(10, query=65, item_lens=(1,))])
     assert error.value.reason == "sequence_too_long"
-    with pytest.raises(ScoringLimitError, match="longest row"):
+    with pytest.raises(ScoringError, match="longest row"):
         engine.score_batch([work(11, query=4, item_lens=(65,))])
 
 

@@ -2,10 +2,10 @@
 ones inside functions included, is read from the files themselves.
 
 Top-level order: ``cluster`` < ``replicas`` < ``app`` | ``planning`` < ``batch`` <
-``loadtest``; inside ``replicas``: ``contract`` (and ``embed_contract``) < ``settings`` <
-``model`` < ``checkpoints``
-< ``engine`` < ``serving``. A package may import its own layer and the layers below it, never
-one above or beside it, and no two modules import each other, directly or around a longer loop.
+``loadtest``; inside ``replicas``: ``contract`` (and ``embed_contract``, ``engine_contract``,
+``errors``) < ``settings`` < ``model`` < ``checkpoints`` < ``engine`` < ``serving``. A package
+may import its own layer and the layers below it, never one above or beside it, and no two
+modules import each other, directly or around a longer loop.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ REPLICAS_RANK = {
     "_exports": 0,
     "contract": 0,
     "embed_contract": 0,  # the embedding half of the contract
+    "errors": 0,  # the one error a request is refused with, and its reasons
+    "engine_contract": 0,  # what a replica uses of its engine (a Protocol)
     "settings": 1,
     "adapter_settings": 1,  # the LoRA settings' checks, part of the settings
     "model": 2,

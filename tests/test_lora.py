@@ -15,7 +15,8 @@ import pytest
 from cluster.mesh import build_mesh
 from replicas.checkpoints.loading import load_model
 from replicas.contract import PromptWork, ScoreWork
-from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings
 from tests.fp32 import assert_fp32_close
 from tests.lora_helpers import (
@@ -163,7 +164,7 @@ def test_runtime_load_compiles_nothing_and_leaves_other_adapters_alone(qwen3):
     assert np.abs(out_d - reference).max() <= TO_PEFT
     engine.unload_adapter("d")
     assert "d" not in engine.info.adapters
-    with pytest.raises(ScoringInputError) as refused:
+    with pytest.raises(ScoringError) as refused:
         engine.score_batch([work_d])
     assert refused.value.reason == "model_not_found"
 
@@ -187,7 +188,7 @@ def test_a_slot_reused_after_an_unload_never_reads_the_old_adapters_cache(qwen3)
 
 
 def test_unknown_adapter_is_model_not_found(qwen3):
-    with pytest.raises(ScoringInputError) as refused:
+    with pytest.raises(ScoringError) as refused:
         qwen3["engine"].score_batch([_work(60, "nope")])
     assert refused.value.reason == "model_not_found" and "nope" in str(refused.value)
 

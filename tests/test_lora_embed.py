@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from app.embeddings import cosines
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from replicas.contract import EmbedWork
 from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import ScoringError
 from tests.embed_helpers import QUERY_PROMPT, embed_settings, reference_vectors, texts_of
 from tests.lora_helpers import save_embedding_adapter
 
@@ -131,7 +131,7 @@ def test_an_unknown_model_on_the_embedding_routes_is_a_404_that_reaches_no_repli
             {"query": "a", "items": ["b"], "model": "nope"}, backend(tuned["engine"], seen)
         ),
     ):
-        with pytest.raises(ScoreRequestError) as caught:
+        with pytest.raises(ScoringError) as caught:
             asyncio.run(call)
         assert caught.value.status_code == 404 and caught.value.body["reason"] == "model_not_found"
     assert not seen

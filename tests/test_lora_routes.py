@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from app.classify import prepare_classify
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from replicas.contract import ModelInfo, ScoreHead, ScoringLimits
 from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings
 from tests.fp32 import assert_fp32_close, fp32_bound
 from tests.lora_helpers import peft_model, reference_scores, save_adapter
@@ -66,8 +66,8 @@ def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
     }  # fmt: skip
 
 
-def _refused(call: Any) -> ScoreRequestError:
-    with pytest.raises(ScoreRequestError) as caught:
+def _refused(call: Any) -> ScoringError:
+    with pytest.raises(ScoringError) as caught:
         asyncio.run(call)
     return caught.value
 
@@ -122,7 +122,7 @@ def test_classify_carries_the_adapter(served):
     tokenizer = served["service"].tokenizer
     works = prepare_classify({"input": ["x", "y"], "model": "tuned"}, info, tokenizer).works
     assert [work.adapter for work in works] == ["tuned", "tuned"]
-    with pytest.raises(ScoreRequestError) as caught:
+    with pytest.raises(ScoringError) as caught:
         prepare_classify({"input": "x", "model": "other"}, info, tokenizer)
     assert caught.value.status_code == 404
 

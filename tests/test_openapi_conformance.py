@@ -82,12 +82,12 @@ class Replica:
     def __init__(self) -> None:
         async def load_adapter(name: str, path: str) -> None:
             from replicas.checkpoints.name_map import AdapterNotFound
-            from replicas.serving.deployment import ReplicaRejected
+            from replicas.errors import Reason, ScoringError
 
             try:
                 read_adapter_config(name, Path(path))
             except AdapterNotFound as error:
-                raise ReplicaRejected("not_found", str(error)) from None
+                raise ScoringError(Reason.NOT_FOUND, str(error)) from None
 
         self.load_adapter = Remote(load_adapter)
 

@@ -8,11 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from replicas.contract import PromptWork, ScoreWork, ScoringLimitError
+from replicas.contract import PromptWork, ScoreWork
 from replicas.engine.layouts.prompt_plan import group_prompts
 from replicas.engine.layouts.token_steps import PREFIX_BLOCK
-from replicas.engine.scoring_engine import ScoringEngine, ScoringInputError
+from replicas.engine.scoring_engine import ScoringEngine
 from replicas.engine.warm_coverage import warmup_prompts
+from replicas.errors import ScoringError
 from replicas.model.causal_lm import CausalSpec
 from replicas.settings import ReplicaSettings
 from tests.fp32 import assert_fp32_close
@@ -172,13 +173,13 @@ def test_prompts_group_by_whole_shared_blocks() -> None:
 
 def test_bad_prompt_work_is_refused_by_reason(tiny) -> None:
     engine = make_engine(tiny, max_items_per_request=2)
-    with pytest.raises(ScoringInputError) as empty:
+    with pytest.raises(ScoringError) as empty:
         engine.score_batch([PromptWork(((),))])
     assert empty.value.reason == "empty_prompt"
-    with pytest.raises(ScoringInputError) as error:
+    with pytest.raises(ScoringError) as error:
         engine.score_batch([PromptWork(((VOCAB,),))])
     assert error.value.reason == "token_id_exceeds_vocab"
-    with pytest.raises(ScoringLimitError) as limit:
+    with pytest.raises(ScoringError) as limit:
         engine.score_batch([PromptWork(((1,), (2,), (3,)))])
     assert limit.value.reason == "too_many_items"
 
@@ -225,7 +226,7 @@ def test_warm_completions_never_compile_on_the_request_path(tiny) -> None:
             check(tiny, prompt, answer, work.top_k)
     engine.wait_for_background_compiles()
     assert engine.stats()["request_path_compiles"] == 0
-    with pytest.raises(ScoringLimitError, match="completion_warmup_shapes") as error:
+    with pytest.raises(ScoringError, match="completion_warmup_shapes") as error:
         engine.score_batch([PromptWork((ids(rng, 81),))])
     assert error.value.reason == "sequence_too_long"
 

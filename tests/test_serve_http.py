@@ -21,7 +21,7 @@ import pytest
 from ray import serve
 
 from app.builder import scoring_app
-from app.errors import ScoreRequestError
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings
 from tests.fp32 import assert_fp32_close
 from tests.serve_support import (  # noqa: F401
@@ -69,9 +69,9 @@ class Caller:
         handle = serve.get_app_handle(self._app_name)
         try:
             return await handle.score.remote(**payload)
-        except ScoreRequestError as error:
-            # Ray re-raises it as RayTaskError(ScoreRequestError), still a ScoreRequestError.
-            return {"raised": isinstance(error, ScoreRequestError), "body": error.body}
+        except ScoringError as error:
+            # Ray re-raises it as RayTaskError(ScoringError), still a ScoringError.
+            return {"raised": isinstance(error, ScoringError), "body": error.body}
 
 
 @pytest.fixture(scope="module")

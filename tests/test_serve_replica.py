@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 from replicas.contract import ScoreWork
+from replicas.errors import Reason, ScoringError
 from replicas.serving.admission import QueueEstimate
-from replicas.serving.deployment import ReplicaRejected, ScoringReplica
+from replicas.serving.deployment import ScoringReplica
 from replicas.serving.setup import (
     RECONFIGURABLE,
     apply_user_config,
@@ -32,7 +33,8 @@ Replica = ScoringReplica.func_or_class
 
 
 class PickyEngine(FakeEngine):
-    """Refuses (like ScoringInputError) any work whose first label is 13; fails on label 99."""
+    """Refuses (a ScoringError, as the engine's own checks raise) any work whose first label
+    is 13; fails on label 99."""
 
     calls: int = 0
 
@@ -47,9 +49,7 @@ class PickyEngine(FakeEngine):
             raise RuntimeError("device fell over")
         for work in works:
             if work.label_ids[0] == 13:
-                error = ValueError("label 13 is refused")
-                error.reason = "refused"  # type: ignore[attr-defined]
-                raise error
+                raise ScoringError(Reason.INVALID_REQUEST, "label 13 is refused")
         return [fake_logprobs(work) for work in works]
 
 
@@ -173,14 +173,15 @@ def test_a_refused_work_does_not_fail_its_batch(settings: ReplicaSettings) -> No
     good, refused, other = asyncio.run(replica._score_many([work(1), work(13), work(2)]))
     np.testing.assert_array_equal(good.scores, fake_logprobs(work(1)))
     np.testing.assert_array_equal(other.scores, fake_logprobs(work(2)))
-    assert isinstance(refused, ReplicaRejected) and refused.reason == "refused"
+    assert isinstance(refused, ScoringError) and refused.reason == "invalid_request"
+    assert refused.message == "label 13 is refused" and refused.engine_failure is None
     replica.check_health()  # refusing bad work is not an engine failure
 
 
 def test_limits_are_checked_before_batching(settings: ReplicaSettings) -> None:
     replica = Replica(settings, "tests.fake_engine:FakeEngine")
-    with pytest.raises(ReplicaRejected) as caught:
-        asyncio.run(replica.score(work(query_len=80)))
+    with pytest.raises(ScoringError) as caught:
+        asyncio.run(replica.score_timed(work(query_len=80)))
     assert caught.value.reason == "sequence_too_long"
     assert replica._engine.batches == 0
 
@@ -193,10 +194,10 @@ def test_work_past_its_deadline_is_dropped_before_the_engine(settings: ReplicaSe
     got_live, got_late, got_later = asyncio.run(replica._score_many([live, late, later]))
     np.testing.assert_array_equal(got_live.scores, fake_logprobs(live))
     np.testing.assert_array_equal(got_later.scores, fake_logprobs(later))
-    assert isinstance(got_late, ReplicaRejected) and got_late.reason == "overloaded"
+    assert isinstance(got_late, ScoringError) and got_late.reason == "overloaded"
     assert replica._engine.batches == 1 and replica.stats()["dropped_expired"] == 1
     (alone,) = asyncio.run(replica._score_many([late]))
-    assert isinstance(alone, ReplicaRejected) and replica._engine.batches == 1  # no step
+    assert isinstance(alone, ScoringError) and replica._engine.batches == 1  # no step
 
 
 def test_an_overloaded_replica_refuses_before_batching(settings: ReplicaSettings) -> None:
@@ -207,8 +208,8 @@ def test_an_overloaded_replica_refuses_before_batching(settings: ReplicaSettings
     for ticket in tickets[:4]:  # 4 units served in 2 s: the 10 queued units wait 5 s
         now[0] += 0.5
         replica._queue.finished(ticket)
-    with pytest.raises(ReplicaRejected) as caught:
-        asyncio.run(replica.score(work()))
+    with pytest.raises(ScoringError) as caught:
+        asyncio.run(replica.score_timed(work()))
     assert caught.value.reason == "overloaded" and caught.value.retry_after_s == 3
     assert replica._engine.batches == 0 and replica.stats()["rejected_overloaded"] == 1
     assert pickle.loads(pickle.dumps(caught.value)).retry_after_s == 3
@@ -223,7 +224,7 @@ def test_a_request_the_engine_fails_on_alone_is_a_500_and_the_replica_stays_heal
     replica = Replica(settings, "tests.test_serve_replica:PickyEngine")
     for _ in range(4):
         bad, good = asyncio.run(replica._score_many([work(99), work(2)]))
-        assert isinstance(bad, ReplicaRejected) and bad.reason == "internal_error", bad
+        assert isinstance(bad, ScoringError) and bad.reason == "internal_error", bad
         assert "IndexError" not in bad.message and "device fell over" in bad.message
         assert "fails the same way" in bad.message and bad.retry_after_s is None
         np.testing.assert_array_equal(good.scores, fake_logprobs(work(2)))
@@ -249,7 +250,7 @@ def test_repeated_engine_failures_make_the_replica_unhealthy(settings: ReplicaSe
     replica.check_health()
     for attempt in range(2):
         (result,) = asyncio.run(replica._score_many([work(1)]))
-        assert isinstance(result, ReplicaRejected) and result.reason == "unavailable"
+        assert isinstance(result, ScoringError) and result.reason == "unavailable"
         assert "scoring engine failed" in result.message and result.retry_after_s == 1
         if attempt < 1:
             replica.check_health()
@@ -306,5 +307,5 @@ def test_describe_and_rejection_pickling(settings: ReplicaSettings) -> None:
     replica = Replica(settings, "tests.fake_engine:FakeEngine")
     info = replica.describe()
     assert (info.vocab_size, info.multi_item_scoring_delimiter) == (49152, 0)
-    copy = pickle.loads(pickle.dumps(ReplicaRejected("too_many_items", "9 > 8")))
+    copy = pickle.loads(pickle.dumps(ScoringError("too_many_items", "9 > 8")))
     assert (copy.reason, copy.message) == ("too_many_items", "9 > 8")

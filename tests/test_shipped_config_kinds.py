@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 import yaml
 
-from app.errors import ScoreRequestError
 from app.service import ScoringService
 from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings
 from tests.head_helpers import save_tiny_head
 
@@ -62,7 +62,7 @@ def test_a_causal_lm_starts_and_serves_on_the_shipped_config(tiny_llama_dir: Pat
     echo = {"prompt": "Paris is a city", "echo": True, "max_tokens": 0, "logprobs": 1}
     (choice,) = asyncio.run(service.complete_timed(echo, backend))[0]["choices"]
     assert len(choice["logprobs"]["token_logprobs"]) > 1
-    with pytest.raises(ScoreRequestError, match="/v1/classify") as refused:
+    with pytest.raises(ScoringError, match="/v1/classify") as refused:
         asyncio.run(service.classify_timed({"input": "a"}, backend))
     assert refused.value.status_code == 400
 
@@ -82,7 +82,7 @@ def test_a_score_head_model_starts_and_serves_on_the_shipped_config(
     data = asyncio.run(service.classify_timed({"input": ["good", "bad"]}, backend))[0]["data"]
     assert [len(entry["probs"]) for entry in data] == [3, 3]
     assert service.reranker is None  # three labels: no relevance to rank by (docs/models.md)
-    with pytest.raises(ScoreRequestError, match="/v1/completions") as refused:
+    with pytest.raises(ScoringError, match="/v1/completions") as refused:
         asyncio.run(service.complete_timed({"prompt": "x", "echo": True}, backend))
     assert refused.value.status_code == 400
 
@@ -101,6 +101,6 @@ def test_an_embedding_model_starts_and_serves_on_the_shipped_config(
         ("/v1/completions", service.complete_timed({"prompt": "x", "echo": True}, backend)),
         ("/v1/classify", service.classify_timed({"input": "a"}, backend)),
     ):
-        with pytest.raises(ScoreRequestError, match=route) as refused:
+        with pytest.raises(ScoringError, match=route) as refused:
             asyncio.run(call)
         assert refused.value.status_code == 400 and "embedding" in refused.value.message

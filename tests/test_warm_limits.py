@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import yaml
 
-from app.errors import ScoreRequestError
 from app.openapi import score_request_schema
 from app.service import ScoringService
 from cluster.mesh import build_mesh
-from replicas.contract import Envelope, ModelInfo, ScoreWork, ScoringLimitError, check_limits
+from replicas.contract import Envelope, ModelInfo, ScoreWork, check_limits
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.engine.warm_coverage import full_step_items
+from replicas.errors import ScoringError
 from replicas.model.causal_lm import CausalLM
 from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings, SettingsError
@@ -76,7 +76,7 @@ def test_limits_refuse_what_no_envelope_admits_by_reason(case: ScoreWork, reason
     if reason is None:
         check_limits(case, limits, multi_item=True)
         return
-    with pytest.raises(ScoringLimitError) as caught:
+    with pytest.raises(ScoringError) as caught:
         check_limits(case, limits, multi_item=True)
     assert caught.value.reason == reason
     assert "warmup_shapes" in str(caught.value)
@@ -87,7 +87,7 @@ def test_a_request_over_max_request_tokens_is_refused_counting_repeated_queries(
     shared = work(40, (10,) * 6, 2)  # 40 + 60 computed tokens: the query once
     check_limits(shared, limits, multi_item=True)
     rows = ScoreWork(shared.query_ids, shared.item_ids, shared.label_ids, item_first=True)
-    with pytest.raises(ScoringLimitError, match=r"300 tokens computed .*query counts once per"):
+    with pytest.raises(ScoringError, match=r"300 tokens computed .*query counts once per"):
         check_limits(rows, limits, multi_item=True)  # 6 x (40 + 10)
     with pytest.raises(SettingsError, match=r"^max_request_tokens: must be >= 1"):
         ReplicaSettings(max_request_tokens=0)
@@ -172,7 +172,7 @@ def test_every_admitted_request_runs_on_warm_signatures_and_the_rest_is_refused(
     for candidate in [random_work(rng) for _ in range(40)]:
         try:
             engine.validate(candidate)
-        except ScoringLimitError:
+        except ScoringError:
             refused += 1
             continue
         admitted.append(candidate)
@@ -200,7 +200,7 @@ def test_the_ingress_answers_400_by_reason_and_lists_the_envelopes(tiny_llama_di
         return fake_logprobs(work)
 
     def reason(**payload: Any) -> tuple[str, str | None]:
-        with pytest.raises(ScoreRequestError) as caught:
+        with pytest.raises(ScoringError) as caught:
             asyncio.run(service.score(payload, backend))
         return caught.value.reason.value, caught.value.param
 

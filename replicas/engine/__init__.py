@@ -20,7 +20,6 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "ScoringEngine": ".scoring_engine",
-        "ScoringInputError": ".scoring_engine",
         "GroupEngine": ".group_engine",
         "FollowerEngine": ".group_engine",
         "SliceEngine": ".slice_engine",

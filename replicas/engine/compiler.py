@@ -39,7 +39,7 @@ import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from replicas.engine.memory import release_free_heap
 from replicas.engine.signature_record import Entry, Key, SignatureRecord, Usage
@@ -55,17 +55,6 @@ PERSIST_EVERY_S = 60.0  # uses reach the record at most this often
 DECLINE_REASONS = ("one_off", "small_padding", "low_value")
 EVICT_REASONS = ("one_off", "low_value")
 EXIT_WAIT_S = 600.0  # interpreter exit waits at most this long for a running compile
-
-
-class Dims(Protocol):
-    def covers(self, other: Any) -> bool: ...
-
-    def astuple(self) -> tuple[int, ...]: ...
-
-    @property
-    def cost(self) -> int: ...
-
-    def cost_for(self, exact: Any) -> int: ...
 
 
 class StepCompiler:

@@ -19,10 +19,15 @@ import jax
 import numpy as np
 
 from cluster.host_group import HostGroup, HostGroupError
-from replicas.contract import EngineUnavailable, ModelInfo, ScoreWork
+from replicas.contract import ModelInfo, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import EngineUnavailable, Reason, ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 
+NO_RUNTIME_ADAPTERS = (
+    "a host group's engine loads and unloads no LoRA adapters at run time (lora_adapters load "
+    "on every host at start)"
+)
 FOLLOWER_FACTORY = "replicas.engine:FollowerEngine"
 Key = tuple[str, Any]
 
@@ -143,3 +148,10 @@ class GroupEngine:
 
     def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
         return self._engine.wait_for_background_compiles(timeout_s)
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """A host group loads LoRA adapters only at start (``lora_adapters``)."""
+        raise ScoringError(Reason.INVALID_REQUEST, NO_RUNTIME_ADAPTERS)
+
+    def unload_adapter(self, name: str) -> None:
+        raise ScoringError(Reason.INVALID_REQUEST, NO_RUNTIME_ADAPTERS)

@@ -21,13 +21,12 @@ from jax.sharding import Mesh
 from cluster.sharding import tree_shardings
 from replicas.checkpoints.adapters import LoraAdapter, load_adapter
 from replicas.contract import EmbedWork, PromptWork, ScoreWork
-from replicas.engine.work_checks import ScoringInputError
+from replicas.errors import Reason, ScoringError
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.model.lora import has_head_slots, lora_logical_axes, lora_shapes
 from replicas.settings import ReplicaSettings
 
 Work = ScoreWork | PromptWork | EmbedWork
-MODEL_NOT_FOUND = "model_not_found"
 
 
 class AdapterSlots:
@@ -120,7 +119,7 @@ class AdapterSlots:
         if name is None:
             return 0
         if name not in self._slots:
-            raise ScoringInputError(MODEL_NOT_FOUND, f"model {name!r}: no such LoRA adapter")
+            raise ScoringError(Reason.MODEL_NOT_FOUND, f"model {name!r}: no such LoRA adapter")
         return self._slots[name]
 
     def tag(self, work: Work) -> Work:
@@ -151,9 +150,8 @@ class AdapterSlots:
 def refuse_without_slots(work: Work) -> None:
     """LoRA off: any adapter name is unknown."""
     if work.adapter is not None:
-        raise ScoringInputError(
-            MODEL_NOT_FOUND, f"model {work.adapter!r}: no such model (no LoRA adapters served)"
-        )
+        message = f"model {work.adapter!r}: no such model (no LoRA adapters served)"
+        raise ScoringError(Reason.MODEL_NOT_FOUND, message)
 
 
 def start_slots(

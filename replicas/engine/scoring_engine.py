@@ -50,13 +50,13 @@ from replicas.engine.warm_coverage import (
     warmup_prompts,
     warmup_works,
 )
-from replicas.engine.work_checks import ScoringInputError, validate_work
+from replicas.engine.work_checks import validate_work
+from replicas.errors import Reason, ScoringError
 from replicas.model.attention import with_attention
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
-# ScoringInputError lives in replicas.engine.work_checks; callers import it from here too.
-__all__ = ["ScoringEngine", "ScoringInputError", "configure_compilation_cache"]
+__all__ = ["ScoringEngine", "configure_compilation_cache"]
 
 
 def configure_compilation_cache(directory: str | None) -> None:
@@ -173,6 +173,9 @@ class ScoringEngine:
             **self._cache.stats(),
         }
 
+    def check_health(self) -> None:
+        """Nothing to check: one process, whose failures its steps raise."""
+
     def executables(self) -> dict[tuple[str, Any], Any]:
         """Compiled steps by ``(kind, dims)`` (``jax.stages.Compiled``: memory and cost
         analysis for deviceless checks, ``planning.tpu_check``)."""
@@ -188,7 +191,7 @@ class ScoringEngine:
         return self._settings.multi_item and not work.item_first
 
     def validate(self, work: ScoreWork | PromptWork | EmbedWork) -> None:
-        """Raise ScoringInputError / ScoringLimitError for work that must not run."""
+        """Raise ScoringError for work that must not run."""
         multi = isinstance(work, ScoreWork) and self.uses_multi_item(work)
         validate_work(work, self._info, multi)
         if self._lora is None:
@@ -201,11 +204,13 @@ class ScoringEngine:
         self._swap_adapter(lambda slots: slots.load(name, path))
 
     def unload_adapter(self, name: str) -> None:
+        """Free ``name``'s slot between steps (KeyError when none holds it)."""
         self._swap_adapter(lambda slots: slots.unload(name))
 
     def _swap_adapter(self, change: Callable[[AdapterSlots], Any]) -> None:
         if self._lora is None:
-            raise ValueError("max_loras: 0, this replica serves no LoRA adapters")
+            message = "max_loras: 0, this replica serves no LoRA adapters"
+            raise ScoringError(Reason.INVALID_REQUEST, message)
         with self._lock:
             change(self._lora)
             # A freed slot's next adapter tags ids as the old one did: no cached entry survives.

@@ -17,9 +17,14 @@ import numpy as np
 
 from cluster.host_group import HostGroupError
 from cluster.slice_group import SliceGroup, slice_names
-from replicas.contract import EngineUnavailable, ModelInfo, ScoreWork
+from replicas.contract import ModelInfo, ScoreWork
+from replicas.errors import EngineUnavailable, Reason, ScoringError
 from replicas.settings import ReplicaSettings
 
+NO_RUNTIME_ADAPTERS = (
+    "a TPU slice's engine loads and unloads no LoRA adapters at run time (lora_adapters load "
+    "on every host at start)"
+)
 LEADER_FACTORY = "replicas.engine.group_engine:GroupEngine.from_settings"
 
 
@@ -61,6 +66,13 @@ class SliceEngine:
 
     def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
         return bool(self._call("wait_for_background_compiles", timeout_s))
+
+    def load_adapter(self, name: str, path: str) -> None:
+        """A slice's host group loads LoRA adapters only at start (``lora_adapters``)."""
+        raise ScoringError(Reason.INVALID_REQUEST, NO_RUNTIME_ADAPTERS)
+
+    def unload_adapter(self, name: str) -> None:
+        raise ScoringError(Reason.INVALID_REQUEST, NO_RUNTIME_ADAPTERS)
 
     def close(self) -> None:
         """Give the slice back now (else it goes with the replica actor)."""

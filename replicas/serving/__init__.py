@@ -14,7 +14,6 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "ScoringReplica": ".deployment",
-        "ReplicaRejected": ".deployment",
         "QueueEstimate": ".admission",
         "admit": ".admission",
         "AdapterRegistry": ".adapter_registry",

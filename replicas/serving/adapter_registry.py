@@ -24,6 +24,8 @@ from typing import Any
 
 from ray import serve
 
+from replicas.engine_contract import Engine
+
 logger = logging.getLogger("ray.serve")
 
 REFRESH_S = 0.5  # how stale a replica's view of the registry may be before its next work
@@ -146,7 +148,7 @@ def adapter_changes(
     return unload, load
 
 
-def apply_to_engine(engine: Any, run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> Apply:
+def apply_to_engine(engine: Engine, run: Callable[[Callable[[], Any]], Awaitable[Any]]) -> Apply:
     """An ``Apply`` that swaps ``engine``'s adapters with ``run`` (between steps); an adapter
     that fails to load here is logged and stays unknown (its requests: 404)."""
 

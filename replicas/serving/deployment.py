@@ -1,4 +1,5 @@
-"""The ScoringReplica Serve deployment: one engine, fed by @serve.batch.
+"""The ScoringReplica Serve deployment: one engine (``replicas.engine_contract.Engine``), fed
+by @serve.batch.
 
 Concurrent works (ScoreWork, PromptWork, EmbedWork) from any number of ingress replicas are
 gathered into one ``engine.score_batch`` call (max batch size and wait from ReplicaSettings;
@@ -15,10 +16,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 from ray import serve
@@ -32,16 +33,22 @@ from cluster.niceness import (
 from replicas.checkpoints.name_map import AdapterNotFound
 from replicas.contract import (
     EmbedWork,
-    EngineUnavailable,
     ModelInfo,
     ScoredWork,
     ScoreWork,
-    ScoringLimitError,
     check_limits,
     computed_tokens,
     work_cost,
 )
 from replicas.engine.memory import release_free_heap
+from replicas.engine_contract import Engine
+from replicas.errors import (
+    EngineUnavailable,
+    Reason,
+    ScoringError,
+    engine_failed,
+    failed_on_this_request,
+)
 from replicas.serving.adapter_registry import AdapterFollower, apply_to_engine
 from replicas.serving.admission import QueueEstimate, admit
 from replicas.serving.merging import take_for_one_call
@@ -68,55 +75,9 @@ TRIM_INTERVAL_S = 10.0
 CONCURRENT_BATCHES = 4  # x max_batch_size 16 = the shipped max_ongoing_requests
 
 
-class Engine(Protocol):
-    """What the replica needs of replicas.engine.scoring_engine.ScoringEngine."""
-
-    @property
-    def info(self) -> ModelInfo: ...
-
-    @property
-    def compile_count(self) -> int: ...
-
-    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]: ...
-
-
-class ReplicaRejected(ValueError):
-    """A replica refused one ScoreWork (a limit, overload, or a dead engine); picklable so
-    it crosses the handle. ``retry_after_s`` comes with ``overloaded``."""
-
-    def __init__(self, reason: str, message: str, retry_after_s: int | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.retry_after_s = retry_after_s
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.reason, self.message, self.retry_after_s))
-
-
-class EngineFailed(ReplicaRejected):
-    """The engine raised ``cause`` on a step: 503 ``unavailable``, retryable, unless it turns
-    out to fail on this request alone (``on_this_request``)."""
-
-    def __init__(self, cause: str) -> None:
-        message = f"scoring engine failed ({cause}); retry, another replica may answer"
-        super().__init__("unavailable", message, 1)
-        self.cause = cause
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.cause,))
-
-    def on_this_request(self) -> ReplicaRejected:
-        return ReplicaRejected(
-            "internal_error",
-            f"the scoring engine failed on this request ({self.cause}) and scores others: "
-            "a defect, logged with its trace; sending it again fails the same way",
-        )
-
-
 @serve.deployment(name="ScoringReplica", max_ongoing_requests=64, health_check_period_s=10)
 class ScoringReplica:
-    """Owns one ScoringEngine; answers ``score(work) -> [items, labels]`` log-probabilities."""
+    """Owns one engine; answers ``score_timed(work)``: ``[items, labels]`` log-probabilities."""
 
     def __init__(
         self,
@@ -143,7 +104,7 @@ class ScoringReplica:
         if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
             engine_factory = SLICE_ENGINE if self._settings.tpu_slice else GROUP_ENGINE
         factory, niceness = load_engine_factory(engine_factory), self._settings.engine_niceness
-        self._engine = start_compute_niced(niceness, lambda: factory(self._settings))
+        self._engine: Engine = start_compute_niced(niceness, lambda: factory(self._settings))
         # Steps run on one thread at the engine's niceness; the event loop keeps its own.
         self._steps = ThreadPoolExecutor(1, "scorejax-step", set_thread_niceness, (niceness,))
         info = self._engine.info
@@ -178,9 +139,7 @@ class ScoringReplica:
     def check_health(self) -> None:
         if not self._ready:
             raise RuntimeError("scoring engine is not loaded and warmed up yet")
-        engine_health = getattr(self._engine, "check_health", None)
-        if callable(engine_health):
-            engine_health()  # a host group pings its followers
+        self._engine.check_health()  # a host group pings its followers
         if self._failed_batches_in_a_row >= UNHEALTHY_AFTER_FAILED_BATCHES:
             raise RuntimeError(
                 f"{self._failed_batches_in_a_row} scoring batches failed in a row; "
@@ -194,14 +153,16 @@ class ScoringReplica:
         """Load a LoRA adapter here (between steps), before the registry records it: a 400
         ``invalid_request`` naming what does not fit (files, base, slots)."""
         if self._adapters is None:
-            raise ReplicaRejected("invalid_request", "max_loras: 0, LoRA adapters are off")
+            raise ScoringError(Reason.INVALID_REQUEST, "max_loras: 0, LoRA adapters are off")
         await self._adapters.follow(force=True)
         try:
             await self._between_steps(lambda: self._engine.load_adapter(name, path))
+        except ScoringError:
+            raise
         except AdapterNotFound as error:
-            raise ReplicaRejected("not_found", str(error)) from None
+            raise ScoringError(Reason.NOT_FOUND, str(error)) from None
         except (ValueError, OSError, AttributeError) as error:
-            raise ReplicaRejected("invalid_request", str(error)) from None
+            raise ScoringError(Reason.INVALID_REQUEST, str(error)) from None
         self._adapters.loaded(name, path)
 
     async def _between_steps(self, change: Callable[[], Any]) -> Any:
@@ -229,29 +190,23 @@ class ScoringReplica:
         }
 
     def _engine_counters(self) -> dict[str, Any]:
-        """The engine's counters (``stats()``), or none for an engine that keeps none."""
-        engine_stats = getattr(self._engine, "stats", None)
-        return engine_stats() if callable(engine_stats) else {}
-
-    async def score(self, work: ScoreWork) -> np.ndarray:
-        """Log-probabilities ``[n_items, n_labels]`` of one request (float32)."""
-        return (await self.score_timed(work)).scores
+        """The engine's counters (``stats()``; empty for an engine that keeps none)."""
+        return self._engine.stats()
 
     async def score_timed(self, work: ScoreWork) -> ScoredWork:
-        """``score`` with the seconds of its engine step (the ingress's timing headers)."""
+        """One request's answer (``scores``: a ScoreWork's float32 log-probabilities
+        ``[n_items, n_labels]``) with the seconds of its engine step (the ingress's timing
+        headers); refusals raise ScoringError."""
         self._requests += 1
         if self._adapters is not None:
             await self._adapters.follow(work.adapter)
         info = self._engine.info
-        try:
-            check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
-        except ScoringLimitError as error:
-            raise ReplicaRejected(error.reason, str(error)) from None
+        check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
         verdict = admit(self._queue, self._settings.max_queue_wait_s)
         if not verdict.admitted:
             self._shed["overloaded"] += 1
             message = verdict.refusal("scoring replica")
-            raise ReplicaRejected("overloaded", message, verdict.retry_after_s)
+            raise ScoringError(Reason.OVERLOADED, message, retry_after_s=verdict.retry_after_s)
         ticket = self._queue.started(work_cost(work, self._settings.multi_item))
         result: Any = None
         try:
@@ -264,7 +219,7 @@ class ScoringReplica:
         return result
 
     async def _score_many(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
-        """The @serve.batch target: concurrent score() calls arrive here as one list."""
+        """The @serve.batch target: concurrent score_timed() calls arrive here as one list."""
         self._batches += 1
         self._works += len(works)
         self._largest_batch = max(self._largest_batch, len(works))
@@ -314,11 +269,10 @@ class ScoringReplica:
         defect of the engine on that request: 500, not a retryable 503 (issue 43: the same
         body failed the same way on every retry)."""
         results = await self._run_engine_once(works)
-        if len(works) > 1 and all(isinstance(r, ReplicaRejected) for r in results):
+        if len(works) > 1 and all(isinstance(r, ScoringError) for r in results):
             results = [(await self._run_engine_once([work]))[0] for work in works]
-        failed = [r for r in results if isinstance(r, EngineFailed)]
-        if failed and await self._engine_scores_a_probe():
-            results = [r.on_this_request() if isinstance(r, EngineFailed) else r for r in results]
+        if any(_engine_failed(r) for r in results) and await self._engine_scores_a_probe():
+            results = [failed_on_this_request(r) if _engine_failed(r) else r for r in results]
         return results
 
     async def _engine_scores_a_probe(self) -> bool:
@@ -337,7 +291,8 @@ class ScoringReplica:
     ) -> list[ScoredWork | Exception]:
         """Works past their deadline are dropped unscored (nobody waits for them)."""
         self._shed["expired"] += alive.count(False)
-        expired = ReplicaRejected("overloaded", "request deadline passed before scoring", 1)
+        message = "request deadline passed before scoring"
+        expired = ScoringError(Reason.OVERLOADED, message, retry_after_s=1)
         live = [work for work, ok in zip(works, alive, strict=True) if ok]
         scored = iter(await self._shared_step(live) if live else [])
         return [next(scored) if ok else expired for ok in alive]
@@ -352,18 +307,16 @@ class ScoringReplica:
             self._failed_batches_in_a_row = UNHEALTHY_AFTER_FAILED_BATCHES  # replace me
             self._last_error = str(error)
             logger.error("scoring engine unavailable: %s", error)
-            return [ReplicaRejected(error.reason, str(error))] * len(works)
+            return [ScoringError(Reason.UNAVAILABLE, str(error))] * len(works)
+        except ScoringError as error:  # the work, not the engine, is at fault
+            return [error] * len(works)
         except Exception as error:
-            reason = getattr(error, "reason", None)
-            if isinstance(error, ValueError) and isinstance(reason, str):
-                # ScoringLimitError / ScoringInputError: the work, not the engine, is at fault.
-                return [ReplicaRejected(reason, str(error))] * len(works)
             self._failed_batches_in_a_row += 1
             self._last_error = repr(error)
             logger.exception("scoring batch of %d failed", len(works))
             # The engine failed: a retryable 503 unless it scores a probe (_run_engine);
             # enough in a row turn the health check red and Serve replaces this replica.
-            return [EngineFailed(repr(error))] * len(works)
+            return [engine_failed(repr(error))] * len(works)
         self._failed_batches_in_a_row = 0
         seconds = time.perf_counter() - start
         self._metrics.after_step(len(works), seconds, self._engine_counters())
@@ -379,6 +332,11 @@ class ScoringReplica:
         counters = self._engine_counters()
         keys = ("background_pending", "background_compiles", "request_path_compiles")
         return tuple(int(counters.get(key, 0)) for key in keys)
+
+
+def _engine_failed(result: ScoredWork | Exception) -> bool:
+    """Whether ``result`` says the engine failed on the step (not that it refused the work)."""
+    return isinstance(result, ScoringError) and result.engine_failure is not None
 
 
 def _scores(answer: Any) -> Any:

@@ -30,13 +30,13 @@ from replicas.contract import (
     ModelInfo,
     PoolingHead,
     PromptWork,
-    ScoringLimitError,
     check_embed_limits,
 )
 from replicas.engine.layouts.common import BucketDims, bucket_for, data_buckets, step_capacity
 from replicas.engine.layouts.prefix_blocks import KV_AXES
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import window_for
+from replicas.errors import Reason, ScoringError
 from replicas.model.causal_lm import CausalLM, ItemStreamSpec, Params
 
 Array = jax.Array
@@ -270,19 +270,19 @@ class EmbedLayout:
 
 
 def check_embed_work(work: Any, info: ModelInfo) -> None:
-    """Raise ScoringLimitError (its ``reason`` the HTTP 400's) for an EmbedWork that must
+    """Raise ScoringError (its ``reason`` the HTTP 400's) for an EmbedWork that must
     not run, or for other work on an embedding model (and an EmbedWork on any other)."""
     pooling = info.pooling
     if not isinstance(work, EmbedWork) or pooling is None:
         what = "an embedding model only embeds" if pooling else "this model does not embed"
-        raise ScoringLimitError(
-            "unsupported_for_model", f"{type(work).__name__}: {what} ({info.kind})"
+        raise ScoringError(
+            Reason.UNSUPPORTED_FOR_MODEL, f"{type(work).__name__}: {what} ({info.kind})"
         )
     if any(not tokens for tokens in work.inputs):
-        raise ScoringLimitError("empty_input", "every input must hold at least one token")
+        raise ScoringError(Reason.EMPTY_INPUT, "every input must hold at least one token")
     vocab = info.vocab_size
     if any(not 0 <= t < vocab for tokens in work.inputs for t in tokens):
-        raise ScoringLimitError("token_id_exceeds_vocab", f"token ids must be in [0, {vocab})")
+        raise ScoringError(Reason.TOKEN_ID_EXCEEDS_VOCAB, f"token ids must be in [0, {vocab})")
     check_embed_limits(work, info.limits, pooling.max_seq_length)
 
 
