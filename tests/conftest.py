@@ -33,8 +33,8 @@ def smollm2_package_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """config.json + model.safetensors (vocab 49152, hidden 64, 2 layers) + SmolLM2 tokenizer
-    (``loadtest.bench_batch_large.tiny_model``, which the large batch benchmark runs too)."""
-    from loadtest.bench_batch_large import tiny_model
+    (``replicas.checkpoints.demo.tiny_model``, which the large batch benchmark runs too)."""
+    from replicas.checkpoints.demo import tiny_model
 
     return tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
