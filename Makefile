@@ -8,7 +8,7 @@ NOT_IMPORTED := /tests/|/site-packages/(pip|setuptools|matplotlib|fontTools)/|/t
 URL ?= http://127.0.0.1:8000
 export LIBTPU_SPEC := from importlib.metadata import requires; print(next(r.split(";")[0].replace(" ", "") for r in requires("jax") if r.startswith("libtpu")))
 
-.PHONY: venv serve test lint bench loadtest clean
+.PHONY: venv serve test test-unit lint bench loadtest clean
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q --durations=25 $(PYTEST_WORKERS)
+
+# The unit tier alone (tests/unit: no Ray, no model step compiled), one process: the quick check
+# while editing; `make test` runs it too, with the engine, serve and batch tiers (docs/testing.md).
+test-unit: $(STAMP)
+	$(PY) -m pytest -q --durations=10 tests/unit
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

@@ -8,7 +8,7 @@ Schema can express, from the served model's ModelInfo: at least one label, token
 ids, at most ``max_items_per_request`` items, the longest query and item any request can
 have, and the served model name. A body the document accepts is scored (200) unless it breaks
 a rule JSON Schema cannot state (listed in the request's description); a body it rejects
-is always a 400. ``tests/test_app_fuzz.py`` checks both directions with schemathesis.
+is always a 400. ``tests/unit/test_app_fuzz.py`` checks both directions with schemathesis.
 """
 
 from __future__ import annotations

@@ -17,31 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from loadtest.bench_batch_report import parse_shapes
+from replicas.checkpoints.demo import tiny_model
 from replicas.settings import ReplicaSettings
 
 MIB = 2**20
-
-
-def tiny_model(directory: Path) -> Path:
-    """A tiny random Llama (tests/conftest.py's) with SmolLM2's tokenizer, saved there."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=True,
-    )
-    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
-    load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct")).save_pretrained(directory)
-    return directory
 
 
 def store_use() -> tuple[int, int]:

@@ -172,7 +172,7 @@ def header(meta: dict[str, Any], row: dict[str, Any], tpu: Slice) -> str:
         f"{row['step_latency_s'] * 1e3:.4f} ms, at {row['requests_per_step']} requests per step",
         f"#   of a {query}-token query + {items} items of {item_tokens} tokens.",
         "# The app is the shipped serve_config.yaml's with the TPU args and this layout",
-        "# (tests/test_manifests.py re-plans it). The image is this repository installed",
+        "# (tests/engine/test_manifests.py re-plans it). The image is this repository installed",
         "# (`pip install .` plus the model files); replace `scorejax:latest`.",
         "",
     ])  # fmt: skip

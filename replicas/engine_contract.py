@@ -4,7 +4,8 @@ Jax-free (rank 0 beside ``contract``): ``replicas.serving.deployment`` types its
 it without importing one. Implementations: ``replicas.engine.scoring_engine.ScoringEngine``
 (one host), ``replicas.engine.group_engine.GroupEngine`` (a host group's leader),
 ``replicas.engine.slice_engine.SliceEngine`` (a reserved TPU slice) and the test fakes
-(``tests/fake_engine.py``); ``tests/test_engine_contract.py`` checks each has every member.
+(``tests/support/fake_engine.py``); ``tests/unit/test_engine_contract.py`` checks each
+has every member.
 
 Errors: a work the engine must not run raises ``replicas.errors.ScoringError`` (its reason
 the HTTP answer's); an engine that cannot score any more (a host of its group died) raises

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.xla_flags import session_env
+from tests.support.xla_flags import session_env
 
 if TYPE_CHECKING:
-    from tests.serve_support import ServeCluster
+    from tests.support.serve_support import ServeCluster
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -33,19 +33,19 @@ def smollm2_package_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """config.json + model.safetensors (vocab 49152, hidden 64, 2 layers) + SmolLM2 tokenizer
-    (``loadtest.bench_batch_large.tiny_model``, which the large batch benchmark runs too)."""
-    from loadtest.bench_batch_large import tiny_model
+    (``replicas.checkpoints.demo.tiny_model``, which the large batch benchmark runs too)."""
+    from replicas.checkpoints.demo import tiny_model
 
     return tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
-# --- checkpoint loading (tests/test_loading*.py, tests/test_model_*.py) ---
+# --- checkpoint loading (tests/engine/test_loading*.py, tests/engine/test_model_*.py) ---
 
 
 @pytest.fixture(scope="session")
 def embedding_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Tiny sentence-transformers directories by variant (tests/embed_helpers.py)."""
-    from tests.embed_helpers import EMBED_VARIANTS, save_embedding_model
+    """Tiny sentence-transformers directories by variant (tests/support/embed_helpers.py)."""
+    from tests.support.embed_helpers import EMBED_VARIANTS, save_embedding_model
 
     root = tmp_path_factory.mktemp("embedders")
     return {v: save_embedding_model(v, root / v, tiny_llama_dir) for v in EMBED_VARIANTS}
@@ -56,7 +56,7 @@ def chat_embedding_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathF
     """``qwen3-last`` and ``llama-mean`` saved with SmolLM2's chat template (the same weights
     as ``embedding_dirs``'; ``max_seq_length`` 64): sentence-transformers renders their text
     through the template."""
-    from tests.embed_helpers import save_embedding_model
+    from tests.support.embed_helpers import save_embedding_model
 
     root = tmp_path_factory.mktemp("chat-embedders")
     return {
@@ -68,9 +68,10 @@ def chat_embedding_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathF
 @pytest.fixture(scope="session")
 def embedding_engine(embedding_dirs: dict) -> Any:
     """``get(variant)``: a warm ScoringEngine of that embedding directory (one per session,
-    shared by the tests/test_embed_*.py modules; tests/embed_helpers.embed_settings)."""
+    shared by the tests/engine/test_embed_*.py modules;
+    tests/support/embed_helpers.embed_settings)."""
     from replicas.engine.scoring_engine import ScoringEngine
-    from tests.embed_helpers import embed_settings
+    from tests.support.embed_helpers import embed_settings
 
     engines: dict[str, Any] = {}
 
@@ -85,9 +86,9 @@ def embedding_engine(embedding_dirs: dict) -> Any:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory):
-    """Function variant -> directory of a tiny random HF checkpoint (tests/model_helpers.py),
-    built once per session."""
-    from tests.model_helpers import save_tiny
+    """Function variant -> directory of a tiny random HF checkpoint
+    (tests/support/model_helpers.py), built once per session."""
+    from tests.support.model_helpers import save_tiny
 
     built: dict[str, Path] = {}
 
@@ -119,7 +120,7 @@ def smollm2_transformers():
     return load_hf_model()
 
 
-# --- how the suite compiles (tests/xla_flags.py) and runs on two workers ---
+# --- how the suite compiles (tests/support/xla_flags.py) and runs on two workers ---
 
 RUN_ENV = "SCOREJAX_TEST_RUN"  # the run's folder: its compilation cache, background commands
 RUN = pytest.StashKey[Path]()
@@ -133,12 +134,12 @@ def is_worker() -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     """Before anything imports jax: every process of the run (this one, Ray's workers, the
     host-group and multi-device subprocesses) compiles XLA CPU steps with the test flags
-    (tests/xla_flags.py: LLVM -O0 and the elemental emitters, each about halving a compile;
+    (tests/support/xla_flags.py: LLVM -O0 and the elemental emitters, each about halving a compile;
     the results agree with the shipped options to float32 rounding,
-    tests/test_xla_test_flags.py) and keeps them in a
+    tests/engine/test_xla_test_flags.py) and keeps them in a
     compilation cache of its own, new and empty for each run (a replica restarted by a
     chaos test, the second host of a group or the next module's replica of the same model
-    loads what an earlier one compiled). The TPU compiles in tests/background.py use
+    loads what an earlier one compiled). The TPU compiles in tests/support/background.py use
     neither. The process that owns the run (xdist's controller, before it starts its
     workers, or the one process without xdist) makes the run's folder; workers inherit it."""
     if not is_worker() or RUN_ENV not in os.environ:
@@ -151,7 +152,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The run's owner kills the background commands still running and removes the folder."""
-    from tests.background import kill_all
+    from tests.support.background import kill_all
 
     run = config.stash.get(RUN, None)
     if run is not None and not is_worker():
@@ -159,17 +160,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(run, ignore_errors=True)
 
 
-# --- the order of the run (tests/serve_support.py, tests/background.py) ---
+# --- the order of the run (tests/support/serve_support.py, tests/support/background.py) ---
 
 # Starts a ray.cluster_utils.Cluster in its own process and asserts no Ray is initialized
 # there: on two workers it runs beside the Serve modules, never after them in their worker.
 RAY_FREE_MODULES = ("test_slice_placement",)
 
 
+def module_name(item: pytest.Item) -> str:
+    """The module's own name, without its package (``test_engine``)."""
+    return item.module.__name__.split(".")[-1] if item.module is not None else item.nodeid
+
+
 def phase(item: pytest.Item, workers: bool) -> int:
     """One process: the plain modules, then the ``ray_serve`` modules (one cluster serves them
     in turn), then the ``after_serve`` modules, whose background compiles
-    (tests/background.py) use the CPU the Serve modules leave idle while they wait. Two
+    (tests/support/background.py) use the CPU the Serve modules leave idle while they wait. Two
     workers: the Serve modules first (one worker takes them all), the Ray-free modules next
     (the other worker takes them while the first holds the cluster), the plain ones, then
     ``after_serve``."""
@@ -178,7 +184,7 @@ def phase(item: pytest.Item, workers: bool) -> int:
     serve = item.get_closest_marker("ray_serve") is not None
     if not workers:
         return int(serve)
-    return 0 if serve else 1 if item.module.__name__.split(".")[-1] in RAY_FREE_MODULES else 2
+    return 0 if serve else 1 if module_name(item) in RAY_FREE_MODULES else 2
 
 
 # Modules that share expensive session fixtures run on one worker, which builds them once:
@@ -187,19 +193,19 @@ SHARED_FIXTURE_GROUPS = {
     f"tests.{name}": group
     for group, names in {
         "smollm2": (
-            "test_batch_smollm2",
-            "test_engine_smollm2",
-            "test_fp32_floor",
-            "test_loading_smollm2",
-            "test_rerank_smollm2",
+            "batch.test_batch_smollm2",
+            "engine.test_engine_smollm2",
+            "engine.test_fp32_floor",
+            "engine.test_loading_smollm2",
+            "engine.test_rerank_smollm2",
         ),
         "embed": (
-            "test_batch_embed",
-            "test_embed_engine",
-            "test_embed_inputs",
-            "test_embed_routes",
-            "test_lora_embed",
-            "test_openapi_conformance",
+            "batch.test_batch_embed",
+            "engine.test_embed_engine",
+            "engine.test_embed_inputs",
+            "engine.test_embed_routes",
+            "engine.test_lora_embed",
+            "engine.test_openapi_conformance",
         ),
     }.items()
     for name in names
@@ -207,9 +213,10 @@ SHARED_FIXTURE_GROUPS = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Order the run (``phase``)."""
+    """Order the run (``phase``); within a phase, modules by name whatever tier folder holds
+    them (tests/unit, engine, serve, batch), the order the suite ran in as one folder."""
     workers = is_worker()
-    items.sort(key=lambda item: phase(item, workers))
+    items.sort(key=lambda item: (phase(item, workers), module_name(item)))
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -227,7 +234,7 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     item.add_marker(pytest.mark.xdist_group(name))
 
 
-# --- long compiles in the background (tests/background.py) ---
+# --- long compiles in the background (tests/support/background.py) ---
 
 BACKGROUND = pytest.StashKey[dict]()
 
@@ -235,7 +242,7 @@ BACKGROUND = pytest.StashKey[dict]()
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Start the collected modules' ``background_commands`` once per run (none for
     ``--collect-only``)."""
-    from tests.background import start_once
+    from tests.support.background import start_once
 
     if session.config.option.collectonly:
         return
@@ -264,8 +271,8 @@ def background(request: pytest.FixtureRequest) -> dict:
 @pytest.fixture(scope="session")
 def ray_serve_session() -> Iterator[ServeCluster]:
     """One local Ray cluster with Serve started, for the whole session (modules take it in
-    turn through ``tests.serve_support.serve_cluster``)."""
-    from tests.serve_support import start_cluster, stop_cluster
+    turn through ``tests.support.serve_support.serve_cluster``)."""
+    from tests.support.serve_support import start_cluster, stop_cluster
 
     cluster = start_cluster()
     try:

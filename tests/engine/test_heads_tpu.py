@@ -1,0 +1,60 @@
+"""A score-head model's steps compiled for a TPU slice here, with compile-only libtpu
+(``planning.tpu_check``): a small ``Qwen3ForSequenceClassification`` config on v6e:2x2,
+mesh [1, 4], the smallest signature of each step kind. One background process at nice 19
+(tests/support/background.py), a small model, so it adds little to the suite."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.background import Command
+
+pytestmark = pytest.mark.after_serve
+
+KEY = "tpu_check v6e:2x2 qwen3 seq-cls"
+CONFIG = {  # config.json values, as save_pretrained writes them
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForSequenceClassification"],
+    "vocab_size": 1024,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "num_labels": 2,
+    "pad_token_id": 0,
+}
+
+
+def background_commands(folder: Path) -> dict[str, Command]:
+    (folder / "config.json").write_text(json.dumps(CONFIG))
+    out = folder / "head-plan.json"
+    args = [sys.executable, "-m", "planning.tpu_check", "--topology", "v6e:2x2"]
+    args += ["--model", str(folder), "--signatures", "smallest", "--no-projection"]
+    return {KEY: Command((*args, "--json", str(out)), out, niceness=19)}
+
+
+def test_a_head_models_steps_compile_for_a_v6e_slice(background: dict) -> None:
+    done = background[KEY].result(timeout_s=900)
+    assert done.returncode == 0, done.stdout
+    plan = json.loads(done.out.read_text())
+    assert plan["fits"] and tuple(plan["mesh"]) == (1, 4)
+    assert {step["kind"] for step in plan["steps"]} == {"prefix", "items", "rows"}
+    for step in plan["steps"]:
+        assert step["xla_flops"] > 0
+
+
+def test_head_parameters_take_their_axes_from_the_one_table() -> None:
+    from cluster.sharding import LOGICAL_AXIS_RULES
+    from replicas.contract import ScoreHead
+    from replicas.model.heads import head_logical_axes
+
+    reward = head_logical_axes(ScoreHead("reward_mlp", 1, ("LABEL_0",)))
+    assert reward["dense"] == ("embed", "head_hidden")
+    assert LOGICAL_AXIS_RULES["head_hidden"] == "model"  # split like the MLP
+    assert LOGICAL_AXIS_RULES["labels"] is None  # a few outputs: replicated

@@ -1,0 +1,106 @@
+"""serve_config.yaml as shipped, with only ``model`` changed, starts for every kind of model
+scorejax serves (causal LM, score head, embedding) (issue 43: a
+``Qwen3ForSequenceClassification`` crashed every replica at
+start-up with ``KeyError: 'lm_head'`` from the completions warm-up, and its ingress refused
+the shipped ``rerank_method``).
+
+For each kind, the shipped ``args`` with ``model`` pointed at a transformers-saved tiny
+checkpoint (and ``compilation_cache_dir`` at a temporary folder, so the suite leaves the
+user's cache alone) go through what a deployment does before it reports healthy: the
+ingress's service and the replica's engine build from them, and the engine warms up every
+shipped shape (``ScoringEngine.from_settings``). Then each route the kind serves answers
+through the two, and a route it cannot serve answers a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+from app.service import ScoringService
+from replicas.engine.scoring_engine import ScoringEngine
+from replicas.errors import ScoringError
+from replicas.settings import ReplicaSettings
+from tests.support.head_helpers import save_tiny_head
+
+pytestmark = pytest.mark.slow
+
+CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
+
+
+def shipped_settings(model: Path, cache: Path) -> ReplicaSettings:
+    (app,) = yaml.safe_load(CONFIG.read_text())["applications"]
+    return ReplicaSettings.from_mapping(
+        {**app["args"], "model": str(model), "compilation_cache_dir": str(cache)}
+    )
+
+
+def served(settings: ReplicaSettings) -> tuple[ScoringService, Any]:
+    """The ingress's service and a backend that scores on the warmed engine."""
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings, warm=True)
+    assert engine.stats()["compile_count"] > 0
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    return service, backend
+
+
+def test_a_causal_lm_starts_and_serves_on_the_shipped_config(tiny_llama_dir: Path, tmp_path):
+    service, backend = served(shipped_settings(tiny_llama_dir, tmp_path))
+    body = {"query": "The capital of France is", "items": ["", " Paris"], "label_token_ids": [1]}
+    scores = asyncio.run(service.score(body, backend))["scores"]
+    assert np.asarray(scores).shape == (2, 1)
+    ranked = asyncio.run(service.rerank_timed({"query": "q", "documents": ["a", "b"]}, backend))
+    assert len(ranked[0]["results"]) == 2
+    echo = {"prompt": "Paris is a city", "echo": True, "max_tokens": 0, "logprobs": 1}
+    (choice,) = asyncio.run(service.complete_timed(echo, backend))[0]["choices"]
+    assert len(choice["logprobs"]["token_logprobs"]) > 1
+    with pytest.raises(ScoringError, match="/v1/classify") as refused:
+        asyncio.run(service.classify_timed({"input": "a"}, backend))
+    assert refused.value.status_code == 400
+
+
+def test_a_score_head_model_starts_and_serves_on_the_shipped_config(
+    tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    model = tmp_path / "qwen3-seqcls-3"
+    save_tiny_head("qwen3-seqcls-3", model, vocab_size=49152)
+    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(model)
+    service, backend = served(shipped_settings(model, tmp_path / "cache"))
+    body = {"query": "Is this good?", "items": ["yes it is", ""]}
+    scores = asyncio.run(service.score(body, backend))["scores"]
+    assert np.asarray(scores).shape == (2, 3)
+    data = asyncio.run(service.classify_timed({"input": ["good", "bad"]}, backend))[0]["data"]
+    assert [len(entry["probs"]) for entry in data] == [3, 3]
+    assert service.reranker is None  # three labels: no relevance to rank by (docs/models.md)
+    with pytest.raises(ScoringError, match="/v1/completions") as refused:
+        asyncio.run(service.complete_timed({"prompt": "x", "echo": True}, backend))
+    assert refused.value.status_code == 400
+
+
+def test_an_embedding_model_starts_and_serves_on_the_shipped_config(
+    embedding_dirs: dict, tmp_path: Path
+) -> None:
+    service, backend = served(shipped_settings(embedding_dirs["qwen3-last"], tmp_path))
+    body = asyncio.run(service.embed_timed({"input": ["a b", "c"]}, backend))[0]
+    assert [len(row["embedding"]) for row in body["data"]] == [64, 64]
+    scores = asyncio.run(service.score({"query": "a", "items": ["b", "c"]}, backend))["scores"]
+    assert np.asarray(scores).shape == (2, 1)
+    ranked = asyncio.run(service.rerank_timed({"query": "q", "documents": ["a", "b"]}, backend))
+    assert len(ranked[0]["results"]) == 2
+    for route, call in (
+        ("/v1/completions", service.complete_timed({"prompt": "x", "echo": True}, backend)),
+        ("/v1/classify", service.classify_timed({"input": "a"}, backend)),
+    ):
+        with pytest.raises(ScoringError, match=route) as refused:
+            asyncio.run(call)
+        assert refused.value.status_code == 400 and "embedding" in refused.value.message

@@ -1,0 +1,312 @@
+"""HTTP routing of the ingress without Ray: routes, methods, body limits, health, OpenAPI."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.http import build_api, read_limited, relative_path
+from app.schema import ModelList
+from app.service import ScoringService
+from loadtest.fuzz_strategies import json_values
+from replicas.contract import ModelInfo, ScoredWork, ScoreWork, ScoringLimits
+from replicas.errors import Reason, ScoringError
+from tests.support.fake_engine import fake_logprobs
+from tests.support.http_support import Reply, ask
+
+
+class WordTokenizer:
+    """One token per character (id = code point % 1000 + 1); enough for routing tests."""
+
+    def __call__(self, text: Any, *, add_special_tokens: bool = True) -> dict[str, Any]:
+        def encode(value: str) -> list[int]:
+            return [ord(c) % 1000 + 1 for c in value]
+
+        ids = [encode(t) for t in text] if isinstance(text, list) else encode(text)
+        return {"input_ids": ids}
+
+
+SERVICE = ScoringService(
+    info=ModelInfo("m", 2000, None, ScoringLimits(4, 64)),
+    tokenizer=WordTokenizer(),
+    clock=lambda: 0.0,
+)
+
+
+def call(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    healthy: bool = True,
+) -> tuple[Reply, list[ScoreWork]]:
+    works: list[ScoreWork] = []
+
+    async def backend(work: ScoreWork) -> np.ndarray:
+        works.append(work)
+        return fake_logprobs(work)
+
+    async def health() -> None:
+        if not healthy:
+            raise ScoringError(Reason.UNAVAILABLE, "down", None, 503)
+
+    reply = ask(build_api(SERVICE, backend, health), method, path, body)
+    return reply, works
+
+
+def test_score_route() -> None:
+    body = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": [3]}).encode()
+    reply, works = call("POST", "/v1/score", body)
+    assert reply.status == 200
+    assert reply.body["scores"] == [[pytest.approx(np.exp(-3 - 0.3))]]
+    assert len(works) == 1
+
+
+@pytest.mark.parametrize(
+    "body", [b"{", b"[1]", b'{"query": "a", "items": ["b"], "label_token_ids": [1], "x": 1}']
+)
+def test_malformed_bodies_are_400_and_reach_no_replica(body: bytes) -> None:
+    reply, works = call("POST", "/v1/score", body)
+    assert reply.status == 400
+    assert reply.body["object"] == "error"
+    assert works == []
+
+
+def test_unknown_route_is_404_envelope() -> None:
+    reply, _ = call("GET", "/v2/score")
+    assert (reply.status, reply.body["reason"], reply.body["type"]) == (
+        404,
+        "not_found",
+        "NotFoundError",
+    )
+
+
+def test_wrong_method_is_405_with_allow() -> None:
+    reply, works = call("GET", "/v1/score")
+    assert reply.status == 405
+    assert reply.headers["Allow"] == "POST" and "x-request-id" in reply.headers
+    assert works == []
+    assert call("POST", "/health")[0].status == 405
+
+
+def test_models_route_describes_the_model() -> None:
+    reply, _ = call("GET", "/v1/models")
+    assert reply.status == 200
+    (card,) = reply.body["data"]
+    assert card["id"] == "m"
+    assert card["vocab_size"] == 2000
+    assert card["max_items_per_request"] == 4
+    ModelList.model_validate(reply.body)  # strict: the published fields, no other
+
+
+def test_stats_come_from_the_stats_source_and_are_404_without_one() -> None:
+    async def stats() -> dict:
+        return {"compile_count": 3}
+
+    async def health() -> None:
+        return None
+
+    async def backend(work: ScoreWork) -> np.ndarray:
+        raise AssertionError("stats must not score")
+
+    reply = ask(build_api(SERVICE, backend, health, stats), "GET", "/v1/stats")
+    assert (reply.status, reply.body) == (200, {"compile_count": 3})
+    assert call("GET", "/v1/stats")[0].status == 404
+
+
+def test_health_reflects_the_backend() -> None:
+    assert call("GET", "/health")[0].status == 200
+    reply, _ = call("GET", "/health", healthy=False)
+    assert (reply.status, reply.body["reason"]) == (503, "unavailable")
+
+
+def test_unexpected_errors_are_500_envelopes() -> None:
+    async def explode(work: ScoreWork) -> np.ndarray:
+        raise KeyError("bug")
+
+    async def health() -> None:
+        return None
+
+    body = json.dumps({"query": "a", "items": ["b"], "label_token_ids": [1]}).encode()
+    reply = ask(build_api(SERVICE, explode, health), "POST", "/v1/score", body)
+    assert (reply.status, reply.body["reason"]) == (500, "internal_error")
+
+
+def test_openapi_describes_request_and_response() -> None:
+    reply, _ = call("GET", "/openapi.json")
+    document = reply.body
+    assert document["openapi"].startswith("3.")
+    post = document["paths"]["/v1/score"]["post"]
+    assert set(post["responses"]) >= {"200", "400"}
+    schemas = document["components"]["schemas"]
+    request = schemas["ScoreRequest"]
+    assert set(request["properties"]) == {
+        "query",
+        "items",
+        "label_token_ids",
+        "apply_softmax",
+        "item_first",
+        "model",
+    }
+    assert set(request["required"]) == {"query", "items", "label_token_ids"}
+    assert request["additionalProperties"] is False
+    assert set(schemas["ScoreResponse"]["properties"]) == {
+        "object",
+        "model",
+        "scores",
+        "usage",
+        "created",
+    }
+    assert "reason" in schemas["ErrorResponse"]["properties"]
+    # Every $ref points at a schema the document defines.
+    refs = set(_refs(document))
+    assert refs and all(ref.split("/")[-1] in schemas for ref in refs)
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        found = [node["$ref"]] if "$ref" in node else []
+        return found + [ref for value in node.values() for ref in _refs(value)]
+    if isinstance(node, list):
+        return [ref for value in node for ref in _refs(value)]
+    return []
+
+
+def test_body_limit() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(5):
+            yield b"x" * 10
+
+    assert asyncio.run(read_limited(chunks(), limit=50)) == b"x" * 50
+    with pytest.raises(ScoringError) as caught:
+        asyncio.run(read_limited(chunks(), limit=49))
+    assert caught.value.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("path", "root", "expected"),
+    [
+        ("/v1/score", "", "/v1/score"),
+        ("/v1/score/", "", "/v1/score"),
+        ("/app/v1/score", "/app", "/v1/score"),
+        ("/app", "/app", "/"),
+        ("/health", "/", "/health"),
+    ],
+)
+def test_relative_path(path: str, root: str, expected: str) -> None:
+    assert relative_path(path, root) == expected
+
+
+field_names = st.sampled_from(
+    ["query", "items", "label_token_ids", "apply_softmax", "item_first", "model", "other"]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.one_of(
+        json_values,
+        st.dictionaries(field_names, json_values, max_size=7),
+        st.fixed_dictionaries(
+            {
+                "query": st.one_of(
+                    st.text(max_size=10), st.lists(st.integers(-5, 2100), max_size=5)
+                ),
+                "items": st.lists(
+                    st.one_of(st.text(max_size=5), st.lists(st.integers(-5, 2100), max_size=4)),
+                    max_size=6,
+                ),
+                "label_token_ids": st.lists(st.integers(-5, 2100), max_size=4),
+            }
+        ),
+    )
+)
+def test_fuzzed_bodies_get_200_or_a_400_envelope(payload: Any) -> None:
+    reply, works = call("POST", "/v1/score", json.dumps(payload).encode())
+    assert reply.status in (200, 400), reply.body
+    if reply.status == 400:
+        assert reply.body["object"] == "error" and reply.body["code"] == 400
+        assert works == []
+    else:
+        assert len(reply.body["scores"]) == len(payload["items"])
+
+
+def test_a_scored_request_says_where_its_time_went_in_tei_headers() -> None:
+    body = json.dumps({"query": "ab", "items": ["c", "d"], "label_token_ids": [3]}).encode()
+
+    async def backend(work: ScoreWork) -> ScoredWork:
+        await asyncio.sleep(0.3)  # waiting for a step: everything but the step is queue time
+        return ScoredWork(fake_logprobs(work), inference_s=0.25)
+
+    async def health() -> None:
+        return None
+
+    reply = ask(build_api(SERVICE, backend, health), "POST", "/v1/score", body)
+    times = {name: int(reply.headers[f"x-{name}-time"]) for name in TIMED}
+    assert times["inference"] == 250
+    assert 30 <= times["queue"] <= 200  # 300 ms waited - 250 ms of step, plus scheduling
+    assert times["total"] >= times["tokenization"] + times["queue"] + times["inference"] - 2
+    assert len(reply.body["scores"]) == 2
+
+
+def test_a_refusal_or_a_bare_array_gets_only_the_times_the_ingress_knows() -> None:
+    refused, _ = call("POST", "/v1/score", b"{")
+    assert "x-total-time" in refused.headers and "x-inference-time" not in refused.headers
+    body = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": [3]}).encode()
+    bare, _ = call("POST", "/v1/score", body)  # a backend answering an array: no step time
+    assert {"x-total-time", "x-tokenization-time"} <= set(bare.headers)
+    assert "x-inference-time" not in bare.headers and "x-queue-time" not in bare.headers
+
+
+TIMED = ("tokenization", "queue", "inference", "total")
+
+
+class CountingTokenizer(WordTokenizer):
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, text: Any, *, add_special_tokens: bool = True) -> dict[str, Any]:
+        self.calls += 1
+        return super().__call__(text, add_special_tokens=add_special_tokens)
+
+
+def test_an_overloaded_gate_refuses_before_tokenization_and_bad_input_stays_a_400() -> None:
+    tokenizer = CountingTokenizer()
+    service = ScoringService(SERVICE.info, tokenizer, clock=lambda: 0.0)
+    works: list[ScoreWork] = []
+
+    async def backend(work: ScoreWork) -> np.ndarray:
+        works.append(work)
+        return fake_logprobs(work)
+
+    async def health() -> None:
+        return None
+
+    def refuse() -> None:
+        raise ScoringError(Reason.OVERLOADED, "ingress overloaded", None, 503, 7)
+
+    app = build_api(service, backend, health, gate=refuse)
+    good = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": [1]}).encode()
+    reply = ask(app, "POST", "/v1/score", good)
+    assert reply.status == 503 and reply.body["reason"] == "overloaded"
+    assert reply.headers["retry-after"] == "7"
+    assert tokenizer.calls == 0 and works == []  # refused before any tokenization
+    bad = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": []}).encode()
+    assert ask(app, "POST", "/v1/score", bad).body["reason"] == "empty_label_token_ids"
+    assert ask(app, "POST", "/v1/score", b"{").status == 400
+
+
+def test_adapter_routes_without_lora_slots_are_unoffered_404s_naming_max_loras() -> None:
+    body = json.dumps({"lora_name": "ranker", "lora_path": "/nowhere"}).encode()
+    for path in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter"):
+        reply, works = call("POST", path, body)
+        assert reply.status == 404 and "max_loras" in reply.body["message"], path
+        assert works == []
+    document, _ = call("GET", "/openapi.json")
+    assert not {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"} & set(document.body["paths"])
