@@ -16,15 +16,13 @@ PARIS, LONDON, BERLIN = 7042, 4528, 11452
 
 
 @pytest.fixture(scope="module")
-def transformers_reference(smollm2_loaded) -> np.ndarray:
-    """transformers fp32 loading the same GGUF: log-probs [T, V] after each prompt token."""
+def transformers_reference(smollm2_transformers) -> np.ndarray:
+    """transformers fp32 loading the same GGUF (the session's load, conftest's
+    ``smollm2_transformers``, which the other SmolLM2 modules compare with): log-probs [T, V]
+    after each prompt token."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    source = smollm2_loaded.source
-    model = AutoModelForCausalLM.from_pretrained(
-        str(source.directory), dtype=torch.float32, **source.transformers_kwargs()
-    ).eval()
+    model = smollm2_transformers
     with torch.no_grad():
         logits = model(torch.tensor([PROMPT_IDS])).logits[0]
     return torch.log_softmax(logits.float(), dim=-1).numpy()

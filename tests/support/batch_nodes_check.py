@@ -37,6 +37,10 @@ NODE = {"num_cpus": 4, "resources": {ENGINE_HOST: 1}, "object_store_memory": 80 
 SYSTEM_CONFIG = {
     "enable_worker_prestart": False,
     "prestart_worker_first_driver": False,
+    # An idle worker is kept a minute, not a second (as the session's cluster,
+    # tests/serve_support.py): the job's read, shuffle and write tasks come in waves, and
+    # each worker Ray starts again is a Python process importing Ray.
+    "idle_worker_killing_time_threshold_ms": 60_000,
     "health_check_initial_delay_ms": 0,
     "health_check_period_ms": 200,
     "health_check_failure_threshold": 3,
@@ -88,11 +92,17 @@ def main(argv: list[str]) -> int:
     from ray.cluster_utils import Cluster
 
     config, source, output, markers = (Path(a) for a in argv[:4])
+    # No usage statistics (nothing leaves this machine anyway): Ray Data then starts no
+    # usage-collection actor, a worker process of its own.
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     cluster = Cluster(
         initialize_head=True,
         head_node_args={**NODE, "include_dashboard": False, "_system_config": SYSTEM_CONFIG},
     )
     try:
+        # Ray's log monitor forwards worker logs to a driver; log_to_driver is off (as the
+        # session's cluster, tests/serve_support.py).
+        cluster.head_node.kill_log_monitor()
         worker = cluster.add_node(**NODE)
         cluster.wait_for_nodes()
         start(cluster)
