@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from replicas.contract import ModelInfo, ScoreWork
+from replicas.errors import Reason, ScoringError
 
 
 @runtime_checkable
@@ -64,3 +65,13 @@ class Engine(Protocol):
         """Free ``name``'s slot, between steps; ScoringError (``invalid_request``) without
         adapter slots."""
         ...
+
+
+def refuse_adapter_change(engine: str) -> ScoringError:
+    """The 400 of an engine whose adapters load only at start (``lora_adapters`` on every
+    host): its ``load_adapter`` and ``unload_adapter`` raise this."""
+    message = (
+        f"{engine} loads and unloads no LoRA adapters at run time (lora_adapters load on "
+        "every host at start)"
+    )
+    return ScoringError(Reason.INVALID_REQUEST, message)

@@ -21,13 +21,10 @@ import numpy as np
 from cluster.host_group import HostGroup, HostGroupError
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
-from replicas.errors import EngineUnavailable, Reason, ScoringError
+from replicas.engine_contract import refuse_adapter_change
+from replicas.errors import EngineUnavailable
 from replicas.settings import ReplicaSettings, SettingsError
 
-NO_RUNTIME_ADAPTERS = (
-    "a host group's engine loads and unloads no LoRA adapters at run time (lora_adapters load "
-    "on every host at start)"
-)
 FOLLOWER_FACTORY = "replicas.engine:FollowerEngine"
 Key = tuple[str, Any]
 
@@ -151,7 +148,7 @@ class GroupEngine:
 
     def load_adapter(self, name: str, path: str) -> None:
         """A host group loads LoRA adapters only at start (``lora_adapters``)."""
-        raise ScoringError(Reason.INVALID_REQUEST, NO_RUNTIME_ADAPTERS)
+        raise refuse_adapter_change("a host group's engine")
 
     def unload_adapter(self, name: str) -> None:
-        raise ScoringError(Reason.INVALID_REQUEST, NO_RUNTIME_ADAPTERS)
+        raise refuse_adapter_change("a host group's engine")

@@ -18,13 +18,10 @@ import numpy as np
 from cluster.host_group import HostGroupError
 from cluster.slice_group import SliceGroup, slice_names
 from replicas.contract import ModelInfo, ScoreWork
-from replicas.errors import EngineUnavailable, Reason, ScoringError
+from replicas.engine_contract import refuse_adapter_change
+from replicas.errors import EngineUnavailable
 from replicas.settings import ReplicaSettings
 
-NO_RUNTIME_ADAPTERS = (
-    "a TPU slice's engine loads and unloads no LoRA adapters at run time (lora_adapters load "
-    "on every host at start)"
-)
 LEADER_FACTORY = "replicas.engine.group_engine:GroupEngine.from_settings"
 
 
@@ -69,10 +66,10 @@ class SliceEngine:
 
     def load_adapter(self, name: str, path: str) -> None:
         """A slice's host group loads LoRA adapters only at start (``lora_adapters``)."""
-        raise ScoringError(Reason.INVALID_REQUEST, NO_RUNTIME_ADAPTERS)
+        raise refuse_adapter_change("a TPU slice's engine")
 
     def unload_adapter(self, name: str) -> None:
-        raise ScoringError(Reason.INVALID_REQUEST, NO_RUNTIME_ADAPTERS)
+        raise refuse_adapter_change("a TPU slice's engine")
 
     def close(self) -> None:
         """Give the slice back now (else it goes with the replica actor)."""
