@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import Gate, admit_all
 from app.schema import ClassifyRequest
 from app.scores import classify_probs
 from app.tokenization import TextTokenizer
@@ -60,10 +59,8 @@ def head_of(info: ModelInfo) -> ScoreHead:
     return info.head
 
 
-def prepare_classify(
-    payload: Any, info: ModelInfo, tokenizer: TextTokenizer, gate: Gate = admit_all
-) -> ClassifyWork:
-    """Validate and tokenize; ``gate`` (admission) runs before tokenization."""
+def prepare_classify(payload: Any, info: ModelInfo, tokenizer: TextTokenizer) -> ClassifyWork:
+    """Validate and tokenize."""
     request = validate_body(payload, ClassifyRequest)
     adapter = check_model_name(request.model, info)
     head = head_of(info)
@@ -71,7 +68,6 @@ def prepare_classify(
     check_item_count(len(texts), info)
     for text in texts:
         check_unicode(text, "input")
-    gate()
     encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
     works = tuple(
         ScoreWork(tuple(int(t) for t in ids), ((),), head.label_ids, adapter=adapter)

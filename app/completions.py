@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.errors import Gate, admit_all
 from app.schema import CompletionRequest, DetokenizeRequest, TokenizeRequest
 from app.validation import check_model_name, check_token_ids, check_unicode, validate_body
 from replicas.contract import (
@@ -76,7 +75,7 @@ class Completions:
     tokenizer: Any  # a Hugging Face tokenizer (encode, decode, special tokens)
     info: ModelInfo
 
-    def prepare(self, payload: Any, gate: Gate = admit_all) -> Prompts:
+    def prepare(self, payload: Any) -> Prompts:
         """Validate and tokenize a completions body; raises ScoringError (400)."""
         request = validate_body(payload, CompletionRequest)
         adapter = check_model_name(request.model, self.info)
@@ -88,7 +87,6 @@ class Completions:
         if len(prompts) > limit:
             message = f"{len(prompts)} prompts exceed max_items_per_request={limit}"
             raise ScoringError(Reason.TOO_MANY_ITEMS, message, "prompt")
-        gate()
         texts: tuple[str | None, ...] = tuple(p if isinstance(p, str) else None for p in prompts)
         ids = [self._encode(p) if isinstance(p, str) else list(p) for p in prompts]
         for tokens in ids:

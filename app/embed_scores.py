@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.embeddings import Embedder, pooling_of
-from app.errors import Gate, admit_all
 from app.schema import RerankRequest, ScoreRequest
 from app.validation import (
     check_item_count,
@@ -62,9 +61,7 @@ def _texts(
     return _joined(embedder.text_work([query], prompt), embedder.text_work(items, None))
 
 
-def cosine_score_work(
-    embedder: Embedder, payload: Any, gate: Gate = admit_all
-) -> tuple[ScoreRequest, CosineWork | None]:
+def cosine_score_work(embedder: Embedder, payload: Any) -> tuple[ScoreRequest, CosineWork | None]:
     """A /v1/score body on an embedding model; None for ``items: []`` (no call)."""
     info = embedder.info
     request = validate_request(payload)
@@ -79,7 +76,6 @@ def cosine_score_work(
         )
     check_item_count(len(request.items), info)
     text = is_text_request(request)
-    gate()
     if not request.items:
         return request, None
     if text:
@@ -96,9 +92,7 @@ def cosine_score_work(
     return request, cosine.with_adapter(adapter)
 
 
-def cosine_rerank_work(
-    embedder: Embedder, payload: Any, gate: Gate = admit_all
-) -> tuple[RerankRequest, CosineWork | None]:
+def cosine_rerank_work(embedder: Embedder, payload: Any) -> tuple[RerankRequest, CosineWork | None]:
     """A /v1/rerank body on an embedding model; None for ``documents: []``."""
     info = embedder.info
     request = validate_body(payload, RerankRequest)
@@ -106,7 +100,6 @@ def cosine_rerank_work(
     head = pooling_of(info, "/v1/rerank")
     texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
     check_item_count(len(texts), info)
-    gate()
     if not texts:
         return request, None
     prompt = request.instruction if request.instruction is not None else head.prompt("query")

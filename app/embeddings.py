@@ -22,7 +22,6 @@ import numpy as np
 
 from app.embed_inputs import encode_inputs
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
-from app.errors import Gate, admit_all
 from app.tokenization import TextTokenizer
 from app.validation import (
     check_item_count,
@@ -39,7 +38,6 @@ from replicas.contract import (
 )
 from replicas.errors import Reason, ScoringError
 
-EMBED_ROUTES = ("/v1/embeddings", "/embeddings", "/v2/embed")
 # Cohere's input_type -> the prompt names tried, in order
 INPUT_TYPES = {
     "search_query": ("query",),
@@ -153,8 +151,8 @@ class Embedder:
             )
         return prompt
 
-    def prepare(self, payload: Any, gate: Gate = admit_all) -> EmbedPrepared:
-        """/v1/embeddings: validate, then (after ``gate``) tokenize."""
+    def prepare(self, payload: Any) -> EmbedPrepared:
+        """/v1/embeddings: validate, then tokenize."""
         request = validate_body(payload, EmbeddingRequest)
         adapter = check_model_name(request.model, self.info)
         head = pooling_of(self.info, "/v1/embeddings")
@@ -177,7 +175,6 @@ class Embedder:
             texts = [str(text) for text in raw]
             _check_text(texts)
             prompt = self._prompt(request.prompt_name, request.instruction)
-            gate()
             work = self.text_work(texts, prompt, keep)
         else:
             if request.prompt_name is not None or request.instruction is not None:
@@ -193,16 +190,13 @@ class Embedder:
                     raise ScoringError(Reason.EMPTY_INPUT, "input: an empty token list", "input")
                 check_token_ids(ids, self.info.vocab_size, "input")
                 inputs.append(tuple(ids[:keep] if keep else ids))
-            gate()
             work = EmbedWork(tuple(inputs))
             _check_work(work, self.info)
         tokens = sum(len(ids) for ids in work.inputs)
         work = dataclasses.replace(work, adapter=adapter)
         return EmbedPrepared(work, request.dimensions, request.encoding_format == "base64", tokens)
 
-    def prepare_cohere(
-        self, payload: Any, gate: Gate = admit_all
-    ) -> tuple[EmbedPrepared, list[str]]:
+    def prepare_cohere(self, payload: Any) -> tuple[EmbedPrepared, list[str]]:
         """/v2/embed: its texts behind the prompt ``input_type`` names."""
         request = validate_body(payload, CohereEmbedRequest)
         adapter = check_model_name(request.model, self.info)
@@ -217,7 +211,6 @@ class Embedder:
             names = INPUT_TYPES.get(request.input_type, (request.input_type,))
             prompt = next((head.prompt(n) for n in names if head.prompt(n) is not None), None)
         keep = None if request.truncate == "NONE" else input_limit(self.info)
-        gate()
         work = dataclasses.replace(self.text_work(request.texts, prompt, keep), adapter=adapter)
         tokens = sum(len(ids) for ids in work.inputs)
         return EmbedPrepared(work, request.output_dimension, False, tokens), list(request.texts)

@@ -15,7 +15,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +26,11 @@ from starlette.responses import Response
 
 from app.access import check_access
 from app.adapters import AdapterAdmin
-from app.embeddings import EMBED_ROUTES
-from app.errors import Gate, admit_all
 from app.openapi import RESPONSES, request_body, served_openapi
-from app.schema import ModelList, RerankResponse, ScoreResponse
+from app.schema import ModelList
 from app.service import Backend, ScoringService, Timings
 from app.validation import parse_json
+from app.workloads import WORKLOADS, Workload, prompt_tokens
 from replicas.errors import Reason, ScoringError, error_body
 
 logger = logging.getLogger(__name__)
@@ -43,7 +42,6 @@ access_log = logging.getLogger(ACCESS_LOG)
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
-RERANK_ROUTES = ("/v1/rerank", "/rerank", "/v2/rerank")
 HealthCheck = Callable[[], Awaitable[None]]
 StatsSource = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -119,25 +117,24 @@ def build_api(
     keys: frozenset[str] = frozenset(),
     recorder: Recorder | None = None,
     set_request_id: bool = True,
-    gate: Gate = admit_all,
     adapters: AdapterAdmin | None = None,
+    workloads: Sequence[Workload] = WORKLOADS,
 ) -> FastAPI:
     """The ASGI app of the ingress. ``set_request_id=False`` inside Serve, whose proxy
     passes its request id in (the client's, else its own) and sets it on the response.
-    ``gate`` is the admission verdict of every scoring route: it runs after the body's
-    schema checks (bad input stays a 400) and before tokenization (it raises the 503)."""
+    The scoring routes are ``workloads`` (app.workloads' registry), one POST route per path."""
     api = FastAPI(
         title="scorejax",
         version="0.1.0",
         summary="SGLang-compatible /v1/score and a Cohere/Jina-shaped /v1/rerank",
         redoc_url=None,
     )
-    api.openapi = lambda: served_openapi(api, service)  # type: ignore[method-assign]
+    api.openapi = lambda: served_openapi(api, service, workloads)  # type: ignore[method-assign]
     api.add_exception_handler(ScoringError, _scoring_error)
     api.add_exception_handler(HTTPException, _routing_error)
     api.middleware("http")(_Frame(keys, recorder, set_request_id))
     known = adapters.know if adapters is not None else _known_already
-    api.include_router(_routes(service, backend, health, stats, gate, known))
+    api.include_router(_routes(service, backend, health, stats, known, workloads))
     api.include_router(_adapter_routes(adapters))
     if adapters is not None:  # the other ingress replicas' loads and unloads, followed
         api.router.on_startup.append(adapters.start_following)
@@ -184,8 +181,8 @@ def _routes(
     backend: Backend,
     health: HealthCheck,
     stats: StatsSource | None,
-    gate: Gate,
     known: Callable[[Any], Awaitable[None]],
+    workloads: Sequence[Workload],
 ) -> APIRouter:
     router = APIRouter()
 
@@ -195,81 +192,8 @@ def _routes(
         await known(payload)
         return payload
 
-    @router.post(
-        "/v1/score",
-        summary="Score label tokens after query + item for every item",
-        openapi_extra=request_body("ScoreRequest"),
-        responses=RESPONSES | {200: {"model": ScoreResponse, "description": "One row per item"}},
-    )
-    async def score(request: Request) -> Response:
-        payload = await payload_of(request)
-        body, timings = await service.score_timed(payload, backend, gate)
-        _note_scored(request, timings, len(body["scores"]), body["usage"]["prompt_tokens"])
-        return JSONResponse(body, headers=timing_headers(timings))
-
-    async def rerank(request: Request) -> Response:
-        payload = await payload_of(request)
-        body, timings = await service.rerank_timed(payload, backend, gate)
-        _note_scored(request, timings, len(payload["documents"]), body["usage"]["prompt_tokens"])
-        return JSONResponse(body, headers=timing_headers(timings))
-
-    for path in RERANK_ROUTES:
-        router.add_api_route(
-            path,
-            rerank,
-            methods=["POST"],
-            summary="Rank documents for a query (Cohere/Jina shape)",
-            openapi_extra=request_body("RerankRequest"),
-            responses=RESPONSES
-            | {200: {"model": RerankResponse, "description": "Results, best first"}}
-            | {404: {"model": RESPONSES[400]["model"], "description": "No rerank template"}},
-            operation_id=f"rerank{path.replace('/', '_')}",
-        )
-
-    async def embeddings(request: Request) -> Response:
-        payload = await payload_of(request)
-        cohere = relative_path(request.url.path, request.scope.get("root_path", "")) == "/v2/embed"
-        body, timings = await service.embed_timed(payload, backend, gate, cohere=cohere)
-        count = len(body["data"]) if "data" in body else len(body["texts"])
-        tokens = body["usage"]["prompt_tokens"] if "usage" in body else 0
-        _note_scored(request, timings, count, tokens)
-        return JSONResponse(body, headers=timing_headers(timings))
-
-    for path in EMBED_ROUTES:
-        cohere = path == "/v2/embed"
-        router.add_api_route(
-            path,
-            embeddings,
-            methods=["POST"],
-            summary="Embed texts (Cohere v2 shape)" if cohere else "Embed texts (OpenAI shape)",
-            openapi_extra=request_body("CohereEmbedRequest" if cohere else "EmbeddingRequest"),
-            responses=RESPONSES | {200: {"description": "One vector per input"}},
-            operation_id=f"embed{path.replace('/', '_')}",
-        )
-
-    @router.post(
-        "/v1/classify",
-        summary="Classify texts with a score-head model (vLLM/SGLang shape)",
-        openapi_extra=request_body("ClassifyRequest"),
-        responses=RESPONSES | {200: {"description": "One entry per input"}},
-    )
-    async def classify(request: Request) -> Response:
-        payload = await payload_of(request)
-        body, timings = await service.classify_timed(payload, backend, gate)
-        _note_scored(request, timings, len(body["data"]), body["usage"]["prompt_tokens"])
-        return JSONResponse(body, headers=timing_headers(timings))
-
-    @router.post(
-        "/v1/completions",
-        summary="Prompt log-probabilities (OpenAI completions shape, prefill-only)",
-        openapi_extra=request_body("CompletionRequest"),
-        responses=RESPONSES | {200: {"description": "One choice per prompt"}},
-    )
-    async def completions(request: Request) -> Response:
-        payload = await payload_of(request)
-        body, timings = await service.complete_timed(payload, backend, gate)
-        _note_scored(request, timings, len(body["choices"]), body["usage"]["prompt_tokens"])
-        return JSONResponse(body, headers=timing_headers(timings))
+    for workload in workloads:
+        _workload_routes(router, workload, service, backend, payload_of)
 
     @router.post(
         "/tokenize",
@@ -311,6 +235,34 @@ def _routes(
         return JSONResponse(await stats())
 
     return router
+
+
+def _workload_routes(
+    router: APIRouter,
+    workload: Workload,
+    service: ScoringService,
+    backend: Backend,
+    payload_of: Callable[[Request], Awaitable[Any]],
+) -> None:
+    """One POST route per path of ``workload``: the body's answer, with its timing headers."""
+
+    async def answered(request: Request) -> Response:
+        payload = await payload_of(request)
+        body, timings = await workload.answer(service, payload, backend)
+        _note_scored(request, timings, workload.counted(body, payload), prompt_tokens(body))
+        return JSONResponse(body, headers=timing_headers(timings))
+
+    for path in workload.paths:
+        router.add_api_route(
+            path,
+            answered,
+            methods=["POST"],
+            name=workload.name,
+            summary=workload.summary,
+            openapi_extra=request_body(workload.schema),
+            responses=RESPONSES | workload.responses,
+            operation_id=workload.operation_id(path),
+        )
 
 
 async def _known_already(payload: Any) -> None:

@@ -1,18 +1,19 @@
 """ScoreIngress: the CPU Serve deployment in front of the scoring replicas.
 
-HTTP (app.http's FastAPI app through ``@serve.ingress``): ``POST /v1/score``, ``/v1/rerank``
-(also ``/rerank``, ``/v2/rerank``), ``/v1/classify``, ``/v1/completions``,
-``/v1/embeddings`` (also ``/embeddings``), ``/v2/embed``, ``/tokenize``, ``/detokenize``,
+HTTP (app.http's FastAPI app through ``@serve.ingress``): every workload's POST routes
+(app.workloads: ``/v1/score``, ``/v1/rerank`` and its aliases, ``/v1/classify``,
+``/v1/completions``, ``/v1/embeddings``, ``/v2/embed``), ``/tokenize``, ``/detokenize``,
 ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``; ``GET /tokenizer_info``,
 ``/v1/models``, ``/health``, ``/v1/stats``, ``/openapi.json``, ``/docs``.
-Python: ``await handle.score.remote(query=..., items=..., label_token_ids=...)`` (likewise
-``rerank``, ``classify``, ``completions``, ``embeddings``) returns the
-same body as the HTTP route (and raises ScoringError, whose ``body`` is the HTTP error);
-``handle.score_work.remote(work)`` takes a work a batch job prepared with app/'s code.
-Ray Data LLM (``ray.data.llm.ServeDeploymentProcessorConfig``, docs/batch.md):
-``score_stream``, ``rerank_stream``, ``classify_stream`` take one request dict (the row's
-``request_kwargs``: the method's fields) and yield one row: ``response`` (the route's body),
-``error`` and ``error_message`` (a 400's reason and message).
+Python: one handle method per workload, ``await handle.score.remote(query=..., items=...,
+label_token_ids=...)`` (likewise ``rerank``, ``classify``, ``completions``, ``embeddings``,
+``embed``), takes the HTTP body's fields and returns the same body as the route (and raises
+ScoringError, whose ``body`` is the HTTP error); ``handle.score_work.remote(work)`` takes a
+work a batch job prepared with app/'s code. Ray Data LLM
+(``ray.data.llm.ServeDeploymentProcessorConfig``, docs/batch.md): ``score_stream``,
+``rerank_stream``, ``classify_stream`` take one request dict (the row's ``request_kwargs``:
+the method's fields) and yield one row: ``response`` (the route's body), ``error`` and
+``error_message`` (a 400's reason and message).
 Never imports jax; only token ids go to the replicas.
 """
 
@@ -36,11 +37,11 @@ from app.adapters import AdapterAdmin, LiveNames
 from app.http import build_api
 from app.metrics import IngressMetrics
 from app.service import ScoringService
+from app.workloads import WORKLOADS, Workload
 from app.works import check_prepared
 from cluster.niceness import warn_if_niced
-from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoredWork, ScoreWork, work_cost
+from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoredWork, ScoreWork
 from replicas.errors import Reason, ScoringError
-from replicas.serving.admission import QueueEstimate, admit
 from replicas.serving.setup import coerce_settings
 from replicas.settings import ReplicaSettings
 
@@ -96,9 +97,42 @@ async def _processor_row(
     return {"response": body, "error": None, "error_message": None}
 
 
+def workload_methods(workloads: tuple[Workload, ...]) -> type:
+    """A base class with one handle method per workload, ``<name>(**fields)`` -> the route's
+    body, and ``<name>_stream(request)`` -> one Ray Data LLM processor row where the
+    workload has a twin."""
+    methods: dict[str, Any] = {}
+    for workload in workloads:
+        methods[workload.name] = _handle_method(workload)
+        if workload.stream:
+            methods[f"{workload.name}_stream"] = _stream_method(workload.name)
+    return type("WorkloadMethods", (), methods)
+
+
+def _handle_method(workload: Workload) -> Callable[..., Awaitable[dict[str, Any]]]:
+    async def method(self: ScoreIngress, **fields: Any) -> dict[str, Any]:
+        return await self.answer(workload, fields)
+
+    method.__name__ = method.__qualname__ = workload.name
+    method.__doc__ = (
+        f"The {workload.paths[0]} body for these fields (app.schema.{workload.schema}); "
+        "raises ScoringError like a 400/503."
+    )
+    return method
+
+
+def _stream_method(name: str) -> Callable[..., AsyncIterator[dict[str, Any]]]:
+    async def stream(self: ScoreIngress, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        yield await _processor_row(getattr(self, name), request)
+
+    stream.__name__ = stream.__qualname__ = f"{name}_stream"
+    stream.__doc__ = f"Ray Data LLM's ServeDeploymentProcessor contract for ``{name}``."
+    return stream
+
+
 @serve.deployment(name="ScoreIngress", max_ongoing_requests=256)
 @serve.ingress()
-class ScoreIngress:
+class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
     def __init__(
         self,
         replica: DeploymentHandle,
@@ -117,7 +151,6 @@ class ScoreIngress:
             base = self._service.info.name
             self._adapters = AdapterAdmin(base, names, replica, adapter_registry)
         self._replica = replica
-        self._queue = QueueEstimate()  # work sent to the replicas (tokens), recent work rate
         self._metrics = IngressMetrics()
 
     @property
@@ -135,91 +168,8 @@ class ScoreIngress:
             keys=self._keys,
             recorder=self._metrics.record,
             set_request_id=False,
-            gate=self._admit,
             adapters=self._adapters,
         )
-
-    async def score(
-        self,
-        query: str | list[int],
-        items: list[str] | list[list[int]],
-        label_token_ids: list[int] | None = None,
-        apply_softmax: bool = False,
-        item_first: bool = False,
-        model: str | None = None,
-    ) -> dict[str, Any]:
-        """The /v1/score body for these fields; raises ScoringError like a 400/503."""
-        payload = {
-            "query": query,
-            "items": items,
-            "label_token_ids": label_token_ids,
-            "apply_softmax": apply_softmax,
-            "item_first": item_first,
-            "model": model,
-        }
-        await self._know(payload)
-        return await self._service.score(payload, self._call_replica)
-
-    async def rerank(
-        self,
-        query: str,
-        documents: list[str] | list[dict[str, str]],
-        top_n: int | None = None,
-        return_documents: bool = False,
-        instruction: str | None = None,
-        model: str | None = None,
-    ) -> dict[str, Any]:
-        """The /v1/rerank body for these fields; raises ScoringError like a 400/503."""
-        payload = {"query": query, "documents": documents, "top_n": top_n}
-        payload |= {"return_documents": return_documents, "instruction": instruction}
-        payload |= {"model": model}
-        await self._know(payload)
-        body, _ = await self._service.rerank_timed(payload, self._call_replica)
-        return body
-
-    async def classify(
-        self, input: str | list[str], activation: bool = True, model: str | None = None
-    ) -> dict[str, Any]:
-        """The /v1/classify body for these fields; raises ScoringError like a 400/503."""
-        payload = {"input": input, "activation": activation, "model": model}
-        await self._know(payload)
-        body, _ = await self._service.classify_timed(payload, self._call_replica)
-        return body
-
-    async def completions(
-        self,
-        prompt: str | list[str] | list[int] | list[list[int]],
-        echo: bool = False,
-        logprobs: int | None = None,
-        max_tokens: int | None = None,
-        temperature: float | None = None,
-        model: str | None = None,
-    ) -> dict[str, Any]:
-        """The /v1/completions body for these fields; raises ScoringError like a 400/503."""
-        payload = {"prompt": prompt, "echo": echo, "logprobs": logprobs}
-        payload |= {"max_tokens": max_tokens, "temperature": temperature, "model": model}
-        await self._know(payload)
-        body, _ = await self._service.complete_timed(payload, self._call_replica)
-        return body
-
-    async def embeddings(
-        self,
-        input: str | list[str] | list[int] | list[list[int]],
-        dimensions: int | None = None,
-        encoding_format: str = "float",
-        prompt_name: str | None = None,
-        instruction: str | None = None,
-        truncate_prompt_tokens: int | None = None,
-        model: str | None = None,
-    ) -> dict[str, Any]:
-        """The /v1/embeddings body for these fields; raises ScoringError like a 400/503."""
-        fields = {"dimensions": dimensions, "prompt_name": prompt_name, "model": model}
-        fields |= {"instruction": instruction, "truncate_prompt_tokens": truncate_prompt_tokens}
-        payload = {"input": input, "encoding_format": encoding_format}
-        payload |= {key: value for key, value in fields.items() if value is not None}
-        await self._know(payload)
-        body, _ = await self._service.embed_timed(payload, self._call_replica)
-        return body
 
     async def score_work(self, work: ScoreWork | PromptWork | EmbedWork) -> Any:
         """A work already prepared with app/'s code (a batch job's CPU stage), checked again:
@@ -228,18 +178,12 @@ class ScoreIngress:
         check_prepared(work, self._service.info)
         return (await self._call_replica(work)).scores
 
-    async def score_stream(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """Ray Data LLM's ServeDeploymentProcessor contract for ``score`` (one dict in, the
-        answer as the first item of an async generator)."""
-        yield await _processor_row(self.score, request)
-
-    async def rerank_stream(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """As ``score_stream``, for ``rerank``."""
-        yield await _processor_row(self.rerank, request)
-
-    async def classify_stream(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
-        """As ``score_stream``, for ``classify``."""
-        yield await _processor_row(self.classify, request)
+    async def answer(self, workload: Workload, payload: dict[str, Any]) -> dict[str, Any]:
+        """``workload``'s body for ``payload`` (the HTTP body's fields); raises ScoringError
+        like a 400/503. Every workload's handle method comes here (``workload_methods``)."""
+        await self._know(payload)
+        body, _ = await workload.answer(self._service, payload, self._call_replica)
+        return body
 
     async def _know(self, payload: dict[str, Any]) -> None:
         """The adapter names current for the ``model`` a handle call names (AdapterAdmin)."""
@@ -249,29 +193,16 @@ class ScoreIngress:
     async def describe(self) -> ModelInfo:
         return self._service.info
 
-    async def _call_replica(self, work: ScoreWork | PromptWork) -> ScoredWork:
-        """Admission control, then the replica call bounded by the request's deadline."""
-        settings = self._settings
-        self._admit()  # again: requests admitted since the route's gate may now be ahead
-        work = dataclasses.replace(work, deadline=time.time() + settings.request_deadline_s)
-        ticket = self._queue.started(work_cost(work, self._settings.multi_item))
-        served, clean = False, True
+    async def _call_replica(self, work: ScoreWork | PromptWork | EmbedWork) -> ScoredWork:
+        """The replica call, bounded by the request's deadline. Admission is the replica's
+        (``ScoringReplica.score_timed``): it alone sees the work every ingress sent."""
+        deadline_s = self._settings.request_deadline_s
+        work = dataclasses.replace(work, deadline=time.time() + deadline_s)
         try:
-            result = await asyncio.wait_for(self._replica_answer(work), settings.request_deadline_s)
-            served, clean = True, result.clean  # a step beside a compile: slower than the engine
-            return result
+            return await asyncio.wait_for(self._replica_answer(work), deadline_s)
         except TimeoutError:
-            message = f"no answer within the request deadline ({settings.request_deadline_s} s)"
+            message = f"no answer within the request deadline ({deadline_s} s)"
             raise ScoringError(Reason.OVERLOADED, message, None, 503, 1) from None
-        finally:
-            self._queue.finished(ticket, served, clean)
-
-    def _admit(self) -> None:
-        """Refuse (503 overloaded, Retry-After) when the work ahead exceeds the allowed wait."""
-        verdict = admit(self._queue, self._settings.max_queue_wait_s)
-        if not verdict.admitted:
-            message = verdict.refusal("ingress")
-            raise ScoringError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
 
     async def _replica_answer(self, work: ScoreWork | PromptWork) -> ScoredWork:
         try:

@@ -13,7 +13,8 @@ is always a 400. ``tests/unit/test_app_fuzz.py`` checks both directions with sch
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
@@ -165,10 +166,22 @@ def _label_rules(schema: dict[str, Any], info: ModelInfo | None) -> None:
     schema["required"] = sorted({*schema.get("required", ()), "label_token_ids"})
 
 
-def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
+class Documented(Protocol):
+    """What the document needs of a workload (app.workloads.Workload)."""
+
+    paths: tuple[str, ...]
+    schema: str
+    document: Callable[[ModelInfo, int], dict[str, Any] | None]
+
+    def served_by(self, info: ModelInfo) -> bool: ...
+
+
+def served_openapi(
+    api: FastAPI, service: ScoringService, workloads: Sequence[Documented]
+) -> dict[str, Any]:
     """The document FastAPI generates from ``api``'s routes and their response models, with
-    the request schemas the routes take: RerankRequest as pydantic states it, ScoreRequest
-    with the served model's rules (``score_request_schema``). Built once per app."""
+    each workload's request schema as the served model states it (``Workload.document``)
+    and without the routes of the workloads its kind refuses. Built once per app."""
     if api.openapi_schema is None:
         document = get_openapi(
             title=api.title, version=api.version, summary=api.summary, routes=api.routes
@@ -188,20 +201,40 @@ def served_openapi(api: FastAPI, service: ScoringService) -> dict[str, Any]:
             )
         )
         info, text_min_length = service.info, service.text_query_min_length
-        schemas["ScoreRequest"] = score_request_schema(info, text_min_length)
-        schemas["ClassifyRequest"] = classify_request_schema(info, text_min_length)
-        schemas["CompletionRequest"] = completion_request_schema(info, text_min_length)
+        for workload in workloads:  # None: the request model as pydantic states it
+            stated = workload.document(info, text_min_length)
+            schemas[workload.schema] = schemas[workload.schema] if stated is None else stated
         schemas["DetokenizeRequest"]["properties"]["tokens"]["items"] = _token_id(info, False)
-        if info.pooling is not None:  # cosine rerank: every document embedded
-            schemas["RerankRequest"]["properties"]["documents"]["items"] = NON_EMPTY_DOCUMENT
-            schemas["EmbeddingRequest"] = embedding_request_schema(info, info.pooling)
-            schemas["CohereEmbedRequest"] = cohere_embed_request_schema(info, info.pooling)
         for name in REQUESTS_NAMING_THE_MODEL:
             schemas[name]["properties"]["model"] = model_name_schema(info)
-        for path in routes_the_kind_refuses(service.info):
-            document["paths"].pop(path, None)
+        for workload in workloads:
+            for path in () if workload.served_by(info) else workload.paths:
+                document["paths"].pop(path, None)
         api.openapi_schema = document
     return api.openapi_schema
+
+
+def rerank_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any] | None:
+    """On an embedding model (cosine rerank, every document embedded) RerankRequest without
+    empty documents; None (pydantic's schema) on the others."""
+    if info.pooling is None:
+        return None
+    schema = RerankRequest.model_json_schema(ref_template=_REF)
+    schema.pop("$defs", None)  # app.schema's shared definitions, already in the document
+    schema["properties"]["documents"]["items"] = NON_EMPTY_DOCUMENT
+    return schema
+
+
+def embed_schema(name: str) -> Callable[[ModelInfo, int], dict[str, Any] | None]:
+    """The ``Workload.document`` of an embedding request model: its rules on an embedding
+    model (app.embed_openapi), None (pydantic's schema) on the others, whose document
+    leaves the route out."""
+    rules = {"EmbeddingRequest": embedding_request_schema}.get(name, cohere_embed_request_schema)
+
+    def document(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any] | None:
+        return None if info.pooling is None else rules(info, info.pooling)
+
+    return document
 
 
 NON_EMPTY_TEXT = {"type": "string", "minLength": 1}
@@ -270,18 +303,6 @@ def completion_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict
     greedy = {"properties": {"temperature": {"anyOf": [{"const": 0}, {"type": "null"}]}}}
     schema["allOf"] = [{"if": one_token, "then": greedy}]
     return schema
-
-
-def routes_the_kind_refuses(info: ModelInfo) -> tuple[str, ...]:
-    """Routes that answer every body with a 400 for the served model's kind, left out of the
-    document (a client generated from it, or a fuzzer, meets only routes that can answer
-    200): /v1/classify on a causal LM (``no_score_head``), /v1/completions on a score-head
-    model (``no_lm_head``), both on an embedding model and the embedding routes on the
-    others (``unsupported_for_model``)."""
-    if info.pooling is not None:
-        return ("/v1/completions", "/v1/classify")
-    embed = ("/v1/embeddings", "/embeddings", "/v2/embed")
-    return (("/v1/completions",) if info.head is not None else ("/v1/classify",)) + embed
 
 
 def classify_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any]:

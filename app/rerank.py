@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import Gate, admit_all
 from app.query_likelihood import LikelihoodTemplate, likelihood_prompts, likelihood_relevance
 from app.schema import RerankRequest
 from app.templates import template_from_pairs
@@ -113,14 +112,12 @@ class Reranker:
             return "query_likelihood"
         return "head" if self.labels == (0,) else "yes_no"
 
-    def prepare(self, payload: Any, info: ModelInfo, gate: Gate = admit_all) -> RerankWork:
-        """Validate and tokenize. ``gate`` (admission) runs once the body's schema checks
-        passed, before tokenization."""
+    def prepare(self, payload: Any, info: ModelInfo) -> RerankWork:
+        """Validate and tokenize."""
         request = validate_body(payload, RerankRequest)
         adapter = check_model_name(request.model, info)
         texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
         check_item_count(len(texts), info)
-        gate()
         if request.max_tokens_per_doc is not None:
             texts = self._cut(texts, request.max_tokens_per_doc)
         for param, text in (("query", request.query), *(("documents", t) for t in texts)):

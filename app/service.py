@@ -21,7 +21,6 @@ from app.classify import classify_body, head_card, prepare_classify, refuse_scor
 from app.completions import Completions
 from app.embed_scores import cosine_rerank_work, cosine_score_work
 from app.embeddings import Embedder, cohere_body, cosines, openai_body, refuse_kind
-from app.errors import Gate, admit_all
 from app.rerank import Reranker, rerank_body, reranker_for
 from app.schema import ScoreRequest
 from app.scores import head_scores, to_scores
@@ -122,9 +121,8 @@ class ScoringService:
     def embedder(self) -> Embedder:
         return Embedder(self.info, self.tokenizer)
 
-    def prepare(self, payload: Any, gate: Gate = admit_all) -> Prepared:
-        """Every validation rule, in a fixed order; raises ScoringError on the first.
-        ``gate`` runs once the body's schema checks passed, before tokenization."""
+    def prepare(self, payload: Any) -> Prepared:
+        """Every validation rule, in a fixed order; raises ScoringError on the first."""
         request = validate_request(payload)
         adapter = check_model_name(request.model, self.info)
         labels = score_labels(request.label_token_ids, self.info)
@@ -132,11 +130,9 @@ class ScoringService:
         check_item_count(len(request.items), self.info)
         if text:
             check_text_encodable(request)
-            gate()
             tokenized = encode_text(self.tokenizer, request.query, request.items)  # type: ignore[arg-type]
         else:
             check_token_inputs(request, self.info.vocab_size)
-            gate()
             tokenized = pass_tokens(request.query, request.items)  # type: ignore[arg-type]
         work = ScoreWork(
             query_ids=tokenized.query_ids,
@@ -153,14 +149,12 @@ class ScoringService:
         body, _ = await self.score_timed(payload, backend)
         return body
 
-    async def score_timed(
-        self, payload: Any, backend: Backend, gate: Gate = admit_all
-    ) -> tuple[dict[str, Any], Timings]:
+    async def score_timed(self, payload: Any, backend: Backend) -> tuple[dict[str, Any], Timings]:
         """``score``, and where its time went."""
         if self.info.pooling is not None:
-            return await self._cosine_scores(payload, backend, gate)
+            return await self._cosine_scores(payload, backend)
         start = time.perf_counter()
-        prepared = self.prepare(payload, gate)
+        prepared = self.prepare(payload)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         scores: list[list[float]] = []
         if prepared.work.num_items:
@@ -181,12 +175,10 @@ class ScoringService:
         }
         return body, timings
 
-    async def rerank_timed(
-        self, payload: Any, backend: Backend, gate: Gate = admit_all
-    ) -> tuple[dict[str, Any], Timings]:
+    async def rerank_timed(self, payload: Any, backend: Backend) -> tuple[dict[str, Any], Timings]:
         """The /v1/rerank response body for ``payload`` (app.rerank), and its timings."""
         if self.info.pooling is not None:
-            return await self._cosine_rerank(payload, backend, gate)
+            return await self._cosine_rerank(payload, backend)
         if self.reranker is None:
             raise ScoringError(
                 Reason.NOT_FOUND,
@@ -194,7 +186,7 @@ class ScoringService:
                 status_code=404,
             )
         start = time.perf_counter()
-        prepared = self.reranker.prepare(payload, self.info, gate)
+        prepared = self.reranker.prepare(payload, self.info)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         relevance = np.zeros((0,), np.float64)
         if isinstance(prepared.work, PromptWork) and prepared.work.num_items:
@@ -208,26 +200,26 @@ class ScoringService:
         return body, timings
 
     async def complete_timed(
-        self, payload: Any, backend: Backend, gate: Gate = admit_all
+        self, payload: Any, backend: Backend
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/completions response body for ``payload`` (app.completions), and timings."""
         completions = self.served_tokenizer()
         refuse_kind(self.info, "/v1/completions", ("causal_lm", "score_head"))
         refuse_score_head(self.info, "/v1/completions")
         start = time.perf_counter()
-        prompts = completions.prepare(payload, gate)
+        prompts = completions.prepare(payload)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         answers, timings = await self._prompted(prompts.work, backend, timings)
         return completions.body(prompts, answers, int(self.clock())), timings
 
     async def classify_timed(
-        self, payload: Any, backend: Backend, gate: Gate = admit_all
+        self, payload: Any, backend: Backend
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/classify response body for ``payload`` (app.classify), and its timings:
         every input one row, scored concurrently (the replica packs them into its steps)."""
         refuse_kind(self.info, "/v1/classify", ("score_head", "causal_lm"))
         start = time.perf_counter()
-        prepared = prepare_classify(payload, self.info, self.tokenizer, gate)
+        prepared = prepare_classify(payload, self.info, self.tokenizer)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         answers = await asyncio.gather(
             *(self._scored(work, backend, timings) for work in prepared.works)
@@ -238,15 +230,15 @@ class ScoringService:
         return classify_body(prepared, outputs, self.info, int(self.clock())), timings
 
     async def embed_timed(
-        self, payload: Any, backend: Backend, gate: Gate = admit_all, cohere: bool = False
+        self, payload: Any, backend: Backend, cohere: bool = False
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/embeddings (``cohere``: /v2/embed) response body, and its timings."""
         start = time.perf_counter()
         texts: list[str] = []
         if cohere:
-            prepared, texts = self.embedder.prepare_cohere(payload, gate)
+            prepared, texts = self.embedder.prepare_cohere(payload)
         else:
-            prepared = self.embedder.prepare(payload, gate)
+            prepared = self.embedder.prepare(payload)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         vectors, timings = await self._embedded(prepared.work, backend, timings)
         if cohere:
@@ -254,10 +246,10 @@ class ScoringService:
         return openai_body(prepared, vectors, prepared.work.adapter or self.info.name), timings
 
     async def _cosine_scores(
-        self, payload: Any, backend: Backend, gate: Gate
+        self, payload: Any, backend: Backend
     ) -> tuple[dict[str, Any], Timings]:
         start = time.perf_counter()
-        request, cosine = cosine_score_work(self.embedder, payload, gate)
+        request, cosine = cosine_score_work(self.embedder, payload)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         scores: list[list[float]] = []
         tokens = 0
@@ -271,10 +263,10 @@ class ScoringService:
         return {**body, "created": int(self.clock())}, timings
 
     async def _cosine_rerank(
-        self, payload: Any, backend: Backend, gate: Gate
+        self, payload: Any, backend: Backend
     ) -> tuple[dict[str, Any], Timings]:
         start = time.perf_counter()
-        request, cosine = cosine_rerank_work(self.embedder, payload, gate)
+        request, cosine = cosine_rerank_work(self.embedder, payload)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         relevance, tokens = np.zeros((0,), np.float64), 0
         if cosine is not None:

@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-METHODS = ("score", "rerank", "classify")
+from app.workloads import WORKLOADS
+
+# The ingress methods with a Ray Data LLM twin (``<name>_stream``, app.ingress).
+METHODS = tuple(workload.name for workload in WORKLOADS if workload.stream)
 INGRESS = "ScoreIngress"  # the app's ingress deployment (app.ingress)
 
 

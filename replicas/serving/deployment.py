@@ -72,10 +72,12 @@ UNHEALTHY_AFTER_FAILED_BATCHES = 3
 # At most this often after a step, malloc_trim hands them back (replicas/engine/memory.py).
 TRIM_INTERVAL_S = 10.0
 # Serve batches admitted into _score_many at once; those waiting for the engine are merged.
-CONCURRENT_BATCHES = 4  # x max_batch_size 16 = the shipped max_ongoing_requests
+CONCURRENT_BATCHES = 4
 
 
-@serve.deployment(name="ScoringReplica", max_ongoing_requests=64, health_check_period_s=10)
+# max_ongoing_requests: admission (max_queue_wait_s) decides what waits, not Serve's handle
+# queue, which the replica cannot see (docs/operations.md).
+@serve.deployment(name="ScoringReplica", max_ongoing_requests=256, health_check_period_s=10)
 class ScoringReplica:
     """Owns one engine; answers ``score_timed(work)``: ``[items, labels]`` log-probabilities."""
 

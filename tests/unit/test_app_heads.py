@@ -196,7 +196,6 @@ def test_the_openapi_document_lists_only_the_routes_the_models_kind_serves(token
     LM every body is a 400). A causal LM's document has no /v1/classify, a head model's no
     /v1/completions, and ClassifyRequest states the item limit and the model name."""
     from app.http import build_api
-    from app.openapi import served_openapi
 
     async def health() -> None:
         return None
@@ -204,7 +203,7 @@ def test_the_openapi_document_lists_only_the_routes_the_models_kind_serves(token
     for head, present, absent in ((None, "/v1/completions", "/v1/classify"),
                                   (THREE, "/v1/classify", "/v1/completions")):  # fmt: skip
         service = service_for(tokenizer, head)
-        document = served_openapi(build_api(service, Backend(), health), service)
+        document = build_api(service, Backend(), health).openapi()
         assert present in document["paths"] and absent not in document["paths"]
         assert "/v1/score" in document["paths"]
     classify = document["components"]["schemas"]["ClassifyRequest"]["properties"]

@@ -297,30 +297,30 @@ class CountingTokenizer(WordTokenizer):
         return super().__call__(text, add_special_tokens=add_special_tokens)
 
 
-def test_an_overloaded_gate_refuses_before_tokenization_and_bad_input_stays_a_400() -> None:
+def test_the_replicas_refusal_is_the_answer_and_bad_input_never_reaches_them() -> None:
+    # Admission is the replica's alone (app.ingress._call_replica): the ingress relays its
+    # 503 and Retry-After as the envelope; a body that breaks a rule is refused before any
+    # work is sent.
     tokenizer = CountingTokenizer()
     service = ScoringService(SERVICE.info, tokenizer, clock=lambda: 0.0)
     works: list[ScoreWork] = []
 
-    async def backend(work: ScoreWork) -> np.ndarray:
+    async def overloaded(work: ScoreWork) -> np.ndarray:
         works.append(work)
-        return fake_logprobs(work)
+        raise ScoringError(Reason.OVERLOADED, "scoring replica overloaded", None, 503, 7)
 
     async def health() -> None:
         return None
 
-    def refuse() -> None:
-        raise ScoringError(Reason.OVERLOADED, "ingress overloaded", None, 503, 7)
-
-    app = build_api(service, backend, health, gate=refuse)
+    app = build_api(service, overloaded, health)
     good = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": [1]}).encode()
     reply = ask(app, "POST", "/v1/score", good)
     assert reply.status == 503 and reply.body["reason"] == "overloaded"
-    assert reply.headers["retry-after"] == "7"
-    assert tokenizer.calls == 0 and works == []  # refused before any tokenization
+    assert reply.headers["retry-after"] == "7" and len(works) == 1
     bad = json.dumps({"query": "ab", "items": ["c"], "label_token_ids": []}).encode()
     assert ask(app, "POST", "/v1/score", bad).body["reason"] == "empty_label_token_ids"
     assert ask(app, "POST", "/v1/score", b"{").status == 400
+    assert len(works) == 1
 
 
 def test_adapter_routes_without_lora_slots_are_unoffered_404s_naming_max_loras() -> None:

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = """
 import json, sys
-import app.builder, app.errors, app.http, app.ingress, app.openapi, app.schema
+import app.builder, app.http, app.ingress, app.openapi, app.schema
 import app.metrics, app.scores, app.service, app.tokenization, app.validation
 from app.service import ScoringService
 from replicas.settings import ReplicaSettings

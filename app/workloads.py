@@ -1,0 +1,183 @@
+"""The workloads the ingress serves, each defined once: its routes, its request model, the
+model kinds that serve it, the function that answers a body (validate -> work -> replica ->
+body), and whether Ray Data LLM's processor gets a twin.
+
+Everything else is derived from ``WORKLOADS``: app.http declares one POST route per path,
+app.openapi documents each route with its request schema and leaves out the routes the
+served model's kind refuses, and app.ingress gives ``ScoreIngress`` one DeploymentHandle
+method per workload (``handle.<name>.remote(**fields)``, the HTTP body's fields, the same
+answer) and ``<name>_stream`` where ``stream``. Adding a workload is a module with its
+``answer`` (and its request model in app.schema), an entry here and its tests
+(docs/architecture.md, "Adding a workload").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.openapi import (
+    RESPONSES,
+    classify_request_schema,
+    completion_request_schema,
+    embed_schema,
+    rerank_request_schema,
+    score_request_schema,
+)
+from app.schema import RerankResponse, ScoreResponse
+from app.service import Backend, ScoringService, Timings
+from replicas.contract import ModelInfo
+
+# (service, the decoded body, the replica call) -> (the response body, where its time went)
+Answer = Callable[[ScoringService, Any, Backend], Awaitable[tuple[dict[str, Any], Timings]]]
+# The request schema as the served model states it (model card, shortest text query), or
+# None for the request model's own.
+Document = Callable[[ModelInfo, int], dict[str, Any] | None]
+KINDS = ("causal_lm", "score_head", "embedding")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One route family, defined once."""
+
+    name: str
+    """The DeploymentHandle method, the route's endpoint name and operation id prefix."""
+    paths: tuple[str, ...]
+    """The POST routes that answer it (the first is the one its documents name)."""
+    schema: str
+    """Its request model in app.schema (the OpenAPI component its routes take)."""
+    document: Document
+    """That model's JSON schema with the served model's rules (app.openapi)."""
+    summary: str
+    """One line for the OpenAPI document."""
+    answer: Answer
+    """The response body for a decoded request body, and its timings."""
+    counted: Callable[[dict[str, Any], Any], int]
+    """How many items (documents, inputs, prompts) an answered body scored, for metrics."""
+    kinds: tuple[str, ...] = KINDS
+    """The model kinds (``ModelInfo.kind``) that serve it; the others answer every body with
+    a 400, so its routes are left out of their OpenAPI document."""
+    responses: dict[int | str, dict[str, Any]] = field(default_factory=dict)
+    """OpenAPI responses beside the error envelopes (app.openapi.RESPONSES)."""
+    stream: bool = False
+    """A ``<name>_stream`` handle method for Ray Data LLM's ServeDeploymentProcessor."""
+    operation: str = ""
+    """The prefix of its routes' OpenAPI operation ids (``<operation>_v1_rerank``); empty:
+    FastAPI's own (``score_v1_score_post``)."""
+
+    def operation_id(self, path: str) -> str | None:
+        return f"{self.operation}{path.replace('/', '_')}" if self.operation else None
+
+    def served_by(self, info: ModelInfo) -> bool:
+        return info.kind in self.kinds
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The tokens an answered body reports (0 where it reports none, Cohere's embed)."""
+    return body.get("usage", {}).get("prompt_tokens", 0)
+
+
+async def _score(service: ScoringService, payload: Any, backend: Backend) -> Any:
+    return await service.score_timed(payload, backend)
+
+
+async def _rerank(service: ScoringService, payload: Any, backend: Backend) -> Any:
+    return await service.rerank_timed(payload, backend)
+
+
+async def _classify(service: ScoringService, payload: Any, backend: Backend) -> Any:
+    return await service.classify_timed(payload, backend)
+
+
+async def _complete(service: ScoringService, payload: Any, backend: Backend) -> Any:
+    return await service.complete_timed(payload, backend)
+
+
+async def _embed_openai(service: ScoringService, payload: Any, backend: Backend) -> Any:
+    return await service.embed_timed(payload, backend)
+
+
+async def _embed_cohere(service: ScoringService, payload: Any, backend: Backend) -> Any:
+    return await service.embed_timed(payload, backend, cohere=True)
+
+
+def _vectors(body: dict[str, Any], payload: Any) -> int:
+    return len(body["data"]) if "data" in body else len(body["texts"])
+
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload(
+        name="score",
+        paths=("/v1/score",),
+        schema="ScoreRequest",
+        document=score_request_schema,
+        summary="Score label tokens after query + item for every item",
+        answer=_score,
+        counted=lambda body, payload: len(body["scores"]),
+        responses={200: {"model": ScoreResponse, "description": "One row per item"}},
+        stream=True,
+    ),
+    Workload(
+        name="rerank",
+        paths=("/v1/rerank", "/rerank", "/v2/rerank"),
+        schema="RerankRequest",
+        document=rerank_request_schema,
+        summary="Rank documents for a query (Cohere/Jina shape)",
+        answer=_rerank,
+        counted=lambda body, payload: len(payload["documents"]),
+        responses={
+            200: {"model": RerankResponse, "description": "Results, best first"},
+            404: {"model": RESPONSES[400]["model"], "description": "No rerank template"},
+        },
+        stream=True,
+        operation="rerank",
+    ),
+    Workload(
+        name="embeddings",
+        paths=("/v1/embeddings", "/embeddings"),
+        schema="EmbeddingRequest",
+        document=embed_schema("EmbeddingRequest"),
+        summary="Embed texts (OpenAI shape)",
+        answer=_embed_openai,
+        counted=_vectors,
+        kinds=("embedding",),
+        responses={200: {"description": "One vector per input"}},
+        operation="embed",
+    ),
+    Workload(
+        name="embed",
+        paths=("/v2/embed",),
+        schema="CohereEmbedRequest",
+        document=embed_schema("CohereEmbedRequest"),
+        summary="Embed texts (Cohere v2 shape)",
+        answer=_embed_cohere,
+        counted=_vectors,
+        kinds=("embedding",),
+        responses={200: {"description": "One vector per input"}},
+        operation="embed",
+    ),
+    Workload(
+        name="classify",
+        paths=("/v1/classify",),
+        schema="ClassifyRequest",
+        document=classify_request_schema,
+        summary="Classify texts with a score-head model (vLLM/SGLang shape)",
+        answer=_classify,
+        counted=lambda body, payload: len(body["data"]),
+        kinds=("score_head",),
+        responses={200: {"description": "One entry per input"}},
+        stream=True,
+    ),
+    Workload(
+        name="completions",
+        paths=("/v1/completions",),
+        schema="CompletionRequest",
+        document=completion_request_schema,
+        summary="Prompt log-probabilities (OpenAI completions shape, prefill-only)",
+        answer=_complete,
+        counted=lambda body, payload: len(body["choices"]),
+        kinds=("causal_lm",),
+        responses={200: {"description": "One choice per prompt"}},
+    ),
+)

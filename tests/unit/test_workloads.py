@@ -1,0 +1,109 @@
+"""The workload registry (app.workloads) is where routes, OpenAPI and handle methods come
+from: each is derived from ``WORKLOADS``, and a workload added there appears in all three."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.http import build_api
+from app.ingress import workload_methods
+from app.openapi import served_openapi
+from app.service import ScoringService, Timings
+from app.workloads import WORKLOADS, Workload
+from replicas.contract import PoolingHead
+from tests.support.http_support import ask
+from tests.unit.test_app_http import SERVICE
+
+
+async def _health() -> None:
+    return None
+
+
+async def _backend(work: Any) -> np.ndarray:
+    raise AssertionError("no work is scored here")
+
+
+def test_every_workload_path_is_a_post_route() -> None:
+    api = build_api(SERVICE, _backend, _health)
+    for workload in WORKLOADS:
+        for path in workload.paths:  # a body that is not JSON: the route's 400, not a 404
+            reply = ask(api, "POST", path, b"{")
+            assert (reply.status, reply.body["reason"]) == (400, "invalid_json"), path
+    assert ask(api, "POST", "/v1/nowhere", b"{").status == 404
+    names = [workload.name for workload in WORKLOADS]
+    assert len(names) == len(set(names))
+    paths = [path for workload in WORKLOADS for path in workload.paths]
+    assert len(paths) == len(set(paths))
+
+
+@pytest.mark.parametrize("kind", ["causal_lm", "embedding"])
+def test_the_document_offers_exactly_the_workloads_the_model_kind_serves(kind: str) -> None:
+    info = SERVICE.info
+    if kind == "embedding":
+        pooling = PoolingHead(pooling="mean", dimension=8, normalize=True)
+        info = dataclasses.replace(info, pooling=pooling)
+    assert info.kind == kind
+    service = dataclasses.replace(SERVICE, info=info)
+    api = build_api(service, _backend, _health)
+    document = served_openapi(api, service, WORKLOADS)
+    for workload in WORKLOADS:
+        for path in workload.paths:
+            offered = path in document["paths"]
+            assert offered == (kind in workload.kinds), (kind, path)
+            if offered:
+                body = document["paths"][path]["post"]["requestBody"]["content"]
+                ref = body["application/json"]["schema"]["$ref"]
+                assert ref.endswith(f"/{workload.schema}")
+                assert workload.schema in document["components"]["schemas"]
+
+
+def test_a_new_workload_gets_its_route_document_and_handle_methods() -> None:
+    async def echo(service: ScoringService, payload: Any, backend: Any) -> Any:
+        return {"echo": payload, "usage": {"prompt_tokens": 3}}, Timings(0.0)
+
+    extra = Workload(
+        name="echo",
+        paths=("/v1/echo",),
+        schema="ScoreRequest",
+        document=lambda info, shortest: None,
+        summary="Echo the body",
+        answer=echo,
+        counted=lambda body, payload: 1,
+        stream=True,
+    )
+    api = build_api(SERVICE, _backend, _health, workloads=(*WORKLOADS, extra))
+    reply = ask(api, "POST", "/v1/echo", json.dumps({"query": "q"}).encode())
+    assert reply.status == 200 and reply.body["echo"] == {"query": "q"}
+    assert "/v1/echo" in served_openapi(api, SERVICE, (*WORKLOADS, extra))["paths"]
+    methods = workload_methods((*WORKLOADS, extra))
+    for workload in (*WORKLOADS, extra):
+        assert callable(getattr(methods, workload.name))
+        assert hasattr(methods, f"{workload.name}_stream") == workload.stream
+
+    class Ingress(methods):  # type: ignore[misc, valid-type]
+        _service = SERVICE
+        _call_replica = staticmethod(_backend)
+
+        async def answer(self, workload: Workload, payload: dict[str, Any]) -> dict[str, Any]:
+            body, _ = await workload.answer(self._service, payload, self._call_replica)
+            return body
+
+    assert asyncio.run(Ingress().echo(query="q")) == {  # type: ignore[attr-defined]
+        "echo": {"query": "q"},
+        "usage": {"prompt_tokens": 3},
+    }
+
+    async def first_row() -> Any:
+        rows = Ingress().echo_stream({"query": "q", "request_id": 1})  # type: ignore[attr-defined]
+        return [row async for row in rows]
+
+    assert asyncio.run(first_row()) == [
+        {"response": {"echo": {"query": "q"}, "usage": {"prompt_tokens": 3}}, "error": None,
+         "error_message": None}
+    ]  # fmt: skip
