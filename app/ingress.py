@@ -110,7 +110,7 @@ class ScoreIngress:
         self._keys = load_api_keys(self._settings)  # start-up error names the setting
         names = None  # LoRA on: the names it validates ``model`` against, kept current
         if adapter_registry is not None:
-            names = LiveNames(name for name, _ in self._settings.lora_adapters)
+            names = LiveNames(name for name, _ in self._settings.adapters.lora_adapters)
         self._service = ScoringService.from_settings(self._settings, names)
         self._adapters = None
         if adapter_registry is not None and names is not None:
@@ -253,22 +253,28 @@ class ScoreIngress:
         """Admission control, then the replica call bounded by the request's deadline."""
         settings = self._settings
         self._admit()  # again: requests admitted since the route's gate may now be ahead
-        work = dataclasses.replace(work, deadline=time.time() + settings.request_deadline_s)
-        ticket = self._queue.started(work_cost(work, self._settings.multi_item))
+        work = dataclasses.replace(
+            work, deadline=time.time() + settings.batching.request_deadline_s
+        )
+        ticket = self._queue.started(work_cost(work, self._settings.model.multi_item))
         served, clean = False, True
         try:
-            result = await asyncio.wait_for(self._replica_answer(work), settings.request_deadline_s)
+            result = await asyncio.wait_for(
+                self._replica_answer(work), settings.batching.request_deadline_s
+            )
             served, clean = True, result.clean  # a step beside a compile: slower than the engine
             return result
         except TimeoutError:
-            message = f"no answer within the request deadline ({settings.request_deadline_s} s)"
+            message = (
+                f"no answer within the request deadline ({settings.batching.request_deadline_s} s)"
+            )
             raise ScoringError(Reason.OVERLOADED, message, None, 503, 1) from None
         finally:
             self._queue.finished(ticket, served, clean)
 
     def _admit(self) -> None:
         """Refuse (503 overloaded, Retry-After) when the work ahead exceeds the allowed wait."""
-        verdict = admit(self._queue, self._settings.max_queue_wait_s)
+        verdict = admit(self._queue, self._settings.batching.max_queue_wait_s)
         if not verdict.admitted:
             message = verdict.refusal("ingress")
             raise ScoringError(Reason.OVERLOADED, message, None, 503, verdict.retry_after_s)
