@@ -93,7 +93,7 @@ class ScoringEngine:
         adapters = () if self._lora is None else self._lora.names
         self._info = ModelInfo(name, vocab, delimiter, settings.limits, head, pooling, adapters)
         has_lm_head = head is None and pooling is None
-        self._completion_shapes = completion_shapes_for(settings, has_lm_head, name)
+        self._completion_shapes = completion_shapes_for(settings.warmup, has_lm_head, name)
         self._replicated = replicated(mesh)
         self._cache = QueryCache(settings.engine.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time

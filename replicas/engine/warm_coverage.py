@@ -18,7 +18,7 @@ from typing import Any
 
 from replicas.contract import Envelope, PromptWork, ScoreWork, packed_length
 from replicas.engine.layouts.common import step_capacity
-from replicas.settings import ReplicaSettings, SettingsError
+from replicas.settings import ReplicaSettings, SettingsError, WarmupSettings
 
 Key = tuple[str, Any]
 logger = logging.getLogger(__name__)
@@ -128,12 +128,12 @@ def warmup_prompts(shapes: Sequence[tuple[int, int, int, int]]) -> list[PromptWo
 
 
 def completion_shapes_for(
-    settings: ReplicaSettings, has_lm_head: bool, name: str
+    warmup: WarmupSettings, has_lm_head: bool, name: str
 ) -> tuple[tuple[int, int, int, int], ...]:
     """The ``completion_warmup_shapes`` this model compiles: prompt log-prob steps read the
     LM head, so a score-head model (no LM head; /v1/completions answers it with a 400) skips
     them, saying so once, and the shipped config starts for it with only ``model`` changed."""
-    shapes = settings.warmup.completion_warmup_shapes
+    shapes = warmup.completion_warmup_shapes
     if shapes and not has_lm_head:
         logger.info(
             "completion_warmup_shapes: ignored for %s, a score-head model has no LM head "

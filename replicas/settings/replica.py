@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from replicas.contract import Envelope, ScoringLimits
@@ -24,30 +25,33 @@ from replicas.settings.serving import BatchingSettings, HttpSettings
 from replicas.settings.warmup import Shape, WarmupSettings, WarmupWorkload, derive_envelopes
 
 # Section name -> its class, in the order a config's sections are built and checked.
-SECTIONS: dict[str, type] = {
-    "model": ModelSettings,
-    "engine": EngineSettings,
-    "warmup": WarmupSettings,
-    "batching": BatchingSettings,
-    "http": HttpSettings,
-    "placement": PlacementSettings,
-    "adapters": AdapterSettings,
-}
+SECTIONS: Mapping[str, type] = MappingProxyType(
+    {
+        "model": ModelSettings,
+        "engine": EngineSettings,
+        "warmup": WarmupSettings,
+        "batching": BatchingSettings,
+        "http": HttpSettings,
+        "placement": PlacementSettings,
+        "adapters": AdapterSettings,
+    }
+)
 # Flat config keys whose field in their section is named otherwise.
-RENAMED = {"model": "name"}
+RENAMED: Mapping[str, str] = MappingProxyType({"model": "name"})
 PAIRS = ("host_resources", "host_label_selector", "rerank_template", "lora_adapters")
 
 
-def _flat_keys() -> dict[str, tuple[str, str]]:
+def _flat_keys() -> Mapping[str, tuple[str, str]]:
     keys: dict[str, tuple[str, str]] = {}
     for section, cls in SECTIONS.items():
         for f in dataclasses.fields(cls):
             flat = next((k for k, v in RENAMED.items() if v == f.name), f.name)
             keys[flat] = (section, f.name)
-    return keys
+    return MappingProxyType(keys)
 
 
-FLAT_KEYS = _flat_keys()  # flat config key -> (section, field); never changed
+FLAT_KEYS = _flat_keys()  # flat config key -> (section, field)
+FLAT_KEY_OF = MappingProxyType({where: key for key, where in FLAT_KEYS.items()})
 
 
 def _value(key: str, raw: Any) -> Any:
@@ -155,7 +159,7 @@ class ReplicaSettings:
                 for name, value in raw.items():
                     if name not in names:
                         raise SettingsError(f"{key}.{name}: unknown {key} setting (known: {names})")
-                    put(next(k for k, w in FLAT_KEYS.items() if w == (key, name)), value)
+                    put(FLAT_KEY_OF[key, name], value)
             elif key in FLAT_KEYS:
                 put(key, raw)
             else:
