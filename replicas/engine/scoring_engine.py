@@ -137,11 +137,9 @@ class ScoringEngine:
 
         configure_compilation_cache(settings.engine.compilation_cache_dir)
         mesh = build_mesh(settings.placement.mesh_shape)
-        wanted = settings.model
-        loaded, dense = load_configured(
-            wanted.name, mesh, wanted.dtype, wanted.pooling, wanted.normalize
-        )
-        engine = cls(loaded.model, loaded.params, mesh, settings, wanted.name, dense)
+        spec = settings.model
+        loaded, dense = load_configured(spec.name, mesh, spec.dtype, spec.pooling, spec.normalize)
+        engine = cls(loaded.model, loaded.params, mesh, settings, spec.name, dense)
         if warm:
             engine.warmup()
         return engine
