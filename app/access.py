@@ -30,15 +30,14 @@ def load_api_keys(
 ) -> frozenset[str]:
     """Every key from the configured sources; empty when none is configured (no auth)."""
     keys: list[str] = []
-    if settings.api_keys_env:
-        found = _split(environ.get(settings.api_keys_env, ""))
+    if settings.http.api_keys_env:
+        found = _split(environ.get(settings.http.api_keys_env, ""))
         if not found:
-            raise SettingsError(
-                f"api_keys_env: environment variable {settings.api_keys_env!r} is unset or empty"
-            )
+            name = settings.http.api_keys_env
+            raise SettingsError(f"api_keys_env: environment variable {name!r} is unset or empty")
         keys += found
-    if settings.api_keys_file:
-        path = Path(settings.api_keys_file)
+    if settings.http.api_keys_file:
+        path = Path(settings.http.api_keys_file)
         if not path.is_file():
             raise SettingsError(f"api_keys_file: {str(path)!r} is not a readable file")
         found = _split(path.read_text())

@@ -33,8 +33,10 @@ def scoring_app(
     resolved = coerce_settings(settings)
     options = {**replica_placement(resolved), **dict(replica_options or {})}
     registry = None  # LoRA on: the adapters loaded at run time, shared (adapter_registry.py)
-    if resolved.max_loras:
-        registry = AdapterRegistry.bind(resolved.lora_adapters, resolved.max_loras)
+    if resolved.adapters.max_loras:
+        registry = AdapterRegistry.bind(
+            resolved.adapters.lora_adapters, resolved.adapters.max_loras
+        )
     replica = ScoringReplica.options(**options).bind(resolved, engine_factory, registry)
     ingress = ScoreIngress.options(**dict(ingress_options or {}))
     return ingress.bind(replica, resolved, registry)
@@ -49,24 +51,30 @@ def replica_placement(settings: ReplicaSettings) -> dict[str, Any]:
     actor, the leader; bundles 1..H-1: its follower hosts), its strategy and labels. With H > 1
     and ``tpu_slice`` the replica is a driver that reserves a whole slice when it starts
     (``cluster/slice_group.py``): no placement group from Serve."""
-    if settings.hosts_per_replica > 1 and settings.tpu_slice:
+    placement = settings.placement
+    if placement.hosts_per_replica > 1 and placement.tpu_slice:
         return {"ray_actor_options": dict(SLICE_DRIVER)}
-    bundle, labels = settings.host_bundle, dict(settings.host_label_selector)
-    single = settings.hosts_per_replica == 1  # else the bundles carry the labels
+    bundle, labels = placement.host_bundle, dict(placement.host_label_selector)
+    single = placement.hosts_per_replica == 1  # else the bundles carry the labels
     actor = actor_resources(bundle) | ({"label_selector": labels} if labels and single else {})
     options: dict[str, Any] = {"ray_actor_options": actor}
-    if settings.hosts_per_replica > 1 and ray.is_initialized():
+    if placement.hosts_per_replica > 1 and ray.is_initialized():
         try:
             check_placement_fits(
-                settings.hosts_per_replica, bundle, settings.placement_group_strategy, ray.nodes()
+                placement.hosts_per_replica,
+                bundle,
+                placement.placement_group_strategy,
+                ray.nodes(),
             )
         except HostGroupError as error:
             raise SettingsError(str(error)) from None
-    if settings.hosts_per_replica > 1:
-        options["placement_group_bundles"] = [bundle] * settings.hosts_per_replica
-        options["placement_group_strategy"] = settings.placement_group_strategy
+    if placement.hosts_per_replica > 1:
+        options["placement_group_bundles"] = [bundle] * placement.hosts_per_replica
+        options["placement_group_strategy"] = placement.placement_group_strategy
         if labels:
-            options["placement_group_bundle_label_selector"] = [labels] * settings.hosts_per_replica
+            options["placement_group_bundle_label_selector"] = [
+                labels
+            ] * placement.hosts_per_replica
     return options
 
 

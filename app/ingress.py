@@ -144,7 +144,7 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
         self._keys = load_api_keys(self._settings)  # start-up error names the setting
         names = None  # LoRA on: the names it validates ``model`` against, kept current
         if adapter_registry is not None:
-            names = LiveNames(name for name, _ in self._settings.lora_adapters)
+            names = LiveNames(name for name, _ in self._settings.adapters.lora_adapters)
         self._service = ScoringService.from_settings(self._settings, names)
         self._adapters = None
         if adapter_registry is not None and names is not None:
@@ -196,7 +196,7 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
     async def _call_replica(self, work: ScoreWork | PromptWork | EmbedWork) -> ScoredWork:
         """The replica call, bounded by the request's deadline. Admission is the replica's
         (``ScoringReplica.score_timed``): it alone sees the work every ingress sent."""
-        deadline_s = self._settings.request_deadline_s
+        deadline_s = self._settings.batching.request_deadline_s
         work = dataclasses.replace(work, deadline=time.time() + deadline_s)
         try:
             return await asyncio.wait_for(self._replica_answer(work), deadline_s)

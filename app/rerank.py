@@ -188,11 +188,11 @@ def reranker_for(
     ``rerank_template``); unset, the method's default template (for yes_no only where the
     tokenizer has one-token yes/no words, else None: no rerank). A score-head model ranks
     only with ``head`` (its default when the head has one label) and no other method."""
-    method = settings.rerank_method
+    method = settings.http.rerank_method
     if head is not None or method == "head":
         return _head_reranker(settings, tokenizer, head)
-    if settings.rerank_template or method != "yes_no":
-        return Reranker.build(settings.rerank_template, tokenizer, method)
+    if settings.http.rerank_template or method != "yes_no":
+        return Reranker.build(settings.http.rerank_template, tokenizer, method)
     try:
         return Reranker.build((), tokenizer)
     except SettingsError:
@@ -203,7 +203,7 @@ def _head_reranker(
     settings: ReplicaSettings, tokenizer: TextTokenizer, head: ScoreHead | None
 ) -> Reranker | None:
     """rerank_method head: a one-label score head, relevance = sigmoid(logit)."""
-    method = settings.rerank_method
+    method = settings.http.rerank_method
     if head is None:
         raise SettingsError("rerank_method: head needs a model with a score head")
     if method != "head":  # the shipped config's method, with only `model` changed
@@ -218,7 +218,9 @@ def _head_reranker(
                 f"rerank_method: head needs a one-label head; this one has {head.num_labels}"
             )
         return None
-    return Reranker.build(settings.rerank_template if method == "head" else (), tokenizer, "head")
+    return Reranker.build(
+        settings.http.rerank_template if method == "head" else (), tokenizer, "head"
+    )
 
 
 def _check(work: ScoreWork | PromptWork, info: ModelInfo) -> None:

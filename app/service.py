@@ -91,20 +91,22 @@ class ScoringService:
         """Load the model's tokenizer and vocabulary size from local files (jax-free).
         ``adapters``: the LoRA adapter names, when they change at run time (else
         ``lora_adapters``')."""
-        source = resolve_model_source(settings.model)
+        source = resolve_model_source(settings.model.name)
         hf_config = load_hf_config(source)
         vocab_size = model_vocab_size(hf_config)
-        check_delimiter_in_vocab(settings, vocab_size, source.name)
+        check_delimiter_in_vocab(settings.model, vocab_size, source.name)
         directory = None if source.is_gguf else source.directory
-        pooling = pooling_head_for(directory, hf_config, settings.pooling, settings.normalize)
+        pooling = pooling_head_for(
+            directory, hf_config, settings.model.pooling, settings.model.normalize
+        )
         info = ModelInfo(
             name=source.name,
             vocab_size=vocab_size,
-            multi_item_scoring_delimiter=settings.multi_item_scoring_delimiter,
+            multi_item_scoring_delimiter=settings.model.multi_item_scoring_delimiter,
             limits=settings.limits,
             head=score_head_from_hf(hf_config) if pooling is None else None,
             pooling=pooling,
-            adapters=tuple(name for name, _ in settings.lora_adapters)
+            adapters=tuple(name for name, _ in settings.adapters.lora_adapters)
             if adapters is None
             else adapters,
         )

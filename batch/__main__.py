@@ -156,10 +156,10 @@ def _run(args: argparse.Namespace, settings: ReplicaSettings) -> Summary:
 def adapter_of(model: str | None, settings: ReplicaSettings) -> str | None:
     """The LoRA adapter ``--model`` names (None: the base model, by its name or no
     ``--model``); a SettingsError when the config serves no such model."""
-    adapters = [name for name, _ in settings.lora_adapters]
+    adapters = [name for name, _ in settings.adapters.lora_adapters]
     if model is None or model in adapters:
         return model
-    base = resolve_model_source(settings.model).name
+    base = resolve_model_source(settings.model.name).name
     if model != base:
         served = ", ".join(repr(name) for name in (base, *adapters))
         raise SettingsError(f"--model: {model!r} is not served by this config; it serves {served}")

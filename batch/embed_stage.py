@@ -202,15 +202,17 @@ def embed_dataset(
     from replicas.model.pooling_config import pooling_head_for
 
     options = options or EngineOptions()
-    source = resolve_model_source(settings.model)
+    source = resolve_model_source(settings.model.name)
     directory = None if source.is_gguf else source.directory
-    head = pooling_head_for(directory, load_hf_config(source), settings.pooling, settings.normalize)
+    head = pooling_head_for(
+        directory, load_hf_config(source), settings.model.pooling, settings.model.normalize
+    )
     if head is None:
-        raise SettingsError(f"model: {settings.model} is not an embedding model")
+        raise SettingsError(f"model: {settings.model.name} is not an embedding model")
     if columns.dimensions is not None and not 1 <= columns.dimensions <= head.dimension:
         raise SettingsError(f"--dimensions: 1..{head.dimension}, got {columns.dimensions}")
     # Rows of one token bucket together, whatever the input order: a call packs full steps.
-    by_length = GroupBy("length", settings.token_buckets, ids_column=IDS)
+    by_length = GroupBy("length", settings.engine.token_buckets, ids_column=IDS)
     grouping = job_grouping(ds, options, by_length, tally)
     prepared = ds.map_batches(
         EmbedPrepare, fn_constructor_args=(settings, columns), batch_format="pyarrow",

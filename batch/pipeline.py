@@ -54,15 +54,15 @@ def engine_remote_args(
     settings: ReplicaSettings, env: tuple[tuple[str, str], ...] = ()
 ) -> dict[str, Any]:
     """One engine actor holds one host's ``host_resources`` (as a serving replica does)."""
-    resources = dict(settings.host_bundle)
+    resources = dict(settings.placement.host_bundle)
     args: dict[str, Any] = {
         "num_cpus": resources.pop("CPU", 0),
         "num_gpus": resources.pop("GPU", 0),
     }
     if resources:
         args["resources"] = resources
-    if settings.host_label_selector:
-        args["label_selector"] = dict(settings.host_label_selector)
+    if settings.placement.host_label_selector:
+        args["label_selector"] = dict(settings.placement.host_label_selector)
     if env:
         args["runtime_env"] = {"env_vars": dict(env)}
     return args
@@ -179,10 +179,10 @@ def _check_options(options: EngineOptions) -> None:
 
 
 def _check_local(settings: ReplicaSettings) -> None:
-    if settings.hosts_per_replica > 1:
+    if settings.placement.hosts_per_replica > 1:
         raise SettingsError(
             "hosts_per_replica: --engine local runs one engine actor per host "
-            f"(hosts_per_replica 1), got {settings.hosts_per_replica}"
+            f"(hosts_per_replica 1), got {settings.placement.hosts_per_replica}"
         )
 
 
@@ -307,10 +307,10 @@ def classify_dataset(
     from replicas.checkpoints.sources import load_hf_config, resolve_model_source
     from replicas.model.head_config import score_head_from_hf
 
-    head = score_head_from_hf(load_hf_config(resolve_model_source(settings.model)))
+    head = score_head_from_hf(load_hf_config(resolve_model_source(settings.model.name)))
     if head is None:
         raise SettingsError(
-            f"model: {settings.model} has no score head; classify needs a sequence-"
+            f"model: {settings.model.name} has no score head; classify needs a sequence-"
             "classification or reward model"
         )
     results = ClassifyResults(head, columns.activation)
@@ -332,7 +332,7 @@ class WorkMode:
 
     def group_by(self, settings: ReplicaSettings) -> GroupBy:
         tail = self.helpers[0] if self.group == "context" else None
-        return GroupBy(self.group, settings.token_buckets, tail)
+        return GroupBy(self.group, settings.engine.token_buckets, tail)
 
 
 def _work_dataset(

@@ -72,7 +72,7 @@ class ServeScore:
 
         self._handle = serve.get_app_handle(app_name)
         self._limits, self._columns, self._tally = settings.limits, columns, tally
-        self._multi_item = settings.multi_item_scoring_delimiter is not None
+        self._multi_item = settings.model.multi_item_scoring_delimiter is not None
         self._max_in_flight = max_in_flight
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -121,7 +121,7 @@ class ServeWorks:
 
         self._handle = serve.get_app_handle(app_name)
         self._limits, self._results, self._tally = settings.limits, results, tally
-        self._multi_item = settings.multi_item_scoring_delimiter is not None
+        self._multi_item = settings.model.multi_item_scoring_delimiter is not None
         self._max_in_flight, self._adapter = max_in_flight, adapter
 
     def __call__(self, batch: pa.Table) -> pa.Table:

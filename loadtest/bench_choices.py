@@ -94,8 +94,8 @@ def engine_runners() -> dict[str, tuple[Runner, Callable[[], dict]]]:
         warmup_shapes=(),  # /v1/score's shapes: no completion runs on them
         limit_to_warmup=False,
     )
-    mesh = build_mesh(shipped.mesh_shape)
-    loaded = load_model(shipped.model, mesh, shipped.dtype)
+    mesh = build_mesh(shipped.placement.mesh_shape)
+    loaded = load_model(shipped.model.name, mesh, shipped.model.dtype)
     runners = {}
     for name, reuse in (("reuse on", True), ("reuse off", False)):
         settings = shipped.replace(prefix_reuse=reuse)

@@ -72,8 +72,8 @@ def timed_steady(engine: ScoringEngine, work: ScoreWork, repeats: int) -> float:
 
 def run(items: list[int], query_len: int, item_len: int, repeats: int, hf: bool) -> list[dict]:
     shipped = shipped_settings()
-    mesh = build_mesh(shipped.mesh_shape)
-    loaded = load_model(shipped.model, mesh, shipped.dtype)
+    mesh = build_mesh(shipped.placement.mesh_shape)
+    loaded = load_model(shipped.model.name, mesh, shipped.model.dtype)
     variants = {
         "single": shipped.replace(multi_item_scoring_delimiter=None),
         "shared_prefix": shipped,

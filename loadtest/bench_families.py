@@ -44,7 +44,7 @@ def random_checkpoint(name: str, directory: Path) -> Any:
 def run(args: argparse.Namespace, directory: Path) -> list[dict]:
     hf_model = random_checkpoint(args.model, directory)
     shipped = shipped_settings().replace(model=str(directory), max_multi_item_seq_len=8192)
-    mesh = build_mesh(shipped.mesh_shape)
+    mesh = build_mesh(shipped.placement.mesh_shape)
     loaded = load_model(directory, mesh, "float32")
     engines = {
         "single": ScoringEngine(

@@ -133,8 +133,8 @@ GPU_CONFIG = SERVE_CONFIG.parent / "serve_config.gpu.yaml"
 
 def build_engines(directory: Path) -> tuple[dict[str, ScoringEngine], Any]:
     settings = shipped_settings(GPU_CONFIG).replace(model=str(directory))
-    mesh = build_mesh(settings.mesh_shape)
-    loaded = load_model(settings.model, mesh, settings.dtype)
+    mesh = build_mesh(settings.placement.mesh_shape)
+    loaded = load_model(settings.model.name, mesh, settings.model.dtype)
     xla = settings.replace(attention="xla")  # the same steps without cuDNN's fused attention
     variants = {
         "multi": settings,

@@ -101,7 +101,7 @@ def run(
     shipped = shipped_settings().replace(background_compile=False)
     with tempfile.TemporaryDirectory() as folder:
         hf_model = save_reward_model(Path(folder), layers)
-        mesh = build_mesh(shipped.mesh_shape)
+        mesh = build_mesh(shipped.placement.mesh_shape)
         loaded = load_model(folder, mesh, "float32")
     engines = {
         "multi": ScoringEngine(loaded.model, loaded.params, mesh, shipped, SHAPE),

@@ -93,8 +93,8 @@ def engines(directory: Path, adapters: list[Path]) -> dict[str, ScoringEngine]:
     gpu = jax.devices()[0].platform == "gpu"
     config = SERVE_CONFIG.parent / "serve_config.gpu.yaml" if gpu else SERVE_CONFIG
     settings = shipped_settings(config).replace(model=str(directory))
-    mesh = build_mesh(settings.mesh_shape)
-    loaded = load_model(settings.model, mesh, settings.dtype)
+    mesh = build_mesh(settings.placement.mesh_shape)
+    loaded = load_model(settings.model.name, mesh, settings.model.dtype)
     slots = settings.replace(
         max_loras=len(adapters),
         max_lora_rank=RANK,

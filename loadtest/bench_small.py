@@ -61,7 +61,7 @@ def engine_for(loaded: Any, settings: Any) -> Any:
     from replicas.engine.scoring_engine import ScoringEngine
 
     mesh = loaded.params["embed"].sharding.mesh
-    return ScoringEngine(loaded.model, loaded.params, mesh, settings, settings.model)
+    return ScoringEngine(loaded.model, loaded.params, mesh, settings, settings.model.name)
 
 
 def step_costs(loaded: Any, settings: Any, repeats: int) -> dict[str, Any]:
@@ -279,7 +279,9 @@ def main(argv: list[str] | None = None) -> int:
 
     started = load_note()
     settings = shipped_settings().replace(background_compile=False)
-    loaded = load_model(settings.model, build_mesh(settings.mesh_shape), settings.dtype)
+    loaded = load_model(
+        settings.model.name, build_mesh(settings.placement.mesh_shape), settings.model.dtype
+    )
     query, items = small_rows()
     work = ScoreWork(tuple(query), tuple(map(tuple, items)), LABELS)
     served = http_small(args.url, args.repeats) if args.url else None

@@ -139,7 +139,7 @@ def measure(
     from replicas.settings import ReplicaSettings
 
     rows: dict[str, ReplicaSettings] = {}
-    base = ReplicaSettings(model=model, multi_item_scoring_delimiter=0)
+    base = ReplicaSettings.from_keys(model=model, multi_item_scoring_delimiter=0)
     for method in METHODS:
         rows[f"`{method}`, default prompt"] = base.replace(rerank_method=method)
     for name, document in TEMPLATES.items() if templates else ():

@@ -104,7 +104,7 @@ class Planner:
 
     def engine(self, layout: Layout) -> tuple[Any, Any, int, Any]:
         """The layout's engine over shape-only parameters: (engine, mesh, parameter bytes per
-        chip, settings); a ValueError when the weights cannot be sharded so."""
+        chip, its engine settings); a ValueError when the weights cannot be sharded so."""
         from cluster.mesh import build_mesh
         from planning.tpu_check import abstract_params
         from replicas.engine.scoring_engine import ScoringEngine
@@ -116,17 +116,17 @@ class Planner:
         params, param_bytes = abstract_params(model, mesh, self.lora)
         settings = settings.replace(max_loras=0, lora_adapters=())  # the slots ride in params
         engine = ScoringEngine(model, params, mesh, settings, name=self.options.model)
-        return engine, mesh, param_bytes, settings
+        return engine, mesh, param_bytes, settings.engine
 
     def evaluate(self, layout: Layout) -> dict[str, Any]:
         """One layout's row: refused (with the reason) or projected."""
         start, times = time.perf_counter(), CompileTimes()
         row = layout_row(layout) | {"hbm_bytes_per_chip": self.chip.hbm_bytes}
         try:
-            engine, mesh, param_bytes, settings = self.engine(layout)
+            engine, mesh, param_bytes, engine_settings = self.engine(layout)
         except ValueError as error:  # a model axis the weights' shapes do not divide
             return refusal(row, f"parameters cannot be sharded so: {error}")
-        cache = settings.query_cache_bytes
+        cache = engine_settings.query_cache_bytes
         row |= {"param_bytes_per_chip": param_bytes, "cache_bytes_per_chip": cache}
         if param_bytes + cache > self.chip.hbm_bytes:
             need = (param_bytes + cache) / GIB
@@ -177,7 +177,7 @@ class Planner:
         from planning.tpu_check import abstract_params
         from planning.tpu_projection import bare_engine, project_workload
 
-        batch = engine.settings.batch_buckets[-1]
+        batch = engine.settings.engine.batch_buckets[-1]
         bare = bare_engine(engine, mesh, partial(abstract_params, lora=self.lora))
         projected = project_workload(bare, engine, self.chip, self.workload, batch, times)
         per_replica = projected["items_per_s"]

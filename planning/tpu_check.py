@@ -138,7 +138,11 @@ def per_chip_bytes(tree: Any) -> int:
 
 def config_slots(settings: Any) -> tuple[int, int] | None:
     """The adapter slots a config's ``max_loras`` asks for (None: LoRA off)."""
-    return (settings.max_loras, settings.max_lora_rank) if settings.max_loras else None
+    return (
+        (settings.adapters.max_loras, settings.adapters.max_lora_rank)
+        if settings.adapters.max_loras
+        else None
+    )
 
 
 def lora_slots(args: argparse.Namespace) -> tuple[int, int] | None:
@@ -241,14 +245,15 @@ def check(args: argparse.Namespace) -> Plan:
     devices = topology_devices(args.topology)
     chip = chip_spec(devices)
     settings = replica_settings(args, devices)
-    mesh = build_mesh(settings.mesh_shape, devices)  # as a host group builds it
-    model = CausalLM(model_config(args.model), jnp.dtype(DTYPES[settings.dtype]))
+    placement = settings.placement
+    mesh = build_mesh(placement.mesh_shape, devices)  # as a host group builds it
+    model = CausalLM(model_config(args.model), jnp.dtype(DTYPES[settings.model.dtype]))
     lora = lora_slots(args) or config_slots(settings)
     settings = settings.replace(max_loras=0, lora_adapters=())  # the slots ride in params
     params, param_bytes = abstract_params(model, mesh, lora)
     plan = Plan(
-        args.topology, args.model, chip.name, settings.mesh_shape, settings.hosts_per_replica,
-        axes_crossing_hosts(mesh), param_bytes, settings.query_cache_bytes, chip.hbm_bytes,
+        args.topology, args.model, chip.name, placement.mesh_shape, placement.hosts_per_replica,
+        axes_crossing_hosts(mesh), param_bytes, settings.engine.query_cache_bytes, chip.hbm_bytes,
     )  # fmt: skip
     plan.adapter_bytes = per_chip_bytes(params["lora"]) if lora else 0
     print(header(plan, len(devices)), flush=True)

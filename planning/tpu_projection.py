@@ -89,10 +89,10 @@ def workload_steps(engine: Any, shape: tuple[int, int, int, int], batch: int) ->
     from replicas.engine.layouts.shared_prefix import PrefixDims
 
     query, items, item_tokens, labels = shape
-    token = 2 if engine.settings.multi_item_scoring_delimiter == 1 else 1
+    token = 2 if engine.settings.model.multi_item_scoring_delimiter == 1 else 1
     work = ScoreWork((token,) * query, ((token,) * item_tokens,) * items, tuple(range(labels)))
     runs = Counter(key for key in engine.plan([work] * batch) if key[0] == "items")
-    buckets = data_buckets(engine.settings.batch_buckets, engine.groups)
+    buckets = data_buckets(engine.settings.engine.batch_buckets, engine.groups)
     width = next(iter(runs))[1].prefix
     for start in range(0, batch, buckets[-1]):
         queries = min(buckets[-1], batch - start)
@@ -142,7 +142,7 @@ def project(
     items (``ranking``, a ranking request's latency). Each row compiles its own steps, and
     again with no layers."""
     bare = bare_engine(engine, mesh, abstract_params)
-    many = batched or engine.settings.batch_buckets[-1]
+    many = batched or engine.settings.engine.batch_buckets[-1]
     shapes = {"single": (WORKLOAD, 1), "batched": (WORKLOAD, many), "ranking": (RANKING, 1)}
     chosen = list(dict.fromkeys(shapes[w] for w in WORKLOADS if w in workloads))
     return [project_workload(bare, engine, chip, shape, b, times) for shape, b in chosen]

@@ -2,7 +2,7 @@
 
 Layer order inside (each imports only what is listed before it):
 
-- ``contract`` (and ``embed_contract``), ``settings`` (and ``adapter_settings``): the
+- ``contract`` (and ``embed_contract``), ``settings`` (a package of typed sections): the
   jax-free ingress/replica contract (token ids in, ``[items, labels]`` log-probabilities out;
   prompt log-probs; embedding vectors) and the typed replica settings;
 - ``model``: the Flax causal LM (Llama, Qwen2, Qwen3, Mistral, Gemma 2, Gemma 3), score and

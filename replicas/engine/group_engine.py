@@ -23,20 +23,20 @@ from replicas.contract import ModelInfo, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.engine_contract import refuse_adapter_change
 from replicas.errors import EngineUnavailable
-from replicas.settings import ReplicaSettings, SettingsError
+from replicas.settings import PlacementSettings, ReplicaSettings, SettingsError
 
 FOLLOWER_FACTORY = "replicas.engine:FollowerEngine"
 Key = tuple[str, Any]
 
 
-def check_mesh_spans_hosts(settings: ReplicaSettings) -> None:
+def check_mesh_spans_hosts(placement: PlacementSettings) -> None:
     """With several hosts the mesh must hold every device of every host, exactly."""
-    needed = int(np.prod(settings.mesh_shape))
+    needed = int(np.prod(placement.mesh_shape))
     devices, local = jax.device_count(), jax.local_device_count()
     if needed != devices:
         raise SettingsError(
-            f"mesh_shape: {list(settings.mesh_shape)} holds {needed} devices, but "
-            f"hosts_per_replica: {settings.hosts_per_replica} hosts x {local} devices per host "
+            f"mesh_shape: {list(placement.mesh_shape)} holds {needed} devices, but "
+            f"hosts_per_replica: {placement.hosts_per_replica} hosts x {local} devices per host "
             f"= {devices}; make their products equal"
         )
 
@@ -53,7 +53,7 @@ class FollowerEngine:
     """The target a follower host builds (``FOLLOWER_FACTORY``): its own engine, stepped."""
 
     def __init__(self, settings: ReplicaSettings) -> None:
-        check_mesh_spans_hosts(settings)
+        check_mesh_spans_hosts(settings.placement)
         self._engine = ScoringEngine.from_settings(settings, warm=False)
 
     def compile_keys(self, keys: Sequence[Key]) -> dict[str, Any]:
@@ -78,10 +78,13 @@ class GroupEngine:
     def from_settings(cls, settings: ReplicaSettings) -> GroupEngine:
         """Start the followers, bootstrap jax.distributed, load the model on every host (each
         places only its own devices' shards) and compile the leader's warm-up list on all."""
-        group = HostGroup(settings.hosts_per_replica, settings.host_bundle, settings.host_timeout_s)
+        placement = settings.placement
+        group = HostGroup(
+            placement.hosts_per_replica, placement.host_bundle, placement.host_timeout_s
+        )
 
         def leader_engine() -> ScoringEngine:
-            check_mesh_spans_hosts(settings)
+            check_mesh_spans_hosts(settings.placement)
             return ScoringEngine.from_settings(settings, warm=False)
 
         engine = group.start(FOLLOWER_FACTORY, settings, leader_engine)

@@ -24,7 +24,7 @@ from replicas.contract import EmbedWork, PromptWork, ScoreWork
 from replicas.errors import Reason, ScoringError
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.model.lora import has_head_slots, lora_logical_axes, lora_shapes
-from replicas.settings import ReplicaSettings
+from replicas.settings import AdapterSettings
 
 Work = ScoreWork | PromptWork | EmbedWork
 
@@ -155,14 +155,14 @@ def refuse_without_slots(work: Work) -> None:
 
 
 def start_slots(
-    model: CausalLM, params: Params, mesh: Mesh, settings: ReplicaSettings, name: str
+    model: CausalLM, params: Params, mesh: Mesh, adapters: AdapterSettings, name: str
 ) -> AdapterSlots | None:
     """The configured slots with ``lora_adapters`` loaded (None: ``max_loras`` 0); an
     adapter that does not fit the base fails start-up naming it."""
-    if not settings.max_loras:
+    if not adapters.max_loras:
         return None
-    slots = AdapterSlots(model, params, mesh, settings.max_loras, settings.max_lora_rank)
-    for adapter, path in settings.lora_adapters:
+    slots = AdapterSlots(model, params, mesh, adapters.max_loras, adapters.max_lora_rank)
+    for adapter, path in adapters.lora_adapters:
         if adapter == name:
             raise ValueError(f"lora_adapters: {adapter!r} is the base model's own name")
         slots.load(adapter, path)

@@ -81,21 +81,21 @@ class ScoringEngine:
     ) -> None:
         """``dense``: an embedding model's Dense layers (``replicas.checkpoints.dense``)."""
         vocab = model.config.vocab_size
-        check_delimiter_in_vocab(settings, vocab, name)
-        model = with_attention(model, settings.attention, mesh)
+        check_delimiter_in_vocab(settings.model, vocab, name)
+        model = with_attention(model, settings.engine.attention, mesh)
         model = dataclasses.replace(model, lora_groups=int(mesh.shape["data"]))
-        self._lora = start_slots(model, params, mesh, settings, name)
+        self._lora = start_slots(model, params, mesh, settings.adapters, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}
         self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
-        delimiter, head = settings.multi_item_scoring_delimiter, model.config.head
+        delimiter, head = settings.model.multi_item_scoring_delimiter, model.config.head
         pooling = model.config.pooling
         adapters = () if self._lora is None else self._lora.names
         self._info = ModelInfo(name, vocab, delimiter, settings.limits, head, pooling, adapters)
         has_lm_head = head is None and pooling is None
-        self._completion_shapes = completion_shapes_for(settings, has_lm_head, name)
+        self._completion_shapes = completion_shapes_for(settings.warmup, has_lm_head, name)
         self._replicated = replicated(mesh)
-        self._cache = QueryCache(settings.query_cache_bytes)
+        self._cache = QueryCache(settings.engine.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time
         self._counters = {
             "steps": 0,
@@ -110,7 +110,7 @@ class ScoringEngine:
         self._single = SingleItemLayout(model, self)
         self._multi = (
             PackedReferenceLayout(model, self)
-            if settings.layout == "packed_reference"
+            if settings.engine.layout == "packed_reference"
             else SharedPrefixLayout(model, self)
         )
         self._prompts = PromptLayout(model, self)
@@ -121,12 +121,12 @@ class ScoringEngine:
         self._compiler = StepCompiler(
             lambda kind, dims: owners[kind].compile(kind, dims),
             {kind: layout.kinds[kind] for kind, layout in owners.items()},
-            background=settings.background_compile,
-            record=record_path(settings.compilation_cache_dir, identity),
-            gated=settings.hosts_per_replica > 1,
-            max_traffic=settings.max_traffic_signatures,
+            background=settings.engine.background_compile,
+            record=record_path(settings.engine.compilation_cache_dir, identity),
+            gated=settings.placement.hosts_per_replica > 1,
+            max_traffic=settings.engine.max_traffic_signatures,
         )
-        if settings.limit_to_warmup and pooling is None:  # before minutes of compiles
+        if settings.warmup.limit_to_warmup and pooling is None:  # before minutes of compiles
             check_warm_coverage(settings, self.plan, self._configured_keys())
 
     @classmethod
@@ -135,11 +135,11 @@ class ScoringEngine:
         ``hosts_per_replica`` > 1) and, with ``warm``, compile the configured shapes."""
         from replicas.checkpoints.loading import load_configured
 
-        configure_compilation_cache(settings.compilation_cache_dir)
-        mesh = build_mesh(settings.mesh_shape)
-        loaded, dense = load_configured(settings.model, mesh, settings.dtype, settings.pooling,
-                                        settings.normalize)  # fmt: skip
-        engine = cls(loaded.model, loaded.params, mesh, settings, settings.model, dense)
+        configure_compilation_cache(settings.engine.compilation_cache_dir)
+        mesh = build_mesh(settings.placement.mesh_shape)
+        spec = settings.model
+        loaded, dense = load_configured(spec.name, mesh, spec.dtype, spec.pooling, spec.normalize)
+        engine = cls(loaded.model, loaded.params, mesh, settings, spec.name, dense)
         if warm:
             engine.warmup()
         return engine
@@ -188,7 +188,7 @@ class ScoringEngine:
 
     def uses_multi_item(self, work: ScoreWork) -> bool:
         """Multi-item layouts serve query-first work; item_first goes through single-item."""
-        return self._settings.multi_item and not work.item_first
+        return self._settings.model.multi_item and not work.item_first
 
     def validate(self, work: ScoreWork | PromptWork | EmbedWork) -> None:
         """Raise ScoringError for work that must not run."""
@@ -270,7 +270,7 @@ class ScoringEngine:
         ``item_first`` form)."""
         configured = self._configured_keys(shapes)
         recorded = [key for key in self._compiler.recorded() if key not in configured]
-        limit = self._settings.max_traffic_signatures
+        limit = self._settings.engine.max_traffic_signatures
         return list(dict.fromkeys(recorded[: limit or None] + configured))
 
     def _configured_keys(
@@ -279,7 +279,7 @@ class ScoringEngine:
         if self._embed is not None:  # an embedding model runs only embedding steps
             return self._embed.warmup_keys()
         keys: list[tuple[str, Any]] = []
-        for batch_size in self._settings.warmup_batch_sizes:
+        for batch_size in self._settings.warmup.warmup_batch_sizes:
             keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
             if not shapes:
                 prompts = warmup_prompts(self._completion_shapes)
@@ -287,7 +287,7 @@ class ScoringEngine:
         labels = max((shape[3] for shape in shapes or self._settings.warmup_shapes), default=0)
         if labels and isinstance(self._multi, SharedPrefixLayout):
             keys += self._multi.fused_keys(labels)  # every small work's one pass
-        if self._settings.limit_to_warmup and not shapes:
+        if self._settings.warmup.limit_to_warmup and not shapes:
             keys += [k for k in full_step_keys(self._settings, self.plan) if not covered(k, keys)]
             full = self._prompts.full_keys(self._completion_shapes)
             keys += [k for k in full if not covered(k, keys)]

@@ -51,7 +51,7 @@ def record_identity(name: str, model: Any, params: Any, mesh: Any, settings: Any
         "params": [[jax.tree_util.keystr(path), *shape_of(leaf)] for path, leaf in leaves],
         "mesh": {str(axis): int(size) for axis, size in mesh.shape.items()},
         "platform": mesh.devices.flat[0].platform,
-        "settings": {field: repr(getattr(settings, field)) for field in COMPILE_SETTINGS},
+        "settings": {field: repr(settings.value(field)) for field in COMPILE_SETTINGS},
     }
 
 

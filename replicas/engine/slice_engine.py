@@ -34,13 +34,13 @@ class SliceEngine:
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings) -> SliceEngine:
-        assert settings.tpu_slice is not None
+        assert settings.placement.tpu_slice is not None
         group = SliceGroup.start(
-            settings.tpu_slice,
-            settings.host_bundle,
+            settings.placement.tpu_slice,
+            settings.placement.host_bundle,
             LEADER_FACTORY,
             settings,
-            settings.host_timeout_s,
+            settings.placement.host_timeout_s,
         )
         return cls(group)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from replicas.contract import Envelope, PromptWork, ScoreWork, packed_length
 from replicas.engine.layouts.common import step_capacity
-from replicas.settings import ReplicaSettings, SettingsError
+from replicas.settings import ReplicaSettings, SettingsError, WarmupSettings
 
 Key = tuple[str, Any]
 logger = logging.getLogger(__name__)
@@ -28,13 +28,13 @@ def full_step_items(envelope: Envelope, settings: ReplicaSettings) -> list[int]:
     """Item lengths of the largest stream step an envelope admits: items of
     ``item_tokens`` up to the step's capacity, the remainder as one shorter item, trimmed to
     ``max_items_per_request`` and ``max_multi_item_seq_len``."""
-    capacity, length = step_capacity(settings), max(envelope.item_tokens, 1)
+    capacity, length = step_capacity(settings.engine), max(envelope.item_tokens, 1)
     lengths = [length] * max(capacity // length, 1)
     if length < capacity and capacity % length:
         lengths.append(capacity % length)
-    lengths = lengths[: settings.max_items_per_request]
+    lengths = lengths[: settings.http.max_items_per_request]
     while len(lengths) > 1 and (
-        packed_length(envelope.query_tokens, lengths) > settings.max_multi_item_seq_len
+        packed_length(envelope.query_tokens, lengths) > settings.http.max_multi_item_seq_len
     ):
         lengths.pop()
     return lengths
@@ -43,7 +43,7 @@ def full_step_items(envelope: Envelope, settings: ReplicaSettings) -> list[int]:
 def extreme_works(settings: ReplicaSettings) -> list[tuple[Envelope, ScoreWork, bool]]:
     """Per envelope, the work whose steps dominate every admitted request's, and whether its
     items share the query as a prefix (multi-item mode: also its ``item_first`` form)."""
-    token = 1 if settings.multi_item_scoring_delimiter != 1 else 2
+    token = 1 if settings.model.multi_item_scoring_delimiter != 1 else 2
     works = []
     for envelope in settings.limits.envelopes:
         items = tuple((token,) * n for n in full_step_items(envelope, settings))
@@ -52,8 +52,8 @@ def extreme_works(settings: ReplicaSettings) -> list[tuple[Envelope, ScoreWork, 
             item_ids=items,
             label_ids=tuple(range(envelope.labels)),
         )
-        works.append((envelope, work, settings.multi_item))
-        if settings.multi_item:
+        works.append((envelope, work, settings.model.multi_item))
+        if settings.model.multi_item:
             works.append((envelope, ScoreWork(work.query_ids, items, work.label_ids, True), False))
     return works
 
@@ -69,7 +69,7 @@ def full_step_keys(
     """The envelopes' largest steps at each ``warmup_batch_sizes`` entry; warm-up compiles
     those that no envelope's own signatures cover."""
     keys: list[Key] = []
-    for batch in settings.warmup_batch_sizes:
+    for batch in settings.warmup.warmup_batch_sizes:
         for _, work, _ in extreme_works(settings):
             keys += plan([work] * batch)
     return list(dict.fromkeys(keys))
@@ -83,7 +83,7 @@ def check_warm_coverage(
     """Raise SettingsError naming the setting to change when a full step of some envelope
     at the largest batch bucket (what cross-request batching can reach) is covered by no
     ``warm`` key."""
-    batch = settings.batch_buckets[-1]
+    batch = settings.engine.batch_buckets[-1]
     for envelope, work, shared in extreme_works(settings):
         for kind, dims in plan([work] * batch):
             if covered((kind, dims), warm):
@@ -101,7 +101,7 @@ def warmup_works(
 ) -> list[ScoreWork]:
     """Synthetic work of each (query_tokens, items, item_tokens, labels) shape (multi-item
     mode: also its ``item_first`` form), of one token that is not the delimiter."""
-    token = 1 if settings.multi_item_scoring_delimiter != 1 else 2
+    token = 1 if settings.model.multi_item_scoring_delimiter != 1 else 2
     works = []
     for query_len, num_items, item_len, num_labels in shapes:
         work = ScoreWork(
@@ -110,7 +110,7 @@ def warmup_works(
             label_ids=tuple(range(num_labels)),
         )
         works.append(work)
-        if settings.multi_item:
+        if settings.model.multi_item:
             works.append(ScoreWork(work.query_ids, work.item_ids, work.label_ids, True))
     return works
 
@@ -128,12 +128,12 @@ def warmup_prompts(shapes: Sequence[tuple[int, int, int, int]]) -> list[PromptWo
 
 
 def completion_shapes_for(
-    settings: ReplicaSettings, has_lm_head: bool, name: str
+    warmup: WarmupSettings, has_lm_head: bool, name: str
 ) -> tuple[tuple[int, int, int, int], ...]:
     """The ``completion_warmup_shapes`` this model compiles: prompt log-prob steps read the
     LM head, so a score-head model (no LM head; /v1/completions answers it with a 400) skips
     them, saying so once, and the shipped config starts for it with only ``model`` changed."""
-    shapes = settings.completion_warmup_shapes
+    shapes = warmup.completion_warmup_shapes
     if shapes and not has_lm_head:
         logger.info(
             "completion_warmup_shapes: ignored for %s, a score-head model has no LM head "

@@ -103,35 +103,38 @@ class ScoringReplica:
         self._waiting: deque[tuple[list[ScoreWork], asyncio.Future]] = deque()  # _shared_step
         self._drainer: asyncio.Task | None = None
         vocab_size = check_model_settings(self._settings)
-        if engine_factory == DEFAULT_ENGINE and self._settings.hosts_per_replica > 1:
-            engine_factory = SLICE_ENGINE if self._settings.tpu_slice else GROUP_ENGINE
-        factory, niceness = load_engine_factory(engine_factory), self._settings.engine_niceness
+        if engine_factory == DEFAULT_ENGINE and self._settings.placement.hosts_per_replica > 1:
+            engine_factory = SLICE_ENGINE if self._settings.placement.tpu_slice else GROUP_ENGINE
+        factory, niceness = (
+            load_engine_factory(engine_factory),
+            self._settings.engine.engine_niceness,
+        )
         self._engine: Engine = start_compute_niced(niceness, lambda: factory(self._settings))
         # Steps run on one thread at the engine's niceness; the event loop keeps its own.
         self._steps = ThreadPoolExecutor(1, "scorejax-step", set_thread_niceness, (niceness,))
         info = self._engine.info
         if info.vocab_size != vocab_size:
             logger.warning("engine vocab %d != config vocab %d", info.vocab_size, vocab_size)
-        check_delimiter_in_vocab(self._settings, info.vocab_size, info.name)
+        check_delimiter_in_vocab(self._settings.model, info.vocab_size, info.name)
         # One batch queue per replica object (the decorator form keeps one per class).
         # Batches may enter _score_many while a step runs (Serve's default runs one at a
         # time, so each would become an engine call of its own); _shared_step runs all that
         # wait as one call.
         self._score_batched = serve.batch(
-            max_batch_size=self._settings.max_batch_size,
-            batch_wait_timeout_s=self._settings.batch_wait_timeout_s,
+            max_batch_size=self._settings.batching.max_batch_size,
+            batch_wait_timeout_s=self._settings.batching.batch_wait_timeout_s,
             max_concurrent_batches=CONCURRENT_BATCHES,
         )(self._score_many)
         self._adapters = None  # LoRA on: the app's registry, followed (adapter_registry.py)
         if adapter_registry is not None:
             apply = apply_to_engine(self._engine, self._between_steps)
-            known = dict(self._settings.lora_adapters)
+            known = dict(self._settings.adapters.lora_adapters)
             self._adapters = AdapterFollower(adapter_registry, known, apply)
         self._ready = True  # from_settings returns after weights load and warm-up
 
     def _apply_batch_settings(self) -> None:
-        self._score_batched.set_max_batch_size(self._settings.max_batch_size)
-        self._score_batched.set_batch_wait_timeout_s(self._settings.batch_wait_timeout_s)
+        self._score_batched.set_max_batch_size(self._settings.batching.max_batch_size)
+        self._score_batched.set_batch_wait_timeout_s(self._settings.batching.batch_wait_timeout_s)
 
     def reconfigure(self, user_config: Mapping[str, Any]) -> None:
         """Serve calls this with ``user_config`` at start and on every config change."""
@@ -181,8 +184,8 @@ class ScoringReplica:
             "largest_batch": self._largest_batch,
             "compile_count": self._engine.compile_count,
             **self._engine_counters(),
-            "max_batch_size": self._settings.max_batch_size,
-            "batch_wait_timeout_s": self._settings.batch_wait_timeout_s,
+            "max_batch_size": self._settings.batching.max_batch_size,
+            "batch_wait_timeout_s": self._settings.batching.batch_wait_timeout_s,
             "queued_works": self._queue.in_flight,
             "queued_tokens": round(self._queue.queued_work),
             "expected_wait_s": round(self._queue.expected_wait_s(), 3),
@@ -204,12 +207,12 @@ class ScoringReplica:
             await self._adapters.follow(work.adapter)
         info = self._engine.info
         check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
-        verdict = admit(self._queue, self._settings.max_queue_wait_s)
+        verdict = admit(self._queue, self._settings.batching.max_queue_wait_s)
         if not verdict.admitted:
             self._shed["overloaded"] += 1
             message = verdict.refusal("scoring replica")
             raise ScoringError(Reason.OVERLOADED, message, retry_after_s=verdict.retry_after_s)
-        ticket = self._queue.started(work_cost(work, self._settings.multi_item))
+        ticket = self._queue.started(work_cost(work, self._settings.model.multi_item))
         result: Any = None
         try:
             result = await self._score_batched(work)
@@ -247,9 +250,12 @@ class ScoringReplica:
     async def _drain(self) -> None:
         while self._waiting:
             settings = self._settings
-            tokens = partial(computed_tokens, multi_item=settings.multi_item)
+            tokens = partial(computed_tokens, multi_item=settings.model.multi_item)
             taken = take_for_one_call(
-                self._waiting, settings.max_batch_size, settings.max_call_tokens, tokens
+                self._waiting,
+                settings.batching.max_batch_size,
+                settings.batching.max_call_tokens,
+                tokens,
             )
             try:
                 results = await self._run_engine([work for works, _ in taken for work in works])

@@ -4,13 +4,13 @@ run before any weights load, the engine factory, and the settings ``user_config`
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from cluster.host_group import load_factory
 from replicas.checkpoints.sources import ModelSourceError, load_hf_config, resolve_model_source
 from replicas.settings import ReplicaSettings, SettingsError, check_delimiter_in_vocab
+from replicas.settings.replica import SECTIONS
 
 DEFAULT_ENGINE = "replicas.engine:ScoringEngine"
 GROUP_ENGINE = "replicas.engine:GroupEngine"  # the default when hosts_per_replica > 1
@@ -38,24 +38,23 @@ def model_vocab_size(config: Any) -> int:
 def check_model_settings(settings: ReplicaSettings) -> int:
     """Fail fast, before any weights load, on a bad model or delimiter; returns vocab size."""
     try:
-        source = resolve_model_source(settings.model)
+        source = resolve_model_source(settings.model.name)
         config = load_hf_config(source)
     except (ModelSourceError, OSError, ValueError) as error:
-        raise SettingsError(f"model: cannot load {settings.model!r}: {error}") from error
+        raise SettingsError(f"model: cannot load {settings.model.name!r}: {error}") from error
     vocab_size = model_vocab_size(config)
-    check_delimiter_in_vocab(settings, vocab_size, source.name)
+    check_delimiter_in_vocab(settings.model, vocab_size, source.name)
     return vocab_size
 
 
 def apply_user_config(current: ReplicaSettings, user_config: Mapping[str, Any]) -> ReplicaSettings:
     """New settings from ``user_config``; settings that need a model reload may not change."""
-    fields = {f.name for f in dataclasses.fields(ReplicaSettings)}
     changes: dict[str, Any] = {}
     for key, raw in user_config.items():
-        if key not in fields:
+        if key not in ReplicaSettings.setting_names() or key in SECTIONS:
             raise SettingsError(f"{key}: unknown replica setting in user_config")
         value = tuple(raw) if isinstance(raw, list) else raw
-        if value == getattr(current, key):
+        if value == current.value(key):
             continue
         if key not in RECONFIGURABLE:
             raise SettingsError(

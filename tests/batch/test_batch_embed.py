@@ -71,7 +71,7 @@ def test_the_command_and_its_refusals(tiny_llama_dir, embedding_dirs: dict) -> N
         "embed", "query", 16, "body",
     )  # fmt: skip
     with pytest.raises(SettingsError, match="not an embedding model"):
-        embed_dataset(None, ReplicaSettings(model=str(tiny_llama_dir)), EmbedColumns())
+        embed_dataset(None, ReplicaSettings.from_keys(model=str(tiny_llama_dir)), EmbedColumns())
     with pytest.raises(SettingsError, match="--dimensions"):
         settings = embed_settings(embedding_dirs[VARIANT])
         embed_dataset(None, settings, EmbedColumns(dimensions=65))

@@ -32,7 +32,7 @@ MODEL = "SmolLM2-135M-Instruct"
 LABELS = (7042, 4528, 11452)  # " Paris", " London", " Berlin"
 QUERIES = ("The capital of France is", "My favourite city:")
 ITEMS = ("", " Paris", " the city of light", " Berlin")
-SETTINGS = ReplicaSettings(model=MODEL, multi_item_scoring_delimiter=0)
+SETTINGS = ReplicaSettings.from_keys(model=MODEL, multi_item_scoring_delimiter=0)
 Run = tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, list[int]]]
 
 

@@ -23,7 +23,7 @@ def served(tiny_llama_dir: Path) -> Any:
     from replicas.engine.scoring_engine import ScoringEngine
     from replicas.settings import ReplicaSettings
 
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         model=str(tiny_llama_dir),
         multi_item_scoring_delimiter=0,
         token_buckets=(16, 32, 64, 128),

@@ -15,8 +15,10 @@ SCRIPT = textwrap.dedent(
     from replicas.model.causal_lm import CausalLM
     from replicas.settings import ReplicaSettings
 
-    settings = ReplicaSettings(compilation_cache_dir=sys.argv[1], multi_item_scoring_delimiter=0)
-    configure_compilation_cache(settings.compilation_cache_dir)
+    settings = ReplicaSettings.from_keys(
+        compilation_cache_dir=sys.argv[1], multi_item_scoring_delimiter=0
+    )
+    configure_compilation_cache(settings.engine.compilation_cache_dir)
     config = ModelConfig(
         family="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
         num_heads=2, num_kv_heads=1, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e4,

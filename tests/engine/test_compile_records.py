@@ -45,7 +45,7 @@ def engine_of(kind: str, cache: Path, **changes: Any) -> ScoringEngine:
     )  # fmt: skip
     model = CausalLM(config)
     delimiter = 0 if kind == "causal" else None
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         **{**SMALL, **changes},
         compilation_cache_dir=str(cache),
         multi_item_scoring_delimiter=delimiter,

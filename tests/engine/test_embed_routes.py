@@ -187,7 +187,7 @@ def test_models_say_the_kind_and_other_routes_are_refused_by_name(served) -> Non
 def test_a_causal_lm_refuses_the_embedding_routes(tiny_llama_dir) -> None:
     from replicas.settings import ReplicaSettings
 
-    service = ScoringService.from_settings(ReplicaSettings(model=str(tiny_llama_dir)))
+    service = ScoringService.from_settings(ReplicaSettings.from_keys(model=str(tiny_llama_dir)))
 
     async def backend(work: Any) -> Any:
         raise AssertionError("no work reaches a replica")

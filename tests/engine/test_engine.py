@@ -45,7 +45,9 @@ def tiny():
 
 def make_engine(tiny, **overrides):
     model, params, mesh = tiny
-    return ScoringEngine(model, params, mesh, ReplicaSettings(**{**SMALL, **overrides}), "tiny")
+    return ScoringEngine(
+        model, params, mesh, ReplicaSettings.from_keys(**{**SMALL, **overrides}), "tiny"
+    )
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,9 @@ def tiny():
 
 def make_engine(tiny, **overrides):
     model, params, mesh = tiny
-    return ScoringEngine(model, params, mesh, ReplicaSettings(**{**SMALL, **overrides}), "tiny")
+    return ScoringEngine(
+        model, params, mesh, ReplicaSettings.from_keys(**{**SMALL, **overrides}), "tiny"
+    )
 
 
 def work(seed, query=10, item_lens=(3, 4, 2), labels=(5, 7)):
@@ -143,7 +145,7 @@ def test_a_thousand_items_equal_the_same_items_scored_a_hundred_at_a_time(tiny):
 
 def test_many_items_are_bounded_by_the_configured_limit_up_to_4096(tiny):
     with pytest.raises(SettingsError, match="max_items_per_request"):
-        ReplicaSettings(max_items_per_request=4097)
+        ReplicaSettings.from_keys(max_items_per_request=4097)
     engine = make_engine(tiny, max_items_per_request=10)
     with pytest.raises(ScoringError, match="max_items_per_request"):
         engine.score_batch([work(9, item_lens=(1,) * 11)])

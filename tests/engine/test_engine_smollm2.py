@@ -20,7 +20,9 @@ def smollm2(smollm2_loaded):
     tokenizer = load_tokenizer(resolve_model_source(MODEL))
 
     def engine(**settings):
-        return ScoringEngine(loaded.model, loaded.params, mesh, ReplicaSettings(**settings), MODEL)
+        return ScoringEngine(
+            loaded.model, loaded.params, mesh, ReplicaSettings.from_keys(**settings), MODEL
+        )
 
     return tokenizer, {
         "single": engine(),

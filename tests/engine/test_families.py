@@ -208,7 +208,9 @@ def every_option(tiny_checkpoint, mesh):
 
 def _engine(tiny, **overrides) -> ScoringEngine:
     model, params, mesh = tiny
-    return ScoringEngine(model, params, mesh, ReplicaSettings(**SETTINGS | overrides), "tiny")
+    return ScoringEngine(
+        model, params, mesh, ReplicaSettings.from_keys(**SETTINGS | overrides), "tiny"
+    )
 
 
 @pytest.fixture(scope="module")

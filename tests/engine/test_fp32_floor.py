@@ -59,7 +59,9 @@ def engine(smollm2_loaded: Any, **settings: Any) -> ScoringEngine:
 
     loaded = smollm2_loaded
     mesh = build_mesh((1, 1))
-    return ScoringEngine(loaded.model, loaded.params, mesh, ReplicaSettings(**settings), MODEL)
+    return ScoringEngine(
+        loaded.model, loaded.params, mesh, ReplicaSettings.from_keys(**settings), MODEL
+    )
 
 
 @pytest.fixture(scope="module")

@@ -49,7 +49,9 @@ def test_head_outputs_equal_transformers_multi_and_single_item(variant, mesh, tm
     loaded = load_model(directory, mesh)
     head = loaded.config.head
     assert head is not None and "lm_head" not in loaded.params
-    engine = ScoringEngine(loaded.model, loaded.params, mesh, ReplicaSettings(**SETTINGS), variant)
+    engine = ScoringEngine(
+        loaded.model, loaded.params, mesh, ReplicaSettings.from_keys(**SETTINGS), variant
+    )
     multi = _work(loaded.config.vocab_size, head.num_labels)
     single = _work(loaded.config.vocab_size, head.num_labels, item_first=True)
     # one call: the multi-item work shares its query, the item_first work runs per row
@@ -69,7 +71,7 @@ def test_many_items_chunked_and_a_cached_query_keep_head_outputs_exact(mesh, tmp
     query cache: every reward equals transformers' for its conversation alone."""
     directory = save_tiny_head("qwen2-reward", tmp_path)
     loaded = load_model(directory, mesh)
-    settings = ReplicaSettings(**{**SETTINGS, "item_tokens_per_step": 32})
+    settings = ReplicaSettings.from_keys(**{**SETTINGS, "item_tokens_per_step": 32})
     engine = ScoringEngine(loaded.model, loaded.params, mesh, settings, "reward")
     rng = np.random.default_rng(3)
     query = tuple(int(t) for t in rng.integers(1, 256, 24))

@@ -55,7 +55,7 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> dict:
         for name, (s, r, al, t, x) in ADAPTERS.items()
     }
     adapters = tuple((name, str(paths[name])) for name in "abc")
-    settings = ReplicaSettings(**SETTINGS, model=str(base), lora_adapters=adapters)
+    settings = ReplicaSettings.from_keys(**SETTINGS, model=str(base), lora_adapters=adapters)
     engine = ScoringEngine.from_settings(settings, warm=False)
     return {"base": base, "paths": paths, "engine": engine, "peft": {}}
 
@@ -199,7 +199,9 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("lora-llama")
     base = save_tiny("llama", root / "base")
     path = save_adapter(base, root / "x", seed=7, r=8, lora_alpha=4, target_modules=ALL_TARGETS)
-    settings = ReplicaSettings(**SETTINGS, model=str(base), lora_adapters=(("x", str(path)),))
+    settings = ReplicaSettings.from_keys(
+        **SETTINGS, model=str(base), lora_adapters=(("x", str(path)),)
+    )
     return {"base": base, "path": path, "engine": ScoringEngine.from_settings(settings, warm=False)}
 
 
@@ -219,11 +221,11 @@ def test_grouped_update_equals_peft_in_every_layout(qwen3):
     works of a, b and the base scores each as peft does. A shared prefix with its item
     stream, single-item rows and prompt log-probs equal peft too."""
     adapters = (("a", str(qwen3["paths"]["a"])), ("b", str(qwen3["paths"]["b"])))
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         **{**SETTINGS, "fused_step_tokens": 32}, model=str(qwen3["base"]), lora_adapters=adapters
     )
-    mesh = build_mesh(settings.mesh_shape)
-    loaded = load_model(settings.model, mesh, settings.dtype)
+    mesh = build_mesh(settings.placement.mesh_shape)
+    loaded = load_model(settings.model.name, mesh, settings.model.dtype)
     grouped = dataclasses.replace(loaded.model, lora_update="grouped")
     engine = ScoringEngine(grouped, loaded.params, mesh, settings, "qwen3-grouped")
     rng = np.random.default_rng(80)

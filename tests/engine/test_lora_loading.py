@@ -49,7 +49,9 @@ def test_saved_score_head_serves_beside_a_bare_adapter_and_the_base(seq_cls):
     weights = json.loads((seq_cls["head"] / "adapter_config.json").read_text())
     assert "score" in weights["modules_to_save"]
     adapters = (("head", str(seq_cls["head"])), ("bare", str(seq_cls["bare"])))
-    settings = ReplicaSettings(**SETTINGS, model=str(seq_cls["base"]), lora_adapters=adapters)
+    settings = ReplicaSettings.from_keys(
+        **SETTINGS, model=str(seq_cls["base"]), lora_adapters=adapters
+    )
     engine = ScoringEngine.from_settings(settings, warm=False)
     rng = np.random.default_rng(8)
     query = tuple(int(t) for t in rng.integers(1, 256, 9))
@@ -116,12 +118,14 @@ def test_a_bad_adapter_fails_start_up_and_settings_check_the_slots(qwen3_config)
         save_tiny("llama-kv3", root / "llama2"), root / "bad", seed=1, r=2, lora_alpha=2,
         target_modules=["o_proj"],
     )  # fmt: skip
-    settings = ReplicaSettings(**SETTINGS, model=str(base), lora_adapters=(("bad", str(bad)),))
+    settings = ReplicaSettings.from_keys(
+        **SETTINGS, model=str(base), lora_adapters=(("bad", str(bad)),)
+    )
     with pytest.raises(AdapterError, match="lora adapter 'bad'"):
         ScoringEngine.from_settings(settings, warm=False)
     with pytest.raises(SettingsError, match=r"^max_loras: 1 slots cannot hold"):
         ReplicaSettings.from_mapping({"max_loras": 1, "lora_adapters": {"x": "/a", "y": "/b"}})
     with pytest.raises(SettingsError, match=r"^max_lora_rank"):
-        ReplicaSettings(max_loras=1, max_lora_rank=0)
+        ReplicaSettings.from_keys(max_loras=1, max_lora_rank=0)
     named = ReplicaSettings.from_mapping({"max_loras": 1, "lora_adapters": {"x": "/a"}})
-    assert named.lora_adapters == (("x", "/a"),)
+    assert named.adapters.lora_adapters == (("x", "/a"),)

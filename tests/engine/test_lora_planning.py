@@ -49,7 +49,7 @@ def test_the_slots_bytes_are_every_slot_a_and_b_of_every_layer(model):
 
 def test_steps_compile_with_the_low_rank_update(model):
     mesh = build_mesh((1, 1), jax.devices()[:1])
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         model="tiny", token_buckets=(16, 32), item_token_buckets=(16, 32), batch_buckets=(1,),
         background_compile=False, multi_item_scoring_delimiter=0, warmup_shapes=((16, 2, 8, 4),),
     )  # fmt: skip

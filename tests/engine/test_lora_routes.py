@@ -47,7 +47,7 @@ def served(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> di
         tiny_llama_dir, root / "ranker", seed=9, r=4, lora_alpha=8,
         target_modules=["q_proj", "v_proj", "down_proj"],
     )  # fmt: skip
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         model=str(tiny_llama_dir),
         token_buckets=(16, 32),
         item_token_buckets=(16, 32),

@@ -173,7 +173,9 @@ def test_a_fresh_planner_run_projects_the_figures_a_header_states(
 
 def test_manifests_cover_a_host_group_and_replicas_within_a_host() -> None:
     hosts = sorted(
-        ReplicaSettings.from_mapping(load(p)[1]["applications"][0]["args"]).hosts_per_replica
+        ReplicaSettings.from_mapping(
+            load(p)[1]["applications"][0]["args"]
+        ).placement.hosts_per_replica
         for p in MANIFESTS
     )
     assert len(hosts) == 3 and hosts[0] == 1 and hosts[-1] > 1
@@ -200,19 +202,21 @@ def test_every_replica_fits_a_worker_and_the_replicas_use_every_chip(path: Path)
     settings = ReplicaSettings.from_mapping(app["args"])
     (group,) = manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     node, hosts, slices = worker_node(group), group["numOfHosts"], group["replicas"]
-    bundle = settings.host_bundle
+    bundle = settings.placement.host_bundle
     assert all(node.get(name, 0) >= amount for name, amount in bundle.items()), bundle
-    chips = math.prod(settings.mesh_shape)
-    assert chips == settings.hosts_per_replica * bundle["TPU"]
+    chips = math.prod(settings.placement.mesh_shape)
+    assert chips == settings.placement.hosts_per_replica * bundle["TPU"]
     selector = group["template"]["spec"]["nodeSelector"]
     topology = selector["cloud.google.com/gke-tpu-topology"]
     slice_chips = math.prod(int(n) for n in topology.split("x"))
     assert slice_chips == hosts * node["TPU"]
-    assert dict(settings.host_label_selector) == {"ray.io/tpu-pod-type": f"v6e-{slice_chips}"}
+    assert dict(settings.placement.host_label_selector) == {
+        "ray.io/tpu-pod-type": f"v6e-{slice_chips}"
+    }
     placement = replica_placement(settings)
-    if settings.hosts_per_replica > 1:  # a host group is a whole slice, reserved at start
-        assert settings.hosts_per_replica == hosts
-        assert settings.tpu_slice == f"v6e:{topology}"
+    if settings.placement.hosts_per_replica > 1:  # a host group is a whole slice, reserved at start
+        assert settings.placement.hosts_per_replica == hosts
+        assert settings.placement.tpu_slice == f"v6e:{topology}"
         assert "placement_group_bundles" not in placement
     else:  # replicas tile a host
         assert node["TPU"] % bundle["TPU"] == 0

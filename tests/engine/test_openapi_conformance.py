@@ -94,11 +94,15 @@ class Replica:
 
 def app_of(settings: ReplicaSettings) -> Any:
     """The ingress's HTTP app as ScoreIngress builds it, over the checking backend."""
-    live = LiveNames(name for name, _ in settings.lora_adapters) if settings.max_loras else None
+    live = (
+        LiveNames(name for name, _ in settings.adapters.lora_adapters)
+        if settings.adapters.max_loras
+        else None
+    )
     service = ScoringService.from_settings(settings, live)
     admin = None
     if live is not None:
-        book = AdapterBook(settings.max_loras, dict(settings.lora_adapters))
+        book = AdapterBook(settings.adapters.max_loras, dict(settings.adapters.lora_adapters))
         admin = AdapterAdmin(service.info.name, live, Replica(), Registry(book))
 
     async def health() -> None:

@@ -28,7 +28,9 @@ def tiny():
 
 def engine_for(tiny, **overrides) -> ScoringEngine:
     model, params, mesh = tiny
-    return ScoringEngine(model, params, mesh, ReplicaSettings(**SETTINGS | overrides), "tiny")
+    return ScoringEngine(
+        model, params, mesh, ReplicaSettings.from_keys(**SETTINGS | overrides), "tiny"
+    )
 
 
 def ids(rng, n: int) -> tuple[int, ...]:

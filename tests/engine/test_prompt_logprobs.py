@@ -35,7 +35,9 @@ def tiny():
 
 def make_engine(tiny, **overrides) -> ScoringEngine:
     model, params, mesh = tiny
-    settings = ReplicaSettings(**{**SMALL, "multi_item_scoring_delimiter": 0, **overrides})
+    settings = ReplicaSettings.from_keys(
+        **{**SMALL, "multi_item_scoring_delimiter": 0, **overrides}
+    )
     return ScoringEngine(model, params, mesh, settings, "tiny")
 
 

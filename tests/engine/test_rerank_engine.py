@@ -30,7 +30,7 @@ DOCS = [
 
 @pytest.fixture(scope="module", params=["yes_no", "query_likelihood"])
 def served(request: Any, tiny_llama_dir: Path) -> tuple[ScoringService, ScoringEngine]:
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         rerank_method=request.param,
         model=str(tiny_llama_dir),
         multi_item_scoring_delimiter=0,

@@ -40,7 +40,7 @@ def served(smollm2_loaded: Any) -> dict[str, tuple[ScoringService, Any]]:
     mesh, loaded = build_mesh((1, 1)), smollm2_loaded
     out = {}
     for method in ("yes_no", "query_likelihood"):
-        settings = ReplicaSettings(
+        settings = ReplicaSettings.from_keys(
             model=MODEL, multi_item_scoring_delimiter=0, rerank_method=method
         )
         engine = ScoringEngine(loaded.model, loaded.params, mesh, settings, MODEL)

@@ -72,7 +72,7 @@ def test_an_envelope_admits_by_query_longest_item_and_labels() -> None:
     ],
 )
 def test_limits_refuse_what_no_envelope_admits_by_reason(case: ScoreWork, reason: str) -> None:
-    limits = ReplicaSettings(**WARM).limits
+    limits = ReplicaSettings.from_keys(**WARM).limits
     if reason is None:
         check_limits(case, limits, multi_item=True)
         return
@@ -83,27 +83,29 @@ def test_limits_refuse_what_no_envelope_admits_by_reason(case: ScoreWork, reason
 
 
 def test_a_request_over_max_request_tokens_is_refused_counting_repeated_queries() -> None:
-    limits = ReplicaSettings(max_request_tokens=100, multi_item_scoring_delimiter=0).limits
+    limits = ReplicaSettings.from_keys(
+        max_request_tokens=100, multi_item_scoring_delimiter=0
+    ).limits
     shared = work(40, (10,) * 6, 2)  # 40 + 60 computed tokens: the query once
     check_limits(shared, limits, multi_item=True)
     rows = ScoreWork(shared.query_ids, shared.item_ids, shared.label_ids, item_first=True)
     with pytest.raises(ScoringError, match=r"300 tokens computed .*query counts once per"):
         check_limits(rows, limits, multi_item=True)  # 6 x (40 + 10)
     with pytest.raises(SettingsError, match=r"^max_request_tokens: must be >= 1"):
-        ReplicaSettings(max_request_tokens=0)
+        ReplicaSettings.from_keys(max_request_tokens=0)
 
 
 def test_limit_to_warmup_without_warmup_shapes_is_refused_by_name() -> None:
     with pytest.raises(SettingsError, match=r"^limit_to_warmup: needs warmup_shapes"):
-        ReplicaSettings(limit_to_warmup=True)
+        ReplicaSettings.from_keys(limit_to_warmup=True)
 
 
 def test_a_full_step_is_items_of_the_envelope_length_and_one_remainder() -> None:
-    settings = ReplicaSettings(**WARM)  # step capacity 64 stream tokens
+    settings = ReplicaSettings.from_keys(**WARM)  # step capacity 64 stream tokens
     assert full_step_items(Envelope(12, 24, 4), settings) == [24, 24, 16]
     assert full_step_items(Envelope(48, 6, 2), settings) == [6] * 10 + [4]
     assert full_step_items(Envelope(12, 64, 4), settings) == [64]
-    capped = ReplicaSettings(**{**WARM, "max_items_per_request": 3})
+    capped = ReplicaSettings.from_keys(**{**WARM, "max_items_per_request": 3})
     assert full_step_items(Envelope(48, 6, 2), capped) == [6, 6, 6]
 
 
@@ -133,7 +135,7 @@ def engine_for(tiny, settings: ReplicaSettings) -> ScoringEngine:
 
 
 def test_start_up_refuses_a_batch_bucket_warm_up_does_not_reach(tiny) -> None:
-    settings = ReplicaSettings(**{**WARM, "warmup_batch_sizes": (1,)})
+    settings = ReplicaSettings.from_keys(**{**WARM, "warmup_batch_sizes": (1,)})
     with pytest.raises(SettingsError, match=r"^warmup_batch_sizes: .* add 2 to warmup_batch"):
         engine_for(tiny, settings)
 
@@ -141,7 +143,7 @@ def test_start_up_refuses_a_batch_bucket_warm_up_does_not_reach(tiny) -> None:
 def test_the_shipped_config_passes_its_start_up_check_and_serves_long_documents(tiny) -> None:
     (app, *_) = yaml.safe_load(SERVE_CONFIG.read_text())["applications"]
     settings = ReplicaSettings.from_mapping(app["args"])
-    assert settings.limit_to_warmup
+    assert settings.warmup.limit_to_warmup
     engine = engine_for(tiny, settings.replace(compilation_cache_dir=None))  # checks coverage
     assert max(e.item_tokens for e in settings.limits.envelopes) >= 512  # rerank documents
     assert len(engine.warmup_keys()) >= len(settings.warmup_shapes)
@@ -165,7 +167,7 @@ def random_work(rng: np.random.Generator) -> ScoreWork:
 
 
 def test_every_admitted_request_runs_on_warm_signatures_and_the_rest_is_refused(tiny) -> None:
-    engine = engine_for(tiny, ReplicaSettings(**WARM))
+    engine = engine_for(tiny, ReplicaSettings.from_keys(**WARM))
     engine.warmup()
     rng = np.random.default_rng(0)
     admitted, refused = [], 0
@@ -189,7 +191,7 @@ def test_every_admitted_request_runs_on_warm_signatures_and_the_rest_is_refused(
 def test_the_ingress_answers_400_by_reason_and_lists_the_envelopes(tiny_llama_dir: Path) -> None:
     from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 
-    limits = ReplicaSettings(**WARM).limits
+    limits = ReplicaSettings.from_keys(**WARM).limits
     info = ModelInfo("tiny", VOCAB, 0, limits)
     tokenizer = load_tokenizer(resolve_model_source(tiny_llama_dir))
     service = ScoringService(info=info, tokenizer=tokenizer, clock=lambda: 0.0)

@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent(
     ]
     out = {}
     for layout in ("shared_prefix", "packed_reference"):
-        settings = ReplicaSettings(
+        settings = ReplicaSettings.from_keys(
             token_buckets=(16, 32, 64), item_token_buckets=(16, 32, 64),
             max_multi_item_seq_len=128, background_compile=False,
             multi_item_scoring_delimiter=0, layout=layout,

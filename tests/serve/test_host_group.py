@@ -144,7 +144,7 @@ def test_two_hosts_over_http_equal_one_process_single_item(
     with group.client(120) as http:
         response = score(http, ITEMS, QUERY)
     assert response.status_code == 200, response.text
-    settings = ReplicaSettings(multi_item_scoring_delimiter=None)
+    settings = ReplicaSettings.from_keys(multi_item_scoring_delimiter=None)
     loaded = load_model(tiny_llama_dir, build_mesh((1, 1)))
     single = ScoringEngine(loaded.model, loaded.params, build_mesh((1, 1)), settings, "tiny")
     (reference,) = single.score_batch(

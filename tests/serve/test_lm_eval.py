@@ -31,7 +31,7 @@ PREFIX = "/lmeval"
 
 @pytest.fixture(scope="module")
 def served(serve_cluster: ServeCluster, tiny_llama_dir: Path) -> Iterator[str]:  # noqa: F811
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         model=str(tiny_llama_dir),
         multi_item_scoring_delimiter=0,
         token_buckets=(16, 32, 64, 128),

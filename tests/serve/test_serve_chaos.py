@@ -84,7 +84,7 @@ def marker(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(serve_cluster: ServeCluster, marker: Path, tiny_llama_dir: Path) -> ServeCluster:  # noqa: F811
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         model=str(tiny_llama_dir),
         multi_item_scoring_delimiter=0,
         warmup_shapes=((4, 2, 2, 2),),

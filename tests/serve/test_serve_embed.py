@@ -84,12 +84,12 @@ def embed_config(directory: Path, folder: Path) -> Path:
     shapes = embed_settings(directory)
     app["args"].update(
         model=str(directory),
-        token_buckets=list(shapes.token_buckets),
-        item_token_buckets=list(shapes.item_token_buckets),
-        item_tokens_per_step=shapes.item_tokens_per_step,
-        fused_step_tokens=shapes.fused_step_tokens,
-        batch_buckets=list(shapes.batch_buckets),
-        max_items_per_request=shapes.max_items_per_request,
+        token_buckets=list(shapes.engine.token_buckets),
+        item_token_buckets=list(shapes.engine.item_token_buckets),
+        item_tokens_per_step=shapes.engine.item_tokens_per_step,
+        fused_step_tokens=shapes.engine.fused_step_tokens,
+        batch_buckets=list(shapes.engine.batch_buckets),
+        max_items_per_request=shapes.http.max_items_per_request,
         query_cache_bytes=0,
         warmup_shapes=[],
         completion_warmup_shapes=[],

@@ -53,7 +53,7 @@ def gemma_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _settings(model_dir: Path, **changes: Any) -> ReplicaSettings:
-    return ReplicaSettings(
+    return ReplicaSettings.from_keys(
         model=str(model_dir),
         multi_item_scoring_delimiter=0,
         token_buckets=(16, 64),

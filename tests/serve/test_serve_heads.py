@@ -42,7 +42,7 @@ def head_dir(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> 
 
 @pytest.fixture(scope="module")
 def client(serve_cluster: ServeCluster, head_dir: Path) -> Iterator[httpx.Client]:  # noqa: F811
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         model=str(head_dir),
         multi_item_scoring_delimiter=0,
         token_buckets=(16, 64, 128),

@@ -43,7 +43,7 @@ REPLICA = {"ray_actor_options": {"num_cpus": 0.25}}
 
 
 def tiny_settings(model_dir: Path, delimiter: int | None) -> ReplicaSettings:
-    return ReplicaSettings(
+    return ReplicaSettings.from_keys(
         model=str(model_dir),
         multi_item_scoring_delimiter=delimiter,
         token_buckets=(16, 64, 128),

@@ -42,7 +42,7 @@ def adapter(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 @pytest.fixture(scope="module")
 def client(serve_cluster: ServeCluster, tiny_llama_dir: Path) -> Iterator[httpx.Client]:  # noqa: F811
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         **lora_settings(max_loras=1, max_lora_rank=4), model=str(tiny_llama_dir)
     )
     small = {"ray_actor_options": {"num_cpus": 0.1}}

@@ -49,7 +49,7 @@ def expected_scores() -> list[list[float]]:
 
 
 def settings(model_dir: Path, **changes: Any) -> ReplicaSettings:
-    return ReplicaSettings(
+    return ReplicaSettings.from_keys(
         model=str(model_dir),
         multi_item_scoring_delimiter=0,
         max_batch_size=1,
@@ -248,7 +248,7 @@ def test_bad_settings_fail_the_deployment_naming_the_setting(
     cluster: ServeCluster, tiny_llama_dir: Path
 ) -> None:
     app = scoring_app(
-        ReplicaSettings(model=str(tiny_llama_dir), multi_item_scoring_delimiter=49152),
+        ReplicaSettings.from_keys(model=str(tiny_llama_dir), multi_item_scoring_delimiter=49152),
         engine_factory=FAST,
         # One failed start is enough to fail the deployment (Serve's default retries cost ~1 min).
         replica_options={"ray_actor_options": CPU, "max_constructor_retry_count": 1},

@@ -28,7 +28,7 @@ PARIS, LONDON, BERLIN = 7042, 4528, 11452  # " Paris", " London", " Berlin"
 @pytest.fixture(scope="module")
 def client(serve_cluster: ServeCluster) -> Iterator[httpx.Client]:  # noqa: F811
     smollm2_package_dir()
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         model="SmolLM2-135M-Instruct",
         multi_item_scoring_delimiter=0,
         token_buckets=(16, 64, 256),

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 TPU_ENV = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
 BUNDLE = {"TPU": 4, "CPU": 1}
 SLICE = "v5p:2x2x2"  # 8 chips: 2 hosts of 4 (pod type v5p-16: Ray counts 2 cores per chip)
-SETTINGS = ReplicaSettings(
+SETTINGS = ReplicaSettings.from_keys(
     hosts_per_replica=2, mesh_shape=(1, 8), host_resources=tuple(BUNDLE.items()), tpu_slice=SLICE
 )
 
@@ -153,4 +153,4 @@ def test_serve_reserves_no_placement_group_for_a_slice_replica() -> None:
 def test_a_bad_tpu_slice_names_the_settings(changes: dict, message: str) -> None:
     values = {"hosts_per_replica": 2, "host_resources": tuple(BUNDLE.items()), "tpu_slice": SLICE}
     with pytest.raises(SettingsError, match=re.escape(message)):
-        ReplicaSettings(**(values | changes))
+        ReplicaSettings.from_keys(**(values | changes))

@@ -106,7 +106,7 @@ def engine_for(loaded: Any, overrides: dict[str, Any]) -> Any:
         "max_multi_item_seq_len": 256,
         "background_compile": False,
     }
-    settings = ReplicaSettings(**base | overrides)
+    settings = ReplicaSettings.from_keys(**base | overrides)
     mesh = loaded.params["embed"].sharding.mesh
     return ScoringEngine(loaded.model, loaded.params, mesh, settings, "tiny")
 

@@ -92,7 +92,7 @@ def embed_settings(model: Path, **changes: Any) -> Any:
         "max_items_per_request": 64,
         "query_cache_bytes": 0,
     }
-    return ReplicaSettings(**{**values, **changes})
+    return ReplicaSettings.from_keys(**{**values, **changes})
 
 
 @functools.lru_cache(maxsize=8)

@@ -45,12 +45,12 @@ class FakeEngine:
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings) -> FakeEngine:
-        source = resolve_model_source(settings.model)
+        source = resolve_model_source(settings.model.name)
         vocab_size = load_hf_config(source).vocab_size
         info = ModelInfo(
             name=source.name,
             vocab_size=vocab_size,
-            multi_item_scoring_delimiter=settings.multi_item_scoring_delimiter,
+            multi_item_scoring_delimiter=settings.model.multi_item_scoring_delimiter,
             limits=settings.limits,
         )
         return cls(settings=settings, model_info=info)
@@ -66,8 +66,8 @@ class FakeEngine:
     def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
         self.batches += 1
         for work in works:
-            check_limits(work, self.model_info.limits, self.settings.multi_item)
-        tokens = sum(work_cost(work, self.settings.multi_item) for work in works)
+            check_limits(work, self.model_info.limits, self.settings.model.multi_item)
+        tokens = sum(work_cost(work, self.settings.model.multi_item) for work in works)
         if self.delay_s or self.delay_per_token_s:
             time.sleep(self.delay_s + self.delay_per_token_s * tokens)
         return [fake_logprobs(work) for work in works]

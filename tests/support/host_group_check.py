@@ -52,7 +52,7 @@ def run(model: str, repeats: int, bench: bool) -> dict:
     for mesh in MESHES[:1] if bench else MESHES:
         # Every layout with the model axis across hosts; the data axis needs only one.
         for name, overrides in list(LAYOUTS.items())[: 1 if bench or mesh != MESHES[0] else None]:
-            settings = ReplicaSettings(
+            settings = ReplicaSettings.from_keys(
                 model=model,
                 mesh_shape=mesh,
                 batch_buckets=(1, 2),
@@ -83,7 +83,9 @@ def main(argv: list[str]) -> None:
     from replicas.settings import ReplicaSettings, SettingsError
 
     try:  # a mesh that does not hold every device of every host is refused by name
-        check_mesh_spans_hosts(ReplicaSettings(mesh_shape=(1, 2), hosts_per_replica=hosts))
+        check_mesh_spans_hosts(
+            ReplicaSettings.from_keys(mesh_shape=(1, 2), hosts_per_replica=hosts).placement
+        )
         refused = ""
     except SettingsError as error:
         refused = str(error)

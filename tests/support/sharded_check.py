@@ -49,7 +49,7 @@ def logprobs(loaded: LoadedModel, tokens: jax.Array, lengths: jax.Array) -> np.n
 
 def engine_scores(loaded: LoadedModel, attention: str) -> list[np.ndarray]:
     """Multi-item scores of two requests through the engine with ``attention``."""
-    settings = ReplicaSettings(
+    settings = ReplicaSettings.from_keys(
         multi_item_scoring_delimiter=0,
         attention=attention,
         background_compile=False,

@@ -27,7 +27,7 @@ class HostProbe:
             node_labels.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, index)
             ).remote()
-            for index in range(1, settings.hosts_per_replica)
+            for index in range(1, settings.placement.hosts_per_replica)
         ]
         labels = [own_labels(), *ray.get(refs)]
         self.slices = [host.get("ray.io/tpu-slice-name") for host in labels]

@@ -16,7 +16,7 @@ import app.builder, app.http, app.ingress, app.openapi, app.schema
 import app.metrics, app.scores, app.service, app.tokenization, app.validation
 from app.service import ScoringService
 from replicas.settings import ReplicaSettings
-service = ScoringService.from_settings(ReplicaSettings(model=sys.argv[1]))
+service = ScoringService.from_settings(ReplicaSettings.from_keys(model=sys.argv[1]))
 service.tokenizer("hello", add_special_tokens=True)
 print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("jax", "jaxlib", "flax"))))
 """

@@ -168,7 +168,7 @@ async def prompt_backend(work: PromptWork) -> list[PromptLogprobs]:
 @pytest.fixture(scope="module")
 def likelihood(tokenizer: Any) -> ScoringService:
     info = ModelInfo("smollm2", 49152, 0, ScoringLimits(8, 4096, 1024))
-    settings = ReplicaSettings(rerank_method="query_likelihood")
+    settings = ReplicaSettings.from_keys(rerank_method="query_likelihood")
     reranker = reranker_for(settings, tokenizer)
     return ScoringService(info=info, tokenizer=tokenizer, clock=lambda: 0.0, reranker=reranker)
 

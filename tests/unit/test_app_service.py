@@ -225,7 +225,7 @@ def test_wrong_shape_from_replica_is_a_500(service: ScoringService) -> None:
 
 def test_from_settings_uses_the_model_vocab(tiny_llama_dir: Path) -> None:
     service = ScoringService.from_settings(
-        ReplicaSettings(model=str(tiny_llama_dir), multi_item_scoring_delimiter=0)
+        ReplicaSettings.from_keys(model=str(tiny_llama_dir), multi_item_scoring_delimiter=0)
     )
     assert service.info.vocab_size == VOCAB
     assert service.info.multi_item_scoring_delimiter == 0
@@ -233,6 +233,8 @@ def test_from_settings_uses_the_model_vocab(tiny_llama_dir: Path) -> None:
 
 
 def test_from_settings_rejects_a_delimiter_outside_the_vocab(tiny_llama_dir: Path) -> None:
-    settings = ReplicaSettings(model=str(tiny_llama_dir), multi_item_scoring_delimiter=VOCAB)
+    settings = ReplicaSettings.from_keys(
+        model=str(tiny_llama_dir), multi_item_scoring_delimiter=VOCAB
+    )
     with pytest.raises(SettingsError, match=r"^multi_item_scoring_delimiter: .*49152"):
         ScoringService.from_settings(settings)

@@ -38,7 +38,7 @@ def test_every_rayjob_runs_the_batch_command_on_its_planned_layout() -> None:
         assert spec["rayClusterSpec"] == service["spec"]["rayClusterConfig"]
 
         settings = settings_from_config(service_path)
-        assert settings.hosts_per_replica == 1  # --engine local: one actor per replica
+        assert settings.placement.hosts_per_replica == 1  # --engine local: one actor per replica
         actor = engine_remote_args(settings)
         (workers,) = spec["rayClusterSpec"]["workerGroupSpecs"]
         (container,) = workers["template"]["spec"]["containers"]

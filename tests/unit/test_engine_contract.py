@@ -88,7 +88,7 @@ def test_each_engine_implements_every_member(path: str) -> None:
 
 @pytest.fixture
 def settings(tiny_llama_dir: Path) -> ReplicaSettings:
-    return ReplicaSettings(model=str(tiny_llama_dir), multi_item_scoring_delimiter=0)
+    return ReplicaSettings.from_keys(model=str(tiny_llama_dir), multi_item_scoring_delimiter=0)
 
 
 @pytest.mark.parametrize("cls", [FakeEngine, SlowFakeEngine, WorkFakeEngine])

@@ -25,7 +25,6 @@ REPLICAS_RANK = {
     "errors": 0,  # the one error a request is refused with, and its reasons
     "engine_contract": 0,  # what a replica uses of its engine (a Protocol)
     "settings": 1,
-    "adapter_settings": 1,  # the LoRA settings' checks, part of the settings
     "model": 2,
     "checkpoints": 3,
     "engine": 4,

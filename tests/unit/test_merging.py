@@ -36,4 +36,4 @@ def test_a_later_batch_that_fits_does_not_jump_the_queue() -> None:
 
 def test_a_negative_bound_is_refused_naming_the_setting() -> None:
     with pytest.raises(SettingsError, match="max_call_tokens: must be >= 0"):
-        ReplicaSettings(max_call_tokens=-1)
+        ReplicaSettings.from_keys(max_call_tokens=-1)

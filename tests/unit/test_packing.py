@@ -100,8 +100,10 @@ def test_many_items_are_chunked_behind_the_same_query_in_order():
 
 
 def test_chunks_fill_the_largest_bucket_within_the_step_budget():
-    settings = ReplicaSettings(item_token_buckets=(16, 48, 100, 4096), item_tokens_per_step=64)
-    assert step_capacity(settings) == 48
+    settings = ReplicaSettings.from_keys(
+        item_token_buckets=(16, 48, 100, 4096), item_tokens_per_step=64
+    )
+    assert step_capacity(settings.engine) == 48
 
 
 def test_single_item_rows_are_grouped_by_length_into_power_of_two_steps():

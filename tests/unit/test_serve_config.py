@@ -6,7 +6,6 @@ ordinary text never produces, autoscaling targets below the concurrency caps, 50
 
 from __future__ import annotations
 
-import dataclasses
 import types
 import typing
 from pathlib import Path
@@ -30,7 +29,7 @@ from replicas.serving.setup import RECONFIGURABLE, apply_user_config
 from replicas.settings import ReplicaSettings, SettingsError
 
 CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
-SETTINGS_KEYS = {f.name for f in dataclasses.fields(ReplicaSettings)}
+SETTINGS_KEYS = ReplicaSettings.setting_names()
 
 
 GPU_CONFIG = CONFIG.with_name("serve_config.gpu.yaml")
@@ -100,11 +99,11 @@ def test_every_key_is_read_by_ray_or_the_replica_settings(config: Path) -> None:
 def test_the_gpu_config_batches_in_bfloat16_on_one_gpu() -> None:
     (app,) = load(GPU_CONFIG)["applications"]
     settings = ReplicaSettings.from_mapping(app["args"])
-    assert (settings.dtype, settings.attention) == ("bfloat16", "auto")
-    assert dict(settings.host_resources)["GPU"] == 1
+    assert (settings.model.dtype, settings.engine.attention) == ("bfloat16", "auto")
+    assert dict(settings.placement.host_resources)["GPU"] == 1
     replica = next(d for d in app["deployments"] if d["name"] == "ScoringReplica")
-    assert replica["max_ongoing_requests"] >= settings.max_batch_size == 64
-    assert settings.batch_buckets[-1] == settings.max_batch_size
+    assert replica["max_ongoing_requests"] >= settings.batching.max_batch_size == 64
+    assert settings.engine.batch_buckets[-1] == settings.batching.max_batch_size
 
 
 def test_the_key_checker_catches_typos() -> None:
@@ -140,10 +139,10 @@ def test_one_application_wired_to_the_builder() -> None:
 def test_defaults_serve_smollm2_with_multi_item_on() -> None:
     (app,) = load()["applications"]
     settings = ReplicaSettings.from_mapping(app["args"])
-    assert settings.model == "SmolLM2-135M-Instruct"
-    assert settings.multi_item_scoring_delimiter is not None  # 0 is a valid delimiter
-    assert settings.multi_item
-    assert settings.mesh_shape == (1, 1)
+    assert settings.model.name == "SmolLM2-135M-Instruct"
+    assert settings.model.multi_item_scoring_delimiter is not None  # 0 is a valid delimiter
+    assert settings.model.multi_item
+    assert settings.placement.mesh_shape == (1, 1)
 
 
 def test_deployments_scale_by_queue_depth_and_shed_overload() -> None:
@@ -160,18 +159,18 @@ def test_deployments_scale_by_queue_depth_and_shed_overload() -> None:
     assert 0 < ingress["ray_actor_options"]["num_cpus"] < 1  # fractional CPU
     # A dead ingress leaves another to answer; a stopping one finishes its requests first.
     assert ingress["autoscaling_config"]["min_replicas"] >= 2
-    assert ingress["graceful_shutdown_timeout_s"] > ReplicaSettings().request_deadline_s
+    assert ingress["graceful_shutdown_timeout_s"] > ReplicaSettings().batching.request_deadline_s
     replica = next(d for d in app["deployments"] if d["name"] == ScoringReplica.name)
     assert "ray_actor_options" not in replica  # host_resources sets them: one place
     settings = ReplicaSettings.from_mapping(app["args"])
-    assert settings.host_bundle == {"CPU": 1}
-    assert replica["max_ongoing_requests"] >= settings.max_batch_size  # a batch can fill
+    assert settings.placement.host_bundle == {"CPU": 1}
+    assert replica["max_ongoing_requests"] >= settings.batching.max_batch_size  # a batch can fill
     assert set(replica["user_config"]) <= RECONFIGURABLE
     # The start-up reconfigure() accepts it (it may only touch batching settings).
-    assert apply_user_config(settings, replica["user_config"]).max_batch_size >= 1
+    assert apply_user_config(settings, replica["user_config"]).batching.max_batch_size >= 1
     # Overload is answered well before any proxy timeout (semantics 12).
-    assert 0 < settings.max_queue_wait_s <= 10
-    assert settings.request_deadline_s < load()["http_options"]["request_timeout_s"]
+    assert 0 < settings.batching.max_queue_wait_s <= 10
+    assert settings.batching.request_deadline_s < load()["http_options"]["request_timeout_s"]
 
 
 def test_bad_args_fail_naming_the_setting() -> None:
@@ -192,9 +191,9 @@ def test_the_delimiter_is_a_special_token_ordinary_text_never_produces() -> None
 
     (app,) = load()["applications"]
     settings = ReplicaSettings.from_mapping(app["args"])
-    delimiter = settings.multi_item_scoring_delimiter
+    delimiter = settings.model.multi_item_scoring_delimiter
     assert delimiter is not None
-    tokenizer = load_tokenizer(resolve_model_source(settings.model))
+    tokenizer = load_tokenizer(resolve_model_source(settings.model.name))
     assert delimiter in tokenizer.all_special_ids
     assert tokenizer.convert_ids_to_tokens(delimiter) == "<|endoftext|>"
     text = "".join(chr(c) for c in range(32, 0x250)) + " The capital of France is Paris.\n\t<|"

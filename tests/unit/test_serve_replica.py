@@ -87,7 +87,7 @@ class CompilingEngine(FakeEngine):
 
 @pytest.fixture
 def settings(tiny_llama_dir: Path) -> ReplicaSettings:
-    return ReplicaSettings(
+    return ReplicaSettings.from_keys(
         model=str(tiny_llama_dir),
         multi_item_scoring_delimiter=0,
         max_batch_size=8,
@@ -274,10 +274,10 @@ def test_reconfigure_changes_batching_only(settings: ReplicaSettings) -> None:
 
 
 def test_apply_user_config_rules() -> None:
-    current = ReplicaSettings(mesh_shape=(1, 1))
+    current = ReplicaSettings.from_keys(mesh_shape=(1, 1))
     assert apply_user_config(current, {}) is current
     assert apply_user_config(current, {"mesh_shape": [1, 1]}) is current  # YAML lists
-    assert apply_user_config(current, {"max_batch_size": 4}).max_batch_size == 4
+    assert apply_user_config(current, {"max_batch_size": 4}).batching.max_batch_size == 4
     with pytest.raises(SettingsError, match=r"^max_batch: unknown"):
         apply_user_config(current, {"max_batch": 4})
     with pytest.raises(SettingsError, match=r"^token_buckets: changing it"):
@@ -288,7 +288,7 @@ def test_apply_user_config_rules() -> None:
 
 
 def test_start_up_checks_name_the_setting(tiny_llama_dir: Path, tmp_path: Path) -> None:
-    good = ReplicaSettings(model=str(tiny_llama_dir), multi_item_scoring_delimiter=0)
+    good = ReplicaSettings.from_keys(model=str(tiny_llama_dir), multi_item_scoring_delimiter=0)
     assert check_model_settings(good) == 49152
     with pytest.raises(SettingsError, match=r"^multi_item_scoring_delimiter: token id 49152"):
         check_model_settings(good.replace(multi_item_scoring_delimiter=49152))

@@ -19,7 +19,7 @@ import numpy as np
 
 from replicas.contract import ScoreWork
 from replicas.model.causal_lm import CausalLM, Params
-from replicas.settings import ReplicaSettings
+from replicas.settings import EngineSettings
 
 Array = jax.Array
 SCORE_CHUNK = 32
@@ -44,11 +44,11 @@ def label_bucket(num_labels: int) -> int:
     return 1 << max(num_labels - 1, 0).bit_length()
 
 
-def step_capacity(settings: ReplicaSettings) -> int:
+def step_capacity(engine: EngineSettings) -> int:
     """Stream tokens one step takes: the largest bucket within ``item_tokens_per_step``
     (chunks then fill a bucket exactly instead of padding to the next)."""
-    fitting = [b for b in settings.item_token_buckets if b <= settings.item_tokens_per_step]
-    return fitting[-1] if fitting else settings.item_tokens_per_step
+    fitting = [b for b in engine.item_token_buckets if b <= engine.item_tokens_per_step]
+    return fitting[-1] if fitting else engine.item_tokens_per_step
 
 
 def score_capacity(rows: int) -> int:

@@ -156,7 +156,7 @@ class EmbedLayout:
     # -- planning -----------------------------------------------------------------------
 
     def _capacity(self) -> int:
-        return step_capacity(self._runner.settings)
+        return step_capacity(self._runner.settings.engine)
 
     def _rows(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[list[Piece]]:
         """Every input of ``works[indices]``, longest first, first-fit into rows."""
@@ -167,7 +167,7 @@ class EmbedLayout:
             for i, tokens in enumerate(works[w].inputs)
         ]
         pieces.sort(key=lambda p: -len(p.tokens))
-        capacity, buckets = self._capacity(), self._runner.settings.item_token_buckets
+        capacity, buckets = self._capacity(), self._runner.settings.engine.item_token_buckets
         rows: list[list[Piece]] = []
         used: list[int] = []
         for piece in pieces:
@@ -186,15 +186,15 @@ class EmbedLayout:
         return rows
 
     def _steps(self, rows: list[list[Piece]]) -> list[tuple[EmbedDims, list[list[Piece]]]]:
-        settings, groups = self._runner.settings, self._runner.groups
-        per_step = data_buckets(settings.batch_buckets, groups)[-1]
+        engine, groups = self._runner.settings.engine, self._runner.groups
+        per_step = data_buckets(engine.batch_buckets, groups)[-1]
         steps = []
         for start in range(0, len(rows), per_step):
             chunk = rows[start : start + per_step]
             longest_row = max(sum(len(p.tokens) for p in row) for row in chunk)
-            tokens = bucket_for(longest_row, settings.item_token_buckets, "item_token_buckets")
+            tokens = bucket_for(longest_row, engine.item_token_buckets, "item_token_buckets")
             longest = max(len(p.tokens) for row in chunk for p in row)
-            batch = bucket_for(len(chunk), data_buckets(settings.batch_buckets, groups), "batch")
+            batch = bucket_for(len(chunk), data_buckets(engine.batch_buckets, groups), "batch")
             steps.append((EmbedDims(batch, tokens, embed_window(longest, tokens)), chunk))
         return steps
 
@@ -205,15 +205,15 @@ class EmbedLayout:
         """One row of each token bucket about four times the one before up to the step's
         capacity (its window the whole row, so it covers every smaller input), and the
         fullest step (the largest batch bucket of full rows)."""
-        settings, groups = self._runner.settings, self._runner.groups
+        engine, groups = self._runner.settings.engine, self._runner.groups
         capacity = self._capacity()
-        smallest = data_buckets(settings.batch_buckets, groups)[0]
+        smallest = data_buckets(engine.batch_buckets, groups)[0]
         keys, last = [], 0
-        for tokens in settings.item_token_buckets:
+        for tokens in engine.item_token_buckets:
             if tokens <= capacity and (tokens >= 4 * last or tokens == capacity):
                 keys.append(("embed", EmbedDims(smallest, tokens, window_for(tokens, tokens))))
                 last = tokens
-        largest = data_buckets(settings.batch_buckets, groups)[-1]
+        largest = data_buckets(engine.batch_buckets, groups)[-1]
         full = EmbedDims(largest, capacity, window_for(capacity, capacity))
         return list(dict.fromkeys([*keys, ("embed", full)]))
 

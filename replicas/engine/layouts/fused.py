@@ -60,8 +60,8 @@ class FusedLayout:
     def capacity(self) -> int:
         """Tokens a fused row holds: the largest token bucket within ``fused_step_tokens``
         (0: fused steps are off)."""
-        settings = self._runner.settings
-        fitting = [b for b in settings.token_buckets if b <= settings.fused_step_tokens]
+        engine = self._runner.settings.engine
+        fitting = [b for b in engine.token_buckets if b <= engine.fused_step_tokens]
         return fitting[-1] if fitting else 0
 
     def fits(self, work: ScoreWork) -> bool:
@@ -75,7 +75,7 @@ class FusedLayout:
         """Fused signatures warm-up compiles: rows up to ``capacity`` in steps of two
         (a shorter row runs on the next one up, at most twice padded, until its own compiles
         in the background), for ``labels`` labels."""
-        buckets = [b for b in self._runner.settings.token_buckets if b <= self.capacity]
+        buckets = [b for b in self._runner.settings.engine.token_buckets if b <= self.capacity]
         widths = [b for b in buckets if b & (b - 1) == 0 or b == buckets[-1]]
         rows = self._runner.groups
         return [("fused", DenseDims(rows, width, label_bucket(labels))) for width in widths]
@@ -109,7 +109,7 @@ class FusedLayout:
 
     def _dims(self, works: Sequence[ScoreWork], rows: list[list[int]], fill: list[int]) -> Any:
         labels = max(len(works[i].label_ids) for row in rows for i in row)
-        width = bucket_for(max(fill), self._runner.settings.token_buckets, "token_buckets")
+        width = bucket_for(max(fill), self._runner.settings.engine.token_buckets, "token_buckets")
         return DenseDims(len(rows), width, label_bucket(labels))
 
     def _run(

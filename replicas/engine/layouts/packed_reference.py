@@ -97,16 +97,16 @@ class PackedReferenceLayout:
     def _steps(
         self, works: Sequence[ScoreWork], indices: Sequence[int]
     ) -> Iterator[tuple[DenseDims, list[PackedRow], list[tuple[list[int], ...]]]]:
-        settings = self._runner.settings
-        delimiter = settings.multi_item_scoring_delimiter
-        rows = [r for i in indices for r in split_rows(works[i], i, settings.token_buckets[-1])]
-        buckets = data_buckets(settings.batch_buckets, self._runner.groups)
+        engine = self._runner.settings.engine
+        delimiter = self._runner.settings.model.multi_item_scoring_delimiter
+        rows = [r for i in indices for r in split_rows(works[i], i, engine.token_buckets[-1])]
+        buckets = data_buckets(engine.batch_buckets, self._runner.groups)
         for start in range(0, len(rows), buckets[-1]):
             step_rows = rows[start : start + buckets[-1]]
             packed = [_packed(works[r.work], r, delimiter) for r in step_rows]
             dims = DenseDims(
                 bucket_for(len(step_rows), buckets, "batch_buckets"),
-                bucket_for(max(len(p[0]) for p in packed), settings.token_buckets, "token_buckets"),
+                bucket_for(max(len(p[0]) for p in packed), engine.token_buckets, "token_buckets"),
                 label_bucket(max(len(works[r.work].label_ids) for r in step_rows)),
             )
             yield dims, step_rows, packed

@@ -131,7 +131,7 @@ class PrefixExtender:
     ) -> Extension | None:
         """An extension worth running for ``query`` on block ``home`` (computed at
         ``width`` otherwise), or None."""
-        if len(query) <= PREFIX_BLOCK or not self._runner.settings.prefix_reuse:
+        if len(query) <= PREFIX_BLOCK or not self._runner.settings.engine.prefix_reuse:
             return None
         reused, found = self._index.longest(query, len(query) - 1, self._find)
         if found is None:
@@ -162,10 +162,10 @@ class PrefixExtender:
             yield from self._run_step(step, width)
 
     def _dims(self, rows: int, reused: int, remaining: int) -> ExtendDims:
-        settings, groups = self._runner.settings, self._runner.groups
-        batch = bucket_for(rows, data_buckets(settings.batch_buckets, groups), "batch_buckets")
-        prefix = bucket_for(reused, settings.token_buckets, "token_buckets")
-        tokens = bucket_for(remaining, settings.token_buckets, "token_buckets")
+        engine, groups = self._runner.settings.engine, self._runner.groups
+        batch = bucket_for(rows, data_buckets(engine.batch_buckets, groups), "batch_buckets")
+        prefix = bucket_for(reused, engine.token_buckets, "token_buckets")
+        tokens = bucket_for(remaining, engine.token_buckets, "token_buckets")
         return ExtendDims(batch, prefix, tokens)
 
     def _run_step(

@@ -115,16 +115,16 @@ class PromptLayout:
         largest batch bucket, the longest prefix, a whole step of stream tokens, the widest
         item window and 20 alternatives; every request the limits admit runs on these or
         smaller signatures."""
-        settings, groups = self._runner.settings, self._runner.groups
-        batch = data_buckets(settings.batch_buckets, groups)[-1]
-        capacity = step_capacity(settings)
-        tokens = bucket_for(capacity, settings.item_token_buckets, "item_token_buckets")
+        engine, groups = self._runner.settings.engine, self._runner.groups
+        batch = data_buckets(engine.batch_buckets, groups)[-1]
+        capacity = step_capacity(engine)
+        tokens = bucket_for(capacity, engine.item_token_buckets, "item_token_buckets")
         window = window_for(min(MAX_REMAINDER, capacity), tokens)
         top_k = label_bucket(MAX_TOP_LOGPROBS)
         keys: list[tuple[str, Any]] = []
         for prefix, _, after, _ in shapes:
-            longest = max(block_floor(prefix + after - 1, PREFIX_BLOCK), settings.token_buckets[0])
-            width = bucket_for(longest, settings.token_buckets, "token_buckets")
+            longest = max(block_floor(prefix + after - 1, PREFIX_BLOCK), engine.token_buckets[0])
+            width = bucket_for(longest, engine.token_buckets, "token_buckets")
             keys.append(("prompt_prefix", PromptPrefixDims(batch, width, top_k)))
             keys.append(("prompt_items", PromptStreamDims(batch, width, tokens, window, top_k)))
         return keys
@@ -132,10 +132,10 @@ class PromptLayout:
     def _units(
         self, works: Sequence[PromptWork], indices: Sequence[int], use_cache: bool
     ) -> list[Unit]:
-        settings = self._runner.settings
-        capacity = step_capacity(settings)
+        engine = self._runner.settings.engine
+        capacity = step_capacity(engine)
         limit = min(MAX_REMAINDER, capacity)
-        use_cache = use_cache and settings.prefix_reuse
+        use_cache = use_cache and engine.prefix_reuse
         load = [0] * self._runner.groups
         units: list[Unit] = []
         for w in indices:
@@ -143,7 +143,7 @@ class PromptLayout:
             top_k = label_bucket(max(work.top_k, 1))
             groups = (
                 group_prompts(work.prompts, PREFIX_BLOCK, limit)
-                if settings.prefix_reuse
+                if engine.prefix_reuse
                 else alone(work.prompts, PREFIX_BLOCK)
             )
             keep = work.keep_lone_prefixes
@@ -161,7 +161,7 @@ class PromptLayout:
                 for start, end in chunk_members(items, capacity):
                     members = group.members[start:end]
                     chunk = tuple(items[start:end])
-                    owner = () if settings.prefix_reuse else (w, *members)
+                    owner = () if engine.prefix_reuse else (w, *members)
                     units.append(
                         Unit(w, members, chunk, reused, block, top_k, source, prefix, owner)
                     )
@@ -192,8 +192,8 @@ class PromptLayout:
 
     def _prefix_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PromptPrefixDims, list[Need]]]:
         """Prefixes to compute, one per ``prefix_key``, in steps of one width."""
-        settings, groups = self._runner.settings, self._runner.groups
-        buckets = data_buckets(settings.batch_buckets, groups)
+        engine, groups = self._runner.settings.engine, self._runner.groups
+        buckets = data_buckets(engine.batch_buckets, groups)
         wanted: dict[tuple[Any, ...], int] = {}
         for unit in units:
             if unit.source is None and unit.prefix:
@@ -201,7 +201,7 @@ class PromptLayout:
         by_width: dict[int, list[Need]] = {}
         for key, top_k in wanted.items():
             tokens, block, _ = key
-            width = bucket_for(len(tokens), settings.token_buckets, "token_buckets")
+            width = bucket_for(len(tokens), engine.token_buckets, "token_buckets")
             by_width.setdefault(width, []).append((block, tokens, top_k, key))
         per_block = buckets[-1] // groups
         for width, needs in sorted(by_width.items()):
@@ -213,12 +213,12 @@ class PromptLayout:
 
     def _stream_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PromptStreamDims, list[Unit]]]:
         """Units in steps of one prefix bucket, at most a batch bucket's rows per block."""
-        settings, groups = self._runner.settings, self._runner.groups
-        buckets = data_buckets(settings.batch_buckets, groups)
-        smallest = settings.token_buckets[0]
+        engine, groups = self._runner.settings.engine, self._runner.groups
+        buckets = data_buckets(engine.batch_buckets, groups)
+        smallest = engine.token_buckets[0]
 
         def width(unit: Unit) -> int:
-            return bucket_for(max(unit.reused, smallest), settings.token_buckets, "token_buckets")
+            return bucket_for(max(unit.reused, smallest), engine.token_buckets, "token_buckets")
 
         by_width: dict[int, list[Unit]] = {}
         for unit in sorted(units, key=lambda u: (width(u), u.size)):
@@ -228,7 +228,7 @@ class PromptLayout:
             for chunk in block_chunks(group, groups, per_block, block_of=lambda u: u.block):
                 fullest = max(per_block_counts(chunk, groups, block_of=lambda u: u.block))
                 tokens = bucket_for(
-                    max(u.size for u in chunk), settings.item_token_buckets, "item_token_buckets"
+                    max(u.size for u in chunk), engine.item_token_buckets, "item_token_buckets"
                 )
                 longest = max(len(item) for u in chunk for item in u.items)
                 yield (
@@ -325,8 +325,8 @@ class PromptLayout:
         return out
 
     def _remember(self, cached: CachedPrompt) -> None:
-        cache = self._runner.cache
-        if self._runner.settings.prefix_reuse and cache.put(("prompt", cached.tokens), cached):
+        cache, reuse = self._runner.cache, self._runner.settings.engine.prefix_reuse
+        if reuse and cache.put(("prompt", cached.tokens), cached):
             if self._index.full:
                 live = [(e.tokens, ("prompt", e.tokens)) for e in cache.entries()
                         if isinstance(e, CachedPrompt)]  # fmt: skip

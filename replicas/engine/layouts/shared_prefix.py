@@ -155,8 +155,8 @@ class SharedPrefixLayout:
         self._turn = -1  # whose turn to hold a query many blocks read (see _homes)
         self._extender = PrefixExtender(model, runner)
         self._fused = FusedLayout(model, runner)
-        groups = runner.groups
-        self._recurrence = Recurrence(data_buckets(runner.settings.batch_buckets, groups)[-1])
+        groups, engine = runner.groups, runner.settings.engine
+        self._recurrence = Recurrence(data_buckets(engine.batch_buckets, groups)[-1])
 
     # -- compiling ----------------------------------------------------------------------
 
@@ -209,7 +209,7 @@ class SharedPrefixLayout:
         return small, [i for i in indices if i not in fused]
 
     def _cached(self, work: ScoreWork) -> bool:
-        buckets = self._runner.settings.token_buckets
+        buckets = self._runner.settings.engine.token_buckets
         width = bucket_for(len(work.query_ids), buckets, "token_buckets")
         return self._runner.cache.peek((work.query_ids, width)) is not None
 
@@ -248,9 +248,9 @@ class SharedPrefixLayout:
         self, works: Sequence[ScoreWork], indices: Sequence[int]
     ) -> Iterator[tuple[StreamDims, list[StreamUnit]]]:
         """Units grouped by query bucket, up to the largest batch bucket per step."""
-        settings, groups = self._runner.settings, self._runner.groups
-        buckets = data_buckets(settings.batch_buckets, groups)
-        capacity, per_step = step_capacity(settings), buckets[-1]
+        engine, groups = self._runner.settings.engine, self._runner.groups
+        buckets = data_buckets(engine.batch_buckets, groups)
+        capacity, per_step = step_capacity(engine), buckets[-1]
         # Spread a request over several rows only while the call has fewer requests than
         # data shards: many requests fill the axis with a row each, and every extra row of
         # one request adds its window padding and the prefix it reads.
@@ -259,14 +259,14 @@ class SharedPrefixLayout:
 
         def query_bucket(unit: StreamUnit) -> int:
             query = works[unit.runs[0][0]].query_ids
-            return bucket_for(len(query), settings.token_buckets, "token_buckets")
+            return bucket_for(len(query), engine.token_buckets, "token_buckets")
 
         ordered = sorted(units, key=lambda u: (query_bucket(u), u.size))
         for bucket, group in itertools.groupby(ordered, key=query_bucket):
             group_units = list(group)
             for start in range(0, len(group_units), per_step):
                 step_units = group_units[start : start + per_step]
-                dims = exact_dims(step_units, works, bucket, buckets, settings.item_token_buckets)
+                dims = exact_dims(step_units, works, bucket, buckets, engine.item_token_buckets)
                 yield dims, step_units
 
     def _fill_prefixes(
@@ -329,7 +329,7 @@ class SharedPrefixLayout:
     ) -> Iterator[tuple[tuple[int, ...], PrefixEntry]]:
         """Each block's missing queries, computed in slots of that block."""
         groups = self._runner.groups
-        buckets = data_buckets(self._runner.settings.batch_buckets, groups)
+        buckets = data_buckets(self._runner.settings.engine.batch_buckets, groups)
         per_step = buckets[-1] // groups
         pending = {block: list(queries) for block, queries in missing.items()}
         while any(pending.values()):

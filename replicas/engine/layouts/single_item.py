@@ -83,10 +83,10 @@ class SingleItemLayout:
     def _steps(
         self, works: Sequence[ScoreWork], pairs: Sequence[Pair]
     ) -> Iterator[tuple[DenseDims, list[Pair]]]:
-        settings = self._runner.settings
+        engine = self._runner.settings.engine
         # Rows take what a full batch step of item streams takes (R * L, no stream bucket).
-        capacity = step_capacity(settings) * settings.batch_buckets[-1]
-        for length, rows in group_rows(works, pairs, settings.token_buckets, capacity):
+        capacity = step_capacity(engine) * engine.batch_buckets[-1]
+        for length, rows in group_rows(works, pairs, engine.token_buckets, capacity):
             count = 1 << (len(rows) - 1).bit_length()  # a power of two >= the rows
             count = data_multiple(count, self._runner.groups)
             labels = label_bucket(max(len(works[w].label_ids) for w, _ in rows))

@@ -1,9 +1,35 @@
-"""Checks of the LoRA settings (``ReplicaSettings.lora_adapters``, ``max_loras``,
-``max_lora_rank``), jax-free; each error starts with the setting's name."""
+"""The adapters section: LoRA adapters loaded at start-up and the slots every step is
+compiled with (semantics 21, replicas/model/lora.py). Jax-free; each error starts with the
+setting's name."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from replicas.settings.common import SettingsError
+
 MAX_LORA_RANK = 256
+
+
+@dataclass(frozen=True)
+class AdapterSettings:
+    """LoRA adapters and their slots."""
+
+    lora_adapters: tuple[tuple[str, str], ...] = ()
+    """Name -> PEFT directory (adapter_config.json + adapter_model.safetensors), loaded at
+    start-up; a request picks one by its ``model``. Needs max_loras >= their number."""
+    max_loras: int = 0
+    """Adapter slots every step is compiled with (0: LoRA off, steps compile as without it);
+    loading an adapter into a free slot compiles nothing. Each slot costs every token
+    M * r * (in + out) multiply-adds per projection (M = max_loras + 1, the base's slot)."""
+    max_lora_rank: int = 16
+    """The largest rank a slot holds; smaller adapters pad with zeros (exact)."""
+
+    def __post_init__(self) -> None:
+        try:
+            check_lora_settings(self.lora_adapters, self.max_loras, self.max_lora_rank)
+        except ValueError as error:
+            raise SettingsError(str(error)) from error
 
 
 def check_lora_settings(

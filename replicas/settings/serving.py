@@ -1,0 +1,89 @@
+"""The batching and admission section (how a replica groups requests into engine calls and
+sheds overload) and the HTTP and access section (what one request may ask, /v1/rerank's
+method, API keys). Jax-free."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replicas.contract import DEFAULT_MAX_ITEMS_PER_REQUEST, DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
+from replicas.settings.common import SettingsError, check_choice
+
+RERANK_METHODS = ("yes_no", "query_likelihood", "head")
+MAX_ITEMS_PER_REQUEST = 4096
+
+
+@dataclass(frozen=True)
+class BatchingSettings:
+    """Cross-request batching, merged engine calls, admission control and deadlines."""
+
+    max_batch_size: int = 16
+    """Requests one ``@serve.batch`` call takes at most (reconfigurable in user_config)."""
+    batch_wait_timeout_s: float = 0.005
+    """How long a batch waits to fill (reconfigurable in user_config)."""
+    max_call_tokens: int = 0
+    """Tokens one engine call computes at most when batches that waited during a step are
+    merged into it (the first batch always runs); 0: only max_batch_size bounds a call.
+    Bounds how long an admitted request waits behind a merged call under overload."""
+    max_queue_wait_s: float = 5.0
+    """Admission control (semantics 12): a request whose expected wait (Little's law over
+    recent completions, at the ingress and at the replica) exceeds this is answered at once
+    with 503 overloaded and Retry-After; 0 turns it off."""
+    request_deadline_s: float = 280.0
+    """Each request's deadline: work still unscored this long after the ingress took it is
+    dropped (503 overloaded); keep it below the proxy's http_options.request_timeout_s."""
+
+    def __post_init__(self) -> None:
+        if self.max_call_tokens < 0:
+            raise SettingsError(
+                f"max_call_tokens: must be >= 0 (0 = unbounded), got {self.max_call_tokens}"
+            )
+        if self.max_queue_wait_s < 0:
+            raise SettingsError(f"max_queue_wait_s: must be >= 0, got {self.max_queue_wait_s}")
+        if self.request_deadline_s <= 0:
+            raise SettingsError(f"request_deadline_s: must be > 0, got {self.request_deadline_s}")
+        if self.max_batch_size < 1:
+            raise SettingsError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+        if self.batch_wait_timeout_s < 0:
+            raise SettingsError(
+                f"batch_wait_timeout_s: must be >= 0, got {self.batch_wait_timeout_s}"
+            )
+
+
+@dataclass(frozen=True)
+class HttpSettings:
+    """What the ingress accepts of one request, how /v1/rerank scores, and who may call."""
+
+    max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
+    """Items (documents, choices) one request may hold, up to 4096."""
+    max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
+    """Query + all items + delimiters (RFC-008's packed length) of a multi-item request."""
+    max_request_tokens: int | None = None
+    """The most tokens one request may ask a replica to compute (the query once plus its
+    items when they share it, else query + item per item); None: no bound."""
+    rerank_method: str = "yes_no"
+    """/v1/rerank (app/rerank.py): yes_no (a reranker's P(yes) after query and document, as
+    Qwen3-Reranker) or query_likelihood (the query's mean token log-prob after the document,
+    for general language models; docs/serving.md measures both) or head (sigmoid of a
+    one-label score head after query and document, a seq-cls reranker)."""
+    rerank_template: tuple[tuple[str, str], ...] = ()
+    """The method's prompt parts: yes_no {query, document, yes, no, instruction}, unset
+    Qwen3-Reranker's; query_likelihood {document, query}, unset "{document}\\nQuestion:" then
+    " {query}" (measured best of four on SmolLM2, docs/serving.md)."""
+    api_keys_env: str | None = None
+    """API keys (semantics 13), never in the config: the name of an environment variable
+    holding them (comma/space/line separated); none of the two set = no auth."""
+    api_keys_file: str | None = None
+    """... and/or a file holding them."""
+
+    def __post_init__(self) -> None:
+        check_choice("rerank_method", self.rerank_method, RERANK_METHODS)
+        if not 1 <= self.max_items_per_request <= MAX_ITEMS_PER_REQUEST:
+            raise SettingsError(
+                f"max_items_per_request: must be in [1, {MAX_ITEMS_PER_REQUEST}], "
+                f"got {self.max_items_per_request}"
+            )
+        if self.max_request_tokens is not None and self.max_request_tokens < 1:
+            raise SettingsError(
+                f"max_request_tokens: must be >= 1 (or null), got {self.max_request_tokens}"
+            )
