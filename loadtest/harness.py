@@ -200,6 +200,7 @@ class Run:
         self.command = shlex.join(["python", "-m", "loadtest", "run", workload.name, *argv])
         self.start = time.perf_counter()
         self.load_before = os.getloadavg()
+        self.tree = tree()  # at the start: the tree may change while the run goes on
 
     def say(self, message: str) -> None:
         """A progress line, with the seconds since the run started."""
@@ -214,7 +215,7 @@ class Run:
                  f"before, {one:.1f} after")  # fmt: skip
         return Result(
             key=key or self.workload.name, workload=self.workload.name, title=title,
-            tree=tree(), date=time.strftime("%Y-%m-%d"), command=self.command,
+            tree=self.tree, date=time.strftime("%Y-%m-%d"), command=self.command,
             settings=settings, notes=notes, tables=tuple(tables), **kw,
         )  # fmt: skip
 
