@@ -11,6 +11,7 @@ result schema, stored as JSON under docs/results/ and rendered into the docs by
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import platform
@@ -23,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "docs" / "results"
@@ -163,6 +165,24 @@ class Workload:
 def counts(text: str) -> list[int]:
     """``"1,10,100"`` -> ``[1, 10, 100]``."""
     return [int(n) for n in str(text).split(",") if n.strip()]
+
+
+def loopback_url(url: str) -> str:
+    """``url`` without a trailing slash; ValueError unless it is http(s) to a loopback host."""
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    if parsed.scheme not in ("http", "https") or not _is_loopback(host):
+        raise ValueError(f"{url!r} is not an http(s) URL of a loopback address")
+    return url.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def cpu_model() -> str:
@@ -309,9 +329,10 @@ def run_workload(workload: Workload, argv: Sequence[str]) -> int:
     assert workload.measure is not None
     options = parser_for(workload).parse_args(list(argv))
     if getattr(options, "url", None):
-        from loadtest.server_client import loopback_url
-
-        options.url = loopback_url(options.url)
+        try:
+            options.url = loopback_url(options.url)
+        except ValueError as error:
+            parser_for(workload).error(f"--url: {error}")
     run = Run(workload, options, argv)
     for result in workload.measure(options, run):
         for item in result.tables:
