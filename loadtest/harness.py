@@ -49,6 +49,8 @@ class Column:
             return missing
         if isinstance(value, str) or not self.format:
             return str(value).replace("|", "/")
+        if self.format.endswith("d"):  # a count read from float counters
+            value = round(value)
         return format(value, self.format) + self.suffix
 
 
