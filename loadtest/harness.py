@@ -336,11 +336,12 @@ def run_workload(workload: Workload, argv: Sequence[str]) -> int:
         except ValueError as error:
             parser_for(workload).error(f"--url: {error}")
     run = Run(workload, options, argv)
-    for result in workload.measure(options, run):
+    results = workload.measure(options, run)
+    for result in results:
         for item in result.tables:
             print(("\n" + item.title if item.title else "") + "\n" + item.markdown(), flush=True)
         run.say(f"wrote {result.save(options.out)}")
-    return 0
+    return 1 if any(result.figures.get("failed") for result in results) else 0
 
 
 def with_key(result: Result, key: str) -> Result:
