@@ -27,7 +27,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "docs" / "results"
+RESULTS = ROOT / "docs" / "results"  # rendered into the docs
+TOOL_RESULTS = ROOT / "loadtest" / "results"  # a tool's runs (git-ignored)
 BENCHMARKS_DOC = "docs/benchmarks.md"
 MODEL = "SmolLM2-135M-Instruct"
 LABELS = (7042, 4528, 11452)  # " Paris", " London", " Berlin"
@@ -87,6 +88,13 @@ class Table:
 
 def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], **kw: Any) -> Table:
     return Table(tuple(columns), tuple(tuple(r) for r in rows), **kw)
+
+
+def figures_table(figures: Mapping[str, Any]) -> Table:
+    """A tool's figures, one a row (nested ones as JSON)."""
+    show = lambda v: v if isinstance(v, str) else json.dumps(v, default=str)  # noqa: E731
+    rows = [(k, show(v)) for k, v in figures.items()]
+    return table([col("figure", left=True), col("value", left=True)], rows)
 
 
 @dataclass(frozen=True)
@@ -160,6 +168,7 @@ class Workload:
     measure: Callable[[argparse.Namespace, Run], Sequence[Result]] | None = None
     main: Callable[[list[str]], int] | None = None
     url: bool = False  # takes --url (a running server)
+    out: Path = RESULTS  # where its results go by default
     name: str = ""  # both set by the registry (loadtest.workloads)
     summary: str = ""
 
@@ -320,7 +329,7 @@ def parser_for(workload: Workload) -> argparse.ArgumentParser:
         parser.add_argument("--url", default=None, help="a running server (loopback)")
     for option in workload.options:
         option.add_to(parser)
-    parser.add_argument("--out", type=Path, default=RESULTS, help="folder for the results")
+    parser.add_argument("--out", type=Path, default=workload.out, help="folder for the results")
     return parser
 
 
