@@ -15,8 +15,9 @@ neighbour takes the cores, and the summary splits rejections and successes by wh
 were sent in that window.
 
 Its result holds every outcome and the counts: answered / 200 / 503 overloaded (with
-Retry-After) / anything else, the p50 and p99 of rejections and of successes, and timeouts; exits 1 when a request got anything but 200 or an
-enveloped 503 with Retry-After, timed out, or the server was not healthy afterwards.
+Retry-After) / anything else, the p50 and p99 of rejections and of successes, and timeouts;
+exits 1 when a request got anything but 200 or an enveloped 503 with Retry-After, timed out,
+or the server was not healthy afterwards.
 """
 
 from __future__ import annotations
