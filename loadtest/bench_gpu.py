@@ -30,7 +30,7 @@ import numpy as np
 
 from cluster.mesh import build_mesh
 from loadtest.bench_common import GPU_CONFIG, make_work, shipped_settings
-from loadtest.harness import LABELS, Option, Result, Run, Workload, col, counts, table
+from loadtest.harness import LABELS, Option, Result, Run, Workload, col, counts, table, timed
 from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
@@ -75,18 +75,6 @@ def save_random_qwen3(directory: Path, shape: dict, seed: int = 0) -> Any:
     return model.to(torch_device())
 
 
-def torch_timed(fn: Any, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls after two warm-up calls (each call returns host
-    numpy, so the device is synchronised)."""
-    fn(), fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
-
-
 def torch_scorer(model: Any, works: list[ScoreWork]) -> Any:
     """transformers batched single-item rows ``query + item``; returns a scoring function."""
     import torch
@@ -107,12 +95,7 @@ def engine_timed(engine: ScoringEngine, works: list[ScoreWork], repeats: int) ->
     engine.score_batch(works)
     engine.score_batch(works)  # a covered shape compiles in the background once it recurs
     engine.wait_for_background_compiles()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        engine.score_batch(works)
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
+    return timed(lambda: engine.score_batch(works), repeats, warm=0)
 
 
 def bf16_peak(size: int, repeats: int = 10) -> float:
@@ -165,7 +148,7 @@ def run_batches(args: argparse.Namespace, run: Run) -> list[dict]:
             row[name] = engine_timed(engine, works, args.repeats)
             scores[name] = np.concatenate(engine.score_batch(works))
         score = torch_scorer(torch_model, works)
-        row["torch"] = torch_timed(score, args.repeats)
+        row["torch"] = timed(score, args.repeats, warm=2)  # each call returns host numpy
         reference = score()
         row["diff_multi_torch"] = float(np.abs(scores["multi"] - reference).max())
         if "single" in scores:
