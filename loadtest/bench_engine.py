@@ -3,7 +3,7 @@
 For N items behind a 300-token query (10-token items): the engine's single-item,
 shared-prefix and packed-reference layouts with the replica settings of the shipped
 serve_config.yaml, and transformers' batched single-item scoring, side by side in one run on
-the same CPU and weights; this machine's float32 matmul peak and the padding.
+the same CPU and weights, timed in turn; this machine's float32 matmul peak and the padding.
 
     python -m loadtest run engine [--items 1,10,100] [--repeats 3] [--no-hf]
 """
@@ -11,11 +11,23 @@ the same CPU and weights; this machine's float32 matmul peak and the padding.
 from __future__ import annotations
 
 import argparse
+from functools import partial
 
 import numpy as np
 
 from loadtest.bench_common import hf_scorer, make_work, matmul_peak_flops, shipped_settings
-from loadtest.harness import MODEL, Option, Result, Run, Workload, col, counts, ratio, table, timed
+from loadtest.harness import (
+    MODEL,
+    Option,
+    Result,
+    Run,
+    Workload,
+    col,
+    counts,
+    ratio,
+    table,
+    timed_together,
+)
 
 COLUMNS = (
     col("items", "d"), col("single-item s", ".3f"), col("shared-prefix s", ".3f"),
@@ -49,25 +61,26 @@ def engines() -> tuple[dict, object]:
 
 
 def one_count(n: int, o: argparse.Namespace, built: dict, config: object, peak: float) -> tuple:
-    from loadtest.bench_common import timed_steady
+    """Every layout and transformers on one work, timed in turn (``timed_together``) once each
+    layout's own signature is compiled; one round for the slow cases at >= 100 items."""
     from replicas.model.flops import multi_item_flops
 
     work = make_work(n, o.query_tokens, o.item_tokens)
-    seconds, scores, padding = {}, {}, None
-    for name, engine in built.items():
-        before = engine.stats()
-        reps = 1 if name != "shared_prefix" and n >= 100 else o.repeats
-        seconds[name] = timed_steady(engine, work, reps)
-        scores[name] = engine.score_batch([work])[0]
-        if name == "shared_prefix":
-            after = engine.stats()
-            computed = after["computed_tokens"] - before["computed_tokens"]
-            padding = computed / (after["useful_tokens"] - before["useful_tokens"])
-    hf_s = hf_diff = None
+    calls = {name: partial(engine.score_batch, [work]) for name, engine in built.items()}
+    for name, engine in built.items():  # a covered shape compiles in the background on recurring
+        calls[name](), calls[name]()
+        engine.wait_for_background_compiles()
     if o.hf:
-        score = hf_scorer(work)
-        hf_s = timed(score, 1 if n >= 100 else o.repeats)
-        hf_diff = float(np.abs(score() - scores["single"]).max())
+        calls["transformers"] = hf_scorer(work)
+    prefix = built["shared_prefix"]
+    before, answers = prefix.stats(), {}
+    seconds = timed_together(calls, 1 if n >= 100 else o.repeats, last=answers)
+    after = prefix.stats()
+    computed = after["computed_tokens"] - before["computed_tokens"]
+    padding = computed / (after["useful_tokens"] - before["useful_tokens"])
+    scores = {name: answers[name][0] for name in built} | {"hf": answers.get("transformers")}
+    hf_s = seconds.get("transformers")
+    hf_diff = None if hf_s is None else float(np.abs(scores["hf"] - scores["single"]).max())
     single, multi, packed = (seconds[k] for k in ("single", "shared_prefix", "packed_reference"))
     flops = multi_item_flops(config, o.query_tokens, [o.item_tokens] * n)
     parity = float(np.abs(scores["shared_prefix"] - scores["single"]).max())
@@ -88,8 +101,8 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         f"jax {jax.__version__} on {jax.devices()[0].platform}; {MODEL} (GGUF Q4_1 "
         "dequantized to float32), the replica settings of `serve_config.yaml`, query cache off",
         f"request: {o.query_tokens}-token query, {o.item_tokens}-token items, 3 labels; median "
-        f"of {o.repeats} runs once the request's own signature is compiled (1 run for the "
-        "slow single-item cases at >= 100 items)",
+        f"of {o.repeats} rounds, each timing every layout and transformers once in turn, once "
+        "the request's own signature is compiled (1 round at >= 100 items)",
         f"measured float32 matmul peak (XLA, best of 512..2048 square): {peak / 1e9:.0f} GFLOP/s",
         "model FLOP/s: analytic FLOPs of the useful multi-item work over the shared-prefix "
         "time; padding: tokens computed / useful tokens of the shared-prefix layout; "
