@@ -21,7 +21,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -352,6 +352,3 @@ def run_workload(workload: Workload, argv: Sequence[str]) -> int:
         run.say(f"wrote {result.save(options.out)}")
     return 1 if any(result.figures.get("failed") for result in results) else 0
 
-
-def with_key(result: Result, key: str) -> Result:
-    return replace(result, key=key)
