@@ -118,7 +118,7 @@ class Result:
     doc: str = BENCHMARKS_DOC
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, default=float) + "\n"
+        return json.dumps(asdict(self), indent=1, default=_plain) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> Result:
@@ -132,6 +132,14 @@ class Result:
         path = folder / f"{self.key}.json"
         path.write_text(self.to_json())
         return path
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as numbers, anything else JSON cannot hold as its text."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
 
 
 def load_results(folder: Path = RESULTS) -> list[Result]:
@@ -228,7 +236,8 @@ class Run:
 
     def __init__(self, workload: Workload, options: argparse.Namespace, argv: Sequence[str]):
         self.workload, self.options = workload, options
-        self.command = shlex.join(["python", "-m", "loadtest", "run", workload.name, *argv])
+        shown = [a for a, b in zip(argv, ["", *argv], strict=False) if "--out" not in (a, b)]
+        self.command = shlex.join(["python", "-m", "loadtest", "run", workload.name, *shown])
         self.start = time.perf_counter()
         self.load_before = os.getloadavg()
         self.tree = tree()  # at the start: the tree may change while the run goes on
@@ -351,4 +360,3 @@ def run_workload(workload: Workload, argv: Sequence[str]) -> int:
             print(("\n" + item.title if item.title else "") + "\n" + item.markdown(), flush=True)
         run.say(f"wrote {result.save(options.out)}")
     return 1 if any(result.figures.get("failed") for result in results) else 0
-

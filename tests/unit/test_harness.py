@@ -143,3 +143,15 @@ def test_unknown_commands_print_the_usage() -> None:
 def test_a_served_benchmark_refuses_a_non_loopback_url(url: str) -> None:
     with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()):
         main(["run", "rerank", "--url", url])
+
+
+def test_a_run_records_its_command_without_the_results_folder() -> None:
+    import argparse
+
+    from loadtest.harness import Run, Workload
+
+    run = Run(Workload(name="engine"), argparse.Namespace(items="1", out=Path("/tmp/x")),
+              ["--items", "1", "--out", "/tmp/x", "--no-hf"])  # fmt: skip
+    result = run.result("Demo", [])
+    assert result.command == "python -m loadtest run engine --items 1 --no-hf"
+    assert result.settings == {"items": "1"} and result.machine and result.tree
