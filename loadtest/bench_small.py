@@ -34,7 +34,7 @@ import numpy as np
 
 from loadtest import bench_llamacpp
 from loadtest.bench_common import load_hf_model, make_work, shipped_settings, timed_steady
-from loadtest.bench_small_report import report
+from loadtest.bench_small_report import report, step_tables
 from loadtest.harness import LABELS, Option, Result, Run, Workload, counts, timed
 
 QUERY = "Is Paris the capital of France? Answer:"  # 9 tokens (SmolLM2 adds no BOS)
@@ -278,7 +278,11 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         "costs": None if not o.steps else step_costs(loaded, settings, o.repeats),
     }
     notes, tables = report(results, o)
-    return [run.result("Small requests: one weight pass", tables, notes=notes)]
+    small = run.result("Small requests: one weight pass", tables, notes=notes)
+    if results["costs"] is None:  # --no-steps: the stored step tables stay the current ones
+        return [small]
+    title = "Small requests: step cost against tokens"
+    return [small, run.result(title, step_tables(results["costs"]), key="small-steps")]
 
 
 WORKLOAD = Workload(

@@ -44,8 +44,6 @@ def report(results: dict[str, Any], args: Any) -> tuple[tuple[str, ...], list[Ta
     tables = [table(columns, [(NAMES[k], rows[k], rows[k] / base) for k in NAMES if k in rows],
                     title=title)]  # fmt: skip
     tables += [floor_table(floor), multi_table(results["multi"], results["llama"])]
-    if results["costs"]:
-        tables += step_tables(results["costs"])
     return tuple(notes), tables
 
 
