@@ -54,21 +54,24 @@ lint: $(STAMP)
 # `make bench`: the engine with the shipped settings; `make bench URL=...`: end to end over
 # HTTP against a running `make serve`, side by side with transformers. Each also runs the
 # multiple-choice (/v1/completions) workload, beside lm-eval's hf model, and the small
-# request (loadtest.bench_small), beside transformers and, when the `llamacpp` extra is
-# installed, llama.cpp on the same GGUF (without it, a printed note in place of its rows).
-# `make bench-llamacpp [URL=...]`: install that extra first (it builds llama.cpp from source).
+# request, beside transformers and, when the `llamacpp` extra is installed, llama.cpp on the
+# same GGUF (without it, a note in place of its rows). Every run stores its result under
+# docs/results/ and the last step renders them into docs/benchmarks.md (`python -m loadtest
+# list` names every benchmark). `make bench-llamacpp [URL=...]`: install that extra first (it
+# builds llama.cpp from source).
 bench: $(STAMP)
 ifneq ($(filter command line environment,$(origin URL)),)
-	$(PY) -m loadtest.bench_serve --url $(URL)
-	$(PY) -m loadtest.bench_choices --url $(URL)
-	$(PY) -m loadtest.bench_small --url $(URL)
+	$(PY) -m loadtest run serve --url $(URL)
+	$(PY) -m loadtest run choices --url $(URL)
+	$(PY) -m loadtest run small --url $(URL)
 else
-	$(PY) -m loadtest.bench_engine
-	$(PY) -m loadtest.bench_choices
-	$(PY) -m loadtest.bench_batch
-	$(PY) -m loadtest.bench_embed
-	$(PY) -m loadtest.bench_small
+	$(PY) -m loadtest run engine
+	$(PY) -m loadtest run choices
+	$(PY) -m loadtest run batch
+	$(PY) -m loadtest run embed
+	$(PY) -m loadtest run small
 endif
+	$(PY) -m loadtest render
 
 .PHONY: bench-llamacpp
 bench-llamacpp: $(STAMP)
@@ -77,27 +80,27 @@ bench-llamacpp: $(STAMP)
 
 # `make loadtest URL=...`: an open-loop sweep of a running server on this machine: Poisson
 # arrivals at each of RATES requests/s for DURATION s in turn (SGLang bench_score's workload:
-# 120-token query, 10 items of 20 tokens); writes results.csv/.json, latency.png and
-# throughput.png under loadtest/results/sweep-<UTC time>/ and prints a markdown table. About
-# 6.5 minutes with these defaults on 2 CPU cores (the shipped server serves 0.5-1 request/s).
+# 120-token query, 10 items of 20 tokens); stores its result (docs/results/sweep.json), writes
+# latency.png and throughput.png under loadtest/results/sweep-<UTC time>/ and prints its table.
+# About 6.5 minutes with these defaults on 2 CPU cores (the shipped server serves 0.5-1 request/s).
 # `make loadtest-closed URL=...`: the bounded closed-loop load and fuzz run (loadtest/load.py).
 .PHONY: loadtest-closed
 RATES ?= 0.25,0.5,1,2
 DURATION ?= 90
 SWEEP_OUT ?= loadtest/results/sweep-$(shell date -u +%Y%m%d-%H%M%S)
 loadtest: $(STAMP)
-	$(PY) -m loadtest.sweep --url $(URL) --rates $(RATES) --duration-s $(DURATION) \
-		--out $(SWEEP_OUT)
+	$(PY) -m loadtest run sweep --url $(URL) --rates $(RATES) --duration-s $(DURATION) \
+		--plots $(SWEEP_OUT)
 
 loadtest-closed: $(STAMP)
-	$(PY) -m loadtest.load --url $(URL)
+	$(PY) -m loadtest run load --url $(URL)
 
 # `make soak URL=...`: a mixed closed-loop load for SOAK_MINUTES against a running server on
 # this machine, sampling the replicas' RSS; not in CI (docs/operations.md, "Memory under soak").
 .PHONY: soak
 SOAK_MINUTES ?= 10
 soak: $(STAMP)
-	$(PY) -m loadtest.soak --url $(URL) --minutes $(SOAK_MINUTES)
+	$(PY) -m loadtest run soak --url $(URL) --minutes $(SOAK_MINUTES)
 
 # `make fuzz`: FUZZ_COUNT generated /v1/score bodies against the in-process ingress (the shipped
 # model's tokenizer, a checking fake replica); `make fuzz URL=...` against a running server.
@@ -106,9 +109,9 @@ soak: $(STAMP)
 FUZZ_COUNT ?= 10000
 fuzz: $(STAMP)
 ifneq ($(filter command line environment,$(origin URL)),)
-	$(PY) -m loadtest.fuzz --count $(FUZZ_COUNT) --url $(URL)
+	$(PY) -m loadtest run fuzz --count $(FUZZ_COUNT) --url $(URL)
 else
-	$(PY) -m loadtest.fuzz --count $(FUZZ_COUNT)
+	$(PY) -m loadtest run fuzz --count $(FUZZ_COUNT)
 endif
 
 clean:

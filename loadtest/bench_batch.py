@@ -17,11 +17,11 @@ run on this machine, with the shipped serve_config.yaml's settings and model:
   shapes, other random ids), so the app's query cache holds none of them; the cluster is
   stopped after.
 
-Each part prints its figures as it ends; the table goes to docs/benchmarks.md ("Batch
-scoring") unless ``--no-write``. A part not started by ``--deadline-s`` is skipped (noted).
+Each part prints its figures as it ends; a part not started by ``--deadline-s`` is skipped
+(noted).
 
-    python -m loadtest.bench_batch [--shapes 200x10,20x100] [--only local|serve]
-        [--http-rows 200] [--group-rows 0] [--batch-size 512] [--deadline-s 7200] [--no-write]
+    python -m loadtest run batch [--shapes 200x10,20x100] [--only local|serve]
+        [--http-rows 200] [--group-rows 0] [--batch-size 512] [--deadline-s 7200]
         [--large 2000x25]
 
 (a) runs three ways: sorted input with ``--no-group``, shuffled input grouped in the job (the
@@ -33,26 +33,16 @@ store's peak and spill.
 from __future__ import annotations
 
 import argparse
-import os
 import random
-import shlex
-import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from loadtest.bench_batch_report import (
-    Rate,
-    Shape,
-    parse_shapes,
-    section_body,
-    steady_items_per_s,
-)
+from loadtest.bench_batch_report import NOTES, Rate, Shape, parse_shapes, steady_items_per_s, tables
 from loadtest.bench_batch_serve import (
     group_bodies,
     http_rate,
@@ -62,13 +52,11 @@ from loadtest.bench_batch_serve import (
     timed_job,
     warm,
 )
-from loadtest.bench_common import LABELS, machine_description, write_section
+from loadtest.harness import LABELS, Option, Result, Run, Workload
 from loadtest.server_client import Deadline, DeadlineExceeded
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
-SECTION = "## Batch scoring (python -m batch), RFC-008 workload as a dataset"
 QUERY_TOKENS, ITEM_TOKENS = 300, 10
 Rows = list[dict[str, Any]]
 
@@ -172,17 +160,16 @@ def batch_rate(rows: Rows, settings: ReplicaSettings, batch_size: int, group: bo
     )
 
 
-class Run:
+class Batch:
     """One bench run: the datasets, the results so far, the clock and the deadline."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args, self.shapes = args, parse_shapes(args.shapes)
+    def __init__(self, args: argparse.Namespace, run: Run) -> None:
+        self.args, self.shapes, self.run = args, args.shapes_, run
         self.sorted = {s.label: dataset_rows(s.queries, s.rows_per_query) for s in self.shapes}
         self.shuffled = {k: random.Random(0).sample(v, len(v)) for k, v in self.sorted.items()}
         self.results: dict[str, dict[str, Rate]] = {s.label: {} for s in self.shapes}
         self.notes: list[str] = []
         self.deadline = Deadline.after(args.deadline_s)
-        self.start = time.perf_counter()
 
     def part(self, shape: Shape, name: str, measure: Callable[[], Rate]) -> None:
         """Measure one run unless the deadline has passed; print it as it ends."""
@@ -199,11 +186,9 @@ class Run:
             self.notes.append(f"{shape.label} {name}: failed ({type(error).__name__}: {error})")
             return
         self.results[shape.label][name] = rate
-        print(
-            f"[{time.perf_counter() - self.start:7.0f} s] {shape.label} {name}: "
-            f"{rate.items} items, {rate.items_per_s:.1f} items/s wall, {rate.steady:.1f} steady "
-            f"({time.perf_counter() - began:.0f} s)",
-            flush=True,
+        self.run.say(
+            f"{shape.label} {name}: {rate.items} items, {rate.items_per_s:.1f} items/s wall, "
+            f"{rate.steady:.1f} steady ({time.perf_counter() - began:.0f} s)"
         )
 
     def guarded(self, name: str, part: Callable[[], None]) -> None:
@@ -283,7 +268,7 @@ class Run:
 
         settings, size = settings_from_config(), self.args.batch_size
         with served_app(self.args.port) as url:
-            print(f"[{time.perf_counter() - self.start:7.0f} s] app ready at {url}", flush=True)
+            self.run.say(f"app ready at {url}")
             for shape in self.shapes:
                 # Each run's queries are its own (another seed): the app's query cache never
                 # holds a query an earlier run computed.
@@ -299,46 +284,28 @@ class Run:
                 self.part(shape, "c'", lambda g=grouped: http_rate(url, group_bodies(g), len(g)))
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="200x10,20x100", help="QxR,...: Q queries of R rows")
-    parser.add_argument("--only", choices=("local", "serve"), help="(e)(a)(d) or (b)(c)(c')")
-    parser.add_argument("--http-rows", type=int, default=200, help="rows of (c) and (d)")
-    parser.add_argument("--group-rows", type=int, default=0, help="rows of (c'); 0: all")
-    parser.add_argument("--batch-size", type=int, default=512)
-    parser.add_argument("--port", type=int, default=8000, help="the app's port when free")
-    parser.add_argument("--deadline-s", type=float, default=7200.0, help="no part starts after")
-    parser.add_argument("--no-write", action="store_true")
-    parser.add_argument(
-        "--large",
-        default="2000x25",
-        help="QxR of the large shuffled run (tiny model; shuffle cost, object store); '' skips",
-    )
-    args = parser.parse_args(argv)
-    try:
-        parse_shapes(args.shapes)
-    except ValueError as error:
-        parser.error(str(error))
-    return args
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    """The local part, then the served part (``--only`` one of them)."""
+    o.shapes_ = parse_shapes(o.shapes)
+    batch = Batch(o, run)
+    for name, part in (("local", batch.local), ("serve", batch.served)):
+        if o.only in ("", name):
+            batch.guarded(name, part)
+    if o.only:
+        batch.notes.append(f"--only {o.only}: the other part's runs are not in this table")
+    title = "Batch scoring (python -m batch), RFC-008 workload as a dataset"
+    return [run.result(title, tables(batch.results), notes=(*NOTES, *batch.notes))]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    run, loads = Run(args), [os.getloadavg()]
-    print(f"load average before: {loads[0]}", flush=True)
-    for name, part in (("local", run.local), ("serve", run.served)):
-        if args.only in (None, name):
-            run.guarded(name, part)
-    loads.append(os.getloadavg())
-    command = shlex.join(["python", "-m", "loadtest.bench_batch", *sys.argv[1:]])
-    if args.only:
-        run.notes.append(f"--only {args.only}: the other part's runs are not in this table")
-    table = section_body(command, machine_description(), loads, run.results, run.notes)
-    print(table, flush=True)
-    if not args.no_write:
-        write_section(DOCS, SECTION, table)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+WORKLOAD = Workload(
+    options=(
+        Option("--shapes", "200x10,20x100", "QxR,...: Q queries of R rows"),
+        Option("--only", "", "local: (e)(a)(d); serve: (b)(c)(c')", ("", "local", "serve")),
+        Option("--http-rows", 200, "rows of (c) and (d)"),
+        Option("--group-rows", 0, "rows of (c'); 0: all"), Option("--batch-size", 512),
+        Option("--port", 8000, "the app's port when free"),
+        Option("--deadline-s", 7200.0, "no part starts after"),
+        Option("--large", "2000x25", "QxR of the large shuffled run (tiny model); '' skips"),
+    ),
+    measure=measure,
+)  # fmt: skip

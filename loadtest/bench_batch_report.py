@@ -1,4 +1,4 @@
-"""loadtest.bench_batch's pure parts: dataset shapes, measured rates, the report and its ratios.
+"""loadtest.bench_batch's pure parts: dataset shapes, measured rates, its tables and ratios.
 
 No Ray, no jax, no torch: the helpers here unit-test in well under a second.
 """
@@ -9,6 +9,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from loadtest.harness import Table, col, table
 
 # The runs of one shape, in the table's order, with what each one is.
 RUNS = {
@@ -183,80 +185,55 @@ def _wall_ratio(numerator: Rate | None, denominator: Rate | None) -> float | Non
     return numerator.items_per_s / denominator.items_per_s
 
 
-def _num(value: float | int | None, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+RUN_COLUMNS = (
+    col("run", left=True), col("items", "d"), col("items/s (wall)", ".1f"),
+    col("items/s (steady)", ".1f"), col("items/s (engine s)", ".1f"), col("wall s", ".1f"),
+    col("engine s", ".1f"), col("engine steps", "d"), col("query cache hits", "d"),
+    col("computed / useful tokens", ".2f"), col("503 retries", "d"),
+)  # fmt: skip
 
 
-def runs_table(runs: Mapping[str, Rate]) -> list[str]:
-    lines = [
-        "| run | items | items/s (wall) | items/s (steady) | items/s (engine s) | wall s "
-        "| engine s | engine steps | query cache hits | computed / useful tokens | 503 retries |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, title in RUNS.items():
-        rate = runs.get(name)
-        if rate is None:
-            continue
-        lines.append(
-            f"| {title} | {rate.items} | {_num(rate.items_per_s)} | {_num(rate.steady)} | "
-            f"{_num(rate.engine_items_per_s)} | {_num(rate.wall_s)} | {_num(rate.engine_s)} | "
-            f"{_num(rate.steps)} | {_num(rate.cache_hits)} | {_num(rate.padding, 2)} | "
-            f"{rate.retried_503} |"
-        )
-    return lines
+def runs_table(label: str, runs: Mapping[str, Rate]) -> Table:
+    rows = [
+        (title, r.items, r.items_per_s, r.steady, r.engine_items_per_s, r.wall_s, r.engine_s,
+         r.steps, r.cache_hits, r.padding, r.retried_503)
+        for name, title in RUNS.items() if (r := runs.get(name)) is not None
+    ]  # fmt: skip
+    return table(RUN_COLUMNS, rows, title=f"### {label} (queries x rows per query)", missing="")
 
 
-def ratios_table(results: Mapping[str, Mapping[str, Rate]]) -> list[str]:
+def ratios_table(results: Mapping[str, Mapping[str, Rate]]) -> Table:
     """One line per shape: each ratio, with the target where the issue sets one."""
     names = list(ratios({}))
     heads = [
         f"{n} (target {'<=' if n in AT_MOST else '>='} {TARGETS[n]})" if n in TARGETS else n
         for n in names
     ]
-    lines = ["| shape | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(names)]
-    for label, runs in results.items():
-        values = ratios(runs)
-        lines.append(f"| {label} | " + " | ".join(_num(values[n], 2) for n in names) + " |")
-    return lines
-
-
-def section_body(
-    command: str,
-    machine: str,
-    loads: Sequence[tuple[float, float, float]],
-    results: Mapping[str, Mapping[str, Rate]],
-    notes: Sequence[str] = (),
-) -> str:
-    """The docs section: the command, the machine and load, one table per shape, the ratios."""
-    before, after = (", ".join(f"{x:.2f}" for x in load) for load in (loads[0], loads[-1]))
-    lines = [
-        f"`{command}`; SmolLM2-135M-Instruct, float32; token-id rows (a 300-token query, one "
-        "10-token item, 3 labels), the shipped serve_config.yaml ((e), (a): without its "
-        "warm-up; (b), (c), (c'): the app as `make serve` deploys it, on a Ray cluster the "
-        "bench starts).",
-        "",
-        f"- machine: {machine}; one run, side by side; load average (1, 5, 15 min) before "
-        f"{before}, after {after}",
-        "- wall: the job's whole time (actor start, model load and compiles included for (a)); "
-        "steady: items after the first result arrived over the time after it ((a), (b)), "
-        "else per engine second; HTTP runs and (d) after untimed warm-up requests; each first "
-        "(a) job on an empty compilation cache (it compiles, steps beside its compiles), the "
-        "cache-warm (a) on the cache its first run left, the app with the shipped one",
-        "- (b) scores the same rows as (a); (c) and (c') rows of the same shape with queries of "
-        "their own, so the app's query cache holds none of them when they start",
-        "- engine s, steps, cache hits, tokens: the engine's counters ((b), (c), (c'): the "
-        "replica's /v1/stats around the run)",
-        *(f"- {note}" for note in notes),
-        "",
-    ]
-    for label, runs in results.items():
-        lines += [f"### {label} (queries x rows per query)", "", *runs_table(runs), ""]
-    lines += [
+    rows = [(label, *ratios(runs).values()) for label, runs in results.items()]
+    title = (
         "Ratios of steady items/s ((a): sorted; grouped/sorted: (e) over (a) sorted; the "
-        "shuffled slowdown: (a) sorted over (a) shuffled, steady and wall):",
-        "",
-        *ratios_table(results),
-    ]
-    return "\n".join(lines) + "\n"
+        "shuffled slowdown: (a) sorted over (a) shuffled, steady and wall):"
+    )
+    columns = [col("shape", left=True), *(col(h, ".2f") for h in heads)]
+    return table(columns, rows, title=title, missing="")
+
+
+NOTES = (
+    "SmolLM2-135M-Instruct, float32; token-id rows (a 300-token query, one 10-token item, 3 "
+    "labels), the shipped serve_config.yaml ((e), (a): without its warm-up; (b), (c), (c'): the "
+    "app as `make serve` deploys it, on a Ray cluster the bench starts); one run, side by side",
+    "wall: the job's whole time (actor start, model load and compiles included for (a)); "
+    "steady: items after the first result arrived over the time after it ((a), (b)), else per "
+    "engine second; HTTP runs and (d) after untimed warm-up requests; each first (a) job on an "
+    "empty compilation cache (it compiles, steps beside its compiles), the cache-warm (a) on "
+    "the cache its first run left, the app with the shipped one",
+    "(b) scores the same rows as (a); (c) and (c') rows of the same shape with queries of their "
+    "own, so the app's query cache holds none of them when they start",
+    "engine s, steps, cache hits, tokens: the engine's counters ((b), (c), (c'): the replica's "
+    "/v1/stats around the run)",
+)
+
+
+def tables(results: Mapping[str, Mapping[str, Rate]]) -> list[Table]:
+    """One table per shape, then the ratios."""
+    return [*(runs_table(k, v) for k, v in results.items()), ratios_table(results)]

@@ -13,17 +13,15 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from loadtest.bench_batch_report import Rate, stat_rate, steady_items_per_s
-from loadtest.bench_common import LABELS
-from loadtest.server_client import JSON_HEADERS, Deadline, Server, score_body
+from loadtest.harness import LABELS, RetryingClient
+from loadtest.server_client import Deadline, Server, score_body
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_CONFIG = ROOT / "serve_config.yaml"
@@ -141,49 +139,9 @@ def group_bodies(rows: Sequence[dict[str, Any]]) -> list[bytes]:
     return bodies
 
 
-class RetryingClient:
-    """What a user with a file of pairs writes: ``concurrency`` threads posting to ``route``
-    (/v1/score), each 503 sent again after its Retry-After (1 s when it has none)."""
-
-    def __init__(
-        self,
-        url: str,
-        concurrency: int = CONCURRENCY,
-        timeout_s: float = 300.0,
-        route: str = "/v1/score",
-    ) -> None:
-        self._url, self._concurrency = f"{url}{route}", concurrency
-        self._client = httpx.Client(
-            timeout=timeout_s, limits=httpx.Limits(max_connections=concurrency)
-        )
-
-    def close(self) -> None:
-        self._client.close()
-
-    def post(self, body: bytes) -> int:
-        """POST until a 200; the number of 503s retried. RuntimeError on any other status."""
-        retried = 0
-        while True:
-            response = self._client.post(self._url, content=body, headers=JSON_HEADERS)
-            if response.status_code == 200:
-                return retried
-            if response.status_code != 503:
-                status = f"HTTP {response.status_code} {response.text[:300]}"
-                raise RuntimeError(f"{self._url}: {status}")
-            retried += 1
-            time.sleep(float(response.headers.get("retry-after", 1)))  # the server's Retry-After
-
-    def run(self, bodies: Sequence[bytes]) -> tuple[float, int]:
-        """Wall seconds to answer every body, ``concurrency`` in flight; 503s retried."""
-        start = time.perf_counter()
-        with ThreadPoolExecutor(self._concurrency) as pool:
-            retried = sum(pool.map(self.post, bodies))
-        return time.perf_counter() - start, retried
-
-
 def http_rate(url: str, bodies: Sequence[bytes], items: int) -> Rate:
     """(c) or (c'): the bodies at concurrency 4, with the replica's counters around them."""
-    client = RetryingClient(url)
+    client = RetryingClient(url, CONCURRENCY)
     try:
         before = stats(url)
         wall, retried = client.run(bodies)

@@ -12,7 +12,7 @@ Engine mode (``make bench``): the shipped serve_config.yaml's replica settings w
 (``make serve``), with its /v1/stats counters. An untimed pass of other questions of the same
 lengths compiles the shapes first; the timed questions share no tokens with it.
 
-    python -m loadtest.bench_choices [--questions 16] [--url URL] [--no-hf]
+    python -m loadtest run choices [--questions 16] [--url URL] [--no-hf]
 """
 
 from __future__ import annotations
@@ -21,20 +21,19 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loadtest.bench_common import MODEL, machine_description, write_section
+from loadtest.harness import MODEL, Option, Result, Run, col, table
+from loadtest.harness import Workload as Declared
 
-SECTION = "## Multiple choice: prompt log-likelihood with prefix reuse"
 Pair = tuple[tuple[int, ...], tuple[int, ...]]  # (context, continuation) token ids
 Runner = Callable[[list[list[int]]], list[Any]]  # prompts -> each prompt's token log-probs
 
 
 @dataclass(frozen=True)
-class Workload:
+class Questions:
     pairs: list[Pair]  # lm-eval's order: longest first
     batch: int
 
@@ -47,7 +46,7 @@ class Workload:
         return sum(len(c) + len(x) for c, x in self.pairs)
 
 
-def workload(questions: int, context: int, choices: int, seed: int, batch: int = 8) -> Workload:
+def workload(questions: int, context: int, choices: int, seed: int, batch: int = 8) -> Questions:
     """Lengths from a fixed stream (every seed has the same shapes), tokens from ``seed``."""
     lengths = np.random.default_rng(0).integers(5, 31, (questions, choices))
     rng = np.random.default_rng(seed)
@@ -56,7 +55,7 @@ def workload(questions: int, context: int, choices: int, seed: int, batch: int =
         ctx = tuple(int(t) for t in rng.integers(100, 40000, context))
         pairs += [(ctx, tuple(int(t) for t in rng.integers(100, 40000, n))) for n in row]
     pairs.sort(key=lambda p: (-len(p[0] + p[1]), p[0] + p[1]))  # lm-eval's _collate
-    return Workload(pairs, batch)
+    return Questions(pairs, batch)
 
 
 def continuation_logliks(pairs: Sequence[Pair], token_logprobs: Sequence[Sequence[Any]]) -> list:
@@ -68,7 +67,7 @@ def continuation_logliks(pairs: Sequence[Pair], token_logprobs: Sequence[Sequenc
     ]
 
 
-def run_pass(load: Workload, run: Runner) -> tuple[float, list[Any]]:
+def run_pass(load: Questions, run: Runner) -> tuple[float, list[Any]]:
     """Seconds for every request in order, and each prompt's echoed token log-probs."""
     out: list[Any] = []
     start = time.perf_counter()
@@ -82,7 +81,7 @@ def engine_runners() -> dict[str, tuple[Runner, Callable[[], dict]]]:
     import yaml
 
     from cluster.mesh import build_mesh
-    from loadtest.bench_engine import SERVE_CONFIG
+    from loadtest.bench_common import SERVE_CONFIG
     from replicas.checkpoints.loading import load_model
     from replicas.contract import PromptWork
     from replicas.engine.scoring_engine import ScoringEngine
@@ -145,8 +144,8 @@ def lm_eval_hf_runner() -> Callable[[Sequence[Pair]], list[float]]:
     return run
 
 
-def measure(
-    name: str, run: Runner, stats: Callable[[], dict], warm: Workload, timed: Workload
+def measure_mode(
+    name: str, run: Runner, stats: Callable[[], dict], warm: Questions, timed: Questions
 ) -> dict:
     run_pass(warm, run)  # compiles the shapes; its prefixes share nothing with ``timed``
     before = stats()
@@ -163,42 +162,35 @@ def measure(
     }
 
 
-HEADER = (
-    "| mode | choices | seconds | choices/s | vs reuse off | tokens computed / prompt tokens "
-    "| with padding | max abs diff vs reuse off | max abs diff vs lm-eval hf |\n"
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
-)
+COLUMNS = (
+    col("mode", left=True), col("choices", "d"), col("seconds", ".1f"), col("choices/s", ".2f"),
+    col("vs reuse off", ".2f", "x"), col("tokens computed / prompt tokens", ".2f"),
+    col("with padding", ".2f"), col("max abs diff vs reuse off", ".1e"),
+    col("max abs diff vs lm-eval hf", ".1e"),
+)  # fmt: skip
 
 
-def format_row(row: dict, off: dict | None, hf: dict | None, choices: int) -> str:
-    def diff(other: dict | None) -> str:
+def row_cells(row: dict, off: dict | None, hf: dict | None, choices: int) -> tuple:
+    def diff(other: dict | None) -> float | None:
         if other is None or other is row:
-            return "-"
-        return f"{np.abs(np.subtract(row['logliks'], other['logliks'])).max():.1e}"
+            return None
+        return float(np.abs(np.subtract(row["logliks"], other["logliks"])).max())
 
-    speed = "-" if off is None else f"{row['choices_per_s'] / off['choices_per_s']:.2f}x"
-    ratio = "-" if row["mode"].startswith("lm-eval") else f"{row['computed_ratio']:.2f}"
-    padded = "-" if row["mode"].startswith("lm-eval") else f"{row['padded_ratio']:.2f}"
-    cells = [row["mode"], str(choices), f"{row['seconds']:.1f}", f"{row['choices_per_s']:.2f}",
-             speed, ratio, padded, diff(off), diff(hf)]  # fmt: skip
-    return "| " + " | ".join(cells) + " |"
+    speed = None if off is None else row["choices_per_s"] / off["choices_per_s"]
+    ours = not row["mode"].startswith("lm-eval")
+    return (row["mode"], choices, row["seconds"], row["choices_per_s"], speed,
+            row["computed_ratio"] if ours else None, row["padded_ratio"] if ours else None,
+            diff(off), diff(hf))  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=16)
-    parser.add_argument("--context-tokens", type=int, default=300)
-    parser.add_argument("--url", default=None, help="a running server (HTTP mode)")
-    parser.add_argument("--no-hf", action="store_true", help="skip lm-eval's hf model")
-    parser.add_argument("--output", default="docs/benchmarks.md")
-    args = parser.parse_args()
-    warm = workload(args.questions, args.context_tokens, 4, seed=1)
-    timed = workload(args.questions, args.context_tokens, 4, seed=2)
-    runners = {"HTTP, served": http_runner(args.url)} if args.url else engine_runners()
-    rows = [measure(name, run, stats, warm, timed) for name, (run, stats) in runners.items()]
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    warm = workload(o.questions, o.context_tokens, 4, seed=1)
+    timed = workload(o.questions, o.context_tokens, 4, seed=2)
+    runners = {"HTTP, served": http_runner(o.url)} if o.url else engine_runners()
+    rows = [measure_mode(name, r, stats, warm, timed) for name, (r, stats) in runners.items()]
     off = next((r for r in rows if r["mode"] == "reuse off"), None)
     hf = None
-    if not args.no_hf:
+    if o.hf:
         hf_run = lm_eval_hf_runner()
         hf_run(warm.pairs[:8])
         start = time.perf_counter()
@@ -207,34 +199,32 @@ def main() -> None:
         hf = {"mode": "lm-eval hf (transformers)", "seconds": seconds, "logliks": logliks,
               "choices_per_s": len(timed.pairs) / seconds}  # fmt: skip
         rows.append(hf)
-    lines = [format_row(r, off, hf, len(timed.pairs)) for r in rows]
-    print(HEADER, *lines, sep="\n")
-    where = f"over HTTP ({args.url})" if args.url else "engine only, shipped settings"
-    heading = SECTION + (", over HTTP" if args.url else "")
-    write_section(Path(args.output), heading, report(args, where, timed, lines))
-    print(f"wrote {args.output}")
+    cells = [row_cells(r, off, hf, len(timed.pairs)) for r in rows]
+    where = "over HTTP against `make serve`" if o.url else "engine only, shipped settings"
+    notes = (
+        f"{where}; {MODEL}, float32",
+        f"{o.questions} questions, a {o.context_tokens}-token context and 4 choices of 5-30 "
+        f"tokens each ({len(timed.pairs)} prompts, {timed.prompt_tokens} prompt tokens), in "
+        "lm-eval's order (longest first), 8 prompts per request, one request at a time, "
+        "`echo, logprobs 1, max_tokens 1`; an untimed pass over other questions of the same "
+        "lengths compiles the shapes first",
+        "tokens computed: prompt tokens the model ran (`computed_prompt_tokens`); with padding: "
+        "every token of every step (`computed_tokens`); lm-eval hf: "
+        "`HFLM(batch_size=8)._loglikelihood_tokens` on the same requests; max abs diff: of each "
+        "choice's log-likelihood",
+    )
+    title = "Multiple choice: prompt log-likelihood with prefix reuse" + (
+        ", over HTTP" if o.url else ""
+    )
+    key = "choices-served" if o.url else "choices"
+    return [run.result(title, [table(COLUMNS, cells)], key=key, notes=notes)]
 
 
-def report(args: argparse.Namespace, where: str, timed: Workload, lines: list[str]) -> str:
-    command = "make bench" + (f" URL={args.url}" if args.url else "")
-    return "\n".join([
-        f"`{command}` (`python -m loadtest.bench_choices`), {where}; {MODEL}, float32.",
-        "",
-        f"- machine: {machine_description()}",
-        f"- workload: {args.questions} questions, a {args.context_tokens}-token context and 4 "
-        f"choices of 5-30 tokens each ({len(timed.pairs)} prompts, {timed.prompt_tokens} prompt "
-        "tokens), in lm-eval's order (longest first), 8 prompts per request, one request at "
-        "a time, `echo, logprobs 1, max_tokens 1`",
-        "- an untimed pass over other questions of the same lengths compiles the shapes first",
-        "- tokens computed: prompt tokens the model ran (`computed_prompt_tokens`); with "
-        "padding: every token of every step (`computed_tokens`)",
-        "- lm-eval hf: `HFLM(batch_size=8)._loglikelihood_tokens` on the same requests",
-        "- max abs diff: of each choice's log-likelihood (the sum over its 5-30 tokens)",
-        "",
-        HEADER,
-        *lines,
-    ])  # fmt: skip
-
-
-if __name__ == "__main__":
-    main()
+WORKLOAD = Declared(
+    url=True,
+    options=(
+        Option("--questions", 16), Option("--context-tokens", 300),
+        Option("--no-hf", True, "skip lm-eval's hf model"),
+    ),
+    measure=measure,
+)  # fmt: skip

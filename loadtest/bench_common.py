@@ -1,14 +1,9 @@
-"""Pieces shared by the benchmarks: the matmul peak, the transformers baseline, docs writing.
-
-Imports nothing heavy at module level (jax, torch and transformers load inside the functions
-that need them), so the pure helpers here unit-test quickly.
-"""
+"""Pieces the engine benchmarks share: the shipped settings, the RFC-008 work, the matmul peak,
+the transformers baseline. Imports nothing heavy at module level."""
 
 from __future__ import annotations
 
 import os
-import platform
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,37 +11,42 @@ from typing import Any
 
 import numpy as np
 
+from loadtest.harness import LABELS, MODEL, ROOT, timed
 from replicas.contract import ScoreWork
 
-MODEL = "SmolLM2-135M-Instruct"
-LABELS = (7042, 4528, 11452)  # " Paris", " London", " Berlin"
+SERVE_CONFIG = ROOT / "serve_config.yaml"
+GPU_CONFIG = ROOT / "serve_config.gpu.yaml"
 
 
-def timed(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall seconds of ``repeats`` calls after one untimed warm-up call."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+def make_work(num_items: int, query_len: int, item_len: int, seed: int = 0) -> ScoreWork:
+    """Random token ids in [100, 40000): a query and ``num_items`` items, 3 labels."""
+    rng = np.random.default_rng(seed)
+    ids = lambda n: tuple(int(t) for t in rng.integers(100, 40000, n))  # noqa: E731
+    return ScoreWork(ids(query_len), tuple(ids(item_len) for _ in range(num_items)), LABELS)
 
 
-def timed_together(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, float]:
-    """Median wall seconds of each call over ``repeats`` rounds that run every call once in
-    turn (after one untimed warm-up round): a machine whose speed drifts during the run
-    slows every call alike, so their ratios hold where one call's samples taken after
-    another's would not."""
-    for fn in calls.values():
-        fn()
-    samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, fn in calls.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-    return {name: statistics.median(values) for name, values in samples.items()}
+def shipped_settings(config: Path = SERVE_CONFIG) -> Any:
+    """The replica settings of the shipped serve_config.yaml (its first application's args),
+    without its warm-up (each case is warmed by untimed calls; so without
+    ``limit_to_warmup`` either), disk cache or query cache (each case repeats one request,
+    which the cache would answer warm; the HTTP benchmark measures the cache)."""
+    import yaml
+
+    from replicas.settings import ReplicaSettings
+
+    (app, *_) = yaml.safe_load(config.read_text())["applications"]
+    return ReplicaSettings.from_mapping(app["args"]).replace(
+        warmup_shapes=(), limit_to_warmup=False, compilation_cache_dir=None, query_cache_bytes=0
+    )
+
+
+def timed_steady(engine: Any, work: ScoreWork, repeats: int) -> float:
+    """Median seconds once the work's own signature is compiled: a shape that a compiled
+    signature covers compiles in the background when it recurs, so two untimed calls."""
+    engine.score_batch([work])
+    engine.score_batch([work])
+    engine.wait_for_background_compiles()
+    return timed(lambda: engine.score_batch([work]), repeats)
 
 
 def matmul_peak_flops(sizes: tuple[int, ...] = (512, 1024, 1536, 2048), repeats: int = 8) -> float:
@@ -99,64 +99,3 @@ def hf_scorer(work: ScoreWork, model: Any | None = None) -> Callable[[], np.ndar
             return torch.log_softmax(logits, -1)[:, labels].numpy()
 
     return score
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name (from /proc/cpuinfo where there is one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_description() -> str:
-    """``<cpu model>, <n> cores``."""
-    return f"{cpu_model()}, {os.cpu_count()} cores"
-
-
-def _is_section_end(line: str) -> bool:
-    return line.startswith("## ") or line.startswith("<!-- ")
-
-
-def _after_first_paragraph(lines: list[str]) -> int:
-    """Index just after the first block of non-blank, non-heading lines (end if none)."""
-    index = 0
-    while index < len(lines) and (not lines[index].strip() or lines[index].startswith("#")):
-        index += 1
-    if index == len(lines):
-        return len(lines)
-    while index < len(lines) and lines[index].strip():
-        index += 1
-    return index
-
-
-def replace_section(text: str, heading: str, body: str) -> str:
-    """``text`` with the ``heading`` section's content replaced by ``body``.
-
-    A section runs from its heading line to the next line starting with ``## `` or ``<!-- ``.
-    A missing section is inserted right after the first paragraph block. Every other line of
-    ``text`` is kept as it was.
-    """
-    lines = text.splitlines()
-    section = [heading, "", *body.strip("\n").splitlines(), ""]
-    if heading in lines:
-        start = lines.index(heading)
-        end = start + 1
-        while end < len(lines) and not _is_section_end(lines[end]):
-            end += 1
-        lines[start:end] = section
-    else:
-        at = _after_first_paragraph(lines)
-        lines[at:at] = ["", *section] if at and lines[at - 1].strip() else section
-        if at + len(section) < len(lines) and lines[at + len(section)].strip() == "":
-            del lines[at + len(section)]  # keep a single blank line before what follows
-    return "\n".join(lines).rstrip("\n") + "\n"
-
-
-def write_section(path: Path, heading: str, body: str, title: str = "# Benchmarks") -> None:
-    """Replace or insert the ``heading`` section of the markdown file at ``path``."""
-    text = path.read_text() if path.exists() else f"{title}\n"
-    path.write_text(replace_section(text, heading, body))

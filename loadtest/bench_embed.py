@@ -9,6 +9,8 @@ random weights: a Qwen3-0.6B-shaped embedding model (hidden 1024, 16/8 heads of 
 real tokens. The served figure is the shipped app (serve_config.yaml, only ``model``
 changed) on a private Ray cluster, ``/v1/embeddings`` requests of ``--per-request`` texts
 sent ``--concurrency`` at a time after one untimed round.
+
+    python -m loadtest run embed [--texts 2000] [--layers 28]
 """
 
 from __future__ import annotations
@@ -24,9 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.bench_common import machine_description, write_section
+from loadtest.harness import Option, Result, Run, Workload, col, table
 
-SECTION = "## Embeddings (`python -m loadtest.bench_embed`)"
 WORDS = ("alpha", "river", "stone", "cloud", "seven", "blue", "green", "house", "light", "water")
 
 
@@ -71,7 +72,8 @@ def served_seconds(
     ``args.per_request`` texts, ``args.concurrency`` in flight, each 503 sent again after its
     Retry-After, as a client does) after one untimed round; the 503s retried; and how far
     the run moved the replica's counters (``/v1/stats``)."""
-    from loadtest.bench_batch_serve import RetryingClient, served_app, stats
+    from loadtest.bench_batch_serve import served_app, stats
+    from loadtest.harness import RetryingClient
 
     step = args.per_request
     bodies = [
@@ -146,7 +148,7 @@ def in_process(settings: Any, texts: list[str], model_dir: Path) -> dict[str, An
     }  # fmt: skip
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def embed_all(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import yaml
 
@@ -172,37 +174,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return r
 
 
-def write_report(r: dict[str, Any], args: argparse.Namespace, path: Path) -> None:
-    lines = [
-        "`python -m loadtest.bench_embed`: a Qwen3-0.6B-shaped embedding model (random weights,",
-        "float32, last-token pooling, Normalize; a sentence-transformers directory served with",
-        "the shipped serve_config.yaml's settings, only `model` changed) embeds a mixed-length",
-        f"corpus: {r['texts']} texts of log-uniform {args.min_tokens}..{args.max_tokens} tokens "
-        f"({r['tokens']} real tokens), {r['layers']} decoder layers.",
-        "",
-        f"- machine: {machine_description()}; warm-up {r['warm_s']:.0f} s",
-        "- engine: every text in one `score_batch` (inputs end to end in rows of",
-        "  `item_tokens_per_step` tokens, longest first); batch: `python -m batch embed`'s",
-        "  stages in process (tokenization, packing, the engine); sentence-transformers:",
-        "  `encode` with its default length-sorted batches of 32, torch on every core; served:",
-        "  the shipped app on a private Ray cluster, after one untimed round of requests",
-        "",
-        "| path | seconds | tokens/s | vs sentence-transformers | padding (computed / real) "
-        "| max abs diff vs sentence-transformers |",
-        "|---|---:|---:|---:|---:|---:|",
-        f"| engine | {r['engine_s']:.1f} | {r['engine']:.0f} | {r['engine'] / r['st']:.2f}x "
-        f"| {padding(r['engine_moved']):.3f} | {r['diff']:.1e} |",
-        f"| served: `/v1/embeddings`, {args.per_request} texts a request, concurrency "
-        f"{args.concurrency} ({r['served_retried']} 503s retried) | {r['served_s']:.1f} "
-        f"| {r['served']:.0f} "
-        f"| {r['served'] / r['st']:.2f}x ({r['served'] / r['engine']:.2f}x the engine) | | |",
-        f"| batch (stages in process) | {r['batch_s']:.1f} | {r['batch']:.0f} "
-        f"| {r['batch'] / r['st']:.2f}x ({r['batch'] / r['engine']:.2f}x the engine) "
-        f"| {padding(r['batch_moved']):.3f} | |",
-        f"| sentence-transformers `encode` | {r['st_s']:.1f} | {r['st']:.0f} | 1.00x | | |",
-    ]
-    lines += ["", *where_the_time_goes(r)]
-    write_section(path, SECTION, "\n".join(lines))
+COLUMNS = (
+    col("path", left=True), col("seconds", ".1f"), col("tokens/s", ".0f"),
+    col("vs sentence-transformers", left=False), col("padding (computed / real)", ".3f"),
+    col("max abs diff vs sentence-transformers", ".1e"),
+)  # fmt: skip
+
+
+def rows_of(r: dict[str, Any], o: argparse.Namespace) -> list[tuple]:
+    vs = lambda k: f"{r[k] / r['st']:.2f}x ({r[k] / r['engine']:.2f}x the engine)"  # noqa: E731
+    served = (f"served: `/v1/embeddings`, {o.per_request} texts a request, concurrency "
+              f"{o.concurrency} ({r['served_retried']} 503s retried)")  # fmt: skip
+    return [
+        ("engine", r["engine_s"], r["engine"], f"{r['engine'] / r['st']:.2f}x",
+         padding(r["engine_moved"]), r["diff"]),
+        (served, r["served_s"], r["served"], vs("served"), None, None),
+        ("batch (stages in process)", r["batch_s"], r["batch"], vs("batch"),
+         padding(r["batch_moved"]), None),
+        ("sentence-transformers `encode`", r["st_s"], r["st"], "1.00x", None, None),
+    ]  # fmt: skip
+
+
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    r = embed_all(o)
+    notes = (
+        "a Qwen3-0.6B-shaped embedding model (random weights, float32, last-token pooling, "
+        "Normalize; a sentence-transformers directory served with the shipped "
+        "serve_config.yaml's settings, only `model` changed) embeds a mixed-length corpus: "
+        f"{r['texts']} texts of log-uniform {o.min_tokens}..{o.max_tokens} tokens "
+        f"({r['tokens']} real tokens), {r['layers']} decoder layers; warm-up {r['warm_s']:.0f} s",
+        "engine: every text in one `score_batch` (inputs end to end in rows of "
+        "`item_tokens_per_step` tokens, longest first); batch: `python -m batch embed`'s stages "
+        "in process (tokenization, packing, the engine); sentence-transformers: `encode` with "
+        "its default length-sorted batches of 32, torch on every core; served: the shipped app "
+        "on a private Ray cluster, after one untimed round of requests",
+        *where_the_time_goes(r),
+    )
+    tables = [table(COLUMNS, rows_of(r, o), missing="")]
+    figures = {k: v for k, v in r.items() if k.endswith("_moved")}
+    return [run.result("Embeddings", tables, key="embed", notes=notes, figures=figures)]
 
 
 def where_the_time_goes(r: dict[str, Any]) -> list[str]:
@@ -214,7 +224,7 @@ def where_the_time_goes(r: dict[str, Any]) -> list[str]:
         ("served", r["served_s"], r["served_moved"]),
     ):
         lines.append(
-            f"- {name}: {moved['engine_seconds']:.1f} of its {seconds:.1f} s in engine steps; "
+            f"{name}: {moved['engine_seconds']:.1f} of its {seconds:.1f} s in engine steps; "
             f"{moved['request_path_compiles']} request-path and "
             f"{moved['background_compiles']} background compiles" + steps_and_padding(moved)
         )
@@ -226,22 +236,13 @@ def steps_and_padding(moved: dict[str, float]) -> str:
     return f"; {moved['steps']} steps, padding {padding(moved):.3f}" if "steps" in moved else ""
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--texts", type=int, default=2000)
-    parser.add_argument("--min-tokens", type=int, default=8)
-    parser.add_argument("--max-tokens", type=int, default=512)
-    parser.add_argument("--layers", type=int, default=28, help="decoder layers (Qwen3-0.6B: 28)")
-    parser.add_argument("--per-request", type=int, default=8, help="texts a served request")
-    parser.add_argument("--concurrency", type=int, default=8, help="served requests in flight")
-    parser.add_argument("--port", type=int, default=8000, help="the served app's (if free)")
-    parser.add_argument("--output", default="docs/benchmarks.md")
-    args = parser.parse_args()
-    result = run(args)
-    print(result)
-    write_report(result, args, Path(args.output))
-    print(f"wrote {args.output}")
-
-
-if __name__ == "__main__":
-    main()
+WORKLOAD = Workload(
+    options=(
+        Option("--texts", 2000), Option("--min-tokens", 8), Option("--max-tokens", 512),
+        Option("--layers", 28, "decoder layers (Qwen3-0.6B: 28)"),
+        Option("--per-request", 8, "texts a served request"),
+        Option("--concurrency", 8, "served requests in flight"),
+        Option("--port", 8000, "the served app's (if free)"),
+    ),
+    measure=measure,
+)  # fmt: skip

@@ -1,76 +1,50 @@
-"""Benchmark: multi-item vs single-item scoring on the real SmolLM2-135M-Instruct.
+"""Multi-item vs single-item scoring on the real SmolLM2-135M-Instruct, engine only.
 
-For N items behind a 300-token query (10-token items) it times the engine's single-item,
-shared-prefix and packed-reference layouts, built with the replica settings of the shipped
-serve_config.yaml, and transformers' batched single-item scoring, all side by side in one run
-on the same CPU and weights; measures this machine's float32 matmul peak and the padding, and
-writes its section of docs/benchmarks.md (the end-to-end HTTP section is
-``loadtest.bench_serve``'s).
+For N items behind a 300-token query (10-token items): the engine's single-item,
+shared-prefix and packed-reference layouts with the replica settings of the shipped
+serve_config.yaml, and transformers' batched single-item scoring, side by side in one run on
+the same CPU and weights, timed in turn; this machine's float32 matmul peak and the padding.
 
-    python -m loadtest.bench_engine [--items 1,10,100] [--repeats 3] [--no-hf]
+    python -m loadtest run engine [--items 1,10,100] [--repeats 3] [--no-hf]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-from pathlib import Path
+from functools import partial
 
-import jax
 import numpy as np
-import yaml
 
-from cluster.mesh import build_mesh
-from loadtest.bench_common import (
-    LABELS,
+from loadtest.bench_common import hf_scorer, make_work, matmul_peak_flops, shipped_settings
+from loadtest.harness import (
     MODEL,
-    hf_scorer,
-    matmul_peak_flops,
-    timed,
-    write_section,
+    Option,
+    Result,
+    Run,
+    Workload,
+    col,
+    counts,
+    ratio,
+    table,
+    timed_together,
 )
-from replicas.checkpoints.loading import load_model
-from replicas.contract import ScoreWork
-from replicas.engine.scoring_engine import ScoringEngine
-from replicas.model.flops import multi_item_flops
-from replicas.settings import ReplicaSettings
 
-SERVE_CONFIG = Path(__file__).resolve().parent.parent / "serve_config.yaml"
-SECTION = "## Engine, shipped serve_config.yaml settings"
-
-
-def make_work(num_items: int, query_len: int, item_len: int, seed: int = 0) -> ScoreWork:
-    rng = np.random.default_rng(seed)
-    ids = lambda n: tuple(int(t) for t in rng.integers(100, 40000, n))  # noqa: E731
-    return ScoreWork(ids(query_len), tuple(ids(item_len) for _ in range(num_items)), LABELS)
+COLUMNS = (
+    col("items", "d"), col("single-item s", ".3f"), col("shared-prefix s", ".3f"),
+    col("packed-reference s", ".3f"), col("transformers s", ".3f"),
+    col("speed-up vs single", ".1f", "x"), col("speed-up vs transformers", ".1f", "x"),
+    col("reference speed-up", ".1f", "x"), col("model FLOP/s / peak", ".0%"),
+    col("padding", ".2f"), col("max abs diff multi vs single", ".1e"),
+    col("max abs diff vs transformers", ".1e"),
+)  # fmt: skip
 
 
-def shipped_settings(config: Path = SERVE_CONFIG) -> ReplicaSettings:
-    """The replica settings of the shipped serve_config.yaml (its first application's args),
-    without its warm-up (the benchmark warms each case with one untimed call; so without
-    ``limit_to_warmup`` either), disk cache or query cache (each case repeats one request,
-    which the cache would answer warm; the HTTP benchmark measures the cache)."""
-    (app, *_) = yaml.safe_load(config.read_text())["applications"]
-    settings = ReplicaSettings.from_mapping(app["args"])
-    return settings.replace(
-        warmup_shapes=(),
-        limit_to_warmup=False,
-        compilation_cache_dir=None,
-        query_cache_bytes=0,
-    )
+def engines() -> tuple[dict, object]:
+    """The three layouts' engines over one loaded model, and its config."""
+    from cluster.mesh import build_mesh
+    from replicas.checkpoints.loading import load_model
+    from replicas.engine.scoring_engine import ScoringEngine
 
-
-def timed_steady(engine: ScoringEngine, work: ScoreWork, repeats: int) -> float:
-    """Median seconds once the work's own signature is compiled: a shape that a compiled
-    signature covers compiles in the background when it recurs, so two untimed calls."""
-    engine.score_batch([work])
-    engine.score_batch([work])
-    engine.wait_for_background_compiles()
-    return timed(lambda: engine.score_batch([work]), repeats)
-
-
-def run(items: list[int], query_len: int, item_len: int, repeats: int, hf: bool) -> list[dict]:
     shipped = shipped_settings()
     mesh = build_mesh(shipped.placement.mesh_shape)
     loaded = load_model(shipped.model.name, mesh, shipped.model.dtype)
@@ -79,108 +53,70 @@ def run(items: list[int], query_len: int, item_len: int, repeats: int, hf: bool)
         "shared_prefix": shipped,
         "packed_reference": shipped.replace(layout="packed_reference"),
     }
-    engines = {
+    built = {
         name: ScoringEngine(loaded.model, loaded.params, mesh, settings, MODEL)
         for name, settings in variants.items()
     }
+    return built, loaded.config
+
+
+def one_count(n: int, o: argparse.Namespace, built: dict, config: object, peak: float) -> tuple:
+    """Every layout and transformers on one work, timed in turn (``timed_together``) once each
+    layout's own signature is compiled; one round for the slow cases at >= 100 items."""
+    from replicas.model.flops import multi_item_flops
+
+    work = make_work(n, o.query_tokens, o.item_tokens)
+    calls = {name: partial(engine.score_batch, [work]) for name, engine in built.items()}
+    for name, engine in built.items():  # a covered shape compiles in the background on recurring
+        calls[name](), calls[name]()
+        engine.wait_for_background_compiles()
+    if o.hf:
+        calls["transformers"] = hf_scorer(work)
+    prefix = built["shared_prefix"]
+    before, answers = prefix.stats(), {}
+    seconds = timed_together(calls, 1 if n >= 100 else o.repeats, last=answers)
+    after = prefix.stats()
+    computed = after["computed_tokens"] - before["computed_tokens"]
+    padding = computed / (after["useful_tokens"] - before["useful_tokens"])
+    scores = {name: answers[name][0] for name in built} | {"hf": answers.get("transformers")}
+    hf_s = seconds.get("transformers")
+    hf_diff = None if hf_s is None else float(np.abs(scores["hf"] - scores["single"]).max())
+    single, multi, packed = (seconds[k] for k in ("single", "shared_prefix", "packed_reference"))
+    flops = multi_item_flops(config, o.query_tokens, [o.item_tokens] * n)
+    parity = float(np.abs(scores["shared_prefix"] - scores["single"]).max())
+    return (n, single, multi, packed, hf_s, single / multi, ratio(hf_s, multi), single / packed,
+            flops / multi / peak, padding, parity, hf_diff)  # fmt: skip
+
+
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    import jax
+
+    built, config = engines()
     peak = matmul_peak_flops()
     rows = []
-    for n in items:
-        work = make_work(n, query_len, item_len)
-        row: dict = {"items": n, "peak": peak}
-        scores = {}
-        for name, engine in engines.items():
-            reps = 1 if name != "shared_prefix" and n >= 100 else repeats
-            before = engine.stats()
-            row[name] = timed_steady(engine, work, reps)
-            scores[name] = engine.score_batch([work])[0]
-            if name == "shared_prefix":
-                after = engine.stats()
-                computed = after["computed_tokens"] - before["computed_tokens"]
-                row["padding"] = computed / (after["useful_tokens"] - before["useful_tokens"])
-        if hf:
-            score = hf_scorer(work)
-            row["transformers"] = timed(score, 1 if n >= 100 else repeats)
-            row["hf_diff"] = float(np.abs(score() - scores["single"]).max())
-        row["parity"] = float(np.abs(scores["shared_prefix"] - scores["single"]).max())
-        flops = multi_item_flops(loaded.config, query_len, [item_len] * n)
-        row["mfu"] = flops / row["shared_prefix"] / peak
-        print(format_row(row), flush=True)
-        rows.append(row)
-    return rows
+    for n in counts(o.items):
+        rows.append(one_count(n, o, built, config, peak))
+        run.say(f"{n} items: {rows[-1][1:4]}")
+    notes = (
+        f"jax {jax.__version__} on {jax.devices()[0].platform}; {MODEL} (GGUF Q4_1 "
+        "dequantized to float32), the replica settings of `serve_config.yaml`, query cache off",
+        f"request: {o.query_tokens}-token query, {o.item_tokens}-token items, 3 labels; median "
+        f"of {o.repeats} rounds, each timing every layout and transformers once in turn, once "
+        "the request's own signature is compiled (1 round at >= 100 items)",
+        f"measured float32 matmul peak (XLA, best of 512..2048 square): {peak / 1e9:.0f} GFLOP/s",
+        "model FLOP/s: analytic FLOPs of the useful multi-item work over the shared-prefix "
+        "time; padding: tokens computed / useful tokens of the shared-prefix layout; "
+        "transformers: fp32, batched rows, `logits_to_keep=1`",
+    )
+    title = "Engine, shipped serve_config.yaml settings"
+    return [run.result(title, [table(COLUMNS, rows)], notes=notes, figures={"peak": peak})]
 
 
-HEADER = (
-    "| items | single-item s | shared-prefix s | packed-reference s | transformers s "
-    "| speed-up vs single | speed-up vs transformers | reference speed-up "
-    "| model FLOP/s / peak | padding | max abs diff multi vs single "
-    "| max abs diff vs transformers |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-)
-
-
-def _cell(value: float | None, fmt: str) -> str:
-    return "-" if value is None else format(value, fmt)
-
-
-def format_row(r: dict) -> str:
-    hf = r.get("transformers")
-    cells = [
-        str(r["items"]),
-        _cell(r["single"], ".3f"),
-        _cell(r["shared_prefix"], ".3f"),
-        _cell(r["packed_reference"], ".3f"),
-        _cell(hf, ".3f"),
-        f"{r['single'] / r['shared_prefix']:.1f}x",
-        "-" if hf is None else f"{hf / r['shared_prefix']:.1f}x",
-        f"{r['single'] / r['packed_reference']:.1f}x",
-        f"{100 * r['mfu']:.0f}%",
-        _cell(r.get("padding"), ".2f"),
-        _cell(r["parity"], ".1e"),
-        _cell(r.get("hf_diff"), ".1e"),
-    ]
-    return "| " + " | ".join(cells) + " |"
-
-
-def write_report(rows: list[dict], args: argparse.Namespace, path: Path) -> None:
-    """Replace this benchmark's section of ``path``, keeping every other section."""
-    machine = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    lines = [
-        "Engine only (no HTTP), `make bench` (`python -m loadtest.bench_engine`), with the",
-        f"replica settings of `serve_config.yaml`; {MODEL} (GGUF Q4_1 dequantized to float32).",
-        "",
-        f"- machine: {machine}, jax {jax.__version__} on {jax.devices()[0].platform}",
-        f"- request: {args.query_tokens}-token query, {args.item_tokens}-token items, "
-        f"{len(LABELS)} labels; median of {args.repeats} runs once the request's own signature "
-        "is compiled (1 run for the slow single-item cases at >= 100 items)",
-        "- measured float32 matmul peak (XLA, best of 512..2048 square): "
-        f"{rows[0]['peak'] / 1e9:.0f} GFLOP/s",
-        "- query cache off (every timed request computes its query); otherwise as shipped",
-        "- model FLOP/s: analytic FLOPs of the useful (unpadded) multi-item work divided by the",
-        "  shared-prefix time; padding: tokens computed / useful tokens of the shared-prefix",
-        "  layout; transformers: fp32, batched rows, `logits_to_keep=1`",
-        "",
-        HEADER,
-        *(format_row(r) for r in rows),
-    ]
-    write_section(path, SECTION, "\n".join(lines))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--items", default="1,10,100")
-    parser.add_argument("--query-tokens", type=int, default=300)
-    parser.add_argument("--item-tokens", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
-    parser.add_argument("--output", default="docs/benchmarks.md")
-    args = parser.parse_args()
-    items = [int(n) for n in args.items.split(",")]
-    print(HEADER, flush=True)
-    rows = run(items, args.query_tokens, args.item_tokens, args.repeats, not args.no_hf)
-    write_report(rows, args, Path(args.output))
-    print(f"wrote {args.output}")
-
-
-if __name__ == "__main__":
-    main()
+WORKLOAD = Workload(
+    options=(
+        Option("--items", "1,10,100"), Option("--query-tokens", 300),
+        Option("--item-tokens", 10), Option("--repeats", 3),
+        Option("--no-hf", True, "skip the transformers baseline"),
+    ),
+    measure=measure,
+)  # fmt: skip

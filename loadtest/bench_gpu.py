@@ -8,7 +8,7 @@ bf16 safetensors and loaded by ``replicas.checkpoints.loading`` like any local c
 both sides compute the same function; needs no download.
 Runs where jax sees a GPU (the device tool):
 
-    python -m loadtest.bench_gpu [--batches 1,2,4,8,16,32,64] [--output FILE]
+    python -m loadtest run gpu [--batches 1,2,4,8,16,32,64] [--out $OUT]
 
 Engine settings are the shipped GPU config's (serve_config.gpu.yaml: bfloat16, batches up to
 64, cuDNN attention for causal rows), with the query cache off (every request has its own
@@ -18,7 +18,6 @@ query anyway); the same engines with ``attention: xla`` run beside them.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -30,8 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from cluster.mesh import build_mesh
-from loadtest.bench_common import LABELS, write_section
-from loadtest.bench_engine import SERVE_CONFIG, make_work, shipped_settings
+from loadtest.bench_common import GPU_CONFIG, make_work, shipped_settings
+from loadtest.harness import LABELS, Option, Result, Run, Workload, col, counts, table, timed
 from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
@@ -76,18 +75,6 @@ def save_random_qwen3(directory: Path, shape: dict, seed: int = 0) -> Any:
     return model.to(torch_device())
 
 
-def torch_timed(fn: Any, repeats: int) -> float:
-    """Median seconds of ``repeats`` calls after two warm-up calls (each call returns host
-    numpy, so the device is synchronised)."""
-    fn(), fn()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
-
-
 def torch_scorer(model: Any, works: list[ScoreWork]) -> Any:
     """transformers batched single-item rows ``query + item``; returns a scoring function."""
     import torch
@@ -108,12 +95,7 @@ def engine_timed(engine: ScoringEngine, works: list[ScoreWork], repeats: int) ->
     engine.score_batch(works)
     engine.score_batch(works)  # a covered shape compiles in the background once it recurs
     engine.wait_for_background_compiles()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        engine.score_batch(works)
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
+    return timed(lambda: engine.score_batch(works), repeats, warm=0)
 
 
 def bf16_peak(size: int, repeats: int = 10) -> float:
@@ -126,9 +108,6 @@ def bf16_peak(size: int, repeats: int = 10) -> float:
         out = matmul(a, a)
     out.block_until_ready()
     return 2 * size**3 * repeats / (time.perf_counter() - start)
-
-
-GPU_CONFIG = SERVE_CONFIG.parent / "serve_config.gpu.yaml"
 
 
 def build_engines(directory: Path) -> tuple[dict[str, ScoringEngine], Any]:
@@ -149,14 +128,14 @@ def build_engines(directory: Path) -> tuple[dict[str, ScoringEngine], Any]:
     return engines, loaded.config
 
 
-def run(args: argparse.Namespace, out: Path | None) -> list[dict]:
+def run_batches(args: argparse.Namespace, run: Run) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         torch_model = save_random_qwen3(Path(tmp), TINY if args.tiny else QWEN3_0_6B)
         engines, config = build_engines(Path(tmp))
     size = 1024 if args.tiny else 8192
     peak = bf16_peak(size)
-    print(f"bf16 matmul peak (XLA, {size}^3): {peak / 1e12:.1f} TFLOP/s", flush=True)
+    run.say(f"bf16 matmul peak (XLA, {size}^3): {peak / 1e12:.1f} TFLOP/s")
     for batch in args.batches:
         works = [
             make_work(args.items, args.query_tokens, args.item_tokens, seed=s) for s in range(batch)
@@ -169,7 +148,7 @@ def run(args: argparse.Namespace, out: Path | None) -> list[dict]:
             row[name] = engine_timed(engine, works, args.repeats)
             scores[name] = np.concatenate(engine.score_batch(works))
         score = torch_scorer(torch_model, works)
-        row["torch"] = torch_timed(score, args.repeats)
+        row["torch"] = timed(score, args.repeats, warm=2)  # each call returns host numpy
         reference = score()
         row["diff_multi_torch"] = float(np.abs(scores["multi"] - reference).max())
         if "single" in scores:
@@ -180,64 +159,25 @@ def run(args: argparse.Namespace, out: Path | None) -> list[dict]:
             batch * single_item_flops(config, args.query_tokens, lens) / row["torch"] / peak
         )
         row["stats"] = engines["multi"].stats()
-        print(format_row(row), flush=True)
+        run.say(str(row_cells(row)))
         rows.append(row)
-        if out:
-            (out / "bench_gpu.json").write_text(json.dumps(rows, indent=1))
     return rows
 
 
-HEADER = (
-    "| requests per step | items | multi-item items/s | own single-item items/s "
-    "| multi-item, XLA attention | single-item, XLA attention "
-    "| transformers items/s | multi vs transformers | multi FLOP/s / peak "
-    "| transformers FLOP/s / peak | max abs diff multi vs transformers |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-)
+COLUMNS = (
+    col("requests per step", "d"), col("items", "d"), col("multi-item items/s", ".0f"),
+    col("own single-item items/s", ".0f"), col("multi-item, XLA attention", ".0f"),
+    col("single-item, XLA attention", ".0f"), col("transformers items/s", ".0f"),
+    col("multi vs transformers", ".1f", "x"), col("multi FLOP/s / peak", ".0%"),
+    col("transformers FLOP/s / peak", ".0%"), col("max abs diff multi vs transformers", ".1e"),
+)  # fmt: skip
 
 
-def items_per_s(r: dict, name: str) -> str:
-    return f"{r['items'] / r[name]:.0f}" if name in r else "-"
-
-
-def format_row(r: dict) -> str:
-    cells = [
-        str(r["batch"]),
-        str(r["items"]),
-        *(items_per_s(r, name) for name in ("multi", "single", "multi_xla", "single_xla")),
-        f"{r['items'] / r['torch']:.0f}",
-        f"{r['torch'] / r['multi']:.1f}x",
-        f"{100 * r['mfu']:.0f}%",
-        f"{100 * r['torch_mfu']:.0f}%",
-        f"{r['diff_multi_torch']:.1e}",
-    ]
-    return "| " + " | ".join(cells) + " |"
-
-
-SECTION = "## GPU engine, Qwen3-0.6B-shaped random weights in bf16"
-
-
-def write_report(rows: list[dict], device: str, path: Path) -> None:
-    """Replace this benchmark's section of ``path``, keeping every other section."""
-    lines = [
-        "Engine only (no HTTP: the GPU machine has no Ray), `python -m loadtest.bench_gpu`, on",
-        f"{device}. RFC-008's workload: per request a 300-token query and 10 items of 10",
-        "tokens, 3 labels; B requests with distinct queries per step (`score_batch`), median of",
-        "10 runs once every signature is compiled. Engine settings are the shipped GPU config's",
-        "(`serve_config.gpu.yaml`: bfloat16, batches up to 64, single-item steps of 64 x 2048",
-        "tokens) with the query cache off. With `attention: auto` the causal rows (prefix steps,",
-        "single-item rows) run cuDNN flash attention; the XLA columns run the same engines with",
-        "`attention: xla`. transformers: `Qwen3ForCausalLM` with the same",
-        "weights, bf16, batched `query + item` rows, `logits_to_keep=1`. Peak: XLA bf16 matmul",
-        f"8192^3 on random data, {rows[0]['peak'] / 1e12:.0f} TFLOP/s. Model FLOP/s count the",
-        "useful work of each side (multi-item: query once; transformers: query per item).",
-        "The differences are bf16 rounding (different summation order), not layout error:",
-        "the float32 parity tests hold the layouts to 1e-5.",
-        "",
-        HEADER,
-        *(format_row(r) for r in rows),
-    ]
-    write_section(path, SECTION, "\n".join(lines))
+def row_cells(r: dict) -> tuple:
+    per_s = [r["items"] / r[k] if k in r else None for k in ("multi", "single", "multi_xla",
+             "single_xla", "torch")]  # fmt: skip
+    return (r["batch"], r["items"], *per_s, r["torch"] / r["multi"], r["mfu"], r["torch_mfu"],
+            r["diff_multi_torch"])  # fmt: skip
 
 
 def versions() -> str:
@@ -249,28 +189,40 @@ def versions() -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", default="1,2,4,8,16,32,64")
-    parser.add_argument("--items", type=int, default=10)
-    parser.add_argument("--query-tokens", type=int, default=300)
-    parser.add_argument("--item-tokens", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--single-max-batch", type=int, default=64)
-    parser.add_argument("--tiny", action="store_true", help="tiny shape: a CPU smoke run")
-    parser.add_argument("--output", default="docs/benchmarks.md")
-    args = parser.parse_args()
-    args.batches = [int(b) for b in args.batches.split(",")]
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    o.batches = counts(o.batches)
     # Read when jax first touches the GPU (below), not at import: torch shares the GPU.
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
-    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    print(f"jax {jax.__version__} on {jax.devices()[0].device_kind}", flush=True)
-    print(HEADER, flush=True)
-    rows = run(args, out)
-    print("\n".join([HEADER, *(format_row(r) for r in rows)]))
-    if not args.tiny:
-        write_report(rows, f"{jax.devices()[0].device_kind} ({versions()})", Path(args.output))
+    rows = run_batches(o, run)
+    notes = (
+        "engine only (no HTTP: the GPU machine has no Ray); RFC-008's workload: per request a "
+        f"{o.query_tokens}-token query and {o.items} items of {o.item_tokens} tokens, 3 labels; B "
+        f"requests with distinct queries per step (`score_batch`), median of {o.repeats} runs "
+        "once every signature is compiled"
+        + (" (--tiny: a smoke run, not a result)" if o.tiny else ""),
+        "engine settings are the shipped GPU config's (`serve_config.gpu.yaml`: bfloat16, batches "
+        "up to 64, single-item steps of 64 x 2048 tokens) with the query cache off; with "
+        "`attention: auto` the causal rows (prefix steps, single-item rows) run cuDNN flash "
+        "attention; the XLA columns run the same engines with `attention: xla`",
+        "transformers: `Qwen3ForCausalLM` with the same weights, bf16, batched `query + item` "
+        f"rows, `logits_to_keep=1`; peak: XLA bf16 matmul on random data, "
+        f"{rows[0]['peak'] / 1e12:.0f} TFLOP/s; model FLOP/s count the useful work of each side "
+        "(multi-item: query once; transformers: query per item)",
+        "the differences are bf16 rounding (different summation order), not layout error: the "
+        "float32 parity tests hold the layouts to 1e-5",
+    )
+    machine = f"{jax.devices()[0].device_kind} ({versions()})"
+    title = "GPU engine, Qwen3-0.6B-shaped random weights in bf16"
+    tables = [table(COLUMNS, [row_cells(r) for r in rows])]
+    return [run.result(title, tables, key="gpu-tiny" if o.tiny else "gpu", machine=machine,
+                       notes=notes)]  # fmt: skip
 
 
-if __name__ == "__main__":
-    main()
+WORKLOAD = Workload(
+    options=(
+        Option("--batches", "1,2,4,8,16,32,64"), Option("--items", 10),
+        Option("--query-tokens", 300), Option("--item-tokens", 10), Option("--repeats", 10),
+        Option("--single-max-batch", 64), Option("--tiny", False, "tiny shape: a CPU smoke run"),
+    ),
+    measure=measure,
+)  # fmt: skip

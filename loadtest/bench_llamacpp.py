@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.bench_common import MODEL
+from loadtest.harness import MODEL
 
 # Largest |log-prob difference| accepted between llama.cpp and scorejax on the same rows
 # (the labels' entries): llama.cpp's 8-bit activations against float32 ones.

@@ -16,8 +16,7 @@ GPU, ``serve_config.yaml`` on a CPU), medians of ``--repeats`` rounds (each runs
 once in turn, so a drifting machine slows them alike) once every signature is compiled.
 Targets (docs/benchmarks.md, "LoRA"): mixed >= 0.8x base, >= 3x one adapter a step::
 
-    python -m loadtest.bench_lora [--batches 8,64] [--adapters 8] [--shape qwen3-0.6b|small]
-        [--output FILE]
+    python -m loadtest run lora [--batches 8,64] [--adapters 8] [--shape qwen3-0.6b|small]
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import tempfile
 from functools import partial
 from pathlib import Path
@@ -34,9 +32,19 @@ import jax
 import numpy as np
 
 from cluster.mesh import build_mesh
-from loadtest.bench_common import machine_description, timed_together, write_section
-from loadtest.bench_engine import SERVE_CONFIG, make_work, shipped_settings
+from loadtest.bench_common import GPU_CONFIG, SERVE_CONFIG, make_work, shipped_settings
 from loadtest.bench_gpu import QWEN3_0_6B, save_random_qwen3
+from loadtest.harness import (
+    Option,
+    Result,
+    Run,
+    Workload,
+    col,
+    counts,
+    machine_description,
+    table,
+    timed_together,
+)
 from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
@@ -56,7 +64,6 @@ MODULES = {  # PEFT module -> (its block, in features, out features) from a conf
     "up_proj": ("mlp", "d", "f"),
     "down_proj": ("mlp", "f", "d"),
 }
-SECTION = "## LoRA: {} rank-16 adapters mixed in one step"
 
 
 def save_random_adapter(directory: Path, shape: dict, seed: int) -> Path:
@@ -91,7 +98,7 @@ def engines(directory: Path, adapters: list[Path]) -> dict[str, ScoringEngine]:
     """The base engine (no slots) and one engine per form of the update, over the same
     weights and adapters."""
     gpu = jax.devices()[0].platform == "gpu"
-    config = SERVE_CONFIG.parent / "serve_config.gpu.yaml" if gpu else SERVE_CONFIG
+    config = GPU_CONFIG if gpu else SERVE_CONFIG
     settings = shipped_settings(config).replace(model=str(directory))
     mesh = build_mesh(settings.placement.mesh_shape)
     loaded = load_model(settings.model.name, mesh, settings.model.dtype)
@@ -144,68 +151,57 @@ def one_batch(engines: dict[str, ScoringEngine], works: list[ScoreWork], repeats
     }
 
 
-def format_row(r: dict) -> str:
-    base, dense, grouped, alone = (
-        r[f"{n}_items_per_s"] for n in ("base", "dense", "grouped", "alone")
-    )
+COLUMNS = (
+    col("requests per step", "d"), col("items", "d"), col("shipped form", left=True),
+    col("base items/s", ".0f"), col("mixed, dense items/s", ".0f"),
+    col("mixed, grouped items/s", ".0f"), col("one adapter a step items/s", ".0f"),
+    col("dense / base", ".2f", "x"), col("grouped / base", ".2f", "x"),
+    col("shipped mixed / one a step", ".2f", "x"), col("max abs diff mixed vs alone", ".1e"),
+    col("max abs diff grouped vs dense", ".1e"),
+)  # fmt: skip
+
+
+def row_cells(r: dict) -> tuple:
+    base, dense, grouped, alone = (r[f"{n}_items_per_s"] for n in ("base", *FORMS, "alone"))
     mixed = r[f"{r['shipped']}_items_per_s"]
-    cells = [r["batch"], r["items"], r["shipped"], f"{base:.0f}", f"{dense:.0f}"]
-    cells += [f"{grouped:.0f}", f"{alone:.0f}", f"{dense / base:.2f}x", f"{grouped / base:.2f}x"]
-    cells += [f"{mixed / alone:.2f}x", f"{r['diff_mixed_alone']:.1e}"]
-    cells += [f"{r['diff_grouped_dense']:.1e}"]
-    return "| " + " | ".join(map(str, cells)) + " |"
+    diffs = r["diff_mixed_alone"], r["diff_grouped_dense"]
+    return (r["batch"], r["items"], r["shipped"], base, dense, grouped, alone, dense / base,
+            grouped / base, mixed / alone, *diffs)  # fmt: skip
 
 
-HEADER = (
-    "| requests per step | items | shipped form | base items/s | mixed, dense items/s "
-    "| mixed, grouped items/s | one adapter a step items/s | dense / base | grouped / base "
-    "| shipped mixed / one a step | max abs diff mixed vs alone | max abs diff grouped vs dense "
-    "|\n|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", default="8,64")
-    parser.add_argument("--adapters", type=int, default=8)
-    parser.add_argument("--shape", choices=("qwen3-0.6b", "small"), default="qwen3-0.6b")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--output", default="docs/benchmarks.md")
-    args = parser.parse_args()
-    shape = QWEN3_0_6B if args.shape == "qwen3-0.6b" else SMALL
-    out = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    shape = QWEN3_0_6B if o.shape == "qwen3-0.6b" else SMALL
     with tempfile.TemporaryDirectory() as tmp:
         save_random_qwen3(Path(tmp) / "base", shape)
-        paths = [save_random_adapter(Path(tmp) / f"a{i}", shape, i) for i in range(args.adapters)]
+        paths = [save_random_adapter(Path(tmp) / f"a{i}", shape, i) for i in range(o.adapters)]
         built = engines(Path(tmp) / "base", paths)
-    print(HEADER, flush=True)
     rows = []
-    for batch in (int(b) for b in args.batches.split(",")):
+    for batch in counts(o.batches):
         works = [make_work(10, 300, 10, seed=s) for s in range(batch)]
-        rows.append(one_batch(built, works, args.repeats))
-        print(format_row(rows[-1]), flush=True)
-        if out:
-            (out / "bench_lora.json").write_text(json.dumps(rows, indent=1))
+        rows.append(one_batch(built, works, o.repeats))
+        run.say(str(row_cells(rows[-1])))
     device = jax.devices()[0]
-    where = device.device_kind if device.platform == "gpu" else machine_description()
-    lines = [
-        f"`python -m loadtest.bench_lora --shape {args.shape} --batches {args.batches} "
-        f"--adapters {args.adapters}` on {where} ({args.shape}, random weights, "
-        f"{args.adapters} random rank-16 adapters on every projection; the shipped settings "
-        f"of the machine's kind; medians of {args.repeats} rounds, each running every "
-        "call once in turn, once every signature is compiled). Mixed: the requests spread "
-        "over the adapters in one call, the update "
-        "dense (every slot on every token) and grouped (tokens sorted by slot) side by side; "
-        "the shipped form is what `auto` picks for this many slots. One adapter a step: the "
-        "same requests, one call per adapter, on the shipped form. Targets: mixed >= 0.8x "
-        "base, >= 3x one adapter a step.",
-        "",
-        HEADER,
-        *(format_row(r) for r in rows),
-    ]
-    title = f"{SECTION.format(args.adapters)} ({device.platform})"
-    write_section(Path(args.output), title, "\n".join(lines))
+    notes = (
+        f"{o.shape}, random weights, {o.adapters} random rank-16 adapters on every projection; "
+        f"the shipped settings of the machine's kind; medians of {o.repeats} rounds, each "
+        "running every call once in turn, once every signature is compiled",
+        "mixed: the requests spread over the adapters in one call, the update dense (every slot "
+        "on every token) and grouped (tokens sorted by slot) side by side; the shipped form is "
+        "what `auto` picks for this many slots; one adapter a step: the same requests, one call "
+        "per adapter, on the shipped form",
+        "targets: mixed >= 0.8x base, >= 3x one adapter a step",
+    )
+    title = f"LoRA: {o.adapters} rank-16 adapters mixed in one step ({device.platform})"
+    machine = device.device_kind if device.platform == "gpu" else machine_description()
+    key = f"lora-{device.platform}-{o.adapters}"
+    tables = [table(COLUMNS, [row_cells(r) for r in rows])]
+    return [run.result(title, tables, key=key, machine=machine, notes=notes)]
 
 
-if __name__ == "__main__":
-    main()
+WORKLOAD = Workload(
+    options=(
+        Option("--batches", "8,64"), Option("--adapters", 8),
+        Option("--shape", "qwen3-0.6b", choices=("qwen3-0.6b", "small")), Option("--repeats", 5),
+    ),
+    measure=measure,
+)  # fmt: skip

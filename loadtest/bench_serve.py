@@ -4,64 +4,41 @@ Against a server started with `make serve` (`serve run serve_config.yaml`) it ti
 side in one run: the server's multi-item scoring, its own single-item path (the same body with
 `item_first: true`) and transformers' batched single-item scoring of the same weights in this
 process. Around every timed request it reads the replica's GET /v1/stats counters (engine
-seconds, padding, query cache, compiles). It prints a markdown table as it goes and writes the
-section "## End to end over HTTP, shipped serve_config.yaml" into --output.
+seconds, padding, query cache, compiles); the targets are judged on the result.
 
-    python -m loadtest.bench_serve --url http://127.0.0.1:8000 [--items 1,10,100,1000]
-        [--slow-items 1,10,100] [--query-tokens 300] [--item-tokens 10] [--repeats 3]
-        [--no-hf] [--output docs/benchmarks.md]
+    python -m loadtest run serve --url http://127.0.0.1:8000 [--items 1,10,100,1000]
+        [--slow-items 1,10,100] [--query-tokens 300] [--item-tokens 10] [--repeats 3] [--no-hf]
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import statistics
-import sys
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
 import numpy as np
 
-from loadtest.bench_common import (
-    LABELS,
-    MODEL,
-    hf_scorer,
-    load_hf_model,
-    machine_description,
-    matmul_peak_flops,
-    timed,
-    write_section,
-)
+from loadtest.bench_common import hf_scorer, load_hf_model, matmul_peak_flops
 from loadtest.bench_serve_report import (
     CACHE_ITEMS,
-    HEADER,
+    COLUMNS,
     ID_RANGE,
-    SECTION,
     CacheResult,
     Compiles,
     ItemsRow,
     Report,
     Timing,
     Workload,
-    format_row,
-    section_body,
+    notes,
+    row_cells,
     summarize,
     targets_table,
     total,
 )
-from loadtest.server_client import (
-    Deadline,
-    DeadlineExceeded,
-    ScoreFailed,
-    Server,
-    ServerNotReady,
-    loopback_url,
-    score_body,
-)
+from loadtest.harness import LABELS, MODEL, Option, Result, Run, counts, table, timed
+from loadtest.harness import Workload as Workload_
+from loadtest.server_client import Deadline, DeadlineExceeded, ScoreFailed, Server, score_body
 from replicas.contract import ScoreWork
 from replicas.model.config import ModelConfig
 from replicas.model.flops import multi_item_flops
@@ -170,7 +147,7 @@ def measure_row(
     return ItemsRow(n, multi, single, hf_s, flops, "; ".join(errors))
 
 
-def run(server: Server, plan: Plan, workload: Workload, health_timeout_s: float) -> Report:
+def drive(server: Server, plan: Plan, workload: Workload, health_timeout_s: float) -> Report:
     """Health, peak, then every case in order; stops early (keeping results) at the deadline."""
     server.wait_healthy(health_timeout_s)
     served = server.model_id()
@@ -187,80 +164,45 @@ def run(server: Server, plan: Plan, workload: Workload, health_timeout_s: float)
     start_stats = server.stats()
     rows: list[ItemsRow] = []
     cache = None
-    print(HEADER, flush=True)
     try:
         for n in plan.counts():
             rows.append(measure_row(bench, n, plan, hf_model, config, peak))
-            print(format_row(rows[-1]), flush=True)
+            print(rows[-1], flush=True)
         cache = bench.query_cache(CACHE_ITEMS)
     except (DeadlineExceeded, ScoreFailed) as error:
         print(f"stopped early: {error}", flush=True)
-    return Report(
-        rows=tuple(rows),
-        cache=cache,
-        compiles=Compiles.between(start_stats, server.stats()),
-        peak_flops=peak,
-        workload=workload,
-        hf=hf_model is not None,
-        machine=machine_description(),
-        command=command_line(),
-        date=time.strftime("%Y-%m-%d"),
-    )
+    compiles = Compiles.between(start_stats, server.stats())
+    return Report(tuple(rows), cache, compiles, peak, workload, hf_model is not None)
 
 
-def command_line() -> str:
-    """The command that is running, for the docs section."""
-    return "python -m loadtest.bench_serve " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-
-
-def _counts(text: str) -> tuple[int, ...]:
-    counts = tuple(int(n) for n in text.split(",") if n.strip())
-    if any(n < 1 for n in counts):
-        raise argparse.ArgumentTypeError("item counts must be >= 1")
-    return counts
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Command-line options; exits (status 2) on a non-loopback --url."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--items", type=_counts, default=(1, 10, 100, 1000))
-    parser.add_argument("--slow-items", type=_counts, default=(1, 10, 100))
-    parser.add_argument("--query-tokens", type=int, default=300)
-    parser.add_argument("--item-tokens", type=int, default=10)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
-    parser.add_argument("--output", default="docs/benchmarks.md")
-    parser.add_argument("--deadline-s", type=float, default=3600.0, help="whole-run budget")
-    parser.add_argument("--health-timeout-s", type=float, default=300.0)
-    args = parser.parse_args(argv)
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    """The served benchmark against ``--url`` (default http://127.0.0.1:8000)."""
+    plan = Plan(tuple(counts(o.items)), tuple(counts(o.slow_items)), o.hf)
+    workload = Workload(o.query_tokens, o.item_tokens, o.repeats)
+    server = Server(o.url or "http://127.0.0.1:8000", Deadline.after(o.deadline_s))
     try:
-        args.url = loopback_url(args.url)
-    except ValueError as error:
-        parser.error(f"--url: {error}")
-    if args.repeats < 1 or args.query_tokens < 1 or args.item_tokens < 1:
-        parser.error("--repeats, --query-tokens and --item-tokens must be >= 1")
-    return args
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the benchmark, print the targets and write the docs section; 1 if not healthy."""
-    args = parse_args(argv)
-    plan = Plan(args.items, args.slow_items, not args.no_hf)
-    workload = Workload(args.query_tokens, args.item_tokens, args.repeats)
-    server = Server(args.url, Deadline.after(args.deadline_s))
-    try:
-        report = run(server, plan, workload, args.health_timeout_s)
-    except ServerNotReady as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+        report = drive(server, plan, workload, o.health_timeout_s)
     finally:
         server.close()
-    print(targets_table(report), flush=True)
-    write_section(Path(args.output), SECTION, section_body(report))
-    print(f"wrote {args.output}")
-    return 0
+    tables = [table(COLUMNS, [row_cells(r) for r in report.rows]), targets_table(report)]
+    title = "End to end over HTTP, shipped serve_config.yaml"
+    figures = {"peak_flops": report.peak_flops, "cache": report.cache, "compiles": report.compiles}
+    return [run.result(title, tables, notes=notes(report), figures=asdict_all(figures))]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def asdict_all(figures: dict) -> dict:
+    return {
+        k: None if v is None else asdict(v) if is_dataclass(v) else v for k, v in figures.items()
+    }
+
+
+WORKLOAD = Workload_(
+    url=True,
+    options=(
+        Option("--items", "1,10,100,1000"), Option("--slow-items", "1,10,100"),
+        Option("--query-tokens", 300), Option("--item-tokens", 10), Option("--repeats", 3),
+        Option("--no-hf", True, "skip the transformers baseline"),
+        Option("--deadline-s", 3600.0, "whole-run budget"), Option("--health-timeout-s", 300.0),
+    ),
+    measure=measure,
+)  # fmt: skip

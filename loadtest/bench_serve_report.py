@@ -1,4 +1,4 @@
-"""Results of loadtest.bench_serve and their markdown: rows, ratios, targets, the docs section.
+"""Results of loadtest.bench_serve: samples, rows, ratios, targets, its tables and notes.
 
 Pure (no network, no jax, no torch), so it unit-tests in milliseconds.
 """
@@ -10,24 +10,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loadtest.bench_common import LABELS
+from loadtest.harness import LABELS, Table, col, ratio, table
 
-SECTION = "## End to end over HTTP, shipped serve_config.yaml"
 ID_RANGE = (100, 40000)  # random token ids are drawn from [low, high)
 CACHE_ITEMS = 10  # items per request of the query-cache measurement
-HEADER = (
-    "| items | multi-item s | own single-item s | transformers s | multi vs own single "
-    "| multi vs transformers | own single vs transformers | served/engine | padding "
-    "| model FLOP/s / peak | notes |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
-)
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    """``numerator / denominator``; None when either is unknown or the denominator is <= 0."""
-    if numerator is None or denominator is None or denominator <= 0:
-        return None
-    return numerator / denominator
 
 
 def total(values: Sequence[float | None]) -> float | None:
@@ -164,7 +150,7 @@ class Compiles:
 
 @dataclass(frozen=True)
 class Report:
-    """Everything one run measured plus how it was produced."""
+    """Everything one run measured."""
 
     rows: tuple[ItemsRow, ...]
     cache: CacheResult | None
@@ -172,9 +158,6 @@ class Report:
     peak_flops: float
     workload: Workload
     hf: bool
-    machine: str
-    command: str
-    date: str
 
 
 def cell(value: float | None, fmt: str) -> str:
@@ -191,24 +174,22 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
-def format_row(row: ItemsRow) -> str:
-    """One markdown table row under HEADER."""
+COLUMNS = (
+    col("items", "d"), col("multi-item s", ".3f"), col("own single-item s", ".3f"),
+    col("transformers s", ".3f"), col("multi vs own single", ".1f", "x"),
+    col("multi vs transformers", ".1f", "x"), col("own single vs transformers", ".1f", "x"),
+    col("served/engine", ".2f"), col("padding", ".2f"), col("model FLOP/s / peak", ".0%"),
+    col("notes", left=True),
+)  # fmt: skip
+
+
+def row_cells(row: ItemsRow) -> tuple:
+    """One table row under COLUMNS."""
     served = row.multi.served_over_engine if row.multi else None
     padding = row.multi.padding if row.multi else None
-    cells = [
-        str(row.items),
-        cell(row.multi_s, ".3f"),
-        cell(row.single_s, ".3f"),
-        cell(row.transformers_s, ".3f"),
-        times(row.multi_vs_single),
-        times(row.multi_vs_transformers),
-        times(row.single_vs_transformers),
-        cell(served, ".2f"),
-        cell(padding, ".2f"),
-        percent(row.flops_fraction),
-        row.notes.replace("|", "/"),
-    ]
-    return "| " + " | ".join(cells) + " |"
+    return (row.items, row.multi_s, row.single_s, row.transformers_s, row.multi_vs_single,
+            row.multi_vs_transformers, row.single_vs_transformers, served, padding,
+            row.flops_fraction, row.notes)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -311,71 +292,46 @@ def targets(report: Report) -> list[Target]:
     ]
 
 
-def targets_table(report: Report) -> str:
-    """The targets as a markdown table: goal, measured, met/missed."""
-    lines = ["| target | measured | |", "| --- | --- | --- |"]
-    lines += [f"| {t.goal} | {t.shown} | {t.verdict} |" for t in targets(report)]
-    return "\n".join(lines)
+def targets_table(report: Report) -> Table:
+    """The targets: goal, measured, met/missed."""
+    rows = [(t.goal, t.shown, t.verdict) for t in targets(report)]
+    return table([col("target", left=True), col("measured", left=True), col("", left=True)], rows)
 
 
-def _workload_lines(report: Report) -> list[str]:
-    w = report.workload
-    low, high = ID_RANGE
-    transformers = (
+def notes(report: Report) -> tuple[str, ...]:
+    """What was run and how, and the figures outside the tables."""
+    w, (low, high) = report.workload, ID_RANGE
+    hf = (
         "transformers: fp32 batched `query + item` rows of the same GGUF weights in the client "
         "process, `logits_to_keep=1`, torch threads = cores, run while no request is in flight"
         if report.hf
         else "transformers: not run (`--no-hf`)"
     )
-    return [
-        f"- workload: {w.query_tokens}-token query, {w.item_tokens}-token items, random token "
+    lines = [
+        "against a running server (`make serve`: `serve run serve_config.yaml` as shipped), "
+        "client and server on the same machine; `-`: not measured or not reported by /v1/stats",
+        f"workload: {w.query_tokens}-token query, {w.item_tokens}-token items, random token "
         f"ids in [{low}, {high}) (seed {w.seed}), labels {list(LABELS)}, sent as token ids",
-        f"- multi-item: median of {w.repeats} requests after one untimed warm-up, each with a "
+        f"multi-item: median of {w.repeats} requests after one untimed warm-up, each with a "
         "fresh random query (the query cache cannot help); own single-item: the same body with "
         '`"item_first": true` (rows are item + query); slow cases run once at >= 100 items',
-        f"- {transformers}",
+        hf,
+        "measured float32 matmul peak (XLA in the client process, before any traffic): "
+        f"{report.peak_flops / 1e9:.0f} GFLOP/s",
+        "served/engine: client wall time over the replica's `engine_seconds` growth; padding: "
+        "`computed_tokens` over `useful_tokens` growth; model FLOP/s: analytic useful FLOPs "
+        "(`replicas/model/flops.py`) over the multi-item time",
     ]
-
-
-def _footer_lines(report: Report) -> list[str]:
-    lines = []
     if report.cache is not None:
         c = report.cache
         lines.append(
-            f"- query cache at {c.items} items (median of {c.pairs} pairs): cold {c.cold_s:.3f} s"
+            f"query cache at {c.items} items (median of {c.pairs} pairs): cold {c.cold_s:.3f} s"
             f", warm (same query, fresh items) {c.warm_s:.3f} s, {times(c.speedup)} faster; "
             f"cache hits during the warm requests: {cell(c.warm_hits, '.0f')}"
         )
     k = report.compiles
     lines.append(
-        f"- compiles during the whole run: request path {cell(k.request_path, '.0f')}, "
+        f"compiles during the whole run: request path {cell(k.request_path, '.0f')}, "
         f"background {cell(k.background, '.0f')}, compile_count {cell(k.total, '+.0f')}"
     )
-    return lines
-
-
-def section_body(report: Report) -> str:
-    """The markdown under SECTION: set-up, the table, cache and compiles, the targets."""
-    lines = [
-        "Written by `python -m loadtest.bench_serve` against a server started with `make serve`",
-        "(`serve run serve_config.yaml` as shipped), client and server on the same machine.",
-        "Every figure comes from one run, side by side; `-`: not measured or not reported by",
-        "the server's `/v1/stats`.",
-        "",
-        f"- date: {report.date}; machine: {report.machine}",
-        f"- command: `{report.command}`",
-        *_workload_lines(report),
-        "- measured float32 matmul peak (XLA in the client process, before any traffic): "
-        f"{report.peak_flops / 1e9:.0f} GFLOP/s",
-        "- served/engine: client wall time over the replica's `engine_seconds` growth; padding:"
-        " `computed_tokens` over `useful_tokens` growth; model FLOP/s: analytic useful FLOPs"
-        " (`replicas/model/flops.py`) over the multi-item time",
-        "",
-        HEADER,
-        *(format_row(r) for r in report.rows),
-        "",
-        *_footer_lines(report),
-        "",
-        targets_table(report),
-    ]
-    return "\n".join(lines) + "\n"
+    return tuple(lines)

@@ -6,22 +6,24 @@ times, the best kept: a keyed hash repartition (what batch.grouping runs; with a
 ``sort``), ``groupby(key).map_groups`` (the same shuffle, sorted, one call per group), a
 sort-based ``sort(key)``, and no shuffle at all; each consumed block by block.
 
-    python -m loadtest.bench_shuffle [--rows 50000] [--queries 2000] [--repeat 2]
+    python -m loadtest run shuffle [--rows 50000] [--queries 2000] [--repeat 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, table
+
 KEY = "_sj_group"
 
 
-def table(rows: int, queries: int) -> Any:
+def table_of(rows: int, queries: int) -> Any:
     import pyarrow as pa
 
     rng = np.random.default_rng(0)
@@ -72,35 +74,32 @@ def timed(build: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     import ray
     import ray.data
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=50000)
-    parser.add_argument("--queries", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=512, help="rows per block: n/this")
-    args = parser.parse_args(argv)
-    ray.init(
-        address="local",
-        num_cpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=512 * 1024**2,
-    )
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             object_store_memory=512 * 1024**2)  # fmt: skip
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        rows = table(args.rows, args.queries)
-        blocks = max(1, -(-args.rows // args.batch_size))
-        print(f"{args.rows} rows, {rows.nbytes / 2**20:.0f} MiB, {blocks} blocks", flush=True)
+        rows = table_of(o.rows, o.queries)
+        blocks = max(1, -(-o.rows // o.batch_size))
+        note = f"{o.rows} rows, {rows.nbytes / 2**20:.0f} MiB, {blocks} blocks; best of {o.repeat}"
+        best = {}
         for name, build in ways(rows, blocks).items():
-            best = min(timed(build) for _ in range(args.repeat))
-            print(f"{name}: {best:.2f} s", flush=True)
+            best[name] = min(timed(build) for _ in range(o.repeat))
+            run.say(f"{name}: {best[name]:.2f} s")
     finally:
         ray.shutdown()
-    return 0
+    cells = table([col("operator", left=True), col("best s", ".2f")], list(best.items()))
+    return [run.result("Grouping rows by query in Ray Data", [cells], notes=(note,))]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+WORKLOAD = Workload(
+    options=(
+        Option("--rows", 50000), Option("--queries", 2000), Option("--repeat", 2),
+        Option("--batch-size", 512, "rows per block: n/this"),
+    ),
+    measure=measure,
+    out=TOOL_RESULTS,
+)  # fmt: skip

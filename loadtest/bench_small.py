@@ -1,6 +1,6 @@
 """Benchmark: what a small request costs, where a step's time goes on this CPU, and peers.
 
-    python -m loadtest.bench_small [--url http://127.0.0.1:8000] [--repeats 10]
+    python -m loadtest run small [--url http://127.0.0.1:8000] [--repeats 10] [--no-steps]
 
 All in this process, on the shipped serve_config.yaml's settings (SmolLM2-135M-Instruct in
 float32) unless said otherwise; every time a median of ``--repeats`` after a warm-up call:
@@ -21,8 +21,6 @@ float32) unless said otherwise; every time a median of ``--repeats`` after a war
    ``make serve``) the same request over HTTP.
 4. Multi-item against llama.cpp keeping the query's KV cache: a 300-token query with 10 and
    100 items of 10 tokens.
-
-Prints the tables and writes its section of docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -30,20 +28,17 @@ from __future__ import annotations
 import argparse
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from loadtest import bench_llamacpp
-from loadtest.bench_common import LABELS, load_hf_model, timed, write_section
-from loadtest.bench_engine import make_work, shipped_settings
-from loadtest.bench_small_report import load_note, report
+from loadtest.bench_common import load_hf_model, make_work, shipped_settings, timed_steady
+from loadtest.bench_small_report import report, step_tables
+from loadtest.harness import LABELS, Option, Result, Run, Workload, counts, timed
 
-SECTION = "## Small requests: one weight pass"
 QUERY = "Is Paris the capital of France? Answer:"  # 9 tokens (SmolLM2 adds no BOS)
 ITEMS = ["", " not"]
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 
 def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
@@ -239,8 +234,6 @@ def small_peers(work: Any, engine: Any, hf: Any, llama: Any, repeats: int) -> di
 def multi_items(engine: Any, llama: Any, counts: tuple[int, ...], repeats: int) -> list[dict]:
     """A 300-token query with ``counts`` items of 10 tokens: the engine (shared prefix)
     against llama.cpp keeping the query's KV cache across items."""
-    from loadtest.bench_engine import timed_steady
-
     out = []
     for count in counts:
         work = make_work(count, 300, 10)
@@ -263,46 +256,43 @@ def http_small(url: str, repeats: int) -> float:
         return timed(lambda: client.post("/v1/score", json=body).raise_for_status(), repeats)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", help="a running make serve, for the small request over HTTP")
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--multi-repeats", type=int, default=3)
-    parser.add_argument("--items", default="10,100", help="multi-item counts, comma-separated")
-    parser.add_argument("--no-write", action="store_true", help="print only")
-    parser.add_argument("--no-steps", action="store_true", help="skip the step-cost table")
-    args = parser.parse_args(argv)
-
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     from cluster.mesh import build_mesh
     from replicas.checkpoints.loading import load_model
     from replicas.contract import ScoreWork
 
-    started = load_note()
     settings = shipped_settings().replace(background_compile=False)
     loaded = load_model(
         settings.model.name, build_mesh(settings.placement.mesh_shape), settings.model.dtype
     )
     query, items = small_rows()
     work = ScoreWork(tuple(query), tuple(map(tuple, items)), LABELS)
-    served = http_small(args.url, args.repeats) if args.url else None
-    counts = tuple(int(n) for n in args.items.split(",") if n)
+    served = http_small(o.url, o.repeats) if o.url else None
     llama = bench_llamacpp.scorer()
     engine = engine_for(loaded, settings)
+    run.say("the small request")
     results = {
-        "load_note": started,
         "served_s": served,
         "llama": llama is not None,
-        "small": small_peers(work, engine, load_hf_model(), llama, args.repeats),
-        "multi": multi_items(engine, llama, counts, args.multi_repeats),
-        "floor": floor_parts(engine, loaded, work, args.repeats),
-        "costs": None if args.no_steps else step_costs(loaded, settings, args.repeats),
+        "small": small_peers(work, engine, load_hf_model(), llama, o.repeats),
+        "multi": multi_items(engine, llama, tuple(counts(o.items)), o.multi_repeats),
+        "floor": floor_parts(engine, loaded, work, o.repeats),
+        "costs": None if not o.steps else step_costs(loaded, settings, o.repeats),
     }
-    text = report(results, args)
-    print(text)
-    if not args.no_write:
-        write_section(DOCS, SECTION, text)
-    return 0
+    notes, tables = report(results, o)
+    small = run.result("Small requests: one weight pass", tables, notes=notes)
+    if results["costs"] is None:  # --no-steps: the stored step tables stay the current ones
+        return [small]
+    title = "Small requests: step cost against tokens"
+    return [small, run.result(title, step_tables(results["costs"]), key="small-steps")]
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+WORKLOAD = Workload(
+    url=True,
+    options=(
+        Option("--repeats", 10), Option("--multi-repeats", 3),
+        Option("--items", "10,100", "multi-item counts"),
+        Option("--no-steps", True, "skip the step-cost tables"),
+    ),
+    measure=measure,
+)  # fmt: skip

@@ -1,84 +1,61 @@
-"""The markdown loadtest.bench_small writes: its tables and the floor they give."""
+"""loadtest.bench_small's result: its tables and the notes that carry the ratios and the floor."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from loadtest.bench_common import machine_description
 from loadtest.bench_llamacpp import LOGPROB_TOLERANCE, NOT_INSTALLED
+from loadtest.harness import Table, col, table
+
+NAMES = {
+    "engine": "scorejax engine, one fused step (in process)",
+    "served": "scorejax `/v1/score` over HTTP (`make serve`)",
+    "hf_rows": "transformers, a forward per row (two passes)",
+    "hf_batched": "transformers, both rows in one padded forward",
+    "llama_rows": "llama.cpp (Q4_1), a row per item from an empty KV cache",
+    "llama_shared": "llama.cpp (Q4_1), the query once, then each item (KV cache kept)",
+}
 
 
-def load_note() -> str:
-    """This machine's 1-minute load average (other processes share the cores it measures)."""
-    one, *_ = os.getloadavg()
-    return f"1-minute load average {one:.1f}"
-
-
-def report(results: dict[str, Any], args: Any) -> str:
-    command = "python -m loadtest.bench_small" + (" --url URL" if results["served_s"] else "")
-    lines = [
-        f"`{command}` on {machine_description()}, {results['load_note']} when it started and "
-        f"{load_note()} at the end (shipped serve_config.yaml settings, float32; medians of "
-        f"{args.repeats}, {args.multi_repeats} for the multi-item rows).",
-    ]
-    lines += small_lines(results["small"], results["served_s"])
-    if not results["llama"]:
-        lines += ["", NOT_INSTALLED + "."]
-    lines += floor_lines(results["floor"])
-    lines += multi_lines(results["multi"], results["llama"])
-    if results["costs"]:
-        lines += step_lines(results["costs"])
-    return "\n".join(lines) + "\n"
-
-
-def small_lines(small: dict[str, Any], served: float | None) -> list[str]:
+def report(results: dict[str, Any], args: Any) -> tuple[tuple[str, ...], list[Table]]:
+    """The notes and tables of one run."""
+    small, served, floor = results["small"], results["served_s"], results["floor"]
     times, base = small["times"], small["times"]["hf_rows"]
-    names = {
-        "engine": "scorejax engine, one fused step (in process)",
-        "served": "scorejax `/v1/score` over HTTP (`make serve`)",
-        "hf_rows": "transformers, a forward per row (two passes)",
-        "hf_batched": "transformers, both rows in one padded forward",
-        "llama_rows": "llama.cpp (Q4_1), a row per item from an empty KV cache",
-        "llama_shared": "llama.cpp (Q4_1), the query once, then each item (KV cache kept)",
-    }
     rows = dict(times, **({"served": served} if served else {}))
-    lines = [
-        "",
-        f'A {small["query_tokens"]}-token query with 2 items (`""`, `" not"`), 3 labels, the '
-        "same token ids in every row:",
-        "",
-        "| what | median s | / transformers' two rows |",
-        "|---|---:|---:|",
-        *(
-            f"| {names[key]} | {rows[key]:.4f} | {rows[key] / base:.2f}x |"
-            for key in names
-            if key in rows
-        ),
-        "",
-    ]
-    lines.append(
-        f"Engine / transformers' two rows: **{times['engine'] / base:.2f}x** (target <= 0.6x)"
+    notes = [
+        f"shipped serve_config.yaml settings, float32; medians of {args.repeats}, "
+        f"{args.multi_repeats} for the multi-item rows",
+        f"engine / transformers' two rows: **{times['engine'] / base:.2f}x** (target <= 0.6x)"
         + (f"; served: **{served / base:.2f}x**" if served else "")
         + (
-            f"; engine / llama.cpp's best: {times['engine'] / best_llama(times):.2f}x."
+            f"; engine / llama.cpp's best: {times['engine'] / best_llama(times):.2f}x"
             if "llama_rows" in times
-            else "."
-        )
-    )
-    lines += agreement_lines(small["logprobs"])
-    return lines
+            else ""
+        ),
+        agreement(small["logprobs"]),
+        floor_note(floor),
+    ]
+    if not results["llama"]:
+        notes.append(NOT_INSTALLED)
+    title = (f'A {small["query_tokens"]}-token query with 2 items (`""`, `" not"`), 3 labels, '
+             "the same token ids in every row:")  # fmt: skip
+    columns = [col("what", left=True), col("median s", ".4f"), col("/ transformers' two rows",
+               ".2f", "x")]  # fmt: skip
+    tables = [table(columns, [(NAMES[k], rows[k], rows[k] / base) for k in NAMES if k in rows],
+                    title=title)]  # fmt: skip
+    tables += [floor_table(floor), multi_table(results["multi"], results["llama"])]
+    return tuple(notes), tables
 
 
 def best_llama(times: dict[str, float]) -> float:
     return min(times["llama_rows"], times["llama_shared"])
 
 
-def agreement_lines(logprobs: dict[str, Any]) -> list[str]:
+def agreement(logprobs: dict[str, Any]) -> str:
     engine = logprobs["engine"]
     diff = lambda key: float(abs(engine - logprobs[key]).max())  # noqa: E731
     line = (
-        f"Labels' log-probs, largest |difference| from the engine's: transformers "
+        f"labels' log-probs, largest difference from the engine's: transformers "
         f"{diff('hf'):.1e} (both dequantize the Q4_1 file to float32)"
     )
     if "llama" in logprobs:
@@ -89,84 +66,68 @@ def agreement_lines(logprobs: dict[str, Any]) -> list[str]:
             f"(a row per item), {verdict} the stated tolerance of {LOGPROB_TOLERANCE} (llama.cpp "
             "multiplies the Q4_1 weights by 8-bit quantized activations)"
         )
-    return ["", line + "."]
+    return line
 
 
-def floor_lines(floor: dict[str, Any]) -> list[str]:
-    bw = floor["bandwidth"]
+def floor_note(floor: dict[str, Any]) -> str:
+    bw, ms = floor["bandwidth"], floor["floor_s"] * 1e3
+    return (
+        f"the floor of a pass is {ms:.1f} ms (the weights' {floor['weight_bytes'] / 1e6:.0f} MB "
+        f"over {bw / 1e9:.1f} GB/s, a float32 sum over 1 GiB); the small step runs at "
+        f"{floor['step_s'] / floor['floor_s']:.1f}x it, its executable at "
+        f"{floor['run_s'] / floor['floor_s']:.1f}x"
+    )
+
+
+def floor_table(floor: dict[str, Any]) -> Table:
+    bw, t = floor["bandwidth"], floor["tokens"]
     at_bw = lambda n: f"{n / 1e6:.0f} MB, {n / bw * 1e3:.1f} ms at {bw / 1e9:.1f} GB/s"  # noqa: E731
-    ms = lambda s: f"{s * 1e3:.1f}"  # noqa: E731
-    t = floor["tokens"]
-    host = floor["step_s"] - floor["run_s"]
-    return [
-        "",
-        f"Where the small request's step goes (one fused step of {t} tokens):",
-        "",
-        "| part | median ms | bytes read, floor |",
-        "|---|---:|---|",
-        f"| the step (`score_batch`: pack, place, run, unpack) | {ms(floor['step_s'])} | "
-        f"{at_bw(floor['weight_bytes'])} (every weight once) |",
-        f"| its executable alone, arguments placed | {ms(floor['run_s'])} | |",
-        f"| the host's own work (the difference) | {ms(host)} | |",
-        f"| the step after 0.2 s idle (threads parked, caches cold) | "
-        f"{ms(floor['idle_step_s'])} | |",
-        f"| a jitted no-op (XLA's dispatch) | {floor['noop_s'] * 1e3:.3f} | |",
-        f"| the LM head's matmul alone, 2 rows | {ms(floor['head_s'])} | "
-        f"{at_bw(floor['head_bytes'])} |",
-        f"| every layer's matmuls alone, {t} rows, over the scanned stack | "
-        f"{ms(floor['layers_scan_s'])} | {at_bw(floor['layer_bytes'])} |",
-        f"| the same over per-layer arrays (no slice of the stack) | "
-        f"{ms(floor['layers_split_s'])} | |",
-        "",
-        f"The floor of a pass is {ms(floor['floor_s'])} ms (the weights' "
-        f"{floor['weight_bytes'] / 1e6:.0f} MB over {bw / 1e9:.1f} GB/s, a float32 sum over "
-        f"1 GiB); the small step runs at **{floor['step_s'] / floor['floor_s']:.1f}x** it, "
-        f"its executable at {floor['run_s'] / floor['floor_s']:.1f}x.",
-    ]
+    rows = [
+        ("the step (`score_batch`: pack, place, run, unpack)", floor["step_s"],
+         at_bw(floor["weight_bytes"]) + " (every weight once)"),
+        ("its executable alone, arguments placed", floor["run_s"], None),
+        ("the host's own work (the difference)", floor["step_s"] - floor["run_s"], None),
+        ("the step after 0.2 s idle (threads parked, caches cold)", floor["idle_step_s"], None),
+        ("a jitted no-op (XLA's dispatch)", f"{floor['noop_s'] * 1e3:.3f}", None),
+        ("the LM head's matmul alone, 2 rows", floor["head_s"], at_bw(floor["head_bytes"])),
+        (f"every layer's matmuls alone, {t} rows, over the scanned stack",
+         floor["layers_scan_s"], at_bw(floor["layer_bytes"])),
+        ("the same over per-layer arrays (no slice of the stack)", floor["layers_split_s"], None),
+    ]  # fmt: skip
+    rows = [(what, s if isinstance(s, str) else s * 1e3, note) for what, s, note in rows]
+    title = f"Where the small request's step goes (one fused step of {t} tokens):"
+    columns = [col("part", left=True), col("median ms", ".1f"), col("bytes read, floor", left=True)]
+    return table(columns, rows, title=title, missing="")
 
 
-def multi_lines(multi: list[dict[str, Any]], llama: bool) -> list[str]:
+def multi_table(multi: list[dict[str, Any]], llama: bool) -> Table:
     if not llama:
-        return [
-            "",
-            "A 300-token query with 10-token items, the engine (llama.cpp not installed):",
-            "",
-            "| items | scorejax engine s |",
-            "|---:|---:|",
-            *(f"| {r['items']} | {r['engine_s']:.3f} |" for r in multi),
-        ]
-    return [
-        "",
+        title = "A 300-token query with 10-token items, the engine (llama.cpp not installed):"
+        columns = [col("items", "d"), col("scorejax engine s", ".3f")]
+        return table(columns, [(r["items"], r["engine_s"]) for r in multi], title=title)
+    title = (
         "A 300-token query with 10-token items: the engine (shared prefix, shipped settings) "
         "against llama.cpp evaluating the query once and each item behind it (its KV cache "
-        "kept across items):",
-        "",
-        "| items | scorejax engine s | llama.cpp s | llama.cpp / scorejax | max abs diff |",
-        "|---:|---:|---:|---:|---:|",
-        *(
-            f"| {r['items']} | {r['engine_s']:.3f} | {r['llama_s']:.3f} | "
-            f"{r['llama_s'] / r['engine_s']:.2f}x | {r['max_diff']:.3f} |"
-            for r in multi
-        ),
-    ]
+        "kept across items):"
+    )
+    columns = [col("items", "d"), col("scorejax engine s", ".3f"), col("llama.cpp s", ".3f"),
+               col("llama.cpp / scorejax", ".2f", "x"), col("max abs diff", ".3f")]  # fmt: skip
+    rows = [(r["items"], r["engine_s"], r["llama_s"], r["llama_s"] / r["engine_s"], r["max_diff"])
+            for r in multi]  # fmt: skip
+    return table(columns, rows, title=title)
 
 
-def step_lines(costs: dict[str, Any]) -> list[str]:
-    return [
-        "",
-        "Step cost against tokens:",
-        "",
-        "| step | tokens | median s |",
-        "|---|---:|---:|",
-        *(f"| {r['step']} | {r['tokens']} | {r['seconds']:.3f} |" for r in costs["rows"]),
-        "",
-        f"Fused steps fit `{costs['fixed_s']:.3f} s + {costs['per_token_s'] * 1e3:.2f} ms x "
-        "tokens`.",
-        "",
-        "12 works of an 80-token query and two 5-token items (a burst of 60-word queries), "
-        "fused rows of different widths:",
-        "",
-        "| works per row | steps | median s for the 12 |",
-        "|---:|---:|---:|",
-        *(f"| {r['per_row']} | {r['steps']} | {r['seconds']:.3f} |" for r in costs["row_widths"]),
-    ]
+def step_tables(costs: dict[str, Any]) -> list[Table]:
+    fit = f"`{costs['fixed_s']:.3f} s + {costs['per_token_s'] * 1e3:.2f} ms x tokens`"
+    steps = table(
+        [col("step", left=True), col("tokens", "d"), col("median s", ".3f")],
+        [(r["step"], r["tokens"], r["seconds"]) for r in costs["rows"]],
+        title=f"Step cost against tokens (fused steps fit {fit}):",
+    )
+    widths = table(
+        [col("works per row", "d"), col("steps", "d"), col("median s for the 12", ".3f")],
+        [(r["per_row"], r["steps"], r["seconds"]) for r in costs["row_widths"]],
+        title="12 works of an 80-token query and two 5-token items (a burst of 60-word "
+        "queries), fused rows of different widths:",
+    )
+    return [steps, widths]

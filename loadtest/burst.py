@@ -1,6 +1,7 @@
-"""``python -m loadtest.burst``: a burst of small requests right after a large one (semantics 16).
+"""``python -m loadtest run burst``: a burst of small requests right after a large one
+(semantics 16).
 
-    python -m loadtest.burst --url http://127.0.0.1:8000 [--large-items 128] [--burst 12]
+    python -m loadtest run burst --url http://127.0.0.1:8000 [--large-items 128] [--burst 12]
 
 Warms the server with a few small requests (a work rate to go on), then sends one request of
 ``--large-items`` items (60-word query, 3-8-word items) and, once it is answered (or
@@ -14,15 +15,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
-import sys
 import time
-from urllib.parse import urlparse
 
 import httpx
 
-from loadtest.load import LOOPBACK
+from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, figures_table
 from loadtest.overload import body
 
 
@@ -36,7 +34,7 @@ async def timed(client: httpx.AsyncClient, payload: dict) -> dict:
     return answer
 
 
-async def run(args: argparse.Namespace) -> dict:
+async def run_burst(args: argparse.Namespace) -> dict:
     rng = random.Random(0)
     async with httpx.AsyncClient(base_url=args.url, timeout=300) as client:
         for _ in range(4):
@@ -48,7 +46,7 @@ async def run(args: argparse.Namespace) -> dict:
 
         large_run = asyncio.create_task(large_then_stats())
         large = asyncio.create_task(_first(large_run))
-        if args.during_s is None:
+        if args.during_s < 0:
             await large
         else:
             await asyncio.sleep(args.during_s)  # the burst arrives while the large one runs
@@ -75,21 +73,20 @@ async def _first(task: asyncio.Task) -> dict:
     return answer
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--large-items", type=int, default=128)
-    parser.add_argument("--small-items", type=int, default=2)
-    parser.add_argument("--burst", type=int, default=12)
-    parser.add_argument("--small-query-words", type=int, default=60, help="the burst's queries")
-    parser.add_argument("--during-s", type=float, help="send the burst this long after the large")
-    args = parser.parse_args(argv)
-    if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):
-        parser.error("--url must be a loopback address")
-    result = asyncio.run(run(args))
-    print(json.dumps(result, indent=1))
-    return 0 if result["all_200"] else 1
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    o.url = o.url or "http://127.0.0.1:8000"
+    result = asyncio.run(run_burst(o))
+    result["failed"] = not result["all_200"]
+    return [run.result("A burst after a large request", [figures_table(result)], figures=result)]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+WORKLOAD = Workload(
+    url=True,
+    options=(
+        Option("--large-items", 128), Option("--small-items", 2), Option("--burst", 12),
+        Option("--small-query-words", 60, "the burst's queries"),
+        Option("--during-s", -1.0, "send the burst this long after the large (-1: after it)"),
+    ),
+    measure=measure,
+    out=TOOL_RESULTS,
+)  # fmt: skip

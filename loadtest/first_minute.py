@@ -7,7 +7,7 @@ Each row reads /v1/stats around its request: wall time, padding (computed / usef
 and compiles. The summary is what a restart's first minute costs: padding over the window
 and the median 100-item time, to compare against a server started with an empty cache.
 
-    python -m loadtest.first_minute --url http://127.0.0.1:8000 [--seconds 60] [--seed 0]
+    python -m loadtest run first_minute --url http://127.0.0.1:8000 [--seconds 60] [--seed 0]
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Sequence
 
 import numpy as np
 
-from loadtest.bench_serve_report import ID_RANGE, Sample, ratio, total
+from loadtest.bench_serve_report import ID_RANGE, Sample, total
+from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, ratio, table
 from loadtest.server_client import Deadline, Server, score_body
 
 ITEM_COUNTS = (10, 100)
@@ -42,47 +42,45 @@ def drive(server: Server, seconds: float, seed: int) -> list[tuple[int, Sample, 
     return rows
 
 
-def report(rows: Sequence[tuple[int, Sample, dict]], started: dict) -> str:
-    lines = [
-        "| # | items | wall s | padding | request-path compiles | background compiles |",
-        "|---:|---:|---:|---:|---:|---:|",
-    ]
-    for index, (n, sample, after) in enumerate(rows, 1):
-        padding = ratio(sample.computed_tokens, sample.useful_tokens)
-        lines.append(
-            f"| {index} | {n} | {sample.wall_s:.2f} | {padding or 0:.2f} | "
-            f"{after.get('request_path_compiles', 0) - started.get('request_path_compiles', 0)} | "
-            f"{after.get('background_compiles', 0) - started.get('background_compiles', 0)} |"
-        )
+COLUMNS = (
+    col("#", "d"), col("items", "d"), col("wall s", ".2f"), col("padding", ".2f"),
+    col("request-path compiles", "d"), col("background compiles", "d"),
+)  # fmt: skip
+
+
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    server = Server(o.url or "http://127.0.0.1:8000",
+                    Deadline.after(o.health_timeout_s + o.seconds + 600))  # fmt: skip
+    try:
+        server.wait_healthy(o.health_timeout_s)
+        started = server.stats()
+        rows = drive(server, o.seconds, o.seed)
+    finally:
+        server.close()
+    grown = lambda after, key: after.get(key, 0) - started.get(key, 0)  # noqa: E731
+    cells = [
+        (i, n, s.wall_s, ratio(s.computed_tokens, s.useful_tokens),
+         grown(after, "request_path_compiles"), grown(after, "background_compiles"))
+        for i, (n, s, after) in enumerate(rows, 1)
+    ]  # fmt: skip
     samples = [sample for _, sample, _ in rows]
     padding = ratio(
         total([s.computed_tokens for s in samples]), total([s.useful_tokens for s in samples])
     )
     hundred = [s.wall_s for n, s, _ in rows if n == 100]
-    lines.append("")
-    lines.append(
-        f"requests {len(rows)}, padding over the window {padding or 0:.3f}, median 100-item "
-        f"time {statistics.median(hundred) if hundred else float('nan'):.2f} s"
-    )
-    return "\n".join(lines)
+    figures = {
+        "requests": len(rows),
+        "padding": padding,
+        "median_100_item_s": statistics.median(hundred) if hundred else None,
+    }
+    notes = (f"requests {len(rows)}, padding over the window {padding or 0:.3f}",)
+    tables = [table(COLUMNS, cells)]
+    return [run.result("The first minute after a start", tables, notes=notes, figures=figures)]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--health-timeout-s", type=float, default=900.0)
-    args = parser.parse_args(argv)
-    server = Server(args.url, Deadline.after(args.health_timeout_s + args.seconds + 600))
-    try:
-        server.wait_healthy(args.health_timeout_s)
-        started = server.stats()
-        print(report(drive(server, args.seconds, args.seed), started), flush=True)
-    finally:
-        server.close()
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+WORKLOAD = Workload(
+    url=True,
+    options=(Option("--seconds", 60.0), Option("--seed", 0), Option("--health-timeout-s", 900.0)),
+    measure=measure,
+    out=TOOL_RESULTS,
+)

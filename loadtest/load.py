@@ -1,6 +1,6 @@
 """Load and fuzz a running scorejax server over HTTP (loopback only), bounded in count and time.
 
-    python -m loadtest.load --url http://127.0.0.1:8000 [--requests 200] [--concurrency 16]
+    python -m loadtest run load --url http://127.0.0.1:8000 [--requests 200] [--concurrency 16]
 
 Phases: warm-up, a load run (latency percentiles, throughput), a fuzz run of malformed bodies.
 Reports compiles during the load run (from GET /v1/stats) and 5xx answers during the fuzz run;
@@ -14,19 +14,17 @@ import asyncio
 import json
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import urlparse
 
 import httpx
 
 from loadtest.fuzz_cases import fuzz_bodies
+from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, figures_table
 
 LABELS = [7042, 4528, 11452]
 JSON = {"content-type": "application/json"}
-LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 
 
 @dataclass(frozen=True)
@@ -89,39 +87,35 @@ def percentile(values: Sequence[float], fraction: float) -> float:
     return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--max-items", type=int, default=16)
-    parser.add_argument("--fuzz", type=int, default=300)
-    parser.add_argument("--deadline-s", type=float, default=300.0)
-    args = parser.parse_args()
-    base = args.url.rstrip("/")
-    if not (urlparse(base).hostname or "").startswith(LOOPBACK):
-        parser.error("--url must be a loopback address")
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    base = o.url or "http://127.0.0.1:8000"
     rng = random.Random(0)
-    bodies = [json.dumps(score_body(rng, args.max_items)).encode() for _ in range(args.requests)]
-    asyncio.run(run_bodies(base, bodies[: args.concurrency], args.concurrency, args.deadline_s))
+    bodies = [json.dumps(score_body(rng, o.max_items)).encode() for _ in range(o.requests)]
+    asyncio.run(run_bodies(base, bodies[: o.concurrency], o.concurrency, o.deadline_s))
     before = compile_count(base)
-    load = asyncio.run(run_bodies(base, bodies, args.concurrency, args.deadline_s))
+    load = asyncio.run(run_bodies(base, bodies, o.concurrency, o.deadline_s))
     compiles = compile_count(base) - before
     ok = sum(s == 200 for s in load.statuses)
-    rate = len(load.statuses) / load.wall_s
-    print(f"load: {len(load.statuses)} requests, {ok} ok, {rate:.1f} req/s")
-    print(
-        f"latency s: p50 {statistics.median(load.latencies):.3f} "
-        f"p95 {percentile(load.latencies, 0.95):.3f} max {max(load.latencies):.3f}"
-    )
-    print(f"compilations during the load run after warm-up: {compiles}")
-    fuzz = asyncio.run(run_bodies(base, fuzz_bodies(args.fuzz), args.concurrency, args.deadline_s))
+    fuzz = asyncio.run(run_bodies(base, fuzz_bodies(o.fuzz), o.concurrency, o.deadline_s))
     server_errors = sum(s >= 500 or s == 0 for s in fuzz.statuses)
-    print(f"fuzz: {len(fuzz.statuses)} bad bodies, 5xx or no answer: {server_errors}")
     healthy = httpx.get(f"{base}/health", timeout=30).status_code == 200
-    print(f"healthy after fuzz: {healthy}")
-    return 0 if compiles == 0 and server_errors == 0 and healthy and ok == len(bodies) else 1
+    figures = {
+        "requests": len(load.statuses), "ok": ok, "per_s": len(load.statuses) / load.wall_s,
+        "p50_s": statistics.median(load.latencies), "p95_s": percentile(load.latencies, 0.95),
+        "max_s": max(load.latencies), "compiles_after_warmup": compiles,
+        "fuzz_bodies": len(fuzz.statuses), "fuzz_5xx_or_no_answer": server_errors,
+        "healthy_after": healthy,
+    }  # fmt: skip
+    figures["failed"] = not (compiles == 0 and server_errors == 0 and healthy and ok == len(bodies))
+    return [run.result("Closed-loop load and fuzz", [figures_table(figures)], figures=figures)]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+WORKLOAD = Workload(
+    url=True,
+    options=(
+        Option("--requests", 200), Option("--concurrency", 16), Option("--max-items", 16),
+        Option("--fuzz", 300), Option("--deadline-s", 300.0),
+    ),
+    measure=measure,
+    out=TOOL_RESULTS,
+)  # fmt: skip

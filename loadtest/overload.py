@@ -1,6 +1,7 @@
-"""``python -m loadtest.overload``: open-loop overload against a running server (loopback only).
+"""``python -m loadtest run overload``: open-loop overload of a running server (loopback only).
 
-    python -m loadtest.overload --url http://127.0.0.1:8000 [--factor 4 | --rate R] [--requests 400]
+    python -m loadtest run overload --url http://127.0.0.1:8000 [--factor 4 | --rate R]
+        [--requests 400]
 
 1. Capacity: a closed loop of ``--concurrency`` clients sends ``--capacity-requests`` requests
    of ``--items`` items; capacity = completed requests per second.
@@ -13,30 +14,28 @@ seconds into the overload for D seconds: the machine gets slower under the serve
 neighbour takes the cores, and the summary splits rejections and successes by whether they
 were sent in that window.
 
-Prints answered / 200 / 503 overloaded (with Retry-After) / anything else, the p50 and p99 of
-rejections and of successes, and timeouts; exits 1 when a request got anything but 200 or an
-enveloped 503 with Retry-After, timed out, or the server was not healthy afterwards.
+Its result holds every outcome and the counts: answered / 200 / 503 overloaded (with
+Retry-After) / anything else, the p50 and p99 of rejections and of successes, and timeouts;
+exits 1 when a request got anything but 200 or an enveloped 503 with Retry-After, timed out,
+or the server was not healthy afterwards.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import random
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
-from urllib.parse import urlparse
 
 import httpx
 
+from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, figures_table
 from loadtest.load import percentile
 
-LOOPBACK = ("127.", "localhost", "[::1]", "::1")
 WORDS = ["alpha", "beta", "gamma", "delta", "capital", "river", "city", "blue", "stone"]
 
 
@@ -177,7 +176,7 @@ def summary(outcomes: list[Outcome], rate: float, cap: float) -> dict:
     }
 
 
-async def run(args: argparse.Namespace) -> dict:
+async def run_overload(args: argparse.Namespace) -> dict:
     limits = httpx.Limits(max_connections=args.requests + 16)
     async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout_s, limits=limits) as c:
         cap = await capacity(c, args)
@@ -195,33 +194,25 @@ async def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--items", type=int, default=16)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--capacity-requests", type=int, default=40)
-    parser.add_argument("--factor", type=float, default=4.0)
-    parser.add_argument("--rate", type=float, default=0.0, help="requests/s (0: factor x cap)")
-    parser.add_argument("--requests", type=int, default=400)
-    parser.add_argument("--timeout-s", type=float, default=320.0)
-    parser.add_argument("--json", help="write every outcome here")
-    parser.add_argument("--contention-at", type=float, default=60.0)
-    parser.add_argument("--contention-s", type=float, default=0.0, help="0: no contention")
-    parser.add_argument("--contention-procs", type=int, default=2)
-    args = parser.parse_args(argv)
-    if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):
-        parser.error("--url must be a loopback address")
-    result = asyncio.run(run(args))
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump(result, out, indent=1)
-    result.pop("outcomes")
-    print(json.dumps(result, indent=1))
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    o.url = o.url or "http://127.0.0.1:8000"
+    result = asyncio.run(run_overload(o))
     bad = result["other_count"] or result["timeouts"] or not result["healthy_after"]
     missing_retry = result["overloaded_503"] != result["overloaded_with_retry_after"]
-    return 1 if bad or missing_retry else 0
+    result["failed"] = bool(bad or missing_retry)
+    shown = {k: v for k, v in result.items() if k != "outcomes"}
+    return [run.result("Overload", [figures_table(shown)], figures=result)]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+WORKLOAD = Workload(
+    url=True,
+    options=(
+        Option("--items", 16), Option("--concurrency", 8), Option("--capacity-requests", 40),
+        Option("--factor", 4.0), Option("--rate", 0.0, "requests/s (0: factor x capacity)"),
+        Option("--requests", 400), Option("--timeout-s", 320.0),
+        Option("--contention-at", 60.0), Option("--contention-s", 0.0, "0: no contention"),
+        Option("--contention-procs", 2),
+    ),
+    measure=measure,
+    out=TOOL_RESULTS,
+)  # fmt: skip

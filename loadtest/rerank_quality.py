@@ -5,7 +5,7 @@ four documents each, graded 2 (answers the query), 1 (on the topic) or 0 (unrela
 ``rerank_method`` values run on the shipped model through the ingress's own rerank code and
 the engine (no Ray, no HTTP): relevance exactly as /v1/rerank computes it.
 
-    python -m loadtest.rerank_quality [--model SmolLM2-135M-Instruct] [--templates]
+    python -m loadtest run rerank_quality [--model SmolLM2-135M-Instruct] [--templates]
 
 ``--templates`` also measures the query_likelihood prompts the shipped default was chosen
 from. A "chance" row gives each figure's expectation under a uniformly random order.
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from app.query_likelihood import UPR_DOCUMENT
+from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, table
 
 RELEVANCE_SET = (
     Path(__file__).resolve().parent.parent / "tests" / "data" / "rerank_relevance" / "queries.jsonl"
@@ -154,26 +155,24 @@ def measure(
     return results
 
 
-def table(results: dict[str, dict[str, float]]) -> str:
-    lines = [
-        "| rerank_method, prompt | queries | top-1 | pairwise accuracy | NDCG@4 |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for label, r in results.items():
-        lines.append(
-            f"| {label} | {r['queries']} | {r['top1']:.3f} | {r['pairwise']:.3f} "
-            f"| {r['ndcg4']:.3f} |"
-        )
-    return "\n".join(lines)
+COLUMNS = (
+    col("rerank_method, prompt", left=True), col("queries", "d"), col("top-1", ".3f"),
+    col("pairwise accuracy", ".3f"), col("NDCG@4", ".3f"),
+)  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--templates", action="store_true", help="every TEMPLATES prompt too")
-    args = parser.parse_args()
-    print(table(measure(args.model, relevance_set(), args.templates)))
+def measure_all(o: argparse.Namespace, run: Run) -> list[Result]:
+    results = measure(o.model, relevance_set(), o.templates)
+    rows = [(k, r["queries"], r["top1"], r["pairwise"], r["ndcg4"]) for k, r in results.items()]
+    title = f"Rerank quality on the relevance set, {o.model}"
+    return [run.result(title, [table(COLUMNS, rows)], figures=results)]
 
 
-if __name__ == "__main__":
-    main()
+WORKLOAD = Workload(
+    options=(
+        Option("--model", "SmolLM2-135M-Instruct"),
+        Option("--templates", False, "every TEMPLATES prompt too"),
+    ),
+    measure=measure_all,
+    out=TOOL_RESULTS,
+)

@@ -5,19 +5,15 @@ each timed request, and a ``Deadline`` every wait checks (``loadtest.bench_serve
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import time
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 import httpx
 
-from loadtest.bench_common import LABELS
 from loadtest.bench_serve_report import Sample
-
-JSON_HEADERS = {"content-type": "application/json"}
+from loadtest.harness import JSON_HEADERS, LABELS, loopback_url
 
 
 class ScoreFailed(RuntimeError):
@@ -30,24 +26,6 @@ class DeadlineExceeded(RuntimeError):
 
 class ServerNotReady(RuntimeError):
     """GET /health did not answer 200 in time."""
-
-
-def loopback_url(url: str) -> str:
-    """``url`` without a trailing slash; ValueError unless it is http(s) to a loopback host."""
-    parsed = urlparse(url)
-    host = parsed.hostname or ""
-    if parsed.scheme not in ("http", "https") or not _is_loopback(host):
-        raise ValueError(f"{url!r} is not an http(s) URL of a loopback address")
-    return url.rstrip("/")
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)

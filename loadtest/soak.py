@@ -1,6 +1,6 @@
-"""``python -m loadtest.soak``: a mixed closed-loop soak of a running server, with its RSS.
+"""``python -m loadtest run soak``: a mixed closed-loop soak of a running server, with its RSS.
 
-    python -m loadtest.soak --url http://127.0.0.1:8000 --minutes 10 [--clients 3]
+    python -m loadtest run soak --url http://127.0.0.1:8000 --minutes 10 [--clients 3]
 
 ``--clients`` closed-loop clients send, for ``--minutes``, a seeded mix of request kinds:
 
@@ -27,11 +27,11 @@ sample at or after ``--warmup-s`` that also follows one completed request of eve
 its floor (smallest RSS sample) in the last 2 minutes against its floor in the first 2;
 "flat" when within ``--tolerance-pct`` (5 %). The warm-up, largest and final samples are
 reported beside it, not judged: a sample taken during a large step includes that step's
-working memory, which the step frees. Writes every sample and outcome as JSON under ``--out``
-and exits 1 when RSS is not flat, the scoring replica's process was replaced, a valid request got
-anything but 200 or the documented refusal (503 ``overloaded`` with ``Retry-After``; the
-client then waits as told, at most 10 s), or a fuzz body got a 5xx other than that refusal
-or no answer. ``replica_less_cache`` (replica RSS minus the query
+working memory, which the step frees. Its result (loadtest/results/soak-<time>.json) holds
+every sample and outcome; exits 1 when RSS is not flat, the scoring replica's process was
+replaced, a valid request got anything but 200 or the documented refusal (503 ``overloaded``
+with ``Retry-After``; the client then waits as told, at most 10 s), or a fuzz body got a 5xx
+other than that refusal or no answer. ``replica_less_cache`` (replica RSS minus the query
 cache's bytes, which ``query_cache_bytes`` bounds) is recorded to tell cache fill from other
 growth; it is not judged. Not part of CI (``make soak``).
 """
@@ -41,19 +41,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import random
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
 
 from loadtest.fuzz_cases import fuzz_bodies
-from loadtest.load import LABELS, LOOPBACK, _send, score_body
+from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, table
+from loadtest.load import LABELS, _send, score_body
 from loadtest.overload import WORDS, send
 from loadtest.procs import MIB, find_workers, rss_mib, serving_raylet
 from loadtest.soak_verdict import KINDS, verdict
@@ -307,64 +304,49 @@ async def soak(args: argparse.Namespace) -> dict:
     }
 
 
-def git_state() -> dict:
-    def git(*argv: str) -> str:
-        done = subprocess.run(["git", *argv], capture_output=True, text=True, check=False)
-        return done.stdout.strip()
+COLUMNS = (
+    col("role, pid", left=True), col("warm-up MiB", ".1f"), col("max MiB", ".1f"),
+    col("max change", "+.2f", " %"), col("end MiB", ".1f"), col("floor first MiB", ".1f"),
+    col("floor last MiB", ".1f"), col("floor change", "+.2f", " %"), col("flat", left=True),
+    col("gone at s", ".1f"),
+)  # fmt: skip
 
-    return {"commit": git("rev-parse", "HEAD"), "dirty": git("status", "--short").splitlines()}
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--minutes", type=float, default=10.0)
-    parser.add_argument("--clients", type=int, default=3)
-    parser.add_argument("--sample-s", type=float, default=10.0)
-    parser.add_argument("--warmup-s", type=float, default=60.0)
-    parser.add_argument("--tolerance-pct", type=float, default=5.0)
-    parser.add_argument("--timeout-s", type=float, default=320.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--pool", type=int, default=0, help="cycle this many fixed bodies per client (0: fresh)"
-    )
-    parser.add_argument("--out", default="loadtest/results", help="folder for the JSON result")
-    parser.add_argument(
-        "--no-fill-cache",
-        dest="fill_cache",
-        action="store_false",
-        help="skip filling the query cache to its bound before the clients start",
-    )
-    args = parser.parse_args(argv)
-    args.url = args.url.rstrip("/")
-    if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):
-        parser.error("--url must be a loopback address (RSS is read from this machine)")
-    git = git_state()  # at the start: the tree may change while the soak runs
-    result = asyncio.run(soak(args))
-    result["git"] = git
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / time.strftime("soak-%Y%m%d-%H%M%S.json")
-    path.write_text(json.dumps(result, indent=1))
-    summary = {k: v for k, v in result.items() if k not in ("samples", "git")}
-    print(json.dumps(summary, indent=1))
-    v = result["verdict"]
+def verdict_rows(v: dict) -> list[tuple]:
+    """One row per judged process (replica_less_cache: a diagnostic, not judged)."""
+    rows = []
     for role in ("replica", "ingress", "replica_less_cache"):
         for pid, r in v.get(role, {}).get("processes", {}).items():
-            print(
-                f"{role} pid {pid}: warm-up {r['warmup_mib']} MiB, max {r['max_mib']} MiB "
-                f"({r['max_change_pct']:+.2f} %), end {r['final_mib']} MiB "
-                f"({r['final_change_pct']:+.2f} %); floor {r['floor_first_mib']} -> "
-                f"{r['floor_last_mib']} MiB ({r['floor_change_pct']:+.2f} %): "
-                f"{'flat' if r['flat'] else 'NOT flat'}"
-                + (f", gone at {r['gone_at_s']} s" if r["gone_at_s"] is not None else "")
-                + (" (diagnostic)" if role == "replica_less_cache" else "")
-            )
-    print(f"verdict: {'flat' if v['flat'] else 'NOT flat'} (within {args.tolerance_pct} %)")
-    print(f"written: {path}")
+            rows.append((f"{role} {pid}", r["warmup_mib"], r["max_mib"], r["max_change_pct"],
+                         r["final_mib"], r["floor_first_mib"], r["floor_last_mib"],
+                         r["floor_change_pct"], "yes" if r["flat"] else "NOT flat",
+                         r["gone_at_s"]))  # fmt: skip
+    return rows
+
+
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    o.url = o.url or "http://127.0.0.1:8000"
+    result = asyncio.run(soak(o))
+    v = result["verdict"]
     ok = v["flat"] and not result["unexpected"] and result["healthy_after"]
-    return 0 if ok else 1
+    result["failed"] = not ok
+    notes = (
+        f"verdict: {'flat' if v['flat'] else 'NOT flat'} (within {o.tolerance_pct} %); "
+        f"{result['requests']} requests, unexpected answers: {result['unexpected'] or 'none'}",
+    )
+    tables = [table(COLUMNS, verdict_rows(v))]
+    return [run.result("Memory under soak", tables, key=time.strftime("soak-%Y%m%d-%H%M%S"),
+                       notes=notes, figures=result)]  # fmt: skip
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+WORKLOAD = Workload(
+    url=True,
+    options=(
+        Option("--minutes", 10.0), Option("--clients", 3), Option("--sample-s", 10.0),
+        Option("--warmup-s", 60.0), Option("--tolerance-pct", 5.0), Option("--timeout-s", 320.0),
+        Option("--seed", 0), Option("--pool", 0, "cycle this many fixed bodies per client"),
+        Option("--no-fill-cache", True, "skip filling the query cache to its bound first"),
+    ),
+    measure=measure,
+    out=TOOL_RESULTS,
+)  # fmt: skip

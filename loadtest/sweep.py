@@ -1,7 +1,7 @@
 """``python -m loadtest.sweep``: an open-loop load sweep of a running server (loopback only).
 
-    python -m loadtest.sweep --url http://127.0.0.1:8000 --rates 0.25,0.5,1,2 --duration-s 60
-        --query-tokens 120 --items 10 --item-tokens 20 [--out loadtest/results/sweep-<UTC>/]
+    python -m loadtest run sweep --url http://127.0.0.1:8000 --rates 0.25,0.5,1,2
+        --duration-s 60 --query-tokens 120 --items 10 --item-tokens 20 [--plots FOLDER]
 
 The workload is SGLang ``bench_score``'s, in token ids so every count is exact: a query of
 ``--query-tokens`` random ids and ``--items`` items of ``--item-tokens`` ids each (ids from
@@ -13,9 +13,9 @@ requests come first.
 
 Per rate: requests sent, achieved requests/s and items/s (200 answers over the time from the
 first send to the last answer), counts by status (200, 503 by reason, other, client time-outs
-and errors) and latency percentiles of the 200s and of the 503s. Writes results.csv,
-results.json, latency.png and throughput.png into ``--out`` and prints a markdown table.
-Exits 1 when an answer was neither 200 nor 503, or a request got no answer.
+and errors) and latency percentiles of the 200s and of the 503s: a result (every row's
+figures), and latency.png and throughput.png in ``--plots``. Exits 1 when an answer was
+neither 200 nor 503, or a request got no answer.
 """
 
 from __future__ import annotations
@@ -26,17 +26,17 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import httpx
 from tqdm import tqdm
 
-from loadtest.load import LABELS, LOOPBACK
+from loadtest.harness import LABELS, Option, Result, Run
+from loadtest.harness import Workload as Declared
 from loadtest.overload import Outcome, send
-from loadtest.sweep_report import RateRow, Shot, summarize, write_results
+from loadtest.sweep_report import RateRow, Shot, plain, plot, rates_table, summarize
 
 ID_RANGE = (1000, 20000)  # random token ids are drawn from [low, high)
 
@@ -176,67 +176,41 @@ async def run_sweep(config: SweepConfig, plans: Sequence[RatePlan]) -> list[Rate
     return rows
 
 
-def _rates(text: str) -> tuple[float, ...]:
-    rates = tuple(float(part) for part in text.split(",") if part.strip())
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    """Every rate in turn; plots into ``--plots``; the result fails on a 5xx or no answer."""
+    rates = tuple(float(r) for r in o.rates.split(",") if r.strip())
     if not rates or any(rate <= 0 for rate in rates):
-        raise argparse.ArgumentTypeError("rates must be positive numbers, comma-separated")
-    return rates
-
-
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--url", default="http://127.0.0.1:8000")
-    parser.add_argument("--rates", type=_rates, default=(0.25, 0.5, 1.0, 2.0))
-    parser.add_argument("--duration-s", type=float, default=60.0)
-    parser.add_argument("--query-tokens", type=int, default=120)
-    parser.add_argument("--items", type=int, default=10)
-    parser.add_argument("--item-tokens", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--timeout-s", type=float, default=120.0, help="per request")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed requests first")
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    parser.add_argument("--out", type=Path, default=Path(f"loadtest/results/sweep-{stamp}"))
-    args = parser.parse_args(argv)
-    if not (urlparse(args.url).hostname or "").startswith(LOOPBACK):
-        parser.error("--url must be a loopback address")
-    return args
-
-
-def config_of(args: argparse.Namespace) -> SweepConfig:
-    workload = Workload(args.query_tokens, args.items, args.item_tokens)
-    return SweepConfig(
-        url=args.url.rstrip("/"),
-        rates=args.rates,
-        duration_s=args.duration_s,
-        workload=workload,
-        seed=args.seed,
-        timeout_s=args.timeout_s,
-        warmup=args.warmup,
-    )
-
-
-def run_parameters(config: SweepConfig) -> dict[str, Any]:
-    """The run's settings as flat JSON/CSV values."""
-    return {
-        "url": config.url,
-        "duration_s": config.duration_s,
-        **asdict(config.workload),
-        "seed": config.seed,
-        "timeout_s": config.timeout_s,
-        "warmup": config.warmup,
-    }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    config = config_of(args)
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        raise SystemExit("--rates: positive numbers, comma-separated")
+    workload = Workload(o.query_tokens, o.items, o.item_tokens)
+    url = o.url or "http://127.0.0.1:8000"
+    config = SweepConfig(url, rates, o.duration_s, workload, o.seed, o.timeout_s, o.warmup)
     rows = asyncio.run(run_sweep(config, plan_sweep(config)))
-    parameters = {**run_parameters(config), "started_utc": started}
-    print(write_results(args.out, parameters, rows))
+    stamp = time.strftime("loadtest/results/sweep-%Y%m%d-%H%M%S", time.gmtime())
+    plots = Path(o.plots or stamp)
+    plots.mkdir(parents=True, exist_ok=True)
+    plot(plots, rows, o.items)
+    run.say(f"plots: {plots}/")
+    notes = (
+        "SGLang `bench_score`'s workload as token ids: a "
+        f"{o.query_tokens}-token query and {o.items} items of {o.item_tokens} tokens per "
+        f"request (a fresh random query each), Poisson arrivals at each offered rate for "
+        f"{o.duration_s:g} s, then the next rate after every answer is in",
+        "latencies are of the 200 answers",
+    )
     failed = any(row.status_other or row.client_errors for row in rows)
-    return 1 if failed else 0
+    figures = {"rows": [plain(row) for row in rows], "failed": failed}
+    title = "Open-loop load sweep, shipped serve_config.yaml"
+    return [run.result(title, [rates_table(rows)], key="sweep", notes=notes, figures=figures)]
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+WORKLOAD = Declared(
+    url=True,
+    options=(
+        Option("--rates", "0.25,0.5,1,2"), Option("--duration-s", 60.0),
+        Option("--query-tokens", 120), Option("--items", 10), Option("--item-tokens", 20),
+        Option("--seed", 0), Option("--timeout-s", 120.0, "per request"),
+        Option("--warmup", 2, "untimed requests first"),
+        Option("--plots", None, "folder for the two plots (loadtest/results/sweep-<UTC>)"),
+    ),
+    measure=measure,
+)  # fmt: skip

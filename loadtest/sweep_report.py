@@ -1,4 +1,4 @@
-"""loadtest.sweep's results: per-rate summaries, results.csv/.json, two plots, a markdown table.
+"""loadtest.sweep's results: per-rate summaries, two plots, the table of its result.
 
 matplotlib loads inside the plotting function only (through ``Figure``, which renders with
 Agg and never touches pyplot's global state), so the rest stays quick to import and test.
@@ -7,14 +7,13 @@ Agg and never touches pyplot's global state), so the rest stays quick to import 
 from __future__ import annotations
 
 import collections
-import csv
-import json
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest.harness import Table, col, table
 from loadtest.load import percentile
 from loadtest.overload import Outcome
 
@@ -97,33 +96,13 @@ def summarize(rate: float, shots: Sequence[Shot], items: int) -> RateRow:
     )
 
 
-def _plain(value: Any) -> Any:
-    """NaN as None (JSON null, an empty CSV cell); everything else as it is."""
+def known(value: Any) -> Any:
+    """NaN as None (JSON null, "-" in a table); everything else as it is."""
     return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def _cell(value: Any) -> Any:
-    if isinstance(value, dict):
-        return ";".join(f"{key}={count}" for key, count in sorted(value.items()))
-    return "" if _plain(value) is None else value
-
-
-def write_csv(path: Path, parameters: Mapping[str, Any], rows: Sequence[RateRow]) -> None:
-    """One line per rate: the run's parameters, then the row's fields."""
-    columns = [*parameters, *(f.name for f in fields(RateRow))]
-    with path.open("w", newline="") as out:
-        writer = csv.DictWriter(out, columns)
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({k: _cell(v) for k, v in {**parameters, **asdict(row)}.items()})
-
-
-def write_json(path: Path, parameters: Mapping[str, Any], rows: Sequence[RateRow]) -> None:
-    body = {
-        "parameters": dict(parameters),
-        "rows": [{k: _plain(v) for k, v in asdict(row).items()} for row in rows],
-    }
-    path.write_text(json.dumps(body, indent=1) + "\n")
+def plain(row: RateRow) -> dict[str, Any]:
+    return {key: known(value) for key, value in asdict(row).items()}
 
 
 def plot(out: Path, rows: Sequence[RateRow], items: int) -> None:
@@ -155,34 +134,19 @@ def plot(out: Path, rows: Sequence[RateRow], items: int) -> None:
     figure.savefig(out / "throughput.png", dpi=120)
 
 
-def _seconds(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.3f}"
+COLUMNS = (
+    col("offered req/s", "g"), col("sent", "d"), col("200", "d"), col("503", "d"),
+    col("other", "d"), col("no answer", "d"), col("achieved req/s", ".3f"),
+    col("items/s", ".2f"), col("p50 s", ".3f"), col("p90 s", ".3f"), col("p99 s", ".3f"),
+    col("503 p50 s", ".3f"), col("503 p99 s", ".3f"),
+)  # fmt: skip
 
 
-def markdown_table(rows: Sequence[RateRow]) -> str:
-    lines = [
-        "| offered req/s | sent | 200 | 503 | other | no answer | achieved req/s | items/s "
-        "| p50 s | p90 s | p99 s | 503 p50 s | 503 p99 s |",
-        "|" + "---:|" * 13,
-    ]
-    for row in rows:
-        cells = [
-            f"{row.offered_rps:g}",
-            *(str(n) for n in (row.requests, row.status_200, row.status_503)),
-            *(str(n) for n in (row.status_other, row.client_errors)),
-            f"{row.achieved_rps:.3f}",
-            f"{row.items_per_s:.2f}",
-            *(_seconds(s) for s in (row.p50_s, row.p90_s, row.p99_s)),
-            *(_seconds(s) for s in (row.p50_503_s, row.p99_503_s)),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def write_results(out: Path, parameters: Mapping[str, Any], rows: Sequence[RateRow]) -> str:
-    """results.csv, results.json and both plots into ``out``; returns the markdown table."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / "results.csv", parameters, rows)
-    write_json(out / "results.json", parameters, rows)
-    plot(out, rows, int(parameters["items"]))
-    return f"{markdown_table(rows)}\n\nresults: {out}/"
+def rates_table(rows: Sequence[RateRow]) -> Table:
+    cells = [
+        tuple(map(known, (r.offered_rps, r.requests, r.status_200, r.status_503,
+              r.status_other, r.client_errors, r.achieved_rps, r.items_per_s, r.p50_s, r.p90_s,
+              r.p99_s, r.p50_503_s, r.p99_503_s)))
+        for r in rows
+    ]  # fmt: skip
+    return table(COLUMNS, cells)

@@ -1,18 +1,14 @@
-"""loadtest.bench_serve's pure parts: docs section writing, ratios, targets, the URL check.
+"""loadtest.bench_serve's pure parts: ratios, its table rows, targets, notes, the URL check.
 
 No server, no jax, no torch: runs in well under a second.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from loadtest.bench_common import replace_section, write_section
-from loadtest.bench_serve import parse_args
 from loadtest.bench_serve_report import (
-    SECTION,
+    COLUMNS,
     CacheResult,
     Compiles,
     ItemsRow,
@@ -20,57 +16,15 @@ from loadtest.bench_serve_report import (
     Sample,
     Timing,
     Workload,
-    format_row,
-    section_body,
+    notes,
+    row_cells,
     stat_delta,
     summarize,
     targets,
     targets_table,
 )
-from loadtest.server_client import loopback_url
-
-DOC = """# Benchmarks
-
-Intro line one,
-intro line two.
-
-## Multi-item scoring
-
-| a | b |
-|---|---|
-| 1 | 2 |
-<!-- analysis: kept across runs -->
-## Targets and analysis
-
-Kept notes.
-"""
-
-
-def test_section_inserted_after_first_paragraph_keeps_everything_else() -> None:
-    out = replace_section(DOC, SECTION, "new body\n")
-    assert out.startswith("# Benchmarks\n\nIntro line one,\nintro line two.\n\n" + SECTION)
-    assert f"{SECTION}\n\nnew body\n\n## Multi-item scoring\n" in out
-    assert out.replace(f"{SECTION}\n\nnew body\n\n", "") == DOC
-
-
-def test_section_replaced_up_to_next_heading_or_marker() -> None:
-    first = replace_section(DOC, SECTION, "old body\n\nmore old\n")
-    second = replace_section(first, SECTION, "fresh body")
-    assert "old body" not in second and "more old" not in second
-    assert second == replace_section(DOC, SECTION, "fresh body")
-    # A section ends at an HTML comment marker too; what follows it is kept.
-    doc = DOC.replace("## Multi-item scoring\n", f"{SECTION}\n\nstale\n", 1)
-    out = replace_section(doc, SECTION, "fresh")
-    tail = "<!-- analysis: kept across runs -->\n## Targets and analysis\n\nKept notes.\n"
-    assert out == DOC.split("## Multi-item scoring")[0] + f"{SECTION}\n\nfresh\n\n" + tail
-
-
-def test_write_section_creates_a_missing_file(tmp_path: Path) -> None:
-    path = tmp_path / "bench.md"
-    write_section(path, SECTION, "body")
-    assert path.read_text() == f"# Benchmarks\n\n{SECTION}\n\nbody\n"
-    write_section(path, SECTION, "body 2")
-    assert path.read_text() == f"# Benchmarks\n\n{SECTION}\n\nbody 2\n"
+from loadtest.harness import loopback_url, parser_for, table
+from loadtest.workloads import workload
 
 
 def test_stats_deltas_are_defensive_and_summarized() -> None:
@@ -101,19 +55,15 @@ def _report(compiles: Compiles) -> Report:
         peak_flops=479e9,
         workload=Workload(300, 10, 3),
         hf=True,
-        machine="Test CPU, 2 cores",
-        command="python -m loadtest.bench_serve --no-hf",
-        date="2026-01-01",
     )
 
 
 def test_row_ratios_and_formatting() -> None:
     row = ItemsRow(10, Timing(0.4, 1.05, 1.1), Timing(3.2), 3.6, 0.62)
-    assert format_row(row) == (
-        "| 10 | 0.400 | 3.200 | 3.600 | 8.0x | 9.0x | 1.1x | 1.05 | 1.10 | 62% |  |"
-    )
-    empty = format_row(ItemsRow(1000, notes="multi-item: HTTP 400 a|b"))
-    assert empty == "| 1000 | - | - | - | - | - | - | - | - | - | multi-item: HTTP 400 a/b |"
+    empty = ItemsRow(1000, notes="multi-item: HTTP 400 a|b")
+    *_, first, second = table(COLUMNS, [row_cells(row), row_cells(empty)]).markdown().splitlines()
+    assert first == "| 10 | 0.400 | 3.200 | 3.600 | 8.0x | 9.0x | 1.1x | 1.05 | 1.10 | 62% |  |"
+    assert second == "| 1000 | - | - | - | - | - | - | - | - | - | multi-item: HTTP 400 a/b |"
 
 
 def test_targets_measured_values_and_verdicts() -> None:
@@ -136,12 +86,10 @@ def test_targets_measured_values_and_verdicts() -> None:
 
 def test_missing_stats_fields_print_dashes() -> None:
     report = _report(Compiles.between({"compile_count": 18}, {"compile_count": 18}))
-    table = targets_table(report)
-    assert "| 0 request-path compiles | - | not measured |" in table
-    body = section_body(report)
+    assert "| 0 request-path compiles | - | not measured |" in targets_table(report).markdown()
+    body = "\n".join(notes(report))
     assert "request path -, background -, compile_count +0" in body
-    assert "479 GFLOP/s" in body and "Test CPU, 2 cores" in body
-    assert body.count("| --- | --- | --- |") == 1
+    assert "479 GFLOP/s" in body
 
 
 @pytest.mark.parametrize(
@@ -157,12 +105,14 @@ def test_non_loopback_url_is_refused(url: str) -> None:
     with pytest.raises(ValueError):
         loopback_url(url)
     with pytest.raises(SystemExit):
-        parse_args(["--url", url])
+        from loadtest.harness import run_workload
+
+        run_workload(workload("serve"), ["--url", url])
 
 
 def test_loopback_urls_are_accepted() -> None:
     assert loopback_url("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
     assert loopback_url("http://localhost:8000") == "http://localhost:8000"
     assert loopback_url("http://[::1]:8000") == "http://[::1]:8000"
-    args = parse_args(["--items", "1,10", "--slow-items", "1", "--no-hf"])
-    assert args.items == (1, 10) and args.slow_items == (1,) and args.no_hf
+    args = parser_for(workload("serve")).parse_args(["--items", "1,10", "--no-hf"])
+    assert args.items == "1,10" and args.slow_items == "1,10,100" and not args.hf

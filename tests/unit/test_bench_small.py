@@ -1,4 +1,4 @@
-"""loadtest.bench_small's pure pieces: the llama.cpp peer is optional, the report says so."""
+"""loadtest.bench_small's pure pieces: the llama.cpp peer is optional, the result says so."""
 
 from __future__ import annotations
 
@@ -8,7 +8,12 @@ import numpy as np
 
 from loadtest import bench_llamacpp
 from loadtest.bench_small import layer_matrices
-from loadtest.bench_small_report import report
+from loadtest.bench_small_report import report as tables_and_notes
+
+
+def report(results: dict, args: SimpleNamespace) -> str:
+    notes, tables = tables_and_notes(results, args)
+    return "\n".join([*notes, *(t.title + "\n" + t.markdown() for t in tables)])
 
 
 def test_without_llama_cpp_the_peer_is_none_and_a_note_is_printed(monkeypatch, capsys):
@@ -50,7 +55,6 @@ def fake_results(llama: bool) -> dict:
     floor |= {"tokens": 16, "bandwidth": 2e10, "floor_s": 0.025}
     floor |= {"weight_bytes": 5e8, "head_bytes": 1e8, "layer_bytes": 4e8}
     return {
-        "load_note": "1-minute load average 1.0",
         "served_s": None,
         "llama": llama,
         "small": {"query_tokens": 9, "times": times, "logprobs": logprobs},

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import csv
 import io
 import json
 import math
@@ -32,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from loadtest.load import LABELS
+from loadtest.harness import LABELS, run_workload
 from loadtest.overload import Outcome
 from loadtest.sweep import (
     ID_RANGE,
@@ -40,12 +39,11 @@ from loadtest.sweep import (
     Workload,
     arrivals,
     id_range_problem,
-    main,
-    parse_args,
     plan_sweep,
     score_payload,
 )
 from loadtest.sweep_report import Shot, summarize
+from loadtest.workloads import workload
 from tests.support.serve_support import wait_for
 
 DELAY_S = 0.05
@@ -133,10 +131,11 @@ def sweep_run(
         *("--url", url, "--rates", ",".join(map(str, RATES)), "--duration-s", str(DURATION_S)),
         *("--query-tokens", "7", "--items", "3", "--item-tokens", "4", "--seed", "3"),
         *("--timeout-s", str(TIMEOUT_S), "--warmup", "0", "--out", str(out)),
+        *("--plots", str(out)),
     ]
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        code = main(argv)
+        code = run_workload(workload("sweep"), argv)
     config = SweepConfig(url, RATES, DURATION_S, WORKLOAD, seed=3, timeout_s=TIMEOUT_S, warmup=0)
     return SweepRun(code, out, stdout.getvalue(), received, config)
 
@@ -208,11 +207,11 @@ def test_summary_by_hand() -> None:
 
 def test_url_must_be_loopback() -> None:
     with pytest.raises(SystemExit):
-        parse_args(["--url", "http://10.1.2.3:8000"])
+        run_workload(workload("sweep"), ["--url", "http://10.1.2.3:8000"])
 
 
 def test_sweep_counts_match_the_plan(sweep_run: SweepRun) -> None:
-    rows = json.loads((sweep_run.out / "results.json").read_text())["rows"]
+    rows = json.loads((sweep_run.out / "sweep.json").read_text())["figures"]["rows"]
     plans = plan_sweep(sweep_run.config)
     assert [row["offered_rps"] for row in rows] == list(RATES)
     for row, plan in zip(rows, plans, strict=True):
@@ -240,7 +239,7 @@ def test_sweep_counts_match_the_plan(sweep_run: SweepRun) -> None:
 
 
 def test_sweep_latencies_are_ordered(sweep_run: SweepRun) -> None:
-    rows = json.loads((sweep_run.out / "results.json").read_text())["rows"]
+    rows = json.loads((sweep_run.out / "sweep.json").read_text())["figures"]["rows"]
     for row in rows:
         assert DELAY_S <= row["p50_s"] <= row["p90_s"] <= row["p99_s"] < HANG_S
         assert row["p50_503_s"] <= row["p90_503_s"] <= row["p99_503_s"]
@@ -267,19 +266,14 @@ def test_sweep_is_open_loop_and_rates_do_not_overlap(sweep_run: SweepRun) -> Non
     first_done = max(at + client_seconds(body) for at, body in first)
     assert min(at for at, _ in second) >= first_done - 0.02
     # Sent on schedule, not behind outstanding requests (a time-out takes TIMEOUT_S).
-    rows = json.loads((sweep_run.out / "results.json").read_text())["rows"]
+    rows = json.loads((sweep_run.out / "sweep.json").read_text())["figures"]["rows"]
     assert all(row["max_late_s"] < TIMEOUT_S for row in rows)
 
 
-def test_sweep_writes_csv_json_plots_and_table(sweep_run: SweepRun) -> None:
-    with (sweep_run.out / "results.csv").open() as f:
-        lines = list(csv.DictReader(f))
-    assert [float(line["offered_rps"]) for line in lines] == list(RATES)
-    assert {line["url"] for line in lines} == {sweep_run.config.url}
-    assert {line["items"] for line in lines} == {"3"}
-    parameters = json.loads((sweep_run.out / "results.json").read_text())["parameters"]
-    assert parameters["url"] == sweep_run.config.url
-    assert (parameters["query_tokens"], parameters["item_tokens"]) == (7, 4)
+def test_sweep_writes_its_result_plots_and_table(sweep_run: SweepRun) -> None:
+    settings = json.loads((sweep_run.out / "sweep.json").read_text())["settings"]
+    assert settings["url"] == sweep_run.config.url
+    assert (settings["query_tokens"], settings["items"], settings["item_tokens"]) == (7, 3, 4)
     for name in ("latency.png", "throughput.png"):
         assert (sweep_run.out / name).read_bytes().startswith(PNG_MAGIC)
     table = [line for line in sweep_run.stdout.splitlines() if line.startswith("|")]

@@ -1,0 +1,362 @@
+"""The one runner every benchmark goes through (``python -m loadtest run NAME``).
+
+A benchmark is a declared :class:`Workload`: its options, and ``measure``, which runs the
+workload beside its baselines and returns :class:`Result` s. The runner here gives each the
+same pieces: the machine's description, the tree (git commit), timing in turn
+(:func:`timed_together`), warm-up, 503 retries after ``Retry-After``, progress lines, and one
+result schema, stored as JSON under docs/results/ and rendered into the docs by
+``python -m loadtest render`` (loadtest.render). Imports nothing heavy at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "docs" / "results"  # rendered into the docs
+TOOL_RESULTS = ROOT / "loadtest" / "results"  # a tool's runs (git-ignored)
+BENCHMARKS_DOC = "docs/benchmarks.md"
+MODEL = "SmolLM2-135M-Instruct"
+LABELS = (7042, 4528, 11452)  # " Paris", " London", " Berlin"
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A table column: its heading and how a figure in it is written (a format spec and a
+    suffix such as ``x``); ``left``: left-aligned text."""
+
+    label: str
+    format: str = ""
+    suffix: str = ""
+    left: bool = False
+
+    def cell(self, value: Any, missing: str) -> str:
+        if value is None:
+            return missing
+        if isinstance(value, str) or not self.format:
+            return str(value).replace("|", "/")
+        if self.format.endswith("d"):  # a count read from float counters
+            value = round(value)
+        return format(value, self.format) + self.suffix
+
+
+def col(label: str, fmt: str = "", suffix: str = "", left: bool = False) -> Column:
+    return Column(label, fmt, suffix, left)
+
+
+@dataclass(frozen=True)
+class Table:
+    """One table of a result: columns and rows of figures (None: not measured)."""
+
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[Any, ...], ...]
+    title: str = ""
+    missing: str = "-"
+
+    def markdown(self) -> str:
+        head = "| " + " | ".join(c.label for c in self.columns) + " |"
+        rule = "|" + "".join("---|" if c.left else "---:|" for c in self.columns)
+        body = [
+            "| "
+            + " | ".join(c.cell(v, self.missing) for c, v in zip(self.columns, row, strict=True))
+            + " |"
+            for row in self.rows
+        ]
+        return "\n".join([head, rule, *body])
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Table:
+        columns = tuple(Column(**c) for c in data["columns"])
+        rows = tuple(tuple(row) for row in data["rows"])
+        return cls(columns, rows, data.get("title", ""), data.get("missing", "-"))
+
+
+def table(columns: Sequence[Column], rows: Sequence[Sequence[Any]], **kw: Any) -> Table:
+    return Table(tuple(columns), tuple(tuple(r) for r in rows), **kw)
+
+
+def figures_table(figures: Mapping[str, Any]) -> Table:
+    """A tool's figures, one a row (nested ones as JSON)."""
+    show = lambda v: v if isinstance(v, str) else json.dumps(v, default=str)  # noqa: E731
+    rows = [(k, show(v)) for k, v in figures.items()]
+    return table([col("figure", left=True), col("value", left=True)], rows)
+
+
+@dataclass(frozen=True)
+class Result:
+    """What one run measured and how: the file docs/results/<key>.json holds one.
+
+    ``key``: the benchmark and its variant (the newest result per key is kept); ``notes``:
+    what was run and how, one bullet each; ``figures``: raw figures beside the tables'."""
+
+    key: str
+    workload: str
+    title: str
+    machine: str
+    tree: str
+    date: str
+    command: str
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    tables: tuple[Table, ...] = ()
+    figures: dict[str, Any] = field(default_factory=dict)
+    doc: str = BENCHMARKS_DOC
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, default=_plain) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> Result:
+        data = json.loads(text)
+        data["notes"] = tuple(data.get("notes", ()))
+        data["tables"] = tuple(Table.from_json(t) for t in data.get("tables", ()))
+        return cls(**data)
+
+    def save(self, folder: Path = RESULTS) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.key}.json"
+        path.write_text(self.to_json())
+        return path
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars as numbers, anything else JSON cannot hold as its text."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def load_results(folder: Path = RESULTS) -> list[Result]:
+    return [Result.from_json(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
+
+@dataclass(frozen=True)
+class Option:
+    """A command-line option of a workload: ``--flag`` and its default (its type too)."""
+
+    flag: str
+    default: Any = None
+    help: str = ""
+    choices: tuple[str, ...] | None = None
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if isinstance(self.default, bool):  # --no-hf: the dest ``hf``, True unless given
+            action = "store_false" if self.default else "store_true"
+            dest = self.flag.removeprefix("--no-" if self.default else "--").replace("-", "_")
+            parser.add_argument(self.flag, action=action, dest=dest, help=self.help)
+            return
+        kind = type(self.default) if self.default is not None else str
+        parser.add_argument(
+            self.flag, type=kind, default=self.default, help=self.help, choices=self.choices
+        )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A benchmark or tool as the runner knows it. ``measure(options, run)`` returns the
+    results of a declared benchmark; a tool with flags of its own has ``main(argv)``."""
+
+    options: tuple[Option, ...] = ()
+    measure: Callable[[argparse.Namespace, Run], Sequence[Result]] | None = None
+    main: Callable[[list[str]], int] | None = None
+    url: bool = False  # takes --url (a running server)
+    out: Path = RESULTS  # where its results go by default
+    name: str = ""  # both set by the registry (loadtest.workloads)
+    summary: str = ""
+
+
+def counts(text: str) -> list[int]:
+    """``"1,10,100"`` -> ``[1, 10, 100]``."""
+    return [int(n) for n in str(text).split(",") if n.strip()]
+
+
+def loopback_url(url: str) -> str:
+    """``url`` without a trailing slash; ValueError unless it is http(s) to a loopback host."""
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    if parsed.scheme not in ("http", "https") or not _is_loopback(host):
+        raise ValueError(f"{url!r} is not an http(s) URL of a loopback address")
+    return url.rstrip("/")
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name (from /proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_description() -> str:
+    """``<cpu model>, <n> cores``."""
+    return f"{cpu_model()}, {os.cpu_count()} cores"
+
+
+def tree() -> str:
+    """The git commit of the tree that runs (``-dirty`` when it has uncommitted changes)."""
+
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", *argv], capture_output=True, text=True, cwd=ROOT)
+        return done.stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    return commit + ("-dirty" if git("status", "--short", "--untracked-files=no") else "")
+
+
+class Run:
+    """One run of a workload: its options, the clock for progress, and its results' shape."""
+
+    def __init__(self, workload: Workload, options: argparse.Namespace, argv: Sequence[str]):
+        self.workload, self.options = workload, options
+        shown = [a for a, b in zip(argv, ["", *argv], strict=False) if "--out" not in (a, b)]
+        self.command = shlex.join(["python", "-m", "loadtest", "run", workload.name, *shown])
+        self.start = time.perf_counter()
+        self.load_before = os.getloadavg()
+        self.tree = tree()  # at the start: the tree may change while the run goes on
+
+    def say(self, message: str) -> None:
+        """A progress line, with the seconds since the run started."""
+        print(f"[{time.perf_counter() - self.start:7.0f} s] {message}", flush=True)
+
+    def result(self, title: str, tables: Sequence[Table], key: str = "", **kw: Any) -> Result:
+        """A result of this run: machine, tree, date, command and settings filled in."""
+        settings = {k: v for k, v in vars(self.options).items() if k != "out"}
+        one, *_ = os.getloadavg()
+        kw.setdefault("machine", machine_description())
+        notes = (*kw.pop("notes", ()), f"1-minute load average {self.load_before[0]:.1f} "
+                 f"before, {one:.1f} after")  # fmt: skip
+        return Result(
+            key=key or self.workload.name, workload=self.workload.name, title=title,
+            tree=self.tree, date=time.strftime("%Y-%m-%d"), command=self.command,
+            settings=settings, notes=notes, tables=tuple(tables), **kw,
+        )  # fmt: skip
+
+
+def timed(fn: Callable[[], object], repeats: int, warm: int = 1) -> float:
+    """Median wall seconds of ``repeats`` calls after ``warm`` untimed ones."""
+    return timed_together({"fn": fn}, repeats, warm)["fn"]
+
+
+def timed_together(
+    calls: Mapping[str, Callable[[], object]], repeats: int, warm: int = 1, last: dict | None = None
+) -> dict[str, float]:
+    """Median wall seconds of each call over ``repeats`` rounds that run every call once in
+    turn (after ``warm`` untimed rounds): a machine whose speed drifts during the run slows
+    every call alike, so their ratios hold. ``last``, when given, gets each call's last
+    answer."""
+    for _ in range(warm):
+        for fn in calls.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            answer = fn()
+            samples[name].append(time.perf_counter() - start)
+            if last is not None:
+                last[name] = answer
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """``numerator / denominator``; None when either is unknown or the denominator is <= 0."""
+    if numerator is None or denominator is None or denominator <= 0:
+        return None
+    return numerator / denominator
+
+
+class RetryingClient:
+    """What a user with a file of requests writes: ``concurrency`` threads posting to
+    ``route``, each 503 sent again after its Retry-After (1 s when it has none)."""
+
+    def __init__(
+        self, url: str, concurrency: int = 4, timeout_s: float = 300.0, route: str = "/v1/score"
+    ) -> None:
+        import httpx
+
+        self._url, self._concurrency = f"{url}{route}", concurrency
+        limits = httpx.Limits(max_connections=concurrency)
+        self._client = httpx.Client(timeout=timeout_s, limits=limits)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def post(self, body: bytes) -> int:
+        """POST until a 200; the number of 503s retried. RuntimeError on any other status."""
+        retried = 0
+        while True:
+            response = self._client.post(self._url, content=body, headers=JSON_HEADERS)
+            if response.status_code == 200:
+                return retried
+            if response.status_code != 503:
+                status = f"HTTP {response.status_code} {response.text[:300]}"
+                raise RuntimeError(f"{self._url}: {status}")
+            retried += 1
+            time.sleep(float(response.headers.get("retry-after", 1)))  # the server's Retry-After
+
+    def run(self, bodies: Sequence[bytes]) -> tuple[float, int]:
+        """Wall seconds to answer every body, ``concurrency`` in flight; 503s retried."""
+        start = time.perf_counter()
+        with ThreadPoolExecutor(self._concurrency) as pool:
+            retried = sum(pool.map(self.post, bodies))
+        return time.perf_counter() - start, retried
+
+
+def parser_for(workload: Workload) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m loadtest run {workload.name}", description=workload.summary
+    )
+    if workload.url:
+        parser.add_argument("--url", default=None, help="a running server (loopback)")
+    for option in workload.options:
+        option.add_to(parser)
+    parser.add_argument("--out", type=Path, default=workload.out, help="folder for the results")
+    return parser
+
+
+def run_workload(workload: Workload, argv: Sequence[str]) -> int:
+    """Parse ``argv`` for ``workload``, measure, store every result; a tool runs its main."""
+    if workload.main is not None:
+        return workload.main(list(argv))
+    assert workload.measure is not None
+    options = parser_for(workload).parse_args(list(argv))
+    if getattr(options, "url", None):
+        try:
+            options.url = loopback_url(options.url)
+        except ValueError as error:
+            parser_for(workload).error(f"--url: {error}")
+    run = Run(workload, options, argv)
+    results = workload.measure(options, run)
+    for result in results:
+        for item in result.tables:
+            print(("\n" + item.title if item.title else "") + "\n" + item.markdown(), flush=True)
+        run.say(f"wrote {result.save(options.out)}")
+    return 1 if any(result.figures.get("failed") for result in results) else 0

@@ -1,0 +1,53 @@
+"""Every benchmark and tool, by name: the module that declares it (its ``WORKLOAD``) and what
+it measures. ``python -m loadtest list`` prints this without importing any of them."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import replace
+
+from loadtest.harness import Workload
+
+REGISTRY: dict[str, tuple[str, str]] = {
+    "engine": ("bench_engine", "the engine's single-item, shared-prefix and packed-reference "
+               "layouts beside transformers, shipped settings (make bench)"),
+    "serve": ("bench_serve", "a running server over HTTP: multi-item, its own single-item "
+              "path, transformers; query cache, compiles, targets (make bench URL=...)"),
+    "choices": ("bench_choices", "multiple-choice log-likelihood (/v1/completions), prefix "
+                "reuse on and off, beside lm-eval's hf model; engine or --url"),
+    "batch": ("bench_batch", "batch scoring of RFC-008 rows as a dataset: engine, batch jobs "
+              "(local, serve), HTTP per row and per group, transformers"),
+    "embed": ("bench_embed", "embeddings of a mixed-length corpus: engine, batch stages, "
+              "served app, sentence-transformers"),
+    "small": ("bench_small", "a small request: engine, served, transformers, llama.cpp; the "
+              "floor of a weight pass and the step costs"),
+    "heads": ("bench_heads", "best-of-N reward scoring with a score head: multi-item, each "
+              "conversation alone, transformers"),
+    "families": ("bench_families", "RFC-008 on a Gemma-3-1B-shaped random model: multi-item, "
+                 "single-item, transformers"),
+    "rerank": ("bench_rerank", "/v1/rerank documents/s over HTTP at 10 and 100 documents"),
+    "lora": ("bench_lora", "LoRA adapters mixed in one step (dense, grouped) beside the base "
+             "model and one adapter a step"),
+    "gpu": ("bench_gpu", "RFC-008 on a Qwen3-0.6B-shaped model in bf16 on a GPU: multi-item, "
+            "single-item, XLA attention, transformers"),
+    "tpu_table": ("tpu_table", "planning.tpu_check's roofline projection for every model x "
+                  "topology (docs/tpu.md)"),
+    "shuffle": ("bench_shuffle", "which Ray Data operator groups a dataset's rows by query"),
+    "sweep": ("sweep", "open-loop Poisson load sweep of a running server (make loadtest)"),
+    "load": ("load", "bounded closed-loop load and fuzz of a running server "
+             "(make loadtest-closed)"),
+    "overload": ("overload", "capacity, then open-loop overload of a running server"),
+    "soak": ("soak", "mixed closed-loop soak of a running server with its RSS (make soak)"),
+    "fuzz": ("fuzz", "generated bodies against the in-process ingress or --url (make fuzz)"),
+    "burst": ("burst", "a burst of small requests right after a large one"),
+    "first_minute": ("first_minute", "RFC-008 from a server's first request on, cold"),
+    "rerank_quality": ("rerank_quality", "rerank quality (top-1, pairwise, NDCG@4) on the "
+                       "relevance set"),
+}  # fmt: skip
+
+
+def workload(name: str) -> Workload:
+    """The declared workload ``name`` (its module imported now); KeyError if unknown."""
+    module, summary = REGISTRY[name]
+    declared = importlib.import_module(f"loadtest.{module}").WORKLOAD
+    return replace(declared, name=name, summary=summary)
