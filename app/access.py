@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from replicas.errors import Reason, ScoringError
-from replicas.settings import ReplicaSettings, SettingsError
+from replicas.settings import HttpSettings, SettingsError
 
 OPEN_PATHS = frozenset({"/health", "/openapi.json", "/docs"})
 
@@ -25,19 +25,17 @@ def _split(text: str) -> list[str]:
     return [key for line in lines for key in line.replace(",", " ").split()]
 
 
-def load_api_keys(
-    settings: ReplicaSettings, environ: Mapping[str, str] = os.environ
-) -> frozenset[str]:
+def load_api_keys(http: HttpSettings, environ: Mapping[str, str] = os.environ) -> frozenset[str]:
     """Every key from the configured sources; empty when none is configured (no auth)."""
     keys: list[str] = []
-    if settings.http.api_keys_env:
-        found = _split(environ.get(settings.http.api_keys_env, ""))
+    if http.api_keys_env:
+        found = _split(environ.get(http.api_keys_env, ""))
         if not found:
-            name = settings.http.api_keys_env
+            name = http.api_keys_env
             raise SettingsError(f"api_keys_env: environment variable {name!r} is unset or empty")
         keys += found
-    if settings.http.api_keys_file:
-        path = Path(settings.http.api_keys_file)
+    if http.api_keys_file:
+        path = Path(http.api_keys_file)
         if not path.is_file():
             raise SettingsError(f"api_keys_file: {str(path)!r} is not a readable file")
         found = _split(path.read_text())

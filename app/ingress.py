@@ -141,7 +141,7 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
     ) -> None:
         self._settings = coerce_settings(settings)
         warn_if_niced("ingress", logger)
-        self._keys = load_api_keys(self._settings)  # start-up error names the setting
+        self._keys = load_api_keys(self._settings.http)  # start-up error names the setting
         names = None  # LoRA on: the names it validates ``model`` against, kept current
         if adapter_registry is not None:
             names = LiveNames(name for name, _ in self._settings.adapters.lora_adapters)

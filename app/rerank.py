@@ -31,7 +31,7 @@ from replicas.contract import (
     check_limits,
 )
 from replicas.errors import Reason, ScoringError
-from replicas.settings import ReplicaSettings, SettingsError
+from replicas.settings import HttpSettings, SettingsError
 
 logger = logging.getLogger(__name__)
 
@@ -182,17 +182,17 @@ def work_relevance(work: ScoreWork | PromptWork, answer: Any) -> np.ndarray:
 
 
 def reranker_for(
-    settings: ReplicaSettings, tokenizer: TextTokenizer, head: ScoreHead | None = None
+    http: HttpSettings, tokenizer: TextTokenizer, head: ScoreHead | None = None
 ) -> Reranker | None:
     """The configured method and template (a wrong one stops start-up, naming
     ``rerank_template``); unset, the method's default template (for yes_no only where the
     tokenizer has one-token yes/no words, else None: no rerank). A score-head model ranks
     only with ``head`` (its default when the head has one label) and no other method."""
-    method = settings.http.rerank_method
+    method = http.rerank_method
     if head is not None or method == "head":
-        return _head_reranker(settings, tokenizer, head)
-    if settings.http.rerank_template or method != "yes_no":
-        return Reranker.build(settings.http.rerank_template, tokenizer, method)
+        return _head_reranker(http, tokenizer, head)
+    if http.rerank_template or method != "yes_no":
+        return Reranker.build(http.rerank_template, tokenizer, method)
     try:
         return Reranker.build((), tokenizer)
     except SettingsError:
@@ -200,10 +200,10 @@ def reranker_for(
 
 
 def _head_reranker(
-    settings: ReplicaSettings, tokenizer: TextTokenizer, head: ScoreHead | None
+    http: HttpSettings, tokenizer: TextTokenizer, head: ScoreHead | None
 ) -> Reranker | None:
     """rerank_method head: a one-label score head, relevance = sigmoid(logit)."""
-    method = settings.http.rerank_method
+    method = http.rerank_method
     if head is None:
         raise SettingsError("rerank_method: head needs a model with a score head")
     if method != "head":  # the shipped config's method, with only `model` changed
@@ -218,9 +218,7 @@ def _head_reranker(
                 f"rerank_method: head needs a one-label head; this one has {head.num_labels}"
             )
         return None
-    return Reranker.build(
-        settings.http.rerank_template if method == "head" else (), tokenizer, "head"
-    )
+    return Reranker.build(http.rerank_template if method == "head" else (), tokenizer, "head")
 
 
 def _check(work: ScoreWork | PromptWork, info: ModelInfo) -> None:

@@ -115,7 +115,7 @@ class ScoringService:
             info=info,
             tokenizer=tokenizer,
             # an embedding model ranks by cosine (app.embed_scores), not by a template
-            reranker=reranker_for(settings, tokenizer, info.head) if pooling is None else None,
+            reranker=reranker_for(settings.http, tokenizer, info.head) if pooling is None else None,
             completions=Completions(tokenizer, info),
         )
 

@@ -68,19 +68,19 @@ def test_keys_come_from_a_named_variable_or_file(tmp_path: Path) -> None:
     keys_file = tmp_path / "keys"
     keys_file.write_text("# team keys\nsk-a\nsk-b, sk-c  # rotated 2026-11\n")
     settings = ReplicaSettings.from_keys(api_keys_env="SCOREJAX_KEYS", api_keys_file=str(keys_file))
-    keys = load_api_keys(settings, {"SCOREJAX_KEYS": "sk-env"})
+    keys = load_api_keys(settings.http, {"SCOREJAX_KEYS": "sk-env"})
     assert keys == {"sk-env", "sk-a", "sk-b", "sk-c"}
-    assert load_api_keys(ReplicaSettings(), {}) == frozenset()  # none configured: no auth
+    assert load_api_keys(ReplicaSettings().http, {}) == frozenset()  # none configured: no auth
 
 
 def test_a_configured_source_without_keys_fails_naming_the_setting(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="api_keys_env: environment variable 'NOPE'"):
-        load_api_keys(ReplicaSettings.from_keys(api_keys_env="NOPE"), {})
+        load_api_keys(ReplicaSettings.from_keys(api_keys_env="NOPE").http, {})
     with pytest.raises(SettingsError, match=r"api_keys_file: .* is not a readable file"):
-        load_api_keys(ReplicaSettings.from_keys(api_keys_file=str(tmp_path / "missing")), {})
+        load_api_keys(ReplicaSettings.from_keys(api_keys_file=str(tmp_path / "missing")).http, {})
     (tmp_path / "empty").write_text("# nothing yet\n")
     with pytest.raises(SettingsError, match=r"api_keys_file: .* holds no key"):
-        load_api_keys(ReplicaSettings.from_keys(api_keys_file=str(tmp_path / "empty")), {})
+        load_api_keys(ReplicaSettings.from_keys(api_keys_file=str(tmp_path / "empty")).http, {})
 
 
 class Records(logging.Handler):

@@ -51,7 +51,7 @@ def tokenizer(tiny_llama_dir: Path) -> Any:
 
 def service_for(tokenizer: Any, head: ScoreHead | None, **settings: Any) -> ScoringService:
     info = ModelInfo("heads", VOCAB, 0, ScoringLimits(8, 256), head)
-    reranker = reranker_for(ReplicaSettings.from_keys(**settings), tokenizer, head)
+    reranker = reranker_for(ReplicaSettings.from_keys(**settings).http, tokenizer, head)
     return ScoringService(info=info, tokenizer=tokenizer, clock=lambda: 7.0, reranker=reranker)
 
 

@@ -33,7 +33,7 @@ def tokenizer() -> Any:
 @pytest.fixture(scope="module")
 def service(tokenizer: Any) -> ScoringService:
     info = ModelInfo("smollm2", 49152, 0, ScoringLimits(8, 4096, 1024))
-    reranker = reranker_for(ReplicaSettings(), tokenizer)
+    reranker = reranker_for(ReplicaSettings().http, tokenizer)
     return ScoringService(info=info, tokenizer=tokenizer, clock=lambda: 0.0, reranker=reranker)
 
 
@@ -138,7 +138,7 @@ def test_a_wrong_template_stops_start_up_naming_the_setting(tokenizer):
     with pytest.raises(SettingsError, match=r"rerank_template\.yes: 'certainly yes' is 3 tokens"):
         Reranker.build((("yes", "certainly yes"),), tokenizer)
     settings = ReplicaSettings.from_mapping({"rerank_template": {"yes": "Yes", "no": "No"}})
-    assert reranker_for(settings, tokenizer).template.yes == "Yes"
+    assert reranker_for(settings.http, tokenizer).template.yes == "Yes"
 
 
 def test_the_answer_is_what_the_published_document_says(service):
@@ -169,7 +169,7 @@ async def prompt_backend(work: PromptWork) -> list[PromptLogprobs]:
 def likelihood(tokenizer: Any) -> ScoringService:
     info = ModelInfo("smollm2", 49152, 0, ScoringLimits(8, 4096, 1024))
     settings = ReplicaSettings.from_keys(rerank_method="query_likelihood")
-    reranker = reranker_for(settings, tokenizer)
+    reranker = reranker_for(settings.http, tokenizer)
     return ScoringService(info=info, tokenizer=tokenizer, clock=lambda: 0.0, reranker=reranker)
 
 
@@ -212,4 +212,4 @@ def test_a_wrong_query_likelihood_template_stops_start_up_naming_the_setting(tok
     settings = ReplicaSettings.from_mapping(
         {"rerank_method": "query_likelihood", "rerank_template": {"document": "{document} Q:"}}
     )
-    assert reranker_for(settings, tokenizer).method == "query_likelihood"
+    assert reranker_for(settings.http, tokenizer).method == "query_likelihood"
