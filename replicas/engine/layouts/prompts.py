@@ -65,7 +65,7 @@ from replicas.engine.layouts.token_steps import (
     prompt_stream_step,
     stream_token_specs,
 )
-from replicas.engine.prefix_index import PrefixIndex
+from replicas.engine.prefix_index import PROMPT, CacheKey
 from replicas.model.causal_lm import CausalLM
 
 
@@ -80,7 +80,6 @@ class PromptLayout:
     def __init__(self, model: CausalLM, runner: Runner) -> None:
         self._model = model
         self._runner = runner
-        self._index = PrefixIndex(PREFIX_BLOCK)
 
     # -- compiling ----------------------------------------------------------------------
 
@@ -174,19 +173,17 @@ class PromptLayout:
         """The cached prefix worth reading for a group (how many tokens), or (0, None)."""
         if not use_cache or prefix == 0 or self._runner.cache.capacity_bytes == 0:
             return 0, None
-        reused, found = self._index.longest(prompts[0], prefix, self._find(top_k))
+        reused, key, found = self._runner.cache.longest(
+            PROMPT,
+            prompts[0],
+            prefix,
+            lambda entry: entry.top_k >= top_k,  # type: ignore[attr-defined]
+        )
         remainders_fit = all(len(p) - reused <= MAX_REMAINDER for p in prompts)
-        if found is None or not remainders_fit or not reuse_pays(reused, prefix, len(prompts)):
+        if key is None or not remainders_fit or not reuse_pays(reused, prefix, len(prompts)):
             return 0, None
-        self._runner.cache.touch(("prompt", found.tokens))
-        return reused, found
-
-    def _find(self, top_k: int) -> Any:
-        def find(key: Any) -> CachedPrompt | None:
-            entry = self._runner.cache.peek(key)
-            return entry if isinstance(entry, CachedPrompt) and entry.top_k >= top_k else None
-
-        return find
+        self._runner.cache.touch(key)
+        return reused, found  # type: ignore[return-value]
 
     # -- steps --------------------------------------------------------------------------
 
@@ -325,13 +322,8 @@ class PromptLayout:
         return out
 
     def _remember(self, cached: CachedPrompt) -> None:
-        cache = self._runner.cache
-        if self._runner.settings.prefix_reuse and cache.put(("prompt", cached.tokens), cached):
-            if self._index.full:
-                live = [(e.tokens, ("prompt", e.tokens)) for e in cache.entries()
-                        if isinstance(e, CachedPrompt)]  # fmt: skip
-                self._index.rebuild(live)
-            self._index.add(cached.tokens, ("prompt", cached.tokens))
+        if self._runner.settings.prefix_reuse:  # the cache indexes its blocks
+            self._runner.cache.put(CacheKey(PROMPT, cached.tokens), cached)
 
     def _fill_cached(self, unit: Unit, works: Sequence[PromptWork], results: list) -> None:
         """Rows 1..reused-1 of each member: the prefix's own tokens, from its entry."""

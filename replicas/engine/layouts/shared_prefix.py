@@ -51,6 +51,7 @@ from replicas.engine.layouts.stream import (
     stream_specs,
     stream_step,
 )
+from replicas.engine.prefix_index import QUERY, CacheKey
 from replicas.model.causal_lm import CausalLM
 
 
@@ -211,7 +212,7 @@ class SharedPrefixLayout:
     def _cached(self, work: ScoreWork) -> bool:
         buckets = self._runner.settings.token_buckets
         width = bucket_for(len(work.query_ids), buckets, "token_buckets")
-        return self._runner.cache.peek((work.query_ids, width)) is not None
+        return self._runner.cache.peek(CacheKey(QUERY, work.query_ids, width)) is not None
 
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
         fused, indices = self._split(works, indices, use_cache=True)
@@ -286,7 +287,7 @@ class SharedPrefixLayout:
         missing: dict[int, list[tuple[int, ...]]] = {}
         for query, blocks in blocks_of.items():
             key = (query, width)
-            copies = local.get(key) or self._runner.cache.get(key)
+            copies = local.get(key) or self._runner.cache.get(CacheKey(QUERY, query, width))
             if copies is not None:
                 local[key] = copies
             for home in self._homes(sorted(set(blocks)), copies, movable):
@@ -304,8 +305,7 @@ class SharedPrefixLayout:
         for query, entry in computed:
             key = (query, width)
             local[key] = (local.get(key) or PrefixCopies({})).with_entry(entry)
-            if self._runner.cache.put(key, local[key]):
-                self._extender.remember(query, key)
+            self._runner.cache.put(CacheKey(QUERY, query, width), local[key])
         for query, block in needs:
             entry = local[(query, width)].on(block, movable)
             if entry is None:  # _homes computes every block's copy that cannot be moved

@@ -21,11 +21,12 @@ import numpy as np
 
 from replicas.engine.layouts.common import SCORE_CHUNK, Spec, grouped, score_capacity
 from replicas.engine.layouts.prefix_blocks import KV_AXES, LAST_AXES
+from replicas.engine.prefix_index import PREFIX_BLOCK
 from replicas.model.causal_lm import CausalLM, CausalSpec, ItemStreamSpec, Params
 from replicas.model.lora import untag
 
 Array = jax.Array
-PREFIX_BLOCK = 16  # prefix reuse granularity (tokens); docs/benchmarks.md measures it
+__all__ = ["PREFIX_BLOCK"]  # re-exported: the prefix reuse granularity (prefix_index)
 BLOCK_AXES = ("batch", None, None)  # [B, T / PREFIX_BLOCK, D]
 
 
