@@ -198,6 +198,10 @@ class EmbedLayout:
             steps.append((EmbedDims(batch, tokens, embed_window(longest, tokens)), chunk))
         return steps
 
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """Every EmbedWork (an embedding model takes no other work)."""
+        return [i for i, work in enumerate(works) if isinstance(work, EmbedWork)]
+
     def plan(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         return [("embed", dims) for dims, _ in self._steps(self._rows(works, indices))]
 

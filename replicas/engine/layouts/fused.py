@@ -28,6 +28,7 @@ from replicas.engine.layouts.common import (
     labels_by_row,
     unpack,
 )
+from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
 from replicas.model.causal_lm import CausalLM
@@ -79,6 +80,11 @@ class FusedLayout:
         widths = [b for b in buckets if b & (b - 1) == 0 or b == buckets[-1]]
         rows = self._runner.groups
         return [("fused", DenseDims(rows, width, label_bucket(labels))) for width in widths]
+
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """Query-first ScoreWork small enough to fuse (the shared-prefix layout takes those
+        whose query is neither cached nor recurring out of its own selection)."""
+        return [i for i in multi_item_works(self._runner.settings, works) if self.fits(works[i])]
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""

@@ -26,6 +26,7 @@ from replicas.engine.layouts.common import (
     spread_row,
     unpack,
 )
+from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
 from replicas.model.causal_lm import CausalLM
@@ -82,6 +83,10 @@ class PackedReferenceLayout:
 
     def compile(self, kind: str, dims: Any) -> Any:
         return compile_dense(self._model, self._runner, dims)
+
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """Query-first ScoreWork with items (``contract.multi_item_works``)."""
+        return multi_item_works(self._runner.settings, works)
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""

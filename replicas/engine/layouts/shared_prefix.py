@@ -15,21 +15,19 @@ import itertools
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar
 
-import jax
 import numpy as np
 
 from replicas.contract import ScoreWork
 from replicas.engine.layouts.common import (
-    BucketDims,
     bucket_for,
     data_buckets,
     spread_block,
     step_capacity,
     unpack,
 )
+from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims
 from replicas.engine.layouts.fused import FusedLayout
 from replicas.engine.layouts.prefix_blocks import (
@@ -41,34 +39,17 @@ from replicas.engine.layouts.prefix_blocks import (
 from replicas.engine.layouts.prefix_extension import ExtendDims, PrefixExtender
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import (
+    PrefixDims,
     StreamDims,
     StreamUnit,
     batch_arguments,
+    compile_prefix,
+    compile_stream,
     exact_dims,
     pack_stream,
-    prefix_shardings,
-    prefix_step,
-    stream_specs,
-    stream_step,
 )
 from replicas.engine.prefix_index import QUERY, CacheKey
 from replicas.model.causal_lm import CausalLM
-
-
-@dataclass(frozen=True, order=True)
-class PrefixDims(BucketDims):
-    """The compiled shape of a prefix step: ``batch`` queries of ``tokens`` (padded) tokens.
-    Only the same width covers (the item stream reads the prefix at its own width)."""
-
-    batch: int
-    tokens: int
-
-    @property
-    def cost(self) -> int:
-        return self.batch * self.tokens
-
-    def covers(self, other: BucketDims) -> bool:
-        return super().covers(other) and self.tokens == other.tokens  # type: ignore[attr-defined]
 
 
 def chunk_items(
@@ -162,27 +143,19 @@ class SharedPrefixLayout:
     # -- compiling ----------------------------------------------------------------------
 
     def compile(self, kind: str, dims: Any) -> Any:
-        runner = self._runner
         if kind == "extend":
             return self._extender.compile(dims)
         if kind == "fused":
             return self._fused.compile(kind, dims)
-        if kind == "prefix":  # queries split over data; each stays on the block computing it
-            shardings = prefix_shardings(self._model, runner.sharding, dims)
-            step = jax.jit(partial(prefix_step, self._model), out_shardings=shardings)
-            shape = (dims.batch, dims.tokens)
-            specs = (
-                runner.spec(shape, np.int32, ("batch", "seq")),
-                runner.spec((dims.batch,), np.int32, ("batch",)),
-            )
-            return runner.lower(step, specs)
-        runner.ensure("prefix", PrefixDims(dims.batch, dims.prefix))
-        step = jax.jit(  # scores gathered once, readable by every host of a group
-            partial(stream_step, self._model, dims.window), out_shardings=runner.replicated
-        )
-        return runner.lower(step, stream_specs(self._model, runner.spec, dims, runner.groups))
+        if kind == "prefix":
+            return compile_prefix(self._model, self._runner, dims)
+        return compile_stream(self._model, self._runner, dims)
 
     # -- scoring ------------------------------------------------------------------------
+
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """Query-first ScoreWork with items (``contract.multi_item_works``)."""
+        return multi_item_works(self._runner.settings, works)
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run with nothing cached (warm-up compiles

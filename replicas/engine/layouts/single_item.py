@@ -27,6 +27,7 @@ from replicas.engine.layouts.common import (
     step_capacity,
     unpack,
 )
+from replicas.engine.layouts.contract import single_item_pairs
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
 from replicas.model.causal_lm import CausalLM
@@ -69,6 +70,10 @@ class SingleItemLayout:
 
     def compile(self, kind: str, dims: Any) -> Any:
         return compile_dense(self._model, self._runner, dims, "causal")
+
+    def select(self, works: Sequence[Any]) -> list[Pair]:
+        """Every item of ScoreWork no multi-item layout takes, as (work, item) rows."""
+        return single_item_pairs(self._runner.settings, works)
 
     def plan(self, works: Sequence[ScoreWork], pairs: Sequence[Pair]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""
