@@ -25,7 +25,6 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
-from cluster.sharding import named_sharding, replicated
 from replicas.contract import (
     EmbedWork,
     ModelInfo,
@@ -37,6 +36,7 @@ from replicas.engine.layouts.contract import Layout, multi_item
 from replicas.engine.layouts.embed import EmbedLayout, empty_result
 from replicas.engine.layouts.packed_reference import PackedReferenceLayout
 from replicas.engine.layouts.prompts import PromptLayout
+from replicas.engine.layouts.runner import Placement
 from replicas.engine.layouts.shared_prefix import SharedPrefixLayout
 from replicas.engine.layouts.single_item import SingleItemLayout
 from replicas.engine.lora_slots import AdapterSlots, refuse_without_slots, start_slots
@@ -88,14 +88,14 @@ class ScoringEngine:
         self._lora = start_slots(model, params, mesh, settings, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}
-        self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
+        self._model, self._params, self._settings = model, params, settings
         delimiter, head = settings.multi_item_scoring_delimiter, model.config.head
         pooling = model.config.pooling
         adapters = () if self._lora is None else self._lora.names
         self._info = ModelInfo(name, vocab, delimiter, settings.limits, head, pooling, adapters)
         has_lm_head = head is None and pooling is None
         self._completion_shapes = completion_shapes_for(settings, has_lm_head, name)
-        self._replicated = replicated(mesh)
+        self._placement = Placement(mesh)
         self._cache = QueryCache(settings.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time
         self._counters = {
@@ -338,23 +338,8 @@ class ScoringEngine:
         return self._cache
 
     @property
-    def replicated(self) -> Any:
-        return self._replicated
-
-    @property
-    def groups(self) -> int:
-        return int(self._mesh.shape["data"])
-
-    @property
-    def mesh(self) -> Mesh:
-        return self._mesh
-
-    def sharding(self, axes: tuple[str | None, ...], shape: tuple[int, ...]) -> Any:
-        return named_sharding(axes, shape, self._mesh)
-
-    def spec(self, shape: tuple[int, ...], dtype: Any, axes: tuple[str | None, ...] | None) -> Any:
-        sharding = self._replicated if axes is None else named_sharding(axes, shape, self._mesh)
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    def placement(self) -> Placement:
+        return self._placement
 
     def lower(self, step: Callable[..., Any], specs: tuple[Any, ...]) -> Any:
         return step.lower(self._params, *specs).compile()
@@ -374,13 +359,11 @@ class ScoringEngine:
     def run_device(self, kind: str, dims: Any, args: tuple[Any, ...]) -> Any:
         executable = self._compiler.executable(kind, dims)
         (_, *shardings), _ = executable.input_shardings  # params first
-        placed = jax.tree.map(partial(place, fallback=self._replicated), args, tuple(shardings))
+        fallback = self._placement.replicated
+        placed = jax.tree.map(partial(place, fallback=fallback), args, tuple(shardings))
         self._counters["steps"] += 1
         self.last_signatures.append((kind, dims))
         return executable(self._params, *placed)
-
-    def run(self, kind: str, dims: Any, args: tuple[Any, ...]) -> np.ndarray:
-        return np.asarray(self.run_device(kind, dims, args))
 
     def count_tokens(self, computed: int, useful: int) -> None:
         self._counters["computed_tokens"] += computed

@@ -79,7 +79,7 @@ def test_layouts_that_share_a_kind_declare_one_signature_for_it() -> None:
 
 def _runner(**settings: object) -> SimpleNamespace:
     values = ReplicaSettings(model="stub", **settings)  # type: ignore[arg-type]
-    return SimpleNamespace(settings=values, groups=1, cache=None)
+    return SimpleNamespace(settings=values, placement=SimpleNamespace(groups=1), cache=None)
 
 
 def test_each_layout_selects_its_own_works_and_together_they_cover_a_batch() -> None:

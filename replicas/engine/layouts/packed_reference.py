@@ -105,7 +105,7 @@ class PackedReferenceLayout:
         settings = self._runner.settings
         delimiter = settings.multi_item_scoring_delimiter
         rows = [r for i in indices for r in split_rows(works[i], i, settings.token_buckets[-1])]
-        buckets = data_buckets(settings.batch_buckets, self._runner.groups)
+        buckets = data_buckets(settings.batch_buckets, self._runner.placement.groups)
         for start in range(0, len(rows), buckets[-1]):
             step_rows = rows[start : start + buckets[-1]]
             packed = [_packed(works[r.work], r, delimiter) for r in step_rows]
@@ -127,7 +127,7 @@ class PackedReferenceLayout:
         tokens = np.zeros((dims.rows, dims.tokens), np.int32)
         positions = np.zeros_like(tokens)
         segments = np.full_like(tokens, PAD)
-        groups = self._runner.groups
+        groups = self._runner.placement.groups
         index = ScoreIndex(groups, dims.rows, dims.tokens)
         slots = []
         for i, (row, (tok, pos, seg, scored)) in enumerate(zip(rows, packed, strict=True)):
@@ -141,5 +141,5 @@ class PackedReferenceLayout:
         useful = sum(len(p[0]) for p in packed)
         self._runner.count_tokens(dims.rows * dims.tokens, useful)
         args = (tokens, positions, segments, index.rows, labels, index.count)
-        outputs = self._runner.run("dense", dims, args)
+        outputs = np.asarray(self._runner.run_device("dense", dims, args))
         unpack(outputs.reshape(-1, outputs.shape[-1]), slots, works, results)

@@ -95,16 +95,16 @@ class PrefixExtender:
         kv_out = (c.num_layers, dims.batch, dims.tokens, c.num_kv_heads, c.head_dim)
         rows = ("batch", "seq")
         specs = (
-            runner.spec(kv_in, self._model.dtype, KV_AXES),
-            runner.spec(kv_in, self._model.dtype, KV_AXES),
-            runner.spec((dims.batch, dims.prefix), np.bool_, rows),
-            *(runner.spec((dims.batch, dims.tokens), np.int32, rows) for _ in range(3)),
-            runner.spec((dims.batch,), np.int32, ("batch",)),
+            runner.placement.spec(kv_in, self._model.dtype, KV_AXES),
+            runner.placement.spec(kv_in, self._model.dtype, KV_AXES),
+            runner.placement.spec((dims.batch, dims.prefix), np.bool_, rows),
+            *(runner.placement.spec((dims.batch, dims.tokens), np.int32, rows) for _ in range(3)),
+            runner.placement.spec((dims.batch,), np.int32, ("batch",)),
         )
         out = (
-            runner.sharding(KV_AXES, kv_out),
-            runner.sharding(KV_AXES, kv_out),
-            runner.sharding(LAST_AXES, (dims.batch, c.hidden_size)),
+            runner.placement.sharding(KV_AXES, kv_out),
+            runner.placement.sharding(KV_AXES, kv_out),
+            runner.placement.sharding(LAST_AXES, (dims.batch, c.hidden_size)),
         )
         step = jax.jit(partial(extend_step, self._model), out_shardings=out)
         return runner.lower(step, specs)
@@ -145,7 +145,7 @@ class PrefixExtender:
             yield from self._run_step(step, width)
 
     def _dims(self, rows: int, reused: int, remaining: int) -> ExtendDims:
-        settings, groups = self._runner.settings, self._runner.groups
+        settings, groups = self._runner.settings, self._runner.placement.groups
         batch = bucket_for(rows, data_buckets(settings.batch_buckets, groups), "batch_buckets")
         prefix = bucket_for(reused, settings.token_buckets, "token_buckets")
         tokens = bucket_for(remaining, settings.token_buckets, "token_buckets")
@@ -154,7 +154,7 @@ class PrefixExtender:
     def _run_step(
         self, step: Sequence[Extension], width: int
     ) -> Iterator[tuple[tuple[int, ...], PrefixEntry]]:
-        runner, groups = self._runner, self._runner.groups
+        runner, groups = self._runner, self._runner.placement.groups
         reused = max(e.reused for e in step)
         remaining = max(len(e.query) - e.reused for e in step)
         dims = runner.resolve("extend", self._dims(groups, reused, remaining))
@@ -177,7 +177,7 @@ class PrefixExtender:
         c = self._model.config
         kv_shape = (c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size)
         keys_in, values_in, _ = assemble(
-            runner.mesh, entries, self._model.dtype, kv_shape, dims.prefix
+            runner.placement.mesh, entries, self._model.dtype, kv_shape, dims.prefix
         )
         args = (keys_in, values_in, valid, tokens, positions, item_ids, lengths)
         keys, values, lasts = runner.run_device("extend", dims, args)

@@ -99,7 +99,7 @@ class PromptLayout:
         largest batch bucket, the longest prefix, a whole step of stream tokens, the widest
         item window and 20 alternatives; every request the limits admit runs on these or
         smaller signatures."""
-        settings, groups = self._runner.settings, self._runner.groups
+        settings, groups = self._runner.settings, self._runner.placement.groups
         batch = data_buckets(settings.batch_buckets, groups)[-1]
         capacity = step_capacity(settings)
         tokens = bucket_for(capacity, settings.item_token_buckets, "item_token_buckets")
@@ -120,7 +120,7 @@ class PromptLayout:
         capacity = step_capacity(settings)
         limit = min(MAX_REMAINDER, capacity)
         use_cache = use_cache and settings.prefix_reuse
-        load = [0] * self._runner.groups
+        load = [0] * self._runner.placement.groups
         units: list[Unit] = []
         for w in indices:
             work = works[w]
@@ -174,7 +174,7 @@ class PromptLayout:
 
     def _prefix_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PrefixDims, list[Need]]]:
         """Prefixes to compute, one per ``prefix_key``, in steps of one width."""
-        settings, groups = self._runner.settings, self._runner.groups
+        settings, groups = self._runner.settings, self._runner.placement.groups
         buckets = data_buckets(settings.batch_buckets, groups)
         wanted: dict[tuple[Any, ...], int] = {}
         for unit in units:
@@ -195,7 +195,7 @@ class PromptLayout:
 
     def _stream_steps(self, units: Sequence[Unit]) -> Iterator[tuple[StreamDims, list[Unit]]]:
         """Units in steps of one prefix bucket, at most a batch bucket's rows per block."""
-        settings, groups = self._runner.settings, self._runner.groups
+        settings, groups = self._runner.settings, self._runner.placement.groups
         buckets = data_buckets(settings.batch_buckets, groups)
         smallest = settings.token_buckets[0]
 
@@ -264,7 +264,7 @@ class PromptLayout:
     def _run_prefixes(
         self, exact: PrefixDims, chunk: Sequence[Need]
     ) -> dict[tuple[Any, ...], CachedPrompt]:
-        runner, groups = self._runner, self._runner.groups
+        runner, groups = self._runner, self._runner.placement.groups
         dims = runner.resolve("prefix", exact)
         slots = dims.batch // groups
         tokens = np.zeros((dims.batch, dims.tokens), np.int32)
@@ -291,7 +291,7 @@ class PromptLayout:
         runner.count_tokens(dims.batch * dims.tokens, sum(len(p) for _, p, _ in placed))
         lp, best, ids = (np.asarray(a).reshape(-1, *a.shape[2:]) for a in (lp, best, ids))
         real = {b: len(prefix) for b, prefix, _ in placed}
-        entries = split_entries(runner.mesh, keys, values, lasts, real)
+        entries = split_entries(runner.placement.mesh, keys, values, lasts, real)
         states = row_pieces(blocks, 0, real.keys())
         out = {}
         for b, prefix, rows in placed:
@@ -327,7 +327,7 @@ class PromptLayout:
         self, exact: StreamDims, chunk: Sequence[Unit], works: Sequence[PromptWork],
         results: list,
     ) -> None:  # fmt: skip
-        runner, groups = self._runner, self._runner.groups
+        runner, groups = self._runner, self._runner.placement.groups
         dims = runner.resolve("items", exact)
         slots = dims.batch // groups
         b, s = dims.batch, dims.tokens
@@ -366,7 +366,9 @@ class PromptLayout:
                     wanted.append((row, unit.work, member, unit.reused + k + 1))
                 cursor = end
         kv_shape = _kv_shape(self._model)
-        prefixes = assemble(runner.mesh, entries, self._model.dtype, kv_shape, dims.prefix)
+        prefixes = assemble(
+            runner.placement.mesh, entries, self._model.dtype, kv_shape, dims.prefix
+        )
         args = (*prefixes, prefix_valid, tokens, positions, item_ids, index.rows,
                 targets.reshape(index.rows.shape), index.count)  # fmt: skip
         runner.count_tokens(b * s, sum(u.size for u in chunk))

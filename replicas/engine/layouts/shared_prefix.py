@@ -137,7 +137,7 @@ class SharedPrefixLayout:
         self._turn = -1  # whose turn to hold a query many blocks read (see _homes)
         self._extender = PrefixExtender(model, runner)
         self._fused = FusedLayout(model, runner)
-        groups = runner.groups
+        groups = runner.placement.groups
         self._recurrence = Recurrence(data_buckets(runner.settings.batch_buckets, groups)[-1])
 
     # -- compiling ----------------------------------------------------------------------
@@ -195,7 +195,7 @@ class SharedPrefixLayout:
         local: dict[tuple[Any, int], PrefixCopies] = {}  # this call's prefixes
         for exact, units in self._steps(works, indices):
             dims = self._runner.resolve("items", exact)
-            groups = self._runner.groups
+            groups = self._runner.placement.groups
             needs = [  # (query, the data block its row lands on)
                 (works[u.runs[0][0]].query_ids, spread_block(i, groups))
                 for i, u in enumerate(units)
@@ -205,12 +205,18 @@ class SharedPrefixLayout:
                 dataclasses.replace(u, prefix=entries[need])
                 for u, need in zip(units, needs, strict=True)
             ]
-            batch = pack_stream(units, works, dims, self._runner.groups)
+            batch = pack_stream(units, works, dims, self._runner.placement.groups)
             prefixes = assemble(
-                self._runner.mesh, batch.prefixes, self._model.dtype, self._kv_shape, dims.prefix
+                self._runner.placement.mesh,
+                batch.prefixes,
+                self._model.dtype,
+                self._kv_shape,
+                dims.prefix,
             )
             self._runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
-            outputs = self._runner.run("items", dims, batch_arguments(batch, prefixes))
+            outputs = np.asarray(
+                self._runner.run_device("items", dims, batch_arguments(batch, prefixes))
+            )
             unpack(outputs.reshape(-1, outputs.shape[-1]), batch.slots, works, results)
 
     @property
@@ -222,7 +228,7 @@ class SharedPrefixLayout:
         self, works: Sequence[ScoreWork], indices: Sequence[int]
     ) -> Iterator[tuple[StreamDims, list[StreamUnit]]]:
         """Units grouped by query bucket, up to the largest batch bucket per step."""
-        settings, groups = self._runner.settings, self._runner.groups
+        settings, groups = self._runner.settings, self._runner.placement.groups
         buckets = data_buckets(settings.batch_buckets, groups)
         capacity, per_step = step_capacity(settings), buckets[-1]
         # Spread a request over several rows only while the call has fewer requests than
@@ -252,7 +258,7 @@ class SharedPrefixLayout:
         """The entry each ``(query, data block)`` reads at ``width``: this call's, cached
         (moved from another block when it can be), or computed on that block, the missing
         ones batched into as few prefix steps as the batch buckets allow."""
-        movable = moves_between_blocks(self._runner.mesh)
+        movable = moves_between_blocks(self._runner.placement.mesh)
         blocks_of: dict[tuple[int, ...], list[int]] = {}
         for query, block in needs:
             blocks_of.setdefault(query, []).append(block)
@@ -301,7 +307,7 @@ class SharedPrefixLayout:
         self, missing: dict[int, list[tuple[int, ...]]], width: int
     ) -> Iterator[tuple[tuple[int, ...], PrefixEntry]]:
         """Each block's missing queries, computed in slots of that block."""
-        groups = self._runner.groups
+        groups = self._runner.placement.groups
         buckets = data_buckets(self._runner.settings.batch_buckets, groups)
         per_step = buckets[-1] // groups
         pending = {block: list(queries) for block, queries in missing.items()}
@@ -325,7 +331,7 @@ class SharedPrefixLayout:
             real = sum(len(query) for _, query in placed)
             self._runner.count_tokens(dims.batch * width, real)
             real_lengths = {b: len(query) for b, query in placed}
-            entries = split_entries(self._runner.mesh, *outputs, real_lengths)
+            entries = split_entries(self._runner.placement.mesh, *outputs, real_lengths)
             for b, query in placed:
                 yield query, entries[b]
 

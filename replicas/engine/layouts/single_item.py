@@ -93,7 +93,7 @@ class SingleItemLayout:
         capacity = step_capacity(settings) * settings.batch_buckets[-1]
         for length, rows in group_rows(works, pairs, settings.token_buckets, capacity):
             count = 1 << (len(rows) - 1).bit_length()  # a power of two >= the rows
-            count = data_multiple(count, self._runner.groups)
+            count = data_multiple(count, self._runner.placement.groups)
             labels = label_bucket(max(len(works[w].label_ids) for w, _ in rows))
             yield DenseDims(count, length, labels), rows
 
@@ -101,7 +101,7 @@ class SingleItemLayout:
         """The step's output ``[G * Rg, C]`` and the slots that read it."""
         tokens = np.zeros((dims.rows, dims.tokens), np.int32)
         lengths = np.ones((dims.rows,), np.int32)  # padding rows: one token, never read
-        groups = self._runner.groups
+        groups = self._runner.placement.groups
         index = ScoreIndex(groups, dims.rows, dims.tokens)
         slots = []
         for i, (work, item) in enumerate(rows):
@@ -114,5 +114,5 @@ class SingleItemLayout:
         labels = labels.reshape(*index.rows.shape, dims.labels)
         self._runner.count_tokens(dims.rows * dims.tokens, int(lengths[: len(rows)].sum()))
         args = (tokens, positions, lengths, index.rows, labels, index.count)
-        outputs = self._runner.run("rows", dims, args)
+        outputs = np.asarray(self._runner.run_device("rows", dims, args))
         return outputs.reshape(-1, outputs.shape[-1]), slots

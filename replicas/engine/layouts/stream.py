@@ -317,14 +317,14 @@ def compile_prefix(model: CausalLM, runner: Any, dims: PrefixDims) -> Any:
     """The prefix step of ``dims``, compiled through the runner: prefixes split over
     ``data``, each left on the block computing it; a prompt prefix's log-probs come back
     whole."""
+    placement = runner.placement
+    specs = prefix_specs(placement.spec, dims.batch, dims.tokens, placement.groups)
     if dims.top_k:
-        placed = prefix_out_shardings(model, runner.sharding, dims.batch, dims.tokens)
-        whole = runner.replicated
+        placed = prefix_out_shardings(model, placement.sharding, dims.batch, dims.tokens)
+        whole = placement.replicated
         out: tuple[Any, ...] = (*placed, whole, whole, whole)
-        specs = prefix_specs(runner.spec, dims.batch, dims.tokens, runner.groups)
-    else:
-        out = prefix_shardings(model, runner.sharding, dims)
-        specs = prefix_specs(runner.spec, dims.batch, dims.tokens, runner.groups)[:2]
+    else:  # tokens and lengths only
+        out, specs = prefix_shardings(model, placement.sharding, dims), specs[:2]
     step = jax.jit(partial(prefix_step, model, dims.top_k), out_shardings=out)
     return runner.lower(step, specs)
 
@@ -332,9 +332,10 @@ def compile_prefix(model: CausalLM, runner: Any, dims: PrefixDims) -> Any:
 def compile_stream(model: CausalLM, runner: Any, dims: StreamDims) -> Any:
     """The item-stream step of ``dims``, compiled through the runner (a query stream's prefix
     step of the same batch and width first: every query stream reads one)."""
+    placement = runner.placement
     if not dims.top_k:
         runner.ensure("prefix", PrefixDims(dims.batch, dims.prefix))
     step = jax.jit(  # scores gathered once, readable by every host of a group
-        partial(stream_step, model, dims.window, dims.top_k), out_shardings=runner.replicated
+        partial(stream_step, model, dims.window, dims.top_k), out_shardings=placement.replicated
     )
-    return runner.lower(step, stream_specs(model, runner.spec, dims, runner.groups))
+    return runner.lower(step, stream_specs(model, placement.spec, dims, placement.groups))
