@@ -147,7 +147,9 @@ def floor_parts(engine: Any, loaded: Any, work: Any, repeats: int) -> dict[str, 
     kind, dims, args = calls[-1]
     executable = engine.executables()[(kind, dims)]
     (_, *shardings), _ = executable.input_shardings
-    placed = jax.tree.map(partial(place, fallback=engine.replicated), args, tuple(shardings))
+    placed = jax.tree.map(
+        partial(place, fallback=engine.placement.replicated), args, tuple(shardings)
+    )
     run_s = timed(lambda: executable(params, *placed).block_until_ready(), repeats)
 
     noop = jax.jit(lambda x: x + 1)

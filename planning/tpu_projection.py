@@ -92,7 +92,7 @@ def workload_steps(engine: Any, shape: tuple[int, int, int, int], batch: int) ->
     token = 2 if engine.settings.model.multi_item_scoring_delimiter == 1 else 1
     work = ScoreWork((token,) * query, ((token,) * item_tokens,) * items, tuple(range(labels)))
     runs = Counter(key for key in engine.plan([work] * batch) if key[0] == "items")
-    buckets = data_buckets(engine.settings.engine.batch_buckets, engine.groups)
+    buckets = data_buckets(engine.settings.engine.batch_buckets, engine.placement.groups)
     width = next(iter(runs))[1].prefix
     for start in range(0, batch, buckets[-1]):
         queries = min(buckets[-1], batch - start)

@@ -1,16 +1,20 @@
 """The query cache (semantics 9): per-layer keys/values of recent queries.
 
-Keyed by the query's token ids and the prefix bucket it was computed at; least recently
-used entries are evicted to stay within ``capacity_bytes``; an entry larger than the whole
-budget is not cached. A hit runs only the items, with the same executables a miss uses, so
-warm scores equal cold scores bit for bit.
+Keyed by ``prefix_index.CacheKey`` (what the entry is, its token ids and, for a query, the
+prefix bucket it was computed at); least recently used entries are evicted to stay within
+``capacity_bytes``; an entry larger than the whole budget is not cached. A hit runs only the
+items, with the same executables a miss uses, so warm scores equal cold scores bit for bit.
+Every ``CacheKey`` entry is also registered in the cache's one ``PrefixIndex``, so ``longest``
+finds the longest cached block-aligned prefix of new tokens, of the kind asked for.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
+
+from replicas.engine.prefix_index import PREFIX_BLOCK, CacheKey, PrefixIndex
 
 
 class Sized(Protocol):
@@ -21,9 +25,10 @@ class Sized(Protocol):
 class QueryCache:
     """LRU of prefix entries bounded in bytes; counts hits and misses."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, block: int = PREFIX_BLOCK) -> None:
         self.capacity_bytes = capacity_bytes
         self._entries: OrderedDict[Hashable, Sized] = OrderedDict()
+        self._index = PrefixIndex(block)
         self.bytes = 0
         self.hits = 0
         self.misses = 0
@@ -71,12 +76,35 @@ class QueryCache:
             self.bytes -= evicted.nbytes
         self._entries[key] = entry
         self.bytes += size
+        if isinstance(key, CacheKey):
+            if self._index.full:  # forget evicted entries' blocks
+                self._index.rebuild(k for k in self._entries if isinstance(k, CacheKey))
+            self._index.add(key)
         return True
+
+    def longest(
+        self,
+        kind: str,
+        tokens: Sequence[int],
+        limit: int,
+        accept: Callable[[Sized], bool] = lambda entry: True,
+    ) -> tuple[int, CacheKey | None, Sized | None]:
+        """The longest cached ``kind`` prefix of ``tokens`` (a whole number of blocks, at
+        most ``limit`` tokens) whose entry ``accept`` takes: ``(r, key, entry)``, or
+        ``(0, None, None)``. Nothing is counted or touched."""
+
+        def live(key: CacheKey) -> bool:
+            entry = self._entries.get(key)
+            return entry is not None and accept(entry)
+
+        reused, key = self._index.longest(kind, tokens, limit, live)
+        return (reused, key, self._entries[key]) if key is not None else (0, None, None)
 
     def clear(self) -> None:
         """Drop every entry (an adapter slot changed hands: its tagged keys would read the
         old adapter's keys and values); the counters stay."""
         self._entries.clear()
+        self._index.clear()
         self.bytes = 0
 
     def stats(self) -> dict[str, int]:

@@ -1,14 +1,14 @@
 """The scoring engine: token-id work in, label log-probabilities out.
 
-It validates work and hands each kind to its layout: multi-item ScoreWork to the
-shared-prefix layout (small works fused, with ``fused_step_tokens``) or, with ``layout:
-packed_reference``, the packed reference; other ScoreWork (no delimiter, or ``item_first``)
-to the single-item layout; PromptWork to the prompt layout; EmbedWork (an embedding model)
-to the embedding layout. It implements what layouts need to run (``layouts.runner.Runner``):
-compiled steps by signature (``compiler.StepCompiler``, with covering look-ups and
-background compiles), the query cache, arguments placed on the mesh, and counters. Returns
-per work a float32 ``[items, labels]`` array, a list of PromptLogprobs, or float32
-``[inputs, dimension]`` vectors.
+It validates work and hands each layout (``layouts.contract.Layout``) the works it selects:
+multi-item ScoreWork to the shared-prefix layout (small works fused, with
+``fused_step_tokens``) or, with ``layout: packed_reference``, the packed reference; other
+ScoreWork (no delimiter, or ``item_first``) to the single-item layout; PromptWork to the
+prompt layout; EmbedWork (an embedding model) to the embedding layout. It implements what
+layouts need to run (``layouts.runner.Runner``): compiled steps by signature
+(``compiler.StepCompiler``, with covering look-ups and background compiles), the query
+cache, arguments placed on the mesh, and counters. Returns per work a float32 ``[items,
+labels]`` array, a list of PromptLogprobs, or float32 ``[inputs, dimension]`` vectors.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
-from cluster.sharding import named_sharding, replicated
 from replicas.contract import (
     EmbedWork,
     ModelInfo,
@@ -33,9 +32,11 @@ from replicas.contract import (
     ScoreWork,
 )
 from replicas.engine.compiler import StepCompiler
+from replicas.engine.layouts.contract import Layout, multi_item
 from replicas.engine.layouts.embed import EmbedLayout, empty_result
 from replicas.engine.layouts.packed_reference import PackedReferenceLayout
 from replicas.engine.layouts.prompts import PromptLayout
+from replicas.engine.layouts.runner import Placement
 from replicas.engine.layouts.shared_prefix import SharedPrefixLayout
 from replicas.engine.layouts.single_item import SingleItemLayout
 from replicas.engine.lora_slots import AdapterSlots, refuse_without_slots, start_slots
@@ -87,14 +88,14 @@ class ScoringEngine:
         self._lora = start_slots(model, params, mesh, settings.adapters, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}
-        self._model, self._params, self._mesh, self._settings = model, params, mesh, settings
+        self._model, self._params, self._settings = model, params, settings
         delimiter, head = settings.model.multi_item_scoring_delimiter, model.config.head
         pooling = model.config.pooling
         adapters = () if self._lora is None else self._lora.names
         self._info = ModelInfo(name, vocab, delimiter, settings.limits, head, pooling, adapters)
         has_lm_head = head is None and pooling is None
         self._completion_shapes = completion_shapes_for(settings.warmup, has_lm_head, name)
-        self._replicated = replicated(mesh)
+        self._placement = Placement(mesh)
         self._cache = QueryCache(settings.engine.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time
         self._counters = {
@@ -115,8 +116,11 @@ class ScoringEngine:
         )
         self._prompts = PromptLayout(model, self)
         self._embed = EmbedLayout(model, self, dense) if pooling is not None else None
-        layouts = (self._single, self._multi, self._prompts, *filter(None, [self._embed]))
-        owners = {kind: layout for layout in layouts for kind in layout.kinds}
+        # In the order they score a batch (and plan one).
+        self._layouts: tuple[Layout, ...] = (
+            *filter(None, [self._embed]), self._multi, self._single, self._prompts,
+        )  # fmt: skip
+        owners = step_owners(self._layouts)
         identity = record_identity(name, model, params, mesh, settings)  # the record's owner
         self._compiler = StepCompiler(
             lambda kind, dims: owners[kind].compile(kind, dims),
@@ -188,7 +192,7 @@ class ScoringEngine:
 
     def uses_multi_item(self, work: ScoreWork) -> bool:
         """Multi-item layouts serve query-first work; item_first goes through single-item."""
-        return self._settings.model.multi_item and not work.item_first
+        return multi_item(self._settings, work)
 
     def validate(self, work: ScoreWork | PromptWork | EmbedWork) -> None:
         """Raise ScoringError for work that must not run."""
@@ -220,16 +224,11 @@ class ScoringEngine:
 
     # -- scoring ------------------------------------------------------------------------
 
-    def _route(self, works: Sequence[Any]) -> tuple[list[int], list[tuple[int, int]], list[int]]:
-        """Works for the multi-item layout, (work, item) rows for the single-item one, and
-        prompt works."""
-        prompts = [i for i, w in enumerate(works) if isinstance(w, PromptWork) and w.num_items]
-        scoring = [(i, w) for i, w in enumerate(works) if isinstance(w, ScoreWork)]
-        multi = [i for i, w in scoring if self.uses_multi_item(w) and w.num_items]
-        pairs = [
-            (i, j) for i, w in scoring if not self.uses_multi_item(w) for j in range(w.num_items)
-        ]
-        return multi, pairs, prompts
+    def _route(self, works: Sequence[Any]) -> list[tuple[Layout, list[Any]]]:
+        """Each layout with what it selects of ``works`` (layouts selecting nothing left
+        out), in scoring order."""
+        routed = [(layout, layout.select(works)) for layout in self._layouts]
+        return [(layout, selected) for layout, selected in routed if selected]
 
     def score_batch(self, works: Sequence[ScoreWork | PromptWork | EmbedWork]) -> list[Any]:
         """Per work, in order: a ScoreWork's float32 ``[items, labels]`` log-probs, a
@@ -238,21 +237,15 @@ class ScoringEngine:
         for work in works:
             self.validate(work)
         results: list[Any] = [empty_result(w, self._info) for w in works]
-        multi, pairs, prompts = self._route(works)
+        routed = self._route(works)
         with self._lock:
             if self._lora is not None:  # each work's token ids carry its adapter's slot
                 works = [self._lora.tag(work) for work in works]
             self.last_signatures = []
             start = time.perf_counter()
             try:
-                if self._embed is not None:  # an embedding model: only EmbedWork (validate)
-                    self._embed.score(works, range(len(works)), results)
-                if multi:
-                    self._multi.score(works, multi, results)
-                if pairs:
-                    self._single.score(works, pairs, results)
-                if prompts:
-                    self._prompts.score(works, prompts, results)
+                for layout, selected in routed:  # tagging changes no selection
+                    layout.score(works, selected, results)
             finally:
                 self._engine_seconds += time.perf_counter() - start
         return results
@@ -306,12 +299,9 @@ class ScoringEngine:
     def plan(self, works: Sequence[ScoreWork | PromptWork]) -> list[tuple[str, Any]]:
         """The exact signatures scoring ``works`` as one batch would run (prompt works: as
         if nothing were cached)."""
-        if self._embed is not None:
-            return self._embed.plan(works, range(len(works)))  # type: ignore[arg-type]
-        multi, pairs, prompts = self._route(works)
-        keys = self._multi.plan(works, multi) if multi else []
-        keys += self._prompts.plan(works, prompts) if prompts else []
-        return keys + (self._single.plan(works, pairs) if pairs else [])
+        return [
+            key for layout, selected in self._route(works) for key in layout.plan(works, selected)
+        ]
 
     def compile_keys(self, keys: Sequence[tuple[str, Any]]) -> int:
         """Compile ``(kind, dims)`` signatures at start-up (nothing is scored). The configured
@@ -348,23 +338,8 @@ class ScoringEngine:
         return self._cache
 
     @property
-    def replicated(self) -> Any:
-        return self._replicated
-
-    @property
-    def groups(self) -> int:
-        return int(self._mesh.shape["data"])
-
-    @property
-    def mesh(self) -> Mesh:
-        return self._mesh
-
-    def sharding(self, axes: tuple[str | None, ...], shape: tuple[int, ...]) -> Any:
-        return named_sharding(axes, shape, self._mesh)
-
-    def spec(self, shape: tuple[int, ...], dtype: Any, axes: tuple[str | None, ...] | None) -> Any:
-        sharding = self._replicated if axes is None else named_sharding(axes, shape, self._mesh)
-        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    def placement(self) -> Placement:
+        return self._placement
 
     def lower(self, step: Callable[..., Any], specs: tuple[Any, ...]) -> Any:
         return step.lower(self._params, *specs).compile()
@@ -384,13 +359,11 @@ class ScoringEngine:
     def run_device(self, kind: str, dims: Any, args: tuple[Any, ...]) -> Any:
         executable = self._compiler.executable(kind, dims)
         (_, *shardings), _ = executable.input_shardings  # params first
-        placed = jax.tree.map(partial(place, fallback=self._replicated), args, tuple(shardings))
+        fallback = self._placement.replicated
+        placed = jax.tree.map(partial(place, fallback=fallback), args, tuple(shardings))
         self._counters["steps"] += 1
         self.last_signatures.append((kind, dims))
         return executable(self._params, *placed)
-
-    def run(self, kind: str, dims: Any, args: tuple[Any, ...]) -> np.ndarray:
-        return np.asarray(self.run_device(kind, dims, args))
 
     def count_tokens(self, computed: int, useful: int) -> None:
         self._counters["computed_tokens"] += computed
@@ -400,6 +373,19 @@ class ScoringEngine:
         self._counters["prompt_tokens"] += computed + reused
         self._counters["computed_prompt_tokens"] += computed
         self._counters["reused_prefix_tokens"] += reused
+
+
+def step_owners(layouts: Sequence[Layout]) -> dict[str, Layout]:
+    """The layout that compiles each step kind: the first declaring it. Layouts sharing a
+    kind declare the same dims type (they compile it alike, ``stream.compile_prefix`` /
+    ``compile_stream``)."""
+    owners: dict[str, Layout] = {}
+    for layout in layouts:
+        for kind, dims_type in layout.kinds.items():
+            owner = owners.setdefault(kind, layout)
+            if owner.kinds[kind] is not dims_type:
+                raise TypeError(f"step kind {kind}: {owner} and {layout} declare other dims")
+    return owners
 
 
 def place(value: Any, sharding: Any, fallback: Any) -> Any:

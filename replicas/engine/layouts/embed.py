@@ -136,20 +136,20 @@ class EmbedLayout:
         runner = self._runner
         step = jax.jit(
             partial(embed_step, self._model, dims.window, self._head.pooling),
-            out_shardings=runner.replicated,
+            out_shardings=runner.placement.replicated,
         )
         b, s, m = dims.batch, dims.tokens, slots(dims.tokens)
         rows = ("batch", "seq")
         c = self._model.config
         kv = (c.num_layers, b, EMPTY_PREFIX, c.num_kv_heads, c.head_dim)
         specs = (
-            runner.spec(kv, self._model.dtype, KV_AXES),
-            runner.spec((b, s), np.int32, rows),
-            runner.spec((b, s), np.int32, rows),
-            runner.spec((b, s), np.int32, rows),
-            runner.spec((b, m), np.int32, ("batch", None)),
-            runner.spec((b, s), np.int32, rows),
-            runner.spec((b, m), np.float32, ("batch", None)),
+            runner.placement.spec(kv, self._model.dtype, KV_AXES),
+            runner.placement.spec((b, s), np.int32, rows),
+            runner.placement.spec((b, s), np.int32, rows),
+            runner.placement.spec((b, s), np.int32, rows),
+            runner.placement.spec((b, m), np.int32, ("batch", None)),
+            runner.placement.spec((b, s), np.int32, rows),
+            runner.placement.spec((b, m), np.float32, ("batch", None)),
         )
         return runner.lower(step, specs)
 
@@ -186,7 +186,7 @@ class EmbedLayout:
         return rows
 
     def _steps(self, rows: list[list[Piece]]) -> list[tuple[EmbedDims, list[list[Piece]]]]:
-        engine, groups = self._runner.settings.engine, self._runner.groups
+        engine, groups = self._runner.settings.engine, self._runner.placement.groups
         per_step = data_buckets(engine.batch_buckets, groups)[-1]
         steps = []
         for start in range(0, len(rows), per_step):
@@ -198,6 +198,10 @@ class EmbedLayout:
             steps.append((EmbedDims(batch, tokens, embed_window(longest, tokens)), chunk))
         return steps
 
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """Every EmbedWork (an embedding model takes no other work)."""
+        return [i for i, work in enumerate(works) if isinstance(work, EmbedWork)]
+
     def plan(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         return [("embed", dims) for dims, _ in self._steps(self._rows(works, indices))]
 
@@ -205,7 +209,7 @@ class EmbedLayout:
         """One row of each token bucket about four times the one before up to the step's
         capacity (its window the whole row, so it covers every smaller input), and the
         fullest step (the largest batch bucket of full rows)."""
-        engine, groups = self._runner.settings.engine, self._runner.groups
+        engine, groups = self._runner.settings.engine, self._runner.placement.groups
         capacity = self._capacity()
         smallest = data_buckets(engine.batch_buckets, groups)[0]
         keys, last = [], 0
@@ -262,7 +266,7 @@ class EmbedLayout:
             segments,
             counts,
         )
-        pooled = runner.run("embed", dims, args)  # [B, M, D]
+        pooled = np.asarray(runner.run_device("embed", dims, args))  # [B, M, D]
         for r, row in enumerate(chunk):
             vectors = finish(pooled[r, : len(row)], self._head, self._dense)
             for n, piece in enumerate(row):

@@ -28,6 +28,7 @@ from replicas.engine.layouts.common import (
     labels_by_row,
     unpack,
 )
+from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
 from replicas.model.causal_lm import CausalLM
@@ -77,8 +78,13 @@ class FusedLayout:
         in the background), for ``labels`` labels."""
         buckets = [b for b in self._runner.settings.engine.token_buckets if b <= self.capacity]
         widths = [b for b in buckets if b & (b - 1) == 0 or b == buckets[-1]]
-        rows = self._runner.groups
+        rows = self._runner.placement.groups
         return [("fused", DenseDims(rows, width, label_bucket(labels))) for width in widths]
+
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """Query-first ScoreWork small enough to fuse (the shared-prefix layout takes those
+        whose query is neither cached nor recurring out of its own selection)."""
+        return [i for i in multi_item_works(self._runner.settings, works) if self.fits(works[i])]
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""
@@ -93,7 +99,7 @@ class FusedLayout:
     ) -> Iterator[tuple[DenseDims, list[list[int]]]]:
         """Works in arrival order, each into the emptiest of the step's rows (one per data
         shard) while it fits ``capacity``; else a new step."""
-        groups, budget = self._runner.groups, self.capacity
+        groups, budget = self._runner.placement.groups, self.capacity
         rows: list[list[int]] = [[] for _ in range(groups)]
         fill = [0] * groups
         for i in indices:
@@ -118,7 +124,7 @@ class FusedLayout:
         shape = (dims.rows, dims.tokens)
         tokens, positions = np.zeros(shape, np.int32), np.zeros(shape, np.int32)
         segments, owners = np.full(shape, PAD, np.int32), np.full(shape, -1, np.int32)
-        index = ScoreIndex(self._runner.groups, dims.rows, dims.tokens)
+        index = ScoreIndex(self._runner.placement.groups, dims.rows, dims.tokens)
         slots = []
         for r, row in enumerate(rows):
             cursor = 0
@@ -142,5 +148,5 @@ class FusedLayout:
         useful = sum(fused_length(works[i]) for row in rows for i in row)
         self._runner.count_tokens(dims.rows * dims.tokens, useful)
         args = (tokens, positions, segments, owners, index.rows, labels, index.count)
-        outputs = self._runner.run("fused", dims, args)
+        outputs = np.asarray(self._runner.run_device("fused", dims, args))
         unpack(outputs.reshape(-1, outputs.shape[-1]), slots, works, results)

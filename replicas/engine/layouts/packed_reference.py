@@ -26,6 +26,7 @@ from replicas.engine.layouts.common import (
     spread_row,
     unpack,
 )
+from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
 from replicas.model.causal_lm import CausalLM
@@ -83,6 +84,10 @@ class PackedReferenceLayout:
     def compile(self, kind: str, dims: Any) -> Any:
         return compile_dense(self._model, self._runner, dims)
 
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """Query-first ScoreWork with items (``contract.multi_item_works``)."""
+        return multi_item_works(self._runner.settings, works)
+
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""
         return [("dense", dims) for dims, _, _ in self._steps(works, indices)]
@@ -100,7 +105,7 @@ class PackedReferenceLayout:
         engine = self._runner.settings.engine
         delimiter = self._runner.settings.model.multi_item_scoring_delimiter
         rows = [r for i in indices for r in split_rows(works[i], i, engine.token_buckets[-1])]
-        buckets = data_buckets(engine.batch_buckets, self._runner.groups)
+        buckets = data_buckets(engine.batch_buckets, self._runner.placement.groups)
         for start in range(0, len(rows), buckets[-1]):
             step_rows = rows[start : start + buckets[-1]]
             packed = [_packed(works[r.work], r, delimiter) for r in step_rows]
@@ -122,7 +127,7 @@ class PackedReferenceLayout:
         tokens = np.zeros((dims.rows, dims.tokens), np.int32)
         positions = np.zeros_like(tokens)
         segments = np.full_like(tokens, PAD)
-        groups = self._runner.groups
+        groups = self._runner.placement.groups
         index = ScoreIndex(groups, dims.rows, dims.tokens)
         slots = []
         for i, (row, (tok, pos, seg, scored)) in enumerate(zip(rows, packed, strict=True)):
@@ -136,5 +141,5 @@ class PackedReferenceLayout:
         useful = sum(len(p[0]) for p in packed)
         self._runner.count_tokens(dims.rows * dims.tokens, useful)
         args = (tokens, positions, segments, index.rows, labels, index.count)
-        outputs = self._runner.run("dense", dims, args)
+        outputs = np.asarray(self._runner.run_device("dense", dims, args))
         unpack(outputs.reshape(-1, outputs.shape[-1]), slots, works, results)

@@ -32,8 +32,7 @@ from replicas.engine.layouts.prefix_blocks import (
     row_pieces,
 )
 from replicas.engine.layouts.runner import Runner
-from replicas.engine.layouts.token_steps import PREFIX_BLOCK
-from replicas.engine.prefix_index import PrefixIndex
+from replicas.engine.prefix_index import PREFIX_BLOCK, QUERY
 from replicas.model.causal_lm import CausalLM, ItemStreamSpec, Params
 
 Array = jax.Array
@@ -83,21 +82,12 @@ class Extension:
     home: int
 
 
-@dataclass(frozen=True)
-class CachedQuery:
-    """What the index finds: a cached query's tokens and its entries by data block."""
-
-    tokens: tuple[int, ...]
-    copies: Any  # shared_prefix.PrefixCopies
-
-
 class PrefixExtender:
     """Finds, batches and runs extensions for the shared-prefix layout."""
 
     def __init__(self, model: CausalLM, runner: Runner) -> None:
         self._model = model
         self._runner = runner
-        self._index = PrefixIndex(PREFIX_BLOCK)
 
     def compile(self, dims: ExtendDims) -> Any:
         runner, c = self._runner, self._model.config
@@ -105,26 +95,19 @@ class PrefixExtender:
         kv_out = (c.num_layers, dims.batch, dims.tokens, c.num_kv_heads, c.head_dim)
         rows = ("batch", "seq")
         specs = (
-            runner.spec(kv_in, self._model.dtype, KV_AXES),
-            runner.spec(kv_in, self._model.dtype, KV_AXES),
-            runner.spec((dims.batch, dims.prefix), np.bool_, rows),
-            *(runner.spec((dims.batch, dims.tokens), np.int32, rows) for _ in range(3)),
-            runner.spec((dims.batch,), np.int32, ("batch",)),
+            runner.placement.spec(kv_in, self._model.dtype, KV_AXES),
+            runner.placement.spec(kv_in, self._model.dtype, KV_AXES),
+            runner.placement.spec((dims.batch, dims.prefix), np.bool_, rows),
+            *(runner.placement.spec((dims.batch, dims.tokens), np.int32, rows) for _ in range(3)),
+            runner.placement.spec((dims.batch,), np.int32, ("batch",)),
         )
         out = (
-            runner.sharding(KV_AXES, kv_out),
-            runner.sharding(KV_AXES, kv_out),
-            runner.sharding(LAST_AXES, (dims.batch, c.hidden_size)),
+            runner.placement.sharding(KV_AXES, kv_out),
+            runner.placement.sharding(KV_AXES, kv_out),
+            runner.placement.sharding(LAST_AXES, (dims.batch, c.hidden_size)),
         )
         step = jax.jit(partial(extend_step, self._model), out_shardings=out)
         return runner.lower(step, specs)
-
-    def remember(self, query: tuple[int, ...], key: Any) -> None:
-        """Index a cached query's blocks (``key``: its query-cache key)."""
-        cache = self._runner.cache
-        if self._index.full:
-            self._index.rebuild((k[0], k) for k in cache.cached_keys() if _is_query_key(k))
-        self._index.add(query, key)
 
     def plan(
         self, query: tuple[int, ...], home: int, width: int, movable: bool
@@ -133,10 +116,10 @@ class PrefixExtender:
         ``width`` otherwise), or None."""
         if len(query) <= PREFIX_BLOCK or not self._runner.settings.engine.prefix_reuse:
             return None
-        reused, found = self._index.longest(query, len(query) - 1, self._find)
-        if found is None:
+        reused, _, copies = self._runner.cache.longest(QUERY, query, len(query) - 1)
+        if copies is None:
             return None
-        base = found.copies.on(home, movable)
+        base = copies.on(home, movable)  # type: ignore[attr-defined]
         if base is None:
             return None
         exact = self._dims(1, reused, len(query) - reused)
@@ -162,7 +145,7 @@ class PrefixExtender:
             yield from self._run_step(step, width)
 
     def _dims(self, rows: int, reused: int, remaining: int) -> ExtendDims:
-        engine, groups = self._runner.settings.engine, self._runner.groups
+        engine, groups = self._runner.settings.engine, self._runner.placement.groups
         batch = bucket_for(rows, data_buckets(engine.batch_buckets, groups), "batch_buckets")
         prefix = bucket_for(reused, engine.token_buckets, "token_buckets")
         tokens = bucket_for(remaining, engine.token_buckets, "token_buckets")
@@ -171,7 +154,7 @@ class PrefixExtender:
     def _run_step(
         self, step: Sequence[Extension], width: int
     ) -> Iterator[tuple[tuple[int, ...], PrefixEntry]]:
-        runner, groups = self._runner, self._runner.groups
+        runner, groups = self._runner, self._runner.placement.groups
         reused = max(e.reused for e in step)
         remaining = max(len(e.query) - e.reused for e in step)
         dims = runner.resolve("extend", self._dims(groups, reused, remaining))
@@ -194,7 +177,7 @@ class PrefixExtender:
         c = self._model.config
         kv_shape = (c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size)
         keys_in, values_in, _ = assemble(
-            runner.mesh, entries, self._model.dtype, kv_shape, dims.prefix
+            runner.placement.mesh, entries, self._model.dtype, kv_shape, dims.prefix
         )
         args = (keys_in, values_in, valid, tokens, positions, item_ids, lengths)
         keys, values, lasts = runner.run_device("extend", dims, args)
@@ -232,14 +215,6 @@ class PrefixExtender:
                 )
             block = e.home
             yield e.query, PrefixEntry(*joined, last_pieces[b], len(e.query), width, block, nbytes)
-
-    def _find(self, key: Any) -> CachedQuery | None:
-        copies = self._runner.cache.peek(key)
-        return CachedQuery(key[0], copies) if copies is not None else None
-
-
-def _is_query_key(key: Any) -> bool:
-    return isinstance(key, tuple) and len(key) == 2 and isinstance(key[1], int)
 
 
 def _read(base: PrefixEntry, reused: int, width: int) -> PrefixEntry:

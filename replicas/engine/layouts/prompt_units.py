@@ -1,7 +1,7 @@
-"""The prompt layout's step shapes and units (semantics 14 and 15): a prefix step's and a
-stream step's compiled dimensions, a prefix kept in the query cache, and the prompts of one
-work that run behind one prefix in one stream row (``prompts.PromptLayout`` plans and runs
-them), and how units and needs are cut into steps."""
+"""The prompt layout's units (semantics 14 and 15): a prefix kept in the query cache, the
+prompts of one work that run behind one prefix in one stream row (``prompts.PromptLayout``
+plans and runs them, in ``stream``'s prefix and item-stream steps with the token head), and
+how units and needs are cut into steps."""
 
 from __future__ import annotations
 
@@ -13,41 +13,12 @@ import jax
 import numpy as np
 
 from replicas.contract import PromptWork
-from replicas.engine.layouts.common import BucketDims
 from replicas.engine.layouts.prefix_blocks import PrefixEntry, fit_width
 from replicas.engine.layouts.prompt_plan import chunk_members, least_loaded
 from replicas.engine.layouts.token_steps import PREFIX_BLOCK
 
 MAX_REMAINDER = 512  # the most tokens of one prompt run behind a prefix (an item)
 Need = tuple[int, tuple[int, ...], int, tuple[Any, ...]]  # (block, tokens, top_k, prefix key)
-
-
-@dataclass(frozen=True, order=True)
-class PromptPrefixDims(BucketDims):
-    """A prompt prefix step: ``batch`` prefixes of ``tokens``, ``top_k`` alternatives."""
-
-    batch: int
-    tokens: int
-    top_k: int
-
-    @property
-    def cost(self) -> int:
-        return self.batch * self.tokens
-
-
-@dataclass(frozen=True, order=True)
-class PromptStreamDims(BucketDims):
-    """A prompt item-stream step (``StreamDims`` with ``top_k`` in place of labels)."""
-
-    batch: int
-    prefix: int
-    tokens: int
-    window: int
-    top_k: int
-
-    @property
-    def cost(self) -> int:
-        return self.batch * (self.tokens + self.prefix) * 64 + self.window + self.top_k
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """The prompt log-likelihood layout (semantics 14 and 15): every prompt token scored.
 
 A request's prompts are grouped by shared prefix (``prompt_plan``); a group's prefix runs
-once through ``prompt_prefix_step`` (its own tokens scored there) or is read from the query
-cache, matched by the longest cached prefix at block granularity; each prompt's remaining
-tokens run as an item of an item stream behind it (``prompt_stream_step``), scored at every
-token. A cached prefix keeps its keys/values, hidden states at block ends (a prompt sharing
-only its first blocks reads the state there) and the log-probs and top-k of its own tokens,
-so echoing a cached prefix computes nothing of it.
+once through the prefix step with the token head (``stream.prefix_step`` with ``top_k``: its
+own tokens scored there) or is read from the query cache, matched by the longest cached
+prefix at block granularity; each prompt's remaining tokens run as an item of an item stream
+behind it (``stream.stream_step`` with ``top_k``), scored at every token. A cached prefix
+keeps its keys/values, hidden states at block ends (a prompt sharing only its first blocks
+reads the state there) and the log-probs and top-k of its own tokens, so echoing a cached
+prefix computes nothing of it.
 
 Each unit runs on the data block that holds its prefix, so no prefix moves between chips.
 """
@@ -15,10 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from functools import partial
 from typing import Any, ClassVar
 
-import jax
 import numpy as np
 
 from replicas.contract import MAX_TOP_LOGPROBS, PromptLogprobs, PromptWork
@@ -29,6 +28,7 @@ from replicas.engine.layouts.common import (
     label_bucket,
     step_capacity,
 )
+from replicas.engine.layouts.contract import prompt_works
 from replicas.engine.layouts.prefix_blocks import (
     PrefixEntry,
     assemble,
@@ -48,74 +48,58 @@ from replicas.engine.layouts.prompt_units import (
     MAX_REMAINDER,
     CachedPrompt,
     Need,
-    PromptPrefixDims,
-    PromptStreamDims,
     Unit,
     block_chunks,
     packed_units,
     per_block_counts,
 )
 from replicas.engine.layouts.runner import Runner
-from replicas.engine.layouts.stream import window_for
-from replicas.engine.layouts.token_steps import (
-    PREFIX_BLOCK,
-    prefix_out_shardings,
-    prefix_specs,
-    prompt_prefix_step,
-    prompt_stream_step,
-    stream_token_specs,
+from replicas.engine.layouts.stream import (
+    PrefixDims,
+    StreamDims,
+    compile_prefix,
+    compile_stream,
+    window_for,
 )
-from replicas.engine.prefix_index import PrefixIndex
+from replicas.engine.layouts.token_steps import PREFIX_BLOCK
+from replicas.engine.prefix_index import PROMPT, CacheKey
 from replicas.model.causal_lm import CausalLM
 
 
 class PromptLayout:
     """Packs, runs and unpacks PromptWork through prompt prefix and item-stream steps."""
 
-    kinds: ClassVar[dict[str, type]] = {
-        "prompt_prefix": PromptPrefixDims,
-        "prompt_items": PromptStreamDims,
-    }
+    kinds: ClassVar[dict[str, type]] = {"prefix": PrefixDims, "items": StreamDims}
 
     def __init__(self, model: CausalLM, runner: Runner) -> None:
         self._model = model
         self._runner = runner
-        self._index = PrefixIndex(PREFIX_BLOCK)
 
     # -- compiling ----------------------------------------------------------------------
 
     def compile(self, kind: str, dims: Any) -> Any:
-        runner, groups = self._runner, self._runner.groups
-        whole = runner.replicated
-        if kind == "prompt_prefix":
-            placed = prefix_out_shardings(self._model, runner.sharding, dims.batch, dims.tokens)
-            step = jax.jit(
-                partial(prompt_prefix_step, self._model, dims.top_k),
-                out_shardings=(*placed, whole, whole, whole),
-            )
-            return runner.lower(step, prefix_specs(runner.spec, dims.batch, dims.tokens, groups))
-        step = jax.jit(
-            partial(prompt_stream_step, self._model, dims.window, dims.top_k), out_shardings=whole
-        )
-        specs = stream_token_specs(
-            self._model, runner.spec, dims.batch, dims.prefix, dims.tokens, groups
-        )
-        return runner.lower(step, specs)
+        if kind == "prefix":
+            return compile_prefix(self._model, self._runner, dims)
+        return compile_stream(self._model, self._runner, dims)
 
     # -- planning -----------------------------------------------------------------------
+
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """PromptWork with prompts."""
+        return prompt_works(works)
 
     def plan(self, works: Sequence[PromptWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The signatures a cold call (nothing cached) would run."""
         units = self._units(works, indices, use_cache=False)
-        keys = [("prompt_prefix", dims) for dims, _ in self._prefix_steps(units)]
-        return keys + [("prompt_items", dims) for dims, _ in self._stream_steps(units)]
+        keys = [("prefix", dims) for dims, _ in self._prefix_steps(units)]
+        return keys + [("items", dims) for dims, _ in self._stream_steps(units)]
 
     def full_keys(self, shapes: Sequence[tuple[int, int, int, int]]) -> list[tuple[str, Any]]:
         """The fullest steps of prompts up to each shape's length (limit_to_warmup): the
         largest batch bucket, the longest prefix, a whole step of stream tokens, the widest
         item window and 20 alternatives; every request the limits admit runs on these or
         smaller signatures."""
-        engine, groups = self._runner.settings.engine, self._runner.groups
+        engine, groups = self._runner.settings.engine, self._runner.placement.groups
         batch = data_buckets(engine.batch_buckets, groups)[-1]
         capacity = step_capacity(engine)
         tokens = bucket_for(capacity, engine.item_token_buckets, "item_token_buckets")
@@ -125,8 +109,8 @@ class PromptLayout:
         for prefix, _, after, _ in shapes:
             longest = max(block_floor(prefix + after - 1, PREFIX_BLOCK), engine.token_buckets[0])
             width = bucket_for(longest, engine.token_buckets, "token_buckets")
-            keys.append(("prompt_prefix", PromptPrefixDims(batch, width, top_k)))
-            keys.append(("prompt_items", PromptStreamDims(batch, width, tokens, window, top_k)))
+            keys.append(("prefix", PrefixDims(batch, width, top_k)))
+            keys.append(("items", StreamDims(batch, width, tokens, window, 0, top_k)))
         return keys
 
     def _units(
@@ -136,7 +120,7 @@ class PromptLayout:
         capacity = step_capacity(engine)
         limit = min(MAX_REMAINDER, capacity)
         use_cache = use_cache and engine.prefix_reuse
-        load = [0] * self._runner.groups
+        load = [0] * self._runner.placement.groups
         units: list[Unit] = []
         for w in indices:
             work = works[w]
@@ -174,25 +158,23 @@ class PromptLayout:
         """The cached prefix worth reading for a group (how many tokens), or (0, None)."""
         if not use_cache or prefix == 0 or self._runner.cache.capacity_bytes == 0:
             return 0, None
-        reused, found = self._index.longest(prompts[0], prefix, self._find(top_k))
+        reused, key, found = self._runner.cache.longest(
+            PROMPT,
+            prompts[0],
+            prefix,
+            lambda entry: entry.top_k >= top_k,  # type: ignore[attr-defined]
+        )
         remainders_fit = all(len(p) - reused <= MAX_REMAINDER for p in prompts)
-        if found is None or not remainders_fit or not reuse_pays(reused, prefix, len(prompts)):
+        if key is None or not remainders_fit or not reuse_pays(reused, prefix, len(prompts)):
             return 0, None
-        self._runner.cache.touch(("prompt", found.tokens))
-        return reused, found
-
-    def _find(self, top_k: int) -> Any:
-        def find(key: Any) -> CachedPrompt | None:
-            entry = self._runner.cache.peek(key)
-            return entry if isinstance(entry, CachedPrompt) and entry.top_k >= top_k else None
-
-        return find
+        self._runner.cache.touch(key)
+        return reused, found  # type: ignore[return-value]
 
     # -- steps --------------------------------------------------------------------------
 
-    def _prefix_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PromptPrefixDims, list[Need]]]:
+    def _prefix_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PrefixDims, list[Need]]]:
         """Prefixes to compute, one per ``prefix_key``, in steps of one width."""
-        engine, groups = self._runner.settings.engine, self._runner.groups
+        engine, groups = self._runner.settings.engine, self._runner.placement.groups
         buckets = data_buckets(engine.batch_buckets, groups)
         wanted: dict[tuple[Any, ...], int] = {}
         for unit in units:
@@ -209,11 +191,11 @@ class PromptLayout:
                 fullest = max(per_block_counts(chunk, groups))
                 batch = bucket_for(fullest * groups, buckets, "batch_buckets")
                 top_k = max(need[2] for need in chunk)
-                yield PromptPrefixDims(batch, width, top_k), chunk
+                yield PrefixDims(batch, width, top_k), chunk
 
-    def _stream_steps(self, units: Sequence[Unit]) -> Iterator[tuple[PromptStreamDims, list[Unit]]]:
+    def _stream_steps(self, units: Sequence[Unit]) -> Iterator[tuple[StreamDims, list[Unit]]]:
         """Units in steps of one prefix bucket, at most a batch bucket's rows per block."""
-        engine, groups = self._runner.settings.engine, self._runner.groups
+        engine, groups = self._runner.settings.engine, self._runner.placement.groups
         buckets = data_buckets(engine.batch_buckets, groups)
         smallest = engine.token_buckets[0]
 
@@ -232,11 +214,12 @@ class PromptLayout:
                 )
                 longest = max(len(item) for u in chunk for item in u.items)
                 yield (
-                    PromptStreamDims(
+                    StreamDims(
                         batch=bucket_for(fullest * groups, buckets, "batch_buckets"),
                         prefix=prefix,
                         tokens=tokens,
                         window=window_for(longest, tokens),
+                        labels=0,  # the token head: every scored token, top_k alternatives
                         top_k=max(u.top_k for u in chunk),
                     ),
                     chunk,
@@ -279,10 +262,10 @@ class PromptLayout:
         self._runner.count_prompt_tokens(computed, reused)
 
     def _run_prefixes(
-        self, exact: PromptPrefixDims, chunk: Sequence[Need]
+        self, exact: PrefixDims, chunk: Sequence[Need]
     ) -> dict[tuple[Any, ...], CachedPrompt]:
-        runner, groups = self._runner, self._runner.groups
-        dims = runner.resolve("prompt_prefix", exact)
+        runner, groups = self._runner, self._runner.placement.groups
+        dims = runner.resolve("prefix", exact)
         slots = dims.batch // groups
         tokens = np.zeros((dims.batch, dims.tokens), np.int32)
         lengths = np.ones((dims.batch,), np.int32)
@@ -304,11 +287,11 @@ class PromptLayout:
                 rows.append(row)
             placed.append((b, prefix, rows))
         args = (tokens, lengths, index.rows, targets.reshape(index.rows.shape), index.count)
-        keys, values, lasts, blocks, lp, best, ids = runner.run_device("prompt_prefix", dims, args)
+        keys, values, lasts, blocks, lp, best, ids = runner.run_device("prefix", dims, args)
         runner.count_tokens(dims.batch * dims.tokens, sum(len(p) for _, p, _ in placed))
         lp, best, ids = (np.asarray(a).reshape(-1, *a.shape[2:]) for a in (lp, best, ids))
         real = {b: len(prefix) for b, prefix, _ in placed}
-        entries = split_entries(runner.mesh, keys, values, lasts, real)
+        entries = split_entries(runner.placement.mesh, keys, values, lasts, real)
         states = row_pieces(blocks, 0, real.keys())
         out = {}
         for b, prefix, rows in placed:
@@ -325,13 +308,8 @@ class PromptLayout:
         return out
 
     def _remember(self, cached: CachedPrompt) -> None:
-        cache, reuse = self._runner.cache, self._runner.settings.engine.prefix_reuse
-        if reuse and cache.put(("prompt", cached.tokens), cached):
-            if self._index.full:
-                live = [(e.tokens, ("prompt", e.tokens)) for e in cache.entries()
-                        if isinstance(e, CachedPrompt)]  # fmt: skip
-                self._index.rebuild(live)
-            self._index.add(cached.tokens, ("prompt", cached.tokens))
+        if self._runner.settings.engine.prefix_reuse:  # the cache indexes its blocks
+            self._runner.cache.put(CacheKey(PROMPT, cached.tokens), cached)
 
     def _fill_cached(self, unit: Unit, works: Sequence[PromptWork], results: list) -> None:
         """Rows 1..reused-1 of each member: the prefix's own tokens, from its entry."""
@@ -346,11 +324,11 @@ class PromptLayout:
             out.top_logprobs[1:r] = source.top_logprobs[1:r, :k]
 
     def _run_stream(
-        self, exact: PromptStreamDims, chunk: Sequence[Unit], works: Sequence[PromptWork],
+        self, exact: StreamDims, chunk: Sequence[Unit], works: Sequence[PromptWork],
         results: list,
     ) -> None:  # fmt: skip
-        runner, groups = self._runner, self._runner.groups
-        dims = runner.resolve("prompt_items", exact)
+        runner, groups = self._runner, self._runner.placement.groups
+        dims = runner.resolve("items", exact)
         slots = dims.batch // groups
         b, s = dims.batch, dims.tokens
         tokens = np.zeros((b, s), np.int32)
@@ -388,11 +366,13 @@ class PromptLayout:
                     wanted.append((row, unit.work, member, unit.reused + k + 1))
                 cursor = end
         kv_shape = _kv_shape(self._model)
-        prefixes = assemble(runner.mesh, entries, self._model.dtype, kv_shape, dims.prefix)
+        prefixes = assemble(
+            runner.placement.mesh, entries, self._model.dtype, kv_shape, dims.prefix
+        )
         args = (*prefixes, prefix_valid, tokens, positions, item_ids, index.rows,
                 targets.reshape(index.rows.shape), index.count)  # fmt: skip
         runner.count_tokens(b * s, sum(u.size for u in chunk))
-        lp, best, ids = (np.asarray(a) for a in runner.run_device("prompt_items", dims, args))
+        lp, best, ids = (np.asarray(a) for a in runner.run_device("items", dims, args))
         lp, best, ids = lp.reshape(-1), best.reshape(-1, dims.top_k), ids.reshape(-1, dims.top_k)
         for row, w, member, j in wanted:
             out, k = results[w][member], max(works[w].top_k, 1)

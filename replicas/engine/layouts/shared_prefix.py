@@ -15,21 +15,19 @@ import itertools
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, ClassVar
 
-import jax
 import numpy as np
 
 from replicas.contract import ScoreWork
 from replicas.engine.layouts.common import (
-    BucketDims,
     bucket_for,
     data_buckets,
     spread_block,
     step_capacity,
     unpack,
 )
+from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims
 from replicas.engine.layouts.fused import FusedLayout
 from replicas.engine.layouts.prefix_blocks import (
@@ -41,33 +39,17 @@ from replicas.engine.layouts.prefix_blocks import (
 from replicas.engine.layouts.prefix_extension import ExtendDims, PrefixExtender
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import (
+    PrefixDims,
     StreamDims,
     StreamUnit,
     batch_arguments,
+    compile_prefix,
+    compile_stream,
     exact_dims,
     pack_stream,
-    prefix_shardings,
-    prefix_step,
-    stream_specs,
-    stream_step,
 )
+from replicas.engine.prefix_index import QUERY, CacheKey
 from replicas.model.causal_lm import CausalLM
-
-
-@dataclass(frozen=True, order=True)
-class PrefixDims(BucketDims):
-    """The compiled shape of a prefix step: ``batch`` queries of ``tokens`` (padded) tokens.
-    Only the same width covers (the item stream reads the prefix at its own width)."""
-
-    batch: int
-    tokens: int
-
-    @property
-    def cost(self) -> int:
-        return self.batch * self.tokens
-
-    def covers(self, other: BucketDims) -> bool:
-        return super().covers(other) and self.tokens == other.tokens  # type: ignore[attr-defined]
 
 
 def chunk_items(
@@ -155,33 +137,25 @@ class SharedPrefixLayout:
         self._turn = -1  # whose turn to hold a query many blocks read (see _homes)
         self._extender = PrefixExtender(model, runner)
         self._fused = FusedLayout(model, runner)
-        groups, engine = runner.groups, runner.settings.engine
+        groups, engine = runner.placement.groups, runner.settings.engine
         self._recurrence = Recurrence(data_buckets(engine.batch_buckets, groups)[-1])
 
     # -- compiling ----------------------------------------------------------------------
 
     def compile(self, kind: str, dims: Any) -> Any:
-        runner = self._runner
         if kind == "extend":
             return self._extender.compile(dims)
         if kind == "fused":
             return self._fused.compile(kind, dims)
-        if kind == "prefix":  # queries split over data; each stays on the block computing it
-            shardings = prefix_shardings(self._model, runner.sharding, dims)
-            step = jax.jit(partial(prefix_step, self._model), out_shardings=shardings)
-            shape = (dims.batch, dims.tokens)
-            specs = (
-                runner.spec(shape, np.int32, ("batch", "seq")),
-                runner.spec((dims.batch,), np.int32, ("batch",)),
-            )
-            return runner.lower(step, specs)
-        runner.ensure("prefix", PrefixDims(dims.batch, dims.prefix))
-        step = jax.jit(  # scores gathered once, readable by every host of a group
-            partial(stream_step, self._model, dims.window), out_shardings=runner.replicated
-        )
-        return runner.lower(step, stream_specs(self._model, runner.spec, dims, runner.groups))
+        if kind == "prefix":
+            return compile_prefix(self._model, self._runner, dims)
+        return compile_stream(self._model, self._runner, dims)
 
     # -- scoring ------------------------------------------------------------------------
+
+    def select(self, works: Sequence[Any]) -> list[int]:
+        """Query-first ScoreWork with items (``contract.multi_item_works``)."""
+        return multi_item_works(self._runner.settings, works)
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run with nothing cached (warm-up compiles
@@ -211,7 +185,7 @@ class SharedPrefixLayout:
     def _cached(self, work: ScoreWork) -> bool:
         buckets = self._runner.settings.engine.token_buckets
         width = bucket_for(len(work.query_ids), buckets, "token_buckets")
-        return self._runner.cache.peek((work.query_ids, width)) is not None
+        return self._runner.cache.peek(CacheKey(QUERY, work.query_ids, width)) is not None
 
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
         fused, indices = self._split(works, indices, use_cache=True)
@@ -221,7 +195,7 @@ class SharedPrefixLayout:
         local: dict[tuple[Any, int], PrefixCopies] = {}  # this call's prefixes
         for exact, units in self._steps(works, indices):
             dims = self._runner.resolve("items", exact)
-            groups = self._runner.groups
+            groups = self._runner.placement.groups
             needs = [  # (query, the data block its row lands on)
                 (works[u.runs[0][0]].query_ids, spread_block(i, groups))
                 for i, u in enumerate(units)
@@ -231,12 +205,18 @@ class SharedPrefixLayout:
                 dataclasses.replace(u, prefix=entries[need])
                 for u, need in zip(units, needs, strict=True)
             ]
-            batch = pack_stream(units, works, dims, self._runner.groups)
+            batch = pack_stream(units, works, dims, self._runner.placement.groups)
             prefixes = assemble(
-                self._runner.mesh, batch.prefixes, self._model.dtype, self._kv_shape, dims.prefix
+                self._runner.placement.mesh,
+                batch.prefixes,
+                self._model.dtype,
+                self._kv_shape,
+                dims.prefix,
             )
             self._runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
-            outputs = self._runner.run("items", dims, batch_arguments(batch, prefixes))
+            outputs = np.asarray(
+                self._runner.run_device("items", dims, batch_arguments(batch, prefixes))
+            )
             unpack(outputs.reshape(-1, outputs.shape[-1]), batch.slots, works, results)
 
     @property
@@ -248,7 +228,7 @@ class SharedPrefixLayout:
         self, works: Sequence[ScoreWork], indices: Sequence[int]
     ) -> Iterator[tuple[StreamDims, list[StreamUnit]]]:
         """Units grouped by query bucket, up to the largest batch bucket per step."""
-        engine, groups = self._runner.settings.engine, self._runner.groups
+        engine, groups = self._runner.settings.engine, self._runner.placement.groups
         buckets = data_buckets(engine.batch_buckets, groups)
         capacity, per_step = step_capacity(engine), buckets[-1]
         # Spread a request over several rows only while the call has fewer requests than
@@ -278,7 +258,7 @@ class SharedPrefixLayout:
         """The entry each ``(query, data block)`` reads at ``width``: this call's, cached
         (moved from another block when it can be), or computed on that block, the missing
         ones batched into as few prefix steps as the batch buckets allow."""
-        movable = moves_between_blocks(self._runner.mesh)
+        movable = moves_between_blocks(self._runner.placement.mesh)
         blocks_of: dict[tuple[int, ...], list[int]] = {}
         for query, block in needs:
             blocks_of.setdefault(query, []).append(block)
@@ -286,7 +266,7 @@ class SharedPrefixLayout:
         missing: dict[int, list[tuple[int, ...]]] = {}
         for query, blocks in blocks_of.items():
             key = (query, width)
-            copies = local.get(key) or self._runner.cache.get(key)
+            copies = local.get(key) or self._runner.cache.get(CacheKey(QUERY, query, width))
             if copies is not None:
                 local[key] = copies
             for home in self._homes(sorted(set(blocks)), copies, movable):
@@ -304,8 +284,7 @@ class SharedPrefixLayout:
         for query, entry in computed:
             key = (query, width)
             local[key] = (local.get(key) or PrefixCopies({})).with_entry(entry)
-            if self._runner.cache.put(key, local[key]):
-                self._extender.remember(query, key)
+            self._runner.cache.put(CacheKey(QUERY, query, width), local[key])
         for query, block in needs:
             entry = local[(query, width)].on(block, movable)
             if entry is None:  # _homes computes every block's copy that cannot be moved
@@ -328,7 +307,7 @@ class SharedPrefixLayout:
         self, missing: dict[int, list[tuple[int, ...]]], width: int
     ) -> Iterator[tuple[tuple[int, ...], PrefixEntry]]:
         """Each block's missing queries, computed in slots of that block."""
-        groups = self._runner.groups
+        groups = self._runner.placement.groups
         buckets = data_buckets(self._runner.settings.engine.batch_buckets, groups)
         per_step = buckets[-1] // groups
         pending = {block: list(queries) for block, queries in missing.items()}
@@ -352,7 +331,7 @@ class SharedPrefixLayout:
             real = sum(len(query) for _, query in placed)
             self._runner.count_tokens(dims.batch * width, real)
             real_lengths = {b: len(query) for b, query in placed}
-            entries = split_entries(self._runner.mesh, *outputs, real_lengths)
+            entries = split_entries(self._runner.placement.mesh, *outputs, real_lengths)
             for b, query in placed:
                 yield query, entries[b]
 

@@ -27,6 +27,7 @@ from replicas.engine.layouts.common import (
     step_capacity,
     unpack,
 )
+from replicas.engine.layouts.contract import single_item_pairs
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
 from replicas.model.causal_lm import CausalLM
@@ -70,6 +71,10 @@ class SingleItemLayout:
     def compile(self, kind: str, dims: Any) -> Any:
         return compile_dense(self._model, self._runner, dims, "causal")
 
+    def select(self, works: Sequence[Any]) -> list[Pair]:
+        """Every item of ScoreWork no multi-item layout takes, as (work, item) rows."""
+        return single_item_pairs(self._runner.settings, works)
+
     def plan(self, works: Sequence[ScoreWork], pairs: Sequence[Pair]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""
         return [("rows", dims) for dims, _ in self._steps(works, pairs)]
@@ -88,7 +93,7 @@ class SingleItemLayout:
         capacity = step_capacity(engine) * engine.batch_buckets[-1]
         for length, rows in group_rows(works, pairs, engine.token_buckets, capacity):
             count = 1 << (len(rows) - 1).bit_length()  # a power of two >= the rows
-            count = data_multiple(count, self._runner.groups)
+            count = data_multiple(count, self._runner.placement.groups)
             labels = label_bucket(max(len(works[w].label_ids) for w, _ in rows))
             yield DenseDims(count, length, labels), rows
 
@@ -96,7 +101,7 @@ class SingleItemLayout:
         """The step's output ``[G * Rg, C]`` and the slots that read it."""
         tokens = np.zeros((dims.rows, dims.tokens), np.int32)
         lengths = np.ones((dims.rows,), np.int32)  # padding rows: one token, never read
-        groups = self._runner.groups
+        groups = self._runner.placement.groups
         index = ScoreIndex(groups, dims.rows, dims.tokens)
         slots = []
         for i, (work, item) in enumerate(rows):
@@ -109,5 +114,5 @@ class SingleItemLayout:
         labels = labels.reshape(*index.rows.shape, dims.labels)
         self._runner.count_tokens(dims.rows * dims.tokens, int(lengths[: len(rows)].sum()))
         args = (tokens, positions, lengths, index.rows, labels, index.count)
-        outputs = self._runner.run("rows", dims, args)
+        outputs = np.asarray(self._runner.run_device("rows", dims, args))
         return outputs.reshape(-1, outputs.shape[-1]), slots

@@ -1,18 +1,26 @@
-"""The item-stream step: items end to end in one flat token stream behind shared prefixes.
+"""The two steps every token layout shares: the prefix step and the item-stream step.
 
-The shared-prefix layout's steps (the prefix is the query, computed once by ``prefix_step``
-or taken from the query cache). Single-item rows do not run here (they are causal rows,
-``dense.causal_step``); the prompt, embedding and prefix-extension steps run the same stream
-attention (``CausalLM.stream_hidden``) in steps of their own and take ``window_for`` from
-here. A step's compiled shape is ``StreamDims``: requests B, prefix tokens T, stream tokens
-S, the item window W (longest item allowed) and labels C. Per-token metadata (item id,
-position ``len(query) + k``) comes from lengths, never from searching token ids.
+``prefix_step`` computes prefixes from position 0 (a /v1/score query, a prompt group's
+shared blocks); ``stream_step`` runs items end to end in one flat token stream behind shared
+prefixes (a query's items, prompts' remaining tokens). Both pick what they score by a
+scored-position selector (``rows`` into each data shard's hidden states, ``count`` real rows)
+and one of two heads, chosen by the signature: label log-probs (``labels`` > 0, /v1/score) or
+every scored token's own log-prob and its ``top_k`` best (``top_k`` > 0, prompt
+log-likelihood; ``token_steps.score_tokens``). A prefix step with ``top_k`` 0 scores nothing.
+The compiled program is one per head, as before the two were one kind each: a head is a static
+field of the signature, so a score step never pays a vocabulary top-k and a prompt step never
+label gathers. Single-item rows do not run here (they are causal rows, ``dense.causal_step``);
+the embedding and prefix-extension steps run the same stream attention
+(``CausalLM.stream_hidden``) in steps of their own and take ``window_for`` from here. Per-token
+metadata (item id, position ``len(query) + k``) comes from lengths, never from searching token
+ids.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import jax
@@ -34,6 +42,12 @@ from replicas.engine.layouts.common import (
     spread_row,
 )
 from replicas.engine.layouts.prefix_blocks import KV_AXES, LAST_AXES, PrefixEntry
+from replicas.engine.layouts.token_steps import (
+    PREFIX_BLOCK,
+    prefix_out_shardings,
+    prefix_specs,
+    score_tokens,
+)
 from replicas.model.causal_lm import CausalLM, CausalSpec, ItemStreamSpec, Params
 
 Array = jax.Array
@@ -71,18 +85,49 @@ class StreamUnit:
 
 @dataclass(frozen=True, order=True)
 class StreamDims(BucketDims):
-    """The compiled shape of one item-stream step."""
+    """The compiled shape of one item-stream step: requests B, prefix tokens T, stream
+    tokens S, the item window W (longest item allowed) and its head: ``labels`` C (label
+    log-probs of each item's last token) or ``top_k`` (every token scored, prompts)."""
 
     batch: int
     prefix: int
     tokens: int
     window: int
     labels: int
+    top_k: int = 0
 
     @property
     def cost(self) -> int:
         """Rough work of a step: every stream token plus each request's prefix."""
-        return self.batch * (self.tokens + self.prefix) * 64 + self.window + self.labels
+        return (
+            self.batch * (self.tokens + self.prefix) * 64 + self.window + self.labels + self.top_k
+        )
+
+    def covers(self, other: BucketDims) -> bool:
+        """Field by field, and only within one head."""
+        return (self.top_k > 0) == (other.top_k > 0) and super().covers(other)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True, order=True)
+class PrefixDims(BucketDims):
+    """The compiled shape of a prefix step: ``batch`` prefixes of ``tokens`` (padded)
+    tokens; ``top_k`` > 0: its own tokens scored with that many alternatives (prompts). A
+    query prefix (``top_k`` 0) is covered only at its own width (the item stream reads the
+    prefix at its own width); a prompt prefix by any wider one."""
+
+    batch: int
+    tokens: int
+    top_k: int = 0
+
+    @property
+    def cost(self) -> int:
+        return self.batch * self.tokens
+
+    def covers(self, other: BucketDims) -> bool:
+        if (self.top_k > 0) != (other.top_k > 0):  # type: ignore[attr-defined]
+            return False
+        same_width = self.top_k > 0 or self.tokens == other.tokens  # type: ignore[attr-defined]
+        return super().covers(other) and same_width
 
 
 def window_for(longest_item: int, tokens: int) -> int:
@@ -169,38 +214,57 @@ def pack_stream(
 def stream_step(
     model: CausalLM,
     window: int,
+    top_k: int,
     params: Params,
     prefix_keys: Array,  # [layers, B, T, K, Dh]
     prefix_values: Array,  # [layers, B, T, K, Dh]
-    prefix_lasts: Array,  # [B, D]
+    prefix_lasts: Array,  # [B, D]: the state after each row's (read) prefix
     prefix_valid: Array,  # [B, T]
     tokens: Array,  # [B, S]
     positions: Array,  # [B, S]
     item_ids: Array,  # [B, S]
-    rows: Array,  # [G, Rg]
-    labels: Array,  # [G, Rg, C]
+    rows: Array,  # [G, Rg]: the scored positions, into each group's B / G * S + B / G
+    scored: Array,  # [G, Rg, C] label ids (top_k 0), or [G, Rg] each row's target token
     count: Array,  # []
-) -> Array:
-    """Label log-probs ``[G, Rg, C]`` of every item of the stream (rows past ``count``:
-    zeros). Rows are independent, so with B sharded over ``data`` each shard runs its own."""
+) -> Array | tuple[Array, Array, Array]:
+    """The stream's scored rows (past ``count``: zeros): label log-probs ``[G, Rg, C]``, or
+    with ``top_k`` each row's target log-prob ``[G, Rg]`` and its top-k log-probs and ids
+    ``[G, Rg, k]``. Rows are independent, so with B sharded over ``data`` each shard runs
+    its own."""
     spec = ItemStreamSpec(prefix_valid=prefix_valid, item_ids=item_ids, window=window)
     hidden = model.stream_hidden(params, tokens, positions, spec, prefix_keys, prefix_values)
     groups = rows.shape[0]
     lasts = prefix_lasts[:, None]  # [B, 1, D]
     states = jnp.concatenate([grouped(hidden, groups), grouped(lasts, groups)], axis=1)
-    return score_rows(model, params, states, rows, labels, count)
+    if top_k:
+        return score_tokens(model, params, states, rows, scored, count, top_k)
+    return score_rows(model, params, states, rows, scored, count)
 
 
 def prefix_step(
-    model: CausalLM, params: Params, tokens: Array, lengths: Array
-) -> tuple[Array, Array, Array]:
-    """Queries ``tokens [B, T]`` (``lengths [B]`` real tokens each, >= 1) -> keys, values
-    ``[layers, B, T, K, Dh]`` and each query's last real hidden state ``[B, D]``, left on
-    the data shard that computed them (``prefix_blocks.split_entries`` cuts them apart)."""
+    model: CausalLM,
+    top_k: int,
+    params: Params,
+    tokens: Array,  # [B, T]
+    lengths: Array,  # [B], >= 1
+    *scored: Array,  # top_k > 0: rows [G, Rg] into each group's B / G * T, targets, count
+) -> tuple[Array, ...]:
+    """Prefixes ``tokens [B, T]`` (``lengths [B]`` real tokens each) -> keys, values
+    ``[layers, B, T, K, Dh]`` and each prefix's last real hidden state ``[B, D]``, left on
+    the data shard that computed them (``prefix_blocks.split_entries`` cuts them apart);
+    with ``top_k`` also the hidden states at block ends ``[B, T / PREFIX_BLOCK, D]``
+    (position ``PREFIX_BLOCK * (j + 1) - 1``) and the scored rows' log-probs and top-k."""
     batch, width = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(width, dtype=jnp.int32)[None], (batch, width))
     hidden, keys, values = model.hidden_and_kv(params, tokens, positions, CausalSpec(lengths))
-    return keys, values, hidden[jnp.arange(batch), lengths - 1]
+    lasts = hidden[jnp.arange(batch), lengths - 1]
+    if not top_k:
+        return keys, values, lasts
+    blocks = hidden[:, PREFIX_BLOCK - 1 : width // PREFIX_BLOCK * PREFIX_BLOCK : PREFIX_BLOCK]
+    rows, targets, count = scored
+    states = grouped(hidden, rows.shape[0])
+    scores = score_tokens(model, params, states, rows, targets, count, top_k)
+    return keys, values, lasts, blocks, *scores
 
 
 def prefix_shardings(model: CausalLM, sharding: Any, dims: Any) -> tuple[Any, Any, Any]:
@@ -232,7 +296,9 @@ def stream_specs(model: CausalLM, spec: Spec, dims: StreamDims, groups: int) -> 
     c = model.config
     b, t, s = dims.batch, dims.prefix, dims.tokens
     kv = spec((c.num_layers, b, t, c.num_kv_heads, c.head_dim), model.dtype, KV_AXES)
-    rows = score_capacity(b // groups * s)
+    # A prompt stream scores every item token and each item's first one from the prefix.
+    rows = score_capacity((2 if dims.top_k else 1) * (b // groups) * s)
+    scored = (groups, rows) if dims.top_k else (groups, rows, dims.labels)
     return (
         kv,
         kv,
@@ -242,6 +308,34 @@ def stream_specs(model: CausalLM, spec: Spec, dims: StreamDims, groups: int) -> 
         spec((b, s), np.int32, ("batch", "seq")),
         spec((b, s), np.int32, ("batch", "seq")),
         spec((groups, rows), np.int32, ("batch", None)),
-        spec((groups, rows, dims.labels), np.int32, ("batch", None, None)),
+        spec(scored, np.int32, ("batch", None, None)[: len(scored)]),
         spec((), np.int32, None),
     )
+
+
+def compile_prefix(model: CausalLM, runner: Any, dims: PrefixDims) -> Any:
+    """The prefix step of ``dims``, compiled through the runner: prefixes split over
+    ``data``, each left on the block computing it; a prompt prefix's log-probs come back
+    whole."""
+    placement = runner.placement
+    specs = prefix_specs(placement.spec, dims.batch, dims.tokens, placement.groups)
+    if dims.top_k:
+        placed = prefix_out_shardings(model, placement.sharding, dims.batch, dims.tokens)
+        whole = placement.replicated
+        out: tuple[Any, ...] = (*placed, whole, whole, whole)
+    else:  # tokens and lengths only
+        out, specs = prefix_shardings(model, placement.sharding, dims), specs[:2]
+    step = jax.jit(partial(prefix_step, model, dims.top_k), out_shardings=out)
+    return runner.lower(step, specs)
+
+
+def compile_stream(model: CausalLM, runner: Any, dims: StreamDims) -> Any:
+    """The item-stream step of ``dims``, compiled through the runner (a query stream's prefix
+    step of the same batch and width first: every query stream reads one)."""
+    placement = runner.placement
+    if not dims.top_k:
+        runner.ensure("prefix", PrefixDims(dims.batch, dims.prefix))
+    step = jax.jit(  # scores gathered once, readable by every host of a group
+        partial(stream_step, model, dims.window, dims.top_k), out_shardings=placement.replicated
+    )
+    return runner.lower(step, stream_specs(model, placement.spec, dims, placement.groups))
