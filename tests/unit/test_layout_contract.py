@@ -78,7 +78,7 @@ def test_layouts_that_share_a_kind_declare_one_signature_for_it() -> None:
 
 
 def _runner(**settings: object) -> SimpleNamespace:
-    values = ReplicaSettings(model="stub", **settings)  # type: ignore[arg-type]
+    values = ReplicaSettings.from_keys(model="stub", **settings)
     return SimpleNamespace(settings=values, placement=SimpleNamespace(groups=1), cache=None)
 
 
