@@ -111,8 +111,12 @@ def encode_inputs(
     form = head.inputs
     width = (max(limit, keep or 0) + 1) * CHARS_PER_TOKEN
     encoded = _encode(tokenizer, [text[:width] for text in texts], prompt, form, keep)
+    # The cut text decides unless it came out short: fewer than ``keep`` tokens (a cut to
+    # ``keep`` always has at most that many, so ``<=`` would tokenize every long text whole
+    # again), or with no ``keep`` within the limit.
+    enough = keep if keep is not None else limit + 1
     for i, text in enumerate(texts):
-        if len(text) > width and len(encoded[i]) <= (keep or limit):
+        if len(text) > width and len(encoded[i]) < enough:
             encoded[i] = _encode(tokenizer, [text], prompt, form, keep)[0]
     if form.chat and keep is not None and any(len(ids) >= keep for ids in encoded):
         suffix = chat_suffix(tokenizer, prompt, form) if form.restore_suffix else ()
