@@ -27,6 +27,8 @@ LOGICAL_AXIS_RULES: Mapping[str, str | None] = {
     "seq": None,
     "labels": None,  # a score head's outputs (few)
     "head_hidden": "model",  # a reward head's inner width, split like the MLP's
+    "positions": None,  # an encoder's learned position and token-type embeddings (small)
+    "token_types": None,
     # LoRA adapter stacks (replicas.model.lora): A [layers, slots, *in, rank] and
     # B [layers, slots, rank, *out] split on the model axis where their base matrix is
     # (heads, kv_heads, mlp); slots and rank are small and whole on every device.

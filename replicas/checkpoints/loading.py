@@ -39,6 +39,7 @@ from replicas.checkpoints.sources import ModelSource, load_hf_config, resolve_mo
 from replicas.contract import PoolingHead
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.model.config import ModelConfig, config_from_hf
+from replicas.model.encoder import Encoder, model_for
 from replicas.model.params import param_shapes, param_shardings
 
 logger = logging.getLogger(__name__)
@@ -52,11 +53,12 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # safetensors dtypes that numpy cannot name; read from the raw bytes instead.
 _RAW_DTYPES = {"BF16": np.dtype(jnp.bfloat16)}
+_UNUSED_BY_EMBEDDERS = ("pooler.dense.weight", "pooler.dense.bias")  # a BertModel's pooler
 
 
 @dataclass(frozen=True)
 class LoadedModel:
-    model: CausalLM
+    model: CausalLM | Encoder
     params: Params
     config: ModelConfig
     source: ModelSource
@@ -252,11 +254,11 @@ def load_model(
         else:
             config = config_from_hf(load_hf_config(source))
             tensors = SafetensorsFiles(source.directory, stack)
-            ignorable = ("rotary_emb.inv_freq", "lm_head.weight")
+            ignorable = ("rotary_emb.inv_freq", "lm_head.weight", *_UNUSED_BY_EMBEDDERS)
         config = config.replace(pooling=pooling)
         params, used = assemble_params(tensors, config, mesh, np_dtype)
         _warn_unused(tensors, used, ignorable)
-    model = CausalLM(config, dtype=jnp.dtype(np_dtype))
+    model = model_for(config, jnp.dtype(np_dtype))
     return LoadedModel(model=model, params=params, config=config, source=source)
 
 

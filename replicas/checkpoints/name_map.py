@@ -126,8 +126,56 @@ _GEMMA_NORMS = (
 )  # fmt: skip
 
 
+def _bert(path: tuple[str, ...], hf: str, layout: str) -> TensorMapping:
+    """A BERT tensor (``{layer}`` in ``hf``: stacked); GGUF names are never read for it."""
+    return TensorMapping(path, hf, "bert." + hf, layout)
+
+
+def _bert_layer(path: tuple[str, ...], hf: str, layout: str) -> TensorMapping:
+    return _bert(("layers", *path), f"encoder.layer.{LAYER}.{hf}", layout)
+
+
+def _bert_norm(path: tuple[str, ...], hf: str, layer: bool) -> tuple[TensorMapping, ...]:
+    make = _bert_layer if layer else _bert
+    return (make((*path, "scale"), f"{hf}.weight", SAME), make((*path, "bias"), f"{hf}.bias", SAME))
+
+
+_BERT_ATTN = tuple(
+    mapping
+    for ours, hf in (("q", "query"), ("k", "key"), ("v", "value"))
+    for mapping in (
+        _bert_layer(("attn", ours), f"attention.self.{hf}.weight", HEADS_IN),
+        _bert_layer(("attn", f"{ours}_bias"), f"attention.self.{hf}.bias", HEADS_BIAS),
+    )
+)
+# BertModel names (BertForSequenceClassification's ``bert.`` prefix is dropped on reading)
+_BERT = (
+    _bert(("embed",), "embeddings.word_embeddings.weight", SAME),
+    _bert(("position_embed",), "embeddings.position_embeddings.weight", SAME),
+    _bert(("type_embed",), "embeddings.token_type_embeddings.weight", SAME),
+    *_bert_norm(("embed_norm",), "embeddings.LayerNorm", layer=False),
+    *_BERT_ATTN,
+    _bert_layer(("attn", "o"), "attention.output.dense.weight", HEADS_OUT),
+    _bert_layer(("attn", "o_bias"), "attention.output.dense.bias", SAME),
+    *_bert_norm(("attn_norm",), "attention.output.LayerNorm", layer=True),
+    _bert_layer(("mlp", "up"), "intermediate.dense.weight", TRANSPOSE),
+    _bert_layer(("mlp", "up_bias"), "intermediate.dense.bias", SAME),
+    _bert_layer(("mlp", "down"), "output.dense.weight", TRANSPOSE),
+    _bert_layer(("mlp", "down_bias"), "output.dense.bias", SAME),
+    *_bert_norm(("mlp_norm",), "output.LayerNorm", layer=True),
+)
+
+
+def encoder_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
+    """Every leaf of an encoder's tree (``replicas.model.encoder_params``)."""
+    del config
+    return _BERT
+
+
 def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
     """Every leaf of ``param_logical_axes(config)`` with its source names and layout."""
+    if config.encoder:
+        return encoder_mappings(config)
     mappings = list(_COMMON)
     if config.post_norms:
         mappings = [m for m in mappings if m.path != ("layers", *_MLP_NORM)] + list(_GEMMA_NORMS)
@@ -146,6 +194,7 @@ def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
 # v4 names) is read under the causal LM's names; its vision parts are not read.
 _TEXT_TOWERS = (("model.language_model.", "model."), ("language_model.model.", "model."))
 _TEXT_TOWERS += (("language_model.lm_head.", "lm_head."),)
+_TEXT_TOWERS += (("bert.", ""),)  # BertForSequenceClassification's encoder: BertModel's names
 _VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
 _BASE_PARTS = ("embed_tokens.", "layers.", "norm.")
 

@@ -16,7 +16,8 @@ from replicas.model.families import family_fields, text_config
 from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
 from replicas.model.pooling_config import BASE_ARCHITECTURES
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3")
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "bert")
+ENCODER_FAMILIES = ("bert",)  # bidirectional encoders (replicas.model.encoder)
 NO_WINDOW = 1 << 30  # the window of a global layer: every earlier key is inside it
 
 
@@ -66,6 +67,10 @@ class ModelConfig:
     sliding_layers: tuple[bool, ...] = ()
     local_rope_theta: float | None = None  # Gemma 3: RoPE base of the windowed layers
     rope_linear_factor: float = 1.0  # Gemma 3 4B+: linear RoPE scaling of the global layers
+    # Encoders (BERT): learned absolute positions and token types, LayerNorm with biases
+    # (``rms_norm_eps`` is its eps), post-norm blocks; see replicas.model.encoder.
+    type_vocab_size: int = 0
+    position_offset: int = 0  # added to every position before its embedding (XLM-R: pad + 1)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -75,16 +80,23 @@ class ModelConfig:
                 f"num_key_value_heads: {self.num_kv_heads} does not divide "
                 f"num_attention_heads {self.num_heads}"
             )
-        if self.head_dim % 2:
+        if self.head_dim % 2 and not self.encoder:
             raise UnsupportedModelError(f"head_dim: must be even for RoPE, got {self.head_dim}")
-        if self.hidden_act not in ("silu", "gelu_tanh"):
-            raise UnsupportedModelError(f"hidden_act: {self.hidden_act!r} not in (silu, gelu_tanh)")
+        if self.hidden_act not in ("silu", "gelu_tanh", "gelu"):
+            raise UnsupportedModelError(
+                f"hidden_act: {self.hidden_act!r} not in (silu, gelu_tanh, gelu)"
+            )
         if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
             raise UnsupportedModelError(
                 f"layer_types: {len(self.sliding_layers)} entries for {self.num_layers} layers"
             )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise UnsupportedModelError(f"sliding_window: must be >= 1, got {self.sliding_window}")
+
+    @property
+    def encoder(self) -> bool:
+        """A bidirectional encoder (BERT): ``replicas.model.encoder`` runs it."""
+        return self.family in ENCODER_FAMILIES
 
     @property
     def windowed(self) -> bool:
@@ -127,10 +139,12 @@ OPTION_FAMILIES = {
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text tower
+    "BertModel": "bert",
 }
 _ARCH_TO_FAMILY.update(OPTION_FAMILIES)
 _MODEL_TYPE_TO_FAMILY.update(
     {"mistral": "mistral", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+    | {"bert": "bert"}
 )
 
 

@@ -10,6 +10,8 @@ What each family turns on, read from its transformers config:
 - Gemma 3: Gemma 2 without soft-caps, plus QK-norm; windowed layers use RoPE base
   ``rope_parameters["sliding_attention"]``, global ones ``["full_attention"]`` (linear
   scaling on the larger models).
+- BERT (an encoder, run by ``replicas.model.encoder``): LayerNorm (``layer_norm_eps``) after
+  each block, exact GELU, learned positions and token types.
 
 Errors name the config field that is not supported.
 """
@@ -111,8 +113,41 @@ def _rope_theta(hf: Any) -> float:
     return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
 
 
+GELU_EXACT = ("gelu",)
+
+
+def _bert(hf: Any, family: str) -> dict[str, Any]:
+    """BERT: post-norm LayerNorm blocks with biases, exact-GELU MLP (not gated), learned
+    absolute positions and token types; no RoPE (``rope_theta`` is unused)."""
+    act = getattr(hf, "hidden_act", None)
+    if act not in GELU_EXACT:
+        raise UnsupportedModelError(f"hidden_act: {act!r} not in {GELU_EXACT}")
+    kind = getattr(hf, "position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise UnsupportedModelError(f"position_embedding_type: {kind!r} (only absolute)")
+    heads = int(hf.num_attention_heads)
+    return {
+        "family": family,
+        "vocab_size": int(hf.vocab_size),
+        "hidden_size": int(hf.hidden_size),
+        "intermediate_size": int(hf.intermediate_size),
+        "num_layers": int(hf.num_hidden_layers),
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": int(hf.hidden_size) // heads,
+        "rms_norm_eps": float(hf.layer_norm_eps),
+        "rope_theta": 0.0,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": int(hf.max_position_embeddings),
+        "hidden_act": "gelu",
+        "type_vocab_size": int(hf.type_vocab_size),
+    }
+
+
 def family_fields(hf: Any, family: str) -> dict[str, Any]:
-    """ModelConfig keyword arguments of a Mistral, Gemma 2 or Gemma 3 (text) config."""
+    """ModelConfig keyword arguments of a Mistral, Gemma 2, Gemma 3 (text) or BERT config."""
+    if family == "bert":
+        return _bert(hf, family)
     if family == "mistral":
         return {**_shared(hf, family), "rope_theta": _rope_theta(hf)}
     if family == "gemma2":

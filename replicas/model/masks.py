@@ -5,7 +5,9 @@ matrices. ``True`` means "may attend". Two families: dense rows (``segment_mask`
 rows and RFC-008's packed reference row; ``work_segment_mask``: several small works back to
 back in one row, the fused layout) and the item stream's own-item part
 (``own_item_mask``: blocks of stream tokens reading their block and the blocks before it
-that an item of at most the window's length can reach).
+that an item of at most the window's length can reach), and the encoders' bidirectional
+segments (``bidirectional_mask``; ``segment_block_mask`` in blocks reading the blocks on both
+sides that a sequence of at most the window's length can reach).
 
 Segment ids of a token row (``segments``): ``0`` query, ``i + 1`` item i, ``DELIMITER`` a
 delimiter, ``PAD`` padding. From them one rule gives every dense layout:
@@ -79,3 +81,31 @@ def own_item_mask(item_ids: Array, block: int, back: int) -> Array:
     causal = jnp.arange(keys.shape[-1])[None, :] <= jnp.arange(block)[:, None] + back * block
     same = (queries[..., :, None] == keys[..., None, :]) & (queries[..., :, None] >= 0)
     return same & causal
+
+
+def bidirectional_mask(item_ids: Array) -> Array:
+    """[B, S] sequence ids (-1 padding) -> [B, S, S]: token t reads s iff both are in the same
+    sequence, whatever their order (an encoder's packed row); padding reads nothing."""
+    same = item_ids[:, :, None] == item_ids[:, None, :]
+    return same & (item_ids[:, :, None] >= 0)
+
+
+def neighbor_blocks(x: Array, block: int, reach: int, fill: int = 0) -> Array:
+    """[B, S', ...] in blocks of ``block`` -> [B, S'/block, (2 * reach + 1) * block, ...]:
+    each block with the ``reach`` blocks before and after it, in stream order (``fill``
+    beyond either end)."""
+    if reach == 0:
+        return key_blocks(x, block, 0)
+    tail = jnp.full((x.shape[0], reach * block, *x.shape[2:]), fill, x.dtype)
+    extended = jnp.concatenate([x, tail], axis=1)  # [B, S' + reach * block, ...]
+    return key_blocks(extended, block, 2 * reach, fill)[:, reach:]
+
+
+def segment_block_mask(item_ids: Array, block: int, reach: int) -> Array:
+    """[B, S'] sequence ids (-1 padding), S' a multiple of ``block`` -> [B, S'/block, block,
+    C] with C = (2 * reach + 1) * block (``neighbor_blocks``' keys): ``bidirectional_mask``
+    restricted to the keys each block reads."""
+    batch, length = item_ids.shape
+    queries = item_ids.reshape(batch, length // block, block)  # [B, nb, block]
+    keys = neighbor_blocks(jnp.where(item_ids < 0, -2, item_ids), block, reach, fill=-2)
+    return (queries[..., :, None] == keys[..., None, :]) & (queries[..., :, None] >= 0)

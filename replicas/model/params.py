@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from cluster.sharding import tree_shardings
 from replicas.model.config import ModelConfig
+from replicas.model.encoder_params import encoder_logical_axes
 from replicas.model.heads import head_logical_axes
 
 Axes = tuple[str | None, ...]
@@ -19,6 +20,8 @@ Axes = tuple[str | None, ...]
 
 def param_logical_axes(config: ModelConfig) -> dict[str, Any]:
     """Logical axes of every parameter; layer leaves lead with ``layers``."""
+    if config.encoder:
+        return encoder_logical_axes(config)
     attn: dict[str, Any] = {
         "q": ("layers", "embed", "heads", "head_dim"),
         "k": ("layers", "embed", "kv_heads", "head_dim"),
@@ -69,6 +72,8 @@ _SIZES = {
     "mlp": lambda c: c.intermediate_size,
     "head_hidden": lambda c: c.hidden_size,
     "labels": lambda c: c.head.num_labels,
+    "positions": lambda c: c.max_position_embeddings,
+    "token_types": lambda c: c.type_vocab_size,
 }
 
 

@@ -33,6 +33,7 @@ BASE_ARCHITECTURES = {
     "MistralModel": "mistral",
     "Gemma2Model": "gemma2",
     "Gemma3TextModel": "gemma3",
+    "BertModel": "bert",
 }
 ACTIVATIONS = {
     "torch.nn.modules.activation.Tanh": "tanh",

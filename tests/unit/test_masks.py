@@ -7,9 +7,12 @@ from replicas.model.masks import (
     DELIMITER,
     PAD,
     QUERY,
+    bidirectional_mask,
     key_blocks,
     lookback,
+    neighbor_blocks,
     own_item_mask,
+    segment_block_mask,
     segment_mask,
     work_segment_mask,
 )
@@ -119,5 +122,40 @@ def test_own_item_mask_of_blocks_smaller_than_the_window_reads_back_as_far_as_an
         [[0, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]],  # keys: 4 fill slots, stream 0..1
         [[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]],  # keys: 2 fill slots, stream 0..3
         [[0, 1, 1, 1, 1, 0], [0, 0, 0, 0, 0, 0]],  # keys: stream 0..5; padding reads nothing
+    ]
+    np.testing.assert_array_equal(mask, np.array(expected, dtype=bool))
+
+
+def test_encoder_rows_read_their_own_sequence_both_ways_and_never_another():
+    # seq0(2) seq1(3) seq2(1) pad: each sequence a full block on the diagonal
+    mask = np.asarray(bidirectional_mask(jnp.array([[0, 0, 1, 1, 1, 2, -1]])))[0]
+    expected = [
+        [1, 1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0, 0],  # the first token reads the second too (no causality)
+        [0, 0, 1, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0, 0],
+        [0, 0, 1, 1, 1, 0, 0],
+        [0, 0, 0, 0, 0, 1, 0],  # a one-token sequence reads itself
+        [0, 0, 0, 0, 0, 0, 0],  # padding reads nothing, and nobody reads it
+    ]
+    np.testing.assert_array_equal(mask, np.array(expected, dtype=bool))
+
+
+def test_neighbor_blocks_pair_each_block_with_the_blocks_on_both_sides():
+    x = jnp.arange(6)[None]  # one row, S' = 6, blocks of 2
+    np.testing.assert_array_equal(
+        np.asarray(neighbor_blocks(x, 2, 1, fill=-9))[0],
+        [[-9, -9, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5], [2, 3, 4, 5, -9, -9]],
+    )
+    np.testing.assert_array_equal(np.asarray(neighbor_blocks(x, 3, 0))[0], [[0, 1, 2], [3, 4, 5]])
+
+
+def test_segment_block_mask_reads_a_straddling_sequence_forward_and_back():
+    # seq0(1) seq1(3) pad(2) in blocks of 2, reach 1: seq 1 spans stream 1..3
+    mask = np.asarray(segment_block_mask(jnp.array([[0, 1, 1, 1, -1, -1]]), 2, 1))[0]
+    expected = [  # [3 blocks, 2 queries, 6 keys]
+        [[0, 0, 1, 0, 0, 0], [0, 0, 0, 1, 1, 1]],  # keys: 2 fill, stream 0..3
+        [[0, 1, 1, 1, 0, 0], [0, 1, 1, 1, 0, 0]],  # keys: stream 0..5; 2 reads 3, after it
+        [[0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]],  # stream 4..5, padding: reads nothing
     ]
     np.testing.assert_array_equal(mask, np.array(expected, dtype=bool))

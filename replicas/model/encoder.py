@@ -1,0 +1,170 @@
+"""A bidirectional encoder (BERT) over the packed stream of the embedding layout.
+
+The embedding layout (``replicas.engine.layouts.embed``) puts independent sequences end to
+end in a row, each at positions 0..len-1, with its sequence id per token (``item_ids``, -1
+padding). A decoder reads them as an item stream behind an empty prefix (causal within each
+sequence); an encoder reads the same row with attention bidirectional within each sequence
+and never across sequences (``masks.segment_block_mask``), so a sequence's output never
+depends on what shares its row. ``Encoder`` has ``CausalLM``'s fields and its
+``stream_hidden`` signature (the prefix it is given is empty and not read), so the engine
+holds either.
+
+BERT: ``LayerNorm(word + position + token type embeddings)``, then per layer
+``h = LN(x + Attn(x))``, ``x = LN(h + W2 gelu(W1 h + b1) + b2)`` with biases on every
+projection. Parameters (``replicas.model.encoder_params``) are a plain pytree, layer leaves
+stacked on a leading ``layers`` axis and scanned. LayerNorm, softmax and the MLP's GELU run
+in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from replicas.model.causal_lm import ItemStreamSpec, masked_attention
+from replicas.model.config import ModelConfig
+from replicas.model.layers import NEG_INF, QUERY_BLOCK, attend_item_stream
+from replicas.model.masks import lookback, neighbor_blocks, segment_block_mask
+
+Array = jax.Array
+Params = dict[str, Any]
+
+
+def layer_norm(p: Params, x: Array, eps: float) -> Array:
+    """LayerNorm with scale and bias over the last axis, computed in float32."""
+    x32 = x.astype(jnp.float32)
+    mean = jnp.mean(x32, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+    normed = (x32 - mean) * jax.lax.rsqrt(var + eps)
+    out = normed * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)
+    return out.astype(x.dtype)
+
+
+def attend_segments(q: Array, k: Array, v: Array, item_ids: Array, window: int) -> Array:
+    """Bidirectional attention within each packed sequence.
+
+    q, k, v: [B, S, H, Dh]; item_ids: [B, S] (-1 padding) -> [B, S, H, Dh]. Queries run in
+    blocks of ``min(window, QUERY_BLOCK)``, each reading the blocks before and after it that
+    a sequence of ``window`` tokens can reach (exact when none is longer than ``window``).
+    """
+    batch, length, heads, head_dim = q.shape
+    block = min(window, QUERY_BLOCK)
+    padded = -(-length // block) * block
+    nb = padded // block
+    reach = lookback(window, block, nb)
+    pad = [(0, 0), (0, padded - length)]
+    qb = jnp.pad(q, pad + [(0, 0)] * 2).reshape(batch, nb, block, heads, head_dim)
+    kb = neighbor_blocks(jnp.pad(k, pad + [(0, 0)] * 2), block, reach)  # [B, nb, C, H, Dh]
+    vb = neighbor_blocks(jnp.pad(v, pad + [(0, 0)] * 2), block, reach)
+    mask = segment_block_mask(jnp.pad(item_ids, pad, constant_values=-1), block, reach)
+    logits = jnp.einsum("bnwhd,bnchd->bnhwc", qb, kb).astype(jnp.float32) * head_dim**-0.5
+    logits = jnp.where(mask[:, :, None], logits, NEG_INF)  # [B, nb, H, W, C]
+    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bnhwc,bnchd->bnwhd", probs, vb)  # [B, nb, W, H, Dh]
+    return out.reshape(batch, padded, heads, head_dim)[:, :length]
+
+
+def _attention(c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int) -> Array:
+    """x: [B, S, D] -> the attention block's output [B, S, D] (before its residual)."""
+    q = jnp.einsum("bsd,dhk->bshk", x, p["q"]) + p["q_bias"]  # [B, S, H, Dh]
+    k = jnp.einsum("bsd,dhk->bshk", x, p["k"]) + p["k_bias"]
+    v = jnp.einsum("bsd,dhk->bshk", x, p["v"]) + p["v_bias"]
+    attended = attend_segments(q, k, v, item_ids, window)
+    return jnp.einsum("bshk,hkd->bsd", attended, p["o"]) + p["o_bias"]
+
+
+def _mlp(p: Params, x: Array) -> Array:
+    """[B, S, D] -> [B, S, D]: W2 gelu(W1 x + b1) + b2 (exact GELU, in float32)."""
+    inner = (x @ p["up"] + p["up_bias"]).astype(jnp.float32)  # [B, S, F]
+    inner = jax.nn.gelu(inner, approximate=False).astype(x.dtype)
+    return inner @ p["down"] + p["down_bias"]
+
+
+def encoder_layer(c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int) -> Array:
+    """One post-norm encoder layer: x [B, S, D] -> [B, S, D]."""
+    eps = c.rms_norm_eps
+    h = layer_norm(p["attn_norm"], x + _attention(c, p["attn"], x, item_ids, window), eps)
+    return layer_norm(p["mlp_norm"], h + _mlp(p["mlp"], h), eps)
+
+
+def _random(rng: Array, shape: tuple[int, ...], path: str, dtype: Any) -> Array:
+    if path.endswith("'scale']"):
+        return jnp.ones(shape, dtype)
+    if path.endswith("bias']"):
+        return jnp.zeros(shape, dtype)
+    return 0.02 * jax.random.normal(rng, shape, dtype)
+
+
+@dataclass(frozen=True)
+class Encoder:
+    """Functional wrapper: all state is in ``params``; methods are jit-friendly. The
+    attention fields are ``CausalLM``'s (the engine sets them for every model); an encoder
+    runs ``attend_segments`` whatever they are."""
+
+    config: ModelConfig
+    dtype: Any = jnp.float32
+    stream_attention: Callable[..., Array] = attend_item_stream
+    dense_attention: Callable[..., Array] = masked_attention
+    lora_groups: int = 1
+    lora_update: str = "auto"
+
+    def init_params(self, rng: Array) -> Params:
+        """Random parameters with the loaders' tree structure (tests, eval_shape)."""
+        from replicas.model.params import param_shapes
+
+        shapes = param_shapes(self.config)
+        leaves, tree = jax.tree_util.tree_flatten_with_path(
+            shapes, is_leaf=lambda node: isinstance(node, tuple)
+        )
+        keys = jax.random.split(rng, len(leaves))
+        values = [
+            _random(key, shape, jax.tree_util.keystr(path), self.dtype)
+            for key, (path, shape) in zip(keys, leaves, strict=True)
+        ]
+        return jax.tree_util.tree_unflatten(tree, values)
+
+    def embed(self, params: Params, tokens: Array, positions: Array, types: Array) -> Array:
+        """tokens, positions, token types [B, S] -> normed embeddings [B, S, D]."""
+        c = self.config
+        x = jnp.take(params["embed"], tokens, axis=0, mode="clip")
+        x = x + jnp.take(params["position_embed"], positions + c.position_offset, 0, mode="clip")
+        x = x + jnp.take(params["type_embed"], types, axis=0, mode="clip")
+        return layer_norm(params["embed_norm"], x.astype(self.dtype), c.rms_norm_eps)
+
+    def encode(
+        self, params: Params, tokens: Array, positions: Array, item_ids: Array, window: int,
+        token_types: Array | None = None,
+    ) -> Array:  # fmt: skip
+        """Packed sequences [B, S] (``item_ids`` -1 padding, each sequence's positions from
+        0, none longer than ``window``) -> last hidden states [B, S, D]."""
+        c = self.config
+        types = jnp.zeros_like(tokens) if token_types is None else token_types
+
+        def step(h: Array, layer_params: Params) -> tuple[Array, None]:
+            return encoder_layer(c, layer_params, h, item_ids, window), None
+
+        x, _ = jax.lax.scan(step, self.embed(params, tokens, positions, types), params["layers"])
+        return x
+
+    def stream_hidden(
+        self, params: Params, tokens: Array, positions: Array, spec: ItemStreamSpec,
+        prefix_k: Array, prefix_v: Array, token_types: Array | None = None,
+    ) -> Array:  # fmt: skip
+        """``CausalLM.stream_hidden``'s signature: the stream's sequences attend to
+        themselves, bidirectionally; the (empty) prefix is not read."""
+        del prefix_k, prefix_v
+        return self.encode(params, tokens, positions, spec.item_ids, spec.window, token_types)
+
+
+def model_for(config: ModelConfig, dtype: Any) -> Any:
+    """The model class that runs ``config``: ``Encoder`` for an encoder, else ``CausalLM``."""
+    from replicas.model.causal_lm import CausalLM
+
+    return Encoder(config, dtype) if config.encoder else CausalLM(config, dtype)
+
+
+__all__ = ["Encoder", "attend_segments", "encoder_layer", "layer_norm", "model_for"]

@@ -1,0 +1,46 @@
+"""The parameter tree of an encoder (``replicas.model.encoder``): each leaf's logical axes.
+
+Shapes: V vocabulary, P positions, T token types, D hidden, H heads, Dh head dim, F MLP
+width; layer leaves lead with ``layers``. ``replicas.model.params`` derives shapes and
+shardings from these as it does for the decoder's tree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replicas.model.config import ModelConfig
+
+_NORM = {"scale": ("norm",), "bias": ("norm",)}
+_LAYER_NORM = {"scale": ("layers", "norm"), "bias": ("layers", "norm")}
+
+
+def encoder_logical_axes(config: ModelConfig) -> dict[str, Any]:
+    """Logical axes of every parameter of an encoder."""
+    del config  # every encoder option is a value, not a leaf
+    return {
+        "embed": ("vocab", "embed"),  # [V, D]
+        "position_embed": ("positions", "embed"),  # [P, D]
+        "type_embed": ("token_types", "embed"),  # [T, D]
+        "embed_norm": dict(_NORM),
+        "layers": {
+            "attn": {
+                "q": ("layers", "embed", "heads", "head_dim"),  # [L, D, H, Dh]
+                "k": ("layers", "embed", "heads", "head_dim"),
+                "v": ("layers", "embed", "heads", "head_dim"),
+                "o": ("layers", "heads", "head_dim", "embed"),  # [L, H, Dh, D]
+                "q_bias": ("layers", "heads", "head_dim"),
+                "k_bias": ("layers", "heads", "head_dim"),
+                "v_bias": ("layers", "heads", "head_dim"),
+                "o_bias": ("layers", "norm"),  # [L, D]
+            },
+            "attn_norm": dict(_LAYER_NORM),
+            "mlp": {
+                "up": ("layers", "embed", "mlp"),  # [L, D, F]
+                "up_bias": ("layers", "mlp"),
+                "down": ("layers", "mlp", "embed"),  # [L, F, D]
+                "down_bias": ("layers", "norm"),
+            },
+            "mlp_norm": dict(_LAYER_NORM),
+        },
+    }

@@ -1,0 +1,69 @@
+"""A BERT embedder (a ``BertModel`` saved by sentence-transformers, CLS or mean pooling,
+Normalize) in the engine equals sentence-transformers' ``encode`` in float32 within 1e-5,
+alone and packed with other sequences of other lengths in one step, and a vector does not
+depend on what shares its step (tests/support/encoder_helpers.py: random LayerNorms and
+biases). One engine per pooling, rows of 64 and 256 tokens, so a step packs many sequences
+and the blocked attention reads blocks on both sides.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.embeddings import Embedder
+from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
+from replicas.contract import EmbedWork
+from tests.support.embed_helpers import embed_settings, reference_vectors
+from tests.support.encoder_helpers import save_bert_embedder, sentences
+
+TOL = 1e-5
+
+
+def bert_settings(directory: Path) -> Any:
+    return embed_settings(
+        directory, token_buckets=(256,), item_token_buckets=(64, 256), item_tokens_per_step=256,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=["cls", "mean"])
+def bert(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    root = tmp_path_factory.mktemp("bert")
+    directory = save_bert_embedder(root / request.param, request.param)
+    engine = ScoringEngine.from_settings(bert_settings(directory), warm=True)
+    embedder = Embedder(engine.info, load_tokenizer(resolve_model_source(directory)))
+    return directory, engine, embedder
+
+
+def test_vectors_equal_sentence_transformers_alone_and_packed(bert) -> None:
+    directory, engine, embedder = bert
+    texts = sentences(1, 24)
+    reference = reference_vectors(directory, texts)
+    work = embedder.text_work(texts, None)
+    assert work.inputs[0][0] == 2 and work.inputs[0][-1] == 3  # [CLS] ... [SEP]
+    (together,) = engine.score_batch([work])
+    np.testing.assert_allclose(together, reference, atol=TOL, rtol=0)
+    order = np.random.default_rng(2).permutation(len(texts))
+    parts = [order[:1], order[1:9], order[9:]]
+    answers = engine.score_batch([EmbedWork(tuple(work.inputs[i] for i in p)) for p in parts])
+    for part, answer in zip(parts, answers, strict=True):
+        np.testing.assert_allclose(answer, reference[part], atol=TOL, rtol=0)
+    for i in (0, 5):
+        (alone,) = engine.score_batch([EmbedWork((work.inputs[i],))])
+        np.testing.assert_allclose(alone[0], reference[i], atol=TOL, rtol=0)
+    assert engine.info.kind == "embedding" and engine.info.pooling.dimension == 32
+
+
+def test_a_vector_does_not_depend_on_its_step(bert) -> None:
+    _, engine, embedder = bert
+    work = embedder.text_work(sentences(4, 12, longest=60), None)
+    (base,) = engine.score_batch([work])
+    changed = EmbedWork((work.inputs[0], tuple(reversed(work.inputs[1])), *work.inputs[2:]))
+    (other,) = engine.score_batch([changed])
+    np.testing.assert_array_equal(other[0], base[0])
+    np.testing.assert_array_equal(other[2:], base[2:])

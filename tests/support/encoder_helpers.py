@@ -1,0 +1,95 @@
+"""Tiny random BERT encoders saved as sentence-transformers directories (tests/engine/
+test_encoder_*.py): a WordPiece tokenizer over a word list written here, a ``BertModel``
+(hidden 32, 2 layers, 4 heads) with every weight random, LayerNorm scales and biases too
+(not transformers' ones and zeros), then Pooling (CLS or mean) and Normalize. Nothing is
+downloaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue", "red"]
+WORDS += ["what", "is", "the", "a", "of", "and", "to", "in", "##s", "##ed", "##ing", "."]
+TINY_BERT = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+    "type_vocab_size": 2,
+}
+
+
+def save_tokenizer(directory: Path) -> Any:
+    """A BertTokenizerFast over ``SPECIALS + WORDS`` saved in ``directory``."""
+    from transformers import BertTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = directory / "vocab.txt"
+    vocab.write_text("\n".join(SPECIALS + WORDS) + "\n")
+    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
+def randomize_bert_(model: Any, seed: int) -> None:
+    """Every parameter random: matrices N(0, 1/fan_in), LayerNorm scales 1 + N(0, 0.04),
+    biases (LayerNorm's too) N(0, 0.04), embeddings N(0, 0.25)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+            if "LayerNorm.weight" in name:
+                param.copy_(1.0 + 0.2 * noise)
+            elif name.endswith(".bias"):
+                param.copy_(0.2 * noise)
+            elif "embeddings" in name:
+                param.copy_(0.5 * noise)
+            else:
+                param.copy_(noise / param.shape[-1] ** 0.5)
+
+
+def bert_config(**changes: Any) -> Any:
+    from transformers import BertConfig
+
+    return BertConfig(**{**TINY_BERT, "vocab_size": len(SPECIALS + WORDS), **changes})
+
+
+def save_bert_embedder(directory: Path, pooling: str, seed: int = 0) -> Path:
+    """A tiny random ``BertModel`` saved by sentence-transformers with ``pooling`` (cls or
+    mean) and Normalize."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import (
+        Normalize,
+        Pooling,
+        Transformer,
+    )
+    from transformers import BertModel
+
+    torch.manual_seed(seed)
+    hf_dir = directory.parent / f"{directory.name}-hf"
+    base = BertModel(bert_config(), add_pooling_layer=False)
+    randomize_bert_(base, seed)
+    base.save_pretrained(hf_dir, safe_serialization=True)
+    save_tokenizer(hf_dir)
+    transformer = Transformer(str(hf_dir), max_seq_length=120)
+    modules = [transformer, Pooling(TINY_BERT["hidden_size"], pooling_mode=pooling), Normalize()]
+    model = SentenceTransformer(modules=modules, device="cpu")
+    model.save(str(directory), safe_serialization=True)
+    return directory
+
+
+def sentences(seed: int, count: int, longest: int = 100) -> list[str]:
+    """Texts of about 1..``longest`` words of the tokenizer's word list."""
+    rng = np.random.default_rng(seed)
+    words = [w for w in WORDS if not w.startswith("##")]
+    lengths = np.exp(rng.uniform(0, np.log(longest), count)).astype(int) + 1
+    return [" ".join(rng.choice(words, n)) for n in lengths]
