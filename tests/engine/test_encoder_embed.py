@@ -46,6 +46,7 @@ def test_vectors_equal_sentence_transformers_alone_and_packed(bert) -> None:
     reference = reference_vectors(directory, texts)
     work = embedder.text_work(texts, None)
     assert work.inputs[0][0] == 2 and work.inputs[0][-1] == 3  # [CLS] ... [SEP]
+    assert len({t for ids in work.inputs for t in ids}) > 10  # words, not [UNK]
     (together,) = engine.score_batch([work])
     np.testing.assert_allclose(together, reference, atol=TOL, rtol=0)
     order = np.random.default_rng(2).permutation(len(texts))

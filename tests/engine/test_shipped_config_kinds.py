@@ -104,3 +104,18 @@ def test_an_embedding_model_starts_and_serves_on_the_shipped_config(
         with pytest.raises(ScoringError, match=route) as refused:
             asyncio.run(call)
         assert refused.value.status_code == 400 and "embedding" in refused.value.message
+
+
+def test_a_bert_embedder_starts_and_serves_on_the_shipped_config(tmp_path: Path) -> None:
+    from tests.support.encoder_helpers import save_bert_embedder
+
+    model = save_bert_embedder(tmp_path / "bert-cls", "cls")
+    service, backend = served(shipped_settings(model, tmp_path / "cache"))
+    assert service.models_body()["data"][0]["kind"] == "embedding"
+    body = asyncio.run(service.embed_timed({"input": ["alpha beta", "river"]}, backend))[0]
+    assert [len(row["embedding"]) for row in body["data"]] == [32, 32]
+    ranked = asyncio.run(service.rerank_timed({"query": "blue", "documents": ["a", "b"]}, backend))
+    assert len(ranked[0]["results"]) == 2
+    with pytest.raises(ScoringError, match="/v1/completions") as refused:
+        asyncio.run(service.complete_timed({"prompt": "x", "echo": True}, backend))
+    assert refused.value.status_code == 400 and "embedding" in refused.value.message

@@ -26,13 +26,13 @@ TINY_BERT = {
 
 
 def save_tokenizer(directory: Path) -> Any:
-    """A BertTokenizerFast over ``SPECIALS + WORDS`` saved in ``directory``."""
+    """A BertTokenizerFast over ``SPECIALS + WORDS`` saved in ``directory`` (transformers 5
+    reads ``vocab``, a mapping; a ``vocab_file`` alone leaves only the special tokens)."""
     from transformers import BertTokenizerFast
 
     directory.mkdir(parents=True, exist_ok=True)
-    vocab = directory / "vocab.txt"
-    vocab.write_text("\n".join(SPECIALS + WORDS) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True)
+    vocab = {word: i for i, word in enumerate(SPECIALS + WORDS)}
+    tokenizer = BertTokenizerFast(vocab=vocab, do_lower_case=True)
     tokenizer.save_pretrained(directory)
     return tokenizer
 
