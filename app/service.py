@@ -19,6 +19,7 @@ import numpy as np
 
 from app.classify import classify_body, head_card, prepare_classify, refuse_score_head
 from app.completions import Completions
+from app.cross_encoder import prepare_pairs
 from app.embed_scores import cosine_rerank_work, cosine_score_work
 from app.embeddings import Embedder, cohere_body, cosines, openai_body, refuse_kind
 from app.rerank import Reranker, rerank_body, reranker_for
@@ -45,7 +46,7 @@ from replicas.contract import (
     ScoreWork,
 )
 from replicas.errors import Reason, ScoringError
-from replicas.model.head_config import score_head_from_hf
+from replicas.model.head_config import score_head_from_hf, with_saved_activation
 from replicas.model.pooling_config import pooling_head_for
 from replicas.serving.setup import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
@@ -104,18 +105,21 @@ class ScoringService:
             vocab_size=vocab_size,
             multi_item_scoring_delimiter=settings.model.multi_item_scoring_delimiter,
             limits=settings.limits,
-            head=score_head_from_hf(hf_config) if pooling is None else None,
+            head=with_saved_activation(score_head_from_hf(hf_config), directory)
+            if pooling is None
+            else None,
             pooling=pooling,
             adapters=tuple(name for name, _ in settings.adapters.lora_adapters)
             if adapters is None
             else adapters,
         )
         tokenizer = load_tokenizer(source)
+        ranks = info.kind in ("causal_lm", "score_head")  # by a template or its head
         return cls(
             info=info,
             tokenizer=tokenizer,
             # an embedding model ranks by cosine (app.embed_scores), not by a template
-            reranker=reranker_for(settings.http, tokenizer, info.head) if pooling is None else None,
+            reranker=reranker_for(settings.http, tokenizer, info.head) if ranks else None,
             completions=Completions(tokenizer, info),
         )
 
@@ -155,6 +159,8 @@ class ScoringService:
         """``score``, and where its time went."""
         if self.info.pooling is not None:
             return await self._cosine_scores(payload, backend)
+        if self.info.kind == "cross_encoder":
+            return await self._cross_encoded(payload, backend, "/v1/score")
         start = time.perf_counter()
         prepared = self.prepare(payload)
         timings = Timings(tokenization_s=time.perf_counter() - start)
@@ -181,6 +187,8 @@ class ScoringService:
         """The /v1/rerank response body for ``payload`` (app.rerank), and its timings."""
         if self.info.pooling is not None:
             return await self._cosine_rerank(payload, backend)
+        if self.info.kind == "cross_encoder":
+            return await self._cross_encoded(payload, backend, "/v1/rerank")
         if self.reranker is None:
             raise ScoringError(
                 Reason.NOT_FOUND,
@@ -275,6 +283,20 @@ class ScoringService:
             vectors, timings = await self._embedded(cosine.work, backend, timings)
             relevance, tokens = cosines(vectors[0], vectors[1:]), cosine.prompt_tokens
         return rerank_body(request, relevance, tokens, request.model or self.info.name), timings
+
+    async def _cross_encoded(
+        self, payload: Any, backend: Backend, route: str
+    ) -> tuple[dict[str, Any], Timings]:
+        """/v1/score or /v1/rerank on a cross-encoder (app.cross_encoder)."""
+        start = time.perf_counter()
+        pairs = prepare_pairs(self.tokenizer, self.info, payload, route)
+        timings = Timings(tokenization_s=time.perf_counter() - start)
+        assert self.info.head is not None
+        logits = np.zeros((0, self.info.head.num_labels), np.float32)
+        if pairs.work.num_items:
+            answer, timings = await replica_answer(pairs.work, backend, timings)
+            logits = np.asarray(answer, np.float32)
+        return pairs.body(logits, self.info.head.activation, int(self.clock())), timings
 
     async def _embedded(
         self, work: EmbedWork, backend: Backend, timings: Timings

@@ -34,7 +34,7 @@ Answer = Callable[[ScoringService, Any, Backend], Awaitable[tuple[dict[str, Any]
 # The request schema as the served model states it (model card, shortest text query), or
 # None for the request model's own.
 Document = Callable[[ModelInfo, int], dict[str, Any] | None]
-KINDS = ("causal_lm", "score_head", "embedding")
+KINDS = ("causal_lm", "score_head", "embedding", "cross_encoder")
 
 
 @dataclass(frozen=True)

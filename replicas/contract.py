@@ -149,7 +149,8 @@ class ScoringLimits:
             )
 
 
-HEAD_KINDS = ("linear", "reward_mlp")
+HEAD_KINDS = ("linear", "reward_mlp", "cross_encoder")
+HEAD_ACTIVATIONS = ("sigmoid", "identity")  # what a cross-encoder applies to its logits
 PROBLEM_TYPES = ("single_label_classification", "multi_label_classification", "regression")
 
 
@@ -161,12 +162,18 @@ class ScoreHead:
     item's (or row's) last token, in place of label log-probabilities.
 
     ``linear``: ``*ForSequenceClassification``'s bias-free ``score`` [D -> num_labels];
-    ``reward_mlp``: ``Qwen2ForRewardModel``'s D -> D, ReLU, D -> 1 (with biases)."""
+    ``reward_mlp``: ``Qwen2ForRewardModel``'s D -> D, ReLU, D -> 1 (with biases);
+    ``cross_encoder``: an encoder's (``BertForSequenceClassification``) pooler (D -> D, tanh)
+    and classifier (D -> num_labels) on the [CLS] token of a (query, document) pair, which
+    runs as an EmbedWork; ``activation``: what ``CrossEncoder.predict`` applies to the
+    logits, ``max_length``: the most tokens of a pair (its position embeddings)."""
 
     kind: str
     num_labels: int
     id2label: tuple[str, ...]
     problem_type: str | None = None
+    activation: str | None = None
+    max_length: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
@@ -175,6 +182,8 @@ class ScoreHead:
             raise ValueError(f"num_labels: {self.num_labels} with id2label {self.id2label}")
         if self.problem_type is not None and self.problem_type not in PROBLEM_TYPES:
             raise ValueError(f"problem_type: {self.problem_type!r} not in {PROBLEM_TYPES}")
+        if self.activation is not None and self.activation not in HEAD_ACTIVATIONS:
+            raise ValueError(f"activation: {self.activation!r} not in {HEAD_ACTIVATIONS}")
 
     @property
     def label_ids(self) -> tuple[int, ...]:
@@ -196,9 +205,12 @@ class ModelInfo:
 
     @property
     def kind(self) -> str:
-        """``causal_lm``, ``score_head`` or ``embedding``: what /v1/models reports."""
+        """``causal_lm``, ``score_head``, ``embedding`` or ``cross_encoder``: what /v1/models
+        reports."""
         if self.pooling is not None:
             return "embedding"
+        if self.head is not None and self.head.kind == "cross_encoder":
+            return "cross_encoder"
         return "causal_lm" if self.head is None else "score_head"
 
 

@@ -87,16 +87,22 @@ class EmbedWork:
     """Embeddings (semantics 20) in token space: one float32 vector per input, pooled as the
     model's PoolingHead says, before any Matryoshka cut (the ingress does that). The first
     ``prompt_lengths[i]`` tokens of input i are its prompt (pooled only with
-    ``include_prompt``); () means none has one."""
+    ``include_prompt``); () means none has one. On a cross-encoder each input is a pair
+    and its tokens from ``second_starts[i]`` on have token type 1 (the document)."""
 
     inputs: tuple[tuple[int, ...], ...]
     prompt_lengths: tuple[int, ...] = ()
     deadline: float | None = None
     adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
+    second_starts: tuple[int, ...] = ()  # a pair's second text's first token; (): none
 
     @property
     def num_items(self) -> int:
         return len(self.inputs)
+
+    def second_start(self, i: int) -> int:
+        """Where input i's token type 1 starts (its length: nowhere)."""
+        return self.second_starts[i] if self.second_starts else len(self.inputs[i])
 
     def prompt_length(self, i: int) -> int:
         return self.prompt_lengths[i] if self.prompt_lengths else 0

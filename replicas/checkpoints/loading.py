@@ -40,6 +40,7 @@ from replicas.contract import PoolingHead
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.model.config import ModelConfig, config_from_hf
 from replicas.model.encoder import Encoder, model_for
+from replicas.model.head_config import with_saved_activation
 from replicas.model.params import param_shapes, param_shardings
 
 logger = logging.getLogger(__name__)
@@ -255,7 +256,8 @@ def load_model(
             config = config_from_hf(load_hf_config(source))
             tensors = SafetensorsFiles(source.directory, stack)
             ignorable = ("rotary_emb.inv_freq", "lm_head.weight", *_UNUSED_BY_EMBEDDERS)
-        config = config.replace(pooling=pooling)
+        directory = None if source.is_gguf else source.directory
+        config = config.replace(pooling=pooling, head=with_saved_activation(config.head, directory))
         params, used = assemble_params(tensors, config, mesh, np_dtype)
         _warn_unused(tensors, used, ignorable)
     model = model_for(config, jnp.dtype(np_dtype))

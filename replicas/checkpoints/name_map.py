@@ -166,10 +166,17 @@ _BERT = (
 )
 
 
+_BERT_HEAD = (  # BertForSequenceClassification: pooler (dense + tanh), classifier
+    _bert(("head", "pooler"), "pooler.dense.weight", TRANSPOSE),
+    _bert(("head", "pooler_bias"), "pooler.dense.bias", SAME),
+    _bert(("head", "score"), "classifier.weight", TRANSPOSE),
+    _bert(("head", "score_bias"), "classifier.bias", SAME),
+)
+
+
 def encoder_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
     """Every leaf of an encoder's tree (``replicas.model.encoder_params``)."""
-    del config
-    return _BERT
+    return _BERT + (_BERT_HEAD if config.head is not None else ())
 
 
 def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:

@@ -115,7 +115,8 @@ class ScoringEngine:
             else SharedPrefixLayout(model, self)
         )
         self._prompts = PromptLayout(model, self)
-        self._embed = EmbedLayout(model, self, dense) if pooling is not None else None
+        embeds = pooling is not None or model.config.encoder  # a cross-encoder: pairs
+        self._embed = EmbedLayout(model, self, dense) if embeds else None
         # In the order they score a batch (and plan one).
         self._layouts: tuple[Layout, ...] = (
             *filter(None, [self._embed]), self._multi, self._single, self._prompts,
@@ -130,7 +131,7 @@ class ScoringEngine:
             gated=settings.placement.hosts_per_replica > 1,
             max_traffic=settings.engine.max_traffic_signatures,
         )
-        if settings.warmup.limit_to_warmup and pooling is None:  # before minutes of compiles
+        if settings.warmup.limit_to_warmup and not embeds:  # before minutes of compiles
             check_warm_coverage(settings, self.plan, self._configured_keys())
 
     @classmethod

@@ -21,7 +21,7 @@ def validate_work(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo, mul
     """Raise ScoringError for work that must not run on the model
     ``info`` describes; ``multi``: a ScoreWork runs through a multi-item layout."""
     vocab = info.vocab_size
-    if isinstance(work, EmbedWork) or info.pooling is not None:
+    if isinstance(work, EmbedWork) or info.pooling is not None or info.kind == "cross_encoder":
         check_embed_work(work, info)
         return
     if isinstance(work, PromptWork):

@@ -10,15 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from replicas.model.config import ModelConfig
+from replicas.model.heads import head_logical_axes
 
 _NORM = {"scale": ("norm",), "bias": ("norm",)}
 _LAYER_NORM = {"scale": ("layers", "norm"), "bias": ("layers", "norm")}
 
 
 def encoder_logical_axes(config: ModelConfig) -> dict[str, Any]:
-    """Logical axes of every parameter of an encoder."""
-    del config  # every encoder option is a value, not a leaf
-    return {
+    """Logical axes of every parameter of an encoder (a cross-encoder's head too)."""
+    head = {} if config.head is None else {"head": head_logical_axes(config.head)}
+    return head | {
         "embed": ("vocab", "embed"),  # [V, D]
         "position_embed": ("positions", "embed"),  # [P, D]
         "type_embed": ("token_types", "embed"),  # [T, D]

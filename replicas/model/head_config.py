@@ -9,6 +9,9 @@ last token of a sequence.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from pathlib import Path
 from typing import Any
 
 from replicas.contract import PROBLEM_TYPES, ScoreHead
@@ -21,6 +24,13 @@ HEAD_ARCHITECTURES = {
     "MistralForSequenceClassification": ("mistral", "linear"),
     "Gemma2ForSequenceClassification": ("gemma2", "linear"),
     "Gemma3TextForSequenceClassification": ("gemma3", "linear"),
+    "BertForSequenceClassification": ("bert", "cross_encoder"),
+}
+# CrossEncoder's ``activation_fn`` (config_sentence_transformers.json, else config.json's
+# ``sentence_transformers``) -> ScoreHead.activation
+CROSS_ENCODER_ACTIVATIONS = {
+    "torch.nn.modules.activation.Sigmoid": "sigmoid",
+    "torch.nn.modules.linear.Identity": "identity",
 }
 
 
@@ -54,4 +64,40 @@ def score_head_from_hf(hf: Any) -> ScoreHead | None:
     problem_type = getattr(hf, "problem_type", None)
     if problem_type is not None and problem_type not in PROBLEM_TYPES:
         raise UnsupportedHeadError(f"problem_type: {problem_type!r} not in {PROBLEM_TYPES}")
-    return ScoreHead(kind, num_labels, _id2label(hf, num_labels), problem_type)
+    if kind != "cross_encoder":
+        return ScoreHead(kind, num_labels, _id2label(hf, num_labels), problem_type)
+    saved = dict(getattr(hf, "sentence_transformers", None) or {}).get("activation_fn")
+    return ScoreHead(
+        kind, num_labels, _id2label(hf, num_labels), problem_type,
+        activation=_activation(saved, num_labels, "config.json"),
+        max_length=int(hf.max_position_embeddings),
+    )  # fmt: skip
+
+
+def _activation(saved: Any, num_labels: int, where: str) -> str:
+    """CrossEncoder's activation: the saved one, else sigmoid for one label, else identity."""
+    if saved is None:
+        return "sigmoid" if num_labels == 1 else "identity"
+    if saved not in CROSS_ENCODER_ACTIVATIONS:
+        raise UnsupportedHeadError(
+            f"{where}: activation_fn {saved!r} not in {sorted(CROSS_ENCODER_ACTIVATIONS)}"
+        )
+    return CROSS_ENCODER_ACTIVATIONS[saved]
+
+
+def with_saved_activation(head: ScoreHead | None, directory: Path | None) -> ScoreHead | None:
+    """A cross-encoder's head with the activation its sentence-transformers directory saved
+    (``config_sentence_transformers.json``, which CrossEncoder reads first); others as
+    they are."""
+    path = None if directory is None else directory / "config_sentence_transformers.json"
+    if head is None or head.kind != "cross_encoder" or path is None or not path.is_file():
+        return head
+    saved = json.loads(path.read_text()).get("activation_fn")
+    if saved is None:
+        return head
+    return dataclasses.replace(head, activation=_activation(saved, head.num_labels, path.name))
+
+
+def is_cross_encoder(hf: Any) -> bool:
+    arch = _head_architecture(hf)
+    return arch is not None and HEAD_ARCHITECTURES[arch][1] == "cross_encoder"

@@ -23,6 +23,13 @@ def head_logical_axes(head: ScoreHead) -> dict[str, Any]:
     """Logical axes of the head's parameters (D hidden, L labels)."""
     if head.kind == "linear":
         return {"score": ("embed", "labels")}  # [D, L]
+    if head.kind == "cross_encoder":
+        return {
+            "pooler": ("embed", "head_hidden"),  # [D, D]
+            "pooler_bias": ("head_hidden",),
+            "score": ("head_hidden", "labels"),  # [D, L]
+            "score_bias": ("labels",),
+        }
     return {
         "dense": ("embed", "head_hidden"),  # [D, D]
         "dense_bias": ("head_hidden",),  # [D]
@@ -51,5 +58,7 @@ def head_outputs(head: ScoreHead, params: Params, hidden: Array) -> Array:
     p = jax.tree_util.tree_map(lambda leaf: leaf.astype(jnp.float32), params)
     if head.kind == "linear":
         return x @ p["score"]
+    if head.kind == "cross_encoder":  # BERT's pooler (on [CLS]) then its classifier
+        return jnp.tanh(x @ p["pooler"] + p["pooler_bias"]) @ p["score"] + p["score_bias"]
     inner = jax.nn.relu(x @ p["dense"] + p["dense_bias"])  # [..., D]
     return inner @ p["out"] + p["out_bias"]

@@ -23,6 +23,7 @@ from typing import Any
 
 from replicas.embed_contract import POOLINGS, InputFormat, PoolingHead
 from replicas.model.families import text_config
+from replicas.model.head_config import is_cross_encoder
 from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format
 
 # transformers base models (what sentence-transformers saves) -> family
@@ -175,6 +176,8 @@ def pooling_head_for(
     the Hugging Face directory (None for a GGUF file); ``pooling``/``normalize``: the
     settings of that name (for a base model or a causal LM served as an embedder)."""
     hidden = int(text_config(hf).hidden_size)
+    if is_cross_encoder(hf) and pooling is None and normalize is None:
+        return None  # a CrossEncoder directory (modules.json: its Transformer alone)
     if directory is not None and (directory / "modules.json").is_file():
         if pooling is not None or normalize is not None:
             raise UnsupportedEmbeddingError(

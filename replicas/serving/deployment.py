@@ -288,9 +288,8 @@ class ScoringReplica:
         info = self._engine.info
         token = 2 if info.multi_item_scoring_delimiter == 1 else 1
         labels = info.head.label_ids if info.head is not None else (0,)
-        probe = (
-            ScoreWork((token,), ((),), labels) if info.pooling is None else EmbedWork(((token,),))
-        )
+        embeds = info.pooling is not None or info.kind == "cross_encoder"
+        probe = EmbedWork(((token,),)) if embeds else ScoreWork((token,), ((),), labels)
         (answer,) = await self._run_engine_once([probe])  # type: ignore[list-item]
         return isinstance(answer, ScoredWork)
 

@@ -93,3 +93,18 @@ def sentences(seed: int, count: int, longest: int = 100) -> list[str]:
     words = [w for w in WORDS if not w.startswith("##")]
     lengths = np.exp(rng.uniform(0, np.log(longest), count)).astype(int) + 1
     return [" ".join(rng.choice(words, n)) for n in lengths]
+
+
+def save_bert_cross_encoder(directory: Path, num_labels: int = 1, seed: int = 1) -> Path:
+    """A tiny random ``BertForSequenceClassification`` saved by sentence-transformers'
+    ``CrossEncoder`` (its default activation: sigmoid for one label)."""
+    from sentence_transformers import CrossEncoder
+    from transformers import BertForSequenceClassification
+
+    hf_dir = directory.parent / f"{directory.name}-hf"
+    model = BertForSequenceClassification(bert_config(num_labels=num_labels))
+    randomize_bert_(model, seed)
+    model.save_pretrained(hf_dir, safe_serialization=True)
+    save_tokenizer(hf_dir)
+    CrossEncoder(str(hf_dir), device="cpu").save(str(directory), safe_serialization=True)
+    return directory

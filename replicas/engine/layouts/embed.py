@@ -12,6 +12,10 @@ input, ``mean`` sums an input's pooled tokens (segment sums, so no other input's
 enters) and divides by their count. Dense layers and L2 normalization run on the host in
 float32, per vector. A step's signature is ``EmbedDims`` (rows, stream tokens, window); the
 pooled outputs per row are ``slots(tokens)``.
+
+An encoder (``replicas.model.encoder``) reads the same rows bidirectionally within each
+input, with token types (a cross-encoder's pair: 1 from ``EmbedWork.second_starts`` on); a
+cross-encoder's step returns its head's logits on each pair's [CLS] token.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from replicas.contract import (
     ModelInfo,
     PoolingHead,
     PromptWork,
+    ScoreHead,
     check_embed_limits,
 )
 from replicas.engine.layouts.common import BucketDims, bucket_for, data_buckets, step_capacity
@@ -38,6 +43,7 @@ from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import window_for
 from replicas.errors import Reason, ScoringError
 from replicas.model.causal_lm import CausalLM, ItemStreamSpec, Params
+from replicas.model.heads import head_outputs
 
 Array = jax.Array
 EMPTY_PREFIX = 16  # width of the (never readable) prefix every row sits behind
@@ -76,6 +82,7 @@ class Piece:
     index: int
     tokens: tuple[int, ...]
     skip: int  # leading tokens left out of the pooling (the prompt without include_prompt)
+    second: int = 0  # a cross-encoder pair's first token of type 1 (its length: none)
 
 
 def embed_step(
@@ -90,16 +97,22 @@ def embed_step(
     pick: Array,  # [B, M] the stream index of each slot's token (lasttoken, cls)
     segments: Array,  # [B, S] the slot a token is pooled into (mean), M: none
     counts: Array,  # [B, M] float32 pooled tokens per slot (mean)
+    types: Array,  # [B, S] token types (an encoder reads them; a decoder does not)
 ) -> Array:
-    """Pooled float32 vectors ``[B, M, D]`` (unused slots: zeros or garbage, never read)."""
+    """Pooled float32 vectors ``[B, M, D]`` (unused slots: zeros or garbage, never read); a
+    cross-encoder's head outputs ``[B, M, L]`` on each pair's [CLS] token."""
     batch, _ = tokens.shape
     spec = ItemStreamSpec(
         prefix_valid=jnp.zeros((batch, EMPTY_PREFIX), bool) | (tokens[:, :1] < 0),
         item_ids=item_ids,
         window=window,
     )
-    hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty)
+    typed = {"token_types": types} if model.config.encoder else {}
+    hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty, **typed)
     hidden = hidden.astype(jnp.float32)  # [B, S, D]
+    if model.config.head is not None:  # a cross-encoder: pooling is cls
+        first = jnp.take_along_axis(hidden, pick[..., None], axis=1)  # [B, M, D]
+        return head_outputs(model.config.head, params["head"], first)  # [B, M, L]
     if pooling != "mean":
         return jnp.take_along_axis(hidden, pick[..., None], axis=1)  # [B, M, D]
     m = pick.shape[1]
@@ -108,6 +121,14 @@ def embed_step(
         hidden.reshape(-1, hidden.shape[-1]), ids.reshape(-1), num_segments=batch * m
     )
     return sums.reshape(batch, m, -1) / jnp.maximum(counts, 1.0)[..., None]
+
+
+def cross_encoder_pooling(head: ScoreHead | None) -> PoolingHead | None:
+    """How the layout runs a cross-encoder: each pair's [CLS] token through the head, its
+    logits returned as they are (no Dense, no normalization); None for other heads."""
+    if head is None or head.kind != "cross_encoder":
+        return None
+    return PoolingHead(pooling="cls", normalize=False, dimension=head.num_labels)
 
 
 def finish(vectors: np.ndarray, head: PoolingHead, dense: Sequence[Any]) -> np.ndarray:
@@ -127,10 +148,11 @@ class EmbedLayout:
     kinds: ClassVar[dict[str, type]] = {"embed": EmbedDims}
 
     def __init__(self, model: CausalLM, runner: Runner, dense: Sequence[Any] = ()) -> None:
-        if model.config.pooling is None:
-            raise ValueError("EmbedLayout needs a model with a PoolingHead")
+        head = model.config.pooling or cross_encoder_pooling(model.config.head)
+        if head is None:
+            raise ValueError("EmbedLayout needs a model with a PoolingHead or a cross-encoder")
         self._model, self._runner, self._dense = model, runner, tuple(dense)
-        self._head: PoolingHead = model.config.pooling
+        self._head: PoolingHead = head
 
     def compile(self, kind: str, dims: EmbedDims) -> Any:
         runner = self._runner
@@ -150,6 +172,7 @@ class EmbedLayout:
             runner.placement.spec((b, m), np.int32, ("batch", None)),
             runner.placement.spec((b, s), np.int32, rows),
             runner.placement.spec((b, m), np.float32, ("batch", None)),
+            runner.placement.spec((b, s), np.int32, rows),
         )
         return runner.lower(step, specs)
 
@@ -162,7 +185,13 @@ class EmbedLayout:
         """Every input of ``works[indices]``, longest first, first-fit into rows."""
         include = self._head.include_prompt
         pieces = [
-            Piece(w, i, tuple(tokens), 0 if include else works[w].prompt_length(i))
+            Piece(
+                w,
+                i,
+                tuple(tokens),
+                0 if include else works[w].prompt_length(i),
+                works[w].second_start(i),
+            )
             for w in indices
             for i, tokens in enumerate(works[w].inputs)
         ]
@@ -239,6 +268,7 @@ class EmbedLayout:
         pick = np.zeros((b, m), np.int32)
         segments = np.full((b, s), m, np.int32)
         counts = np.zeros((b, m), np.float32)
+        types = np.zeros((b, s), np.int32)
         first = self._head.pooling == "cls"
         for r, row in enumerate(chunk):
             cursor = 0
@@ -252,6 +282,7 @@ class EmbedLayout:
                 pick[r, n] = cursor + skip if first else end - 1
                 segments[r, cursor + skip : end] = n
                 counts[r, n] = length - skip
+                types[r, cursor + piece.second : end] = 1
                 cursor = end
         real = sum(len(p.tokens) for row in chunk for p in row)
         runner.count_tokens(b * s, real)
@@ -265,6 +296,7 @@ class EmbedLayout:
             pick,
             segments,
             counts,
+            types,
         )
         pooled = np.asarray(runner.run_device("embed", dims, args))  # [B, M, D]
         for r, row in enumerate(chunk):
@@ -276,9 +308,10 @@ class EmbedLayout:
 def check_embed_work(work: Any, info: ModelInfo) -> None:
     """Raise ScoringError (its ``reason`` the HTTP 400's) for an EmbedWork that must
     not run, or for other work on an embedding model (and an EmbedWork on any other)."""
-    pooling = info.pooling
+    pooling = info.pooling or cross_encoder_pooling(info.head)
     if not isinstance(work, EmbedWork) or pooling is None:
         what = "an embedding model only embeds" if pooling else "this model does not embed"
+        what = "a cross-encoder scores pairs" if info.kind == "cross_encoder" else what
         raise ScoringError(
             Reason.UNSUPPORTED_FOR_MODEL, f"{type(work).__name__}: {what} ({info.kind})"
         )
@@ -287,7 +320,8 @@ def check_embed_work(work: Any, info: ModelInfo) -> None:
     vocab = info.vocab_size
     if any(not 0 <= t < vocab for tokens in work.inputs for t in tokens):
         raise ScoringError(Reason.TOKEN_ID_EXCEEDS_VOCAB, f"token ids must be in [0, {vocab})")
-    check_embed_limits(work, info.limits, pooling.max_seq_length)
+    limit = pooling.max_seq_length or (info.head.max_length if info.head else None)
+    check_embed_limits(work, info.limits, limit)
 
 
 def empty_result(work: Any, info: ModelInfo) -> Any:
@@ -295,6 +329,7 @@ def empty_result(work: Any, info: ModelInfo) -> Any:
     if isinstance(work, PromptWork):
         return []
     if isinstance(work, EmbedWork):
-        assert info.pooling is not None
-        return np.zeros((work.num_items, info.pooling.dimension), np.float32)
+        pooling = info.pooling or cross_encoder_pooling(info.head)
+        assert pooling is not None
+        return np.zeros((work.num_items, pooling.dimension), np.float32)
     return np.zeros((work.num_items, len(work.label_ids)), np.float32)

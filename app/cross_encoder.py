@@ -1,0 +1,140 @@
+"""Cross-encoders (``ModelInfo.kind == "cross_encoder"``: a ``BertForSequenceClassification``,
+e.g. saved by sentence-transformers' ``CrossEncoder``): each (query, document) pair is one
+sequence, tokenized as ``CrossEncoder.predict`` tokenizes it (``[CLS] q [SEP] d [SEP]``,
+token types 0 then 1, ``longest_first`` truncation to the model's length), and the head's
+logits on its [CLS] token go through the model's activation (sigmoid for one label, unless
+the directory saved another).
+
+- ``/v1/rerank``: documents ranked by ``predict((query, document))`` (one label only).
+- ``/v1/score`` (no ``label_token_ids``, text only): one row per item, ``predict((query,
+  item))`` (``(item, query)`` with ``item_first``), softmaxed over the labels with
+  ``apply_softmax`` and more than one label.
+
+The pairs of a request go to the replica as one EmbedWork (``second_starts``: where each
+pair's type-1 tokens start); the replica answers the logits ``[pairs, num_labels]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from app.rerank import rerank_body
+from app.schema import RerankRequest, ScoreRequest
+from app.validation import (
+    check_item_count,
+    check_model_name,
+    check_unicode,
+    validate_body,
+    validate_request,
+)
+from replicas.contract import EmbedWork, ModelInfo
+from replicas.errors import Reason, ScoringError
+
+_NO_LIMIT = 1 << 40  # tokenizers without a limit say int(1e30)
+
+
+@dataclass(frozen=True)
+class Pairs:
+    """A cross-encoder request, validated and tokenized."""
+
+    route: str
+    request: ScoreRequest | RerankRequest
+    work: EmbedWork  # adapter: the LoRA adapter the request named (None: the base)
+    model: str  # the name it is answered under
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.work.inputs)
+
+    def body(self, logits: np.ndarray, activation: str | None, created: int) -> dict[str, Any]:
+        """The route's response body for the replica's logits ``[pairs, num_labels]``."""
+        scores = activated(logits, activation)
+        if isinstance(self.request, RerankRequest):
+            return rerank_body(self.request, scores[:, 0], self.prompt_tokens, self.model)
+        if self.request.apply_softmax and scores.shape[1] > 1:
+            scores = softmax(scores)
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": 0}
+        usage["total_tokens"] = self.prompt_tokens
+        rows = [[float(x) for x in row] for row in scores]
+        return {"object": "scoring", "model": self.model, "scores": rows, "usage": usage,
+                "created": created}  # fmt: skip
+
+
+def activated(logits: np.ndarray, activation: str | None) -> np.ndarray:
+    """float32 ``[pairs, labels]`` through the model's activation, as torch computes it."""
+    x = np.asarray(logits, np.float32)
+    if activation == "sigmoid":
+        return (np.float32(1.0) / (np.float32(1.0) + np.exp(-x))).astype(np.float32)
+    return x
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _max_length(tokenizer: Any, info: ModelInfo) -> int | None:
+    """The most tokens of a pair: the tokenizer's ``model_max_length``, within the model's
+    position embeddings."""
+    limits = [getattr(tokenizer, "model_max_length", None)]
+    limits.append(info.head.max_length if info.head is not None else None)
+    sane = [int(n) for n in limits if isinstance(n, int | float) and 0 < n < _NO_LIMIT]
+    return min(sane) if sane else None
+
+
+def encode_pairs(tokenizer: Any, info: ModelInfo, pairs: list[tuple[str, str]]) -> EmbedWork:
+    """Each pair as CrossEncoder.predict tokenizes it, with where its type-1 tokens start."""
+    firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
+    limit = _max_length(tokenizer, info)
+    options: dict[str, Any] = {"truncation": "longest_first", "max_length": limit} if limit else {}
+    encoded = tokenizer(firsts, seconds, add_special_tokens=True, **options)
+    inputs = tuple(tuple(int(t) for t in ids) for ids in encoded["input_ids"])
+    types = encoded["token_type_ids"]
+    starts = tuple(list(row).index(1) if 1 in row else len(row) for row in types)
+    return EmbedWork(inputs, second_starts=starts)
+
+
+def _texts(query: Any, items: list[Any], route: str) -> tuple[str, list[str]]:
+    if not isinstance(query, str) or not all(isinstance(item, str) for item in items):
+        raise ScoringError(
+            Reason.INVALID_REQUEST,
+            f"{route}: a cross_encoder model scores text pairs; token ids are not taken",
+            "query",
+        )
+    for name, text in (("query", query), *(("items", item) for item in items)):
+        check_unicode(text, name)
+    return query, items
+
+
+def prepare_pairs(tokenizer: Any, info: ModelInfo, payload: Any, route: str) -> Pairs:
+    """A /v1/rerank or /v1/score body on a cross-encoder: every rule, then its pairs."""
+    if route == "/v1/rerank":
+        request: ScoreRequest | RerankRequest = validate_body(payload, RerankRequest)
+        texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
+        query, first = request.query, False
+    else:
+        request = validate_request(payload)
+        texts, query, first = list(request.items), request.query, request.item_first
+        if request.label_token_ids is not None:
+            raise ScoringError(
+                Reason.INVALID_REQUEST,
+                "label_token_ids: a cross_encoder model answers its head's outputs; omit it",
+                "label_token_ids",
+            )
+    adapter = check_model_name(request.model, info)
+    check_item_count(len(texts), info)
+    assert info.head is not None
+    if route == "/v1/rerank" and info.head.num_labels != 1:
+        raise ScoringError(
+            Reason.INVALID_REQUEST,
+            f"/v1/rerank: a cross_encoder of {info.head.num_labels} labels has no relevance "
+            "to rank by; /v1/score answers its outputs",
+        )
+    query, texts = _texts(query, texts, route)
+    pairs = [(text, query) if first else (query, text) for text in texts]
+    work = encode_pairs(tokenizer, info, pairs) if pairs else EmbedWork(())
+    work = EmbedWork(work.inputs, adapter=adapter, second_starts=work.second_starts)
+    return Pairs(route, request, work, request.model or info.name)

@@ -1,0 +1,78 @@
+"""A BERT cross-encoder (``BertForSequenceClassification`` saved by sentence-transformers'
+``CrossEncoder``, one label, sigmoid) answers /v1/rerank and /v1/score (no labels) as
+``CrossEncoder.predict`` scores each (query, document) pair, float32 within 1e-5, however
+the pairs of a step are packed; /v1/models says ``cross_encoder`` and the routes it cannot
+serve answer a 400 naming the route and the kind (tests/support/encoder_helpers.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.service import ScoringService
+from replicas.errors import ScoringError
+from tests.support.embed_helpers import embed_settings
+from tests.support.encoder_helpers import save_bert_cross_encoder, sentences
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScoringService, Any]:
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    directory = save_bert_cross_encoder(tmp_path_factory.mktemp("ce") / "bert-ce")
+    settings = embed_settings(
+        directory, token_buckets=(256,), item_token_buckets=(64, 256), item_tokens_per_step=256,
+    )  # fmt: skip
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings, warm=True)
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    return directory, service, backend
+
+
+def predicted(directory: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
+    from sentence_transformers import CrossEncoder
+
+    model = CrossEncoder(str(directory), device="cpu", local_files_only=True)
+    return np.asarray(model.predict(pairs, convert_to_numpy=True), np.float32)
+
+
+def test_rerank_and_score_equal_cross_encoder_predict(served) -> None:
+    directory, service, backend = served
+    query, documents = "what is the blue river", sentences(5, 20, longest=80)
+    reference = predicted(directory, [(query, doc) for doc in documents])
+    body = asyncio.run(service.rerank_timed({"query": query, "documents": documents}, backend))[0]
+    relevance = {r["index"]: r["relevance_score"] for r in body["results"]}
+    np.testing.assert_allclose([relevance[i] for i in range(20)], reference, atol=TOL, rtol=0)
+    assert [r["index"] for r in body["results"]] == list(np.argsort(-reference, kind="stable"))
+    scores = asyncio.run(service.score({"query": query, "items": documents[:3]}, backend))
+    np.testing.assert_allclose(np.asarray(scores["scores"])[:, 0], reference[:3], atol=TOL, rtol=0)
+    for i in (0, 7):  # alone in its step
+        (alone,) = asyncio.run(service.score({"query": query, "items": [documents[i]]}, backend))[
+            "scores"
+        ]
+        np.testing.assert_allclose(alone[0], reference[i], atol=TOL, rtol=0)
+
+
+def test_the_kind_is_cross_encoder_and_other_routes_refuse_it(served) -> None:
+    _, service, backend = served
+    assert service.models_body()["data"][0]["kind"] == "cross_encoder"
+    for route, call in (
+        ("/v1/embeddings", service.embed_timed({"input": ["a"]}, backend)),
+        ("/v1/classify", service.classify_timed({"input": "a"}, backend)),
+        ("/v1/completions", service.complete_timed({"prompt": "x", "echo": True}, backend)),
+    ):
+        with pytest.raises(ScoringError, match=route) as refused:
+            asyncio.run(call)
+        assert refused.value.status_code == 400 and "cross_encoder" in refused.value.message
+    with pytest.raises(ScoringError, match="label_token_ids"):
+        asyncio.run(service.score({"query": "a", "items": ["b"], "label_token_ids": [1]}, backend))
