@@ -119,3 +119,18 @@ def test_a_bert_embedder_starts_and_serves_on_the_shipped_config(tmp_path: Path)
     with pytest.raises(ScoringError, match="/v1/completions") as refused:
         asyncio.run(service.complete_timed({"prompt": "x", "echo": True}, backend))
     assert refused.value.status_code == 400 and "embedding" in refused.value.message
+
+
+def test_a_bert_cross_encoder_starts_and_serves_on_the_shipped_config(tmp_path: Path) -> None:
+    from tests.support.encoder_helpers import save_bert_cross_encoder
+
+    model = save_bert_cross_encoder(tmp_path / "bert-ce")
+    service, backend = served(shipped_settings(model, tmp_path / "cache"))
+    assert service.models_body()["data"][0]["kind"] == "cross_encoder"
+    ranked = asyncio.run(service.rerank_timed({"query": "blue", "documents": ["a", "b"]}, backend))
+    assert len(ranked[0]["results"]) == 2
+    scores = asyncio.run(service.score({"query": "a", "items": ["b", "c"]}, backend))["scores"]
+    assert np.asarray(scores).shape == (2, 1)
+    with pytest.raises(ScoringError, match="/v1/embeddings") as refused:
+        asyncio.run(service.embed_timed({"input": ["a"]}, backend))
+    assert refused.value.status_code == 400 and "cross_encoder" in refused.value.message
