@@ -92,8 +92,10 @@ def encode_pairs(tokenizer: Any, info: ModelInfo, pairs: list[tuple[str, str]]) 
     options: dict[str, Any] = {"truncation": "longest_first", "max_length": limit} if limit else {}
     encoded = tokenizer(firsts, seconds, add_special_tokens=True, **options)
     inputs = tuple(tuple(int(t) for t in ids) for ids in encoded["input_ids"])
-    types = encoded["token_type_ids"]
-    starts = tuple(list(row).index(1) if 1 in row else len(row) for row in types)
+    types = encoded.get("token_type_ids") or [()] * len(inputs)  # RoBERTa's: none, all 0
+    starts = tuple(
+        list(row).index(1) if 1 in row else len(ids) for row, ids in zip(types, inputs, strict=True)
+    )
     return EmbedWork(inputs, second_starts=starts)
 
 

@@ -174,9 +174,19 @@ _BERT_HEAD = (  # BertForSequenceClassification: pooler (dense + tanh), classifi
 )
 
 
+_ROBERTA_HEAD = (  # XLMRobertaForSequenceClassification: the same math, its own names
+    _bert(("head", "pooler"), "classifier.dense.weight", TRANSPOSE),
+    _bert(("head", "pooler_bias"), "classifier.dense.bias", SAME),
+    _bert(("head", "score"), "classifier.out_proj.weight", TRANSPOSE),
+    _bert(("head", "score_bias"), "classifier.out_proj.bias", SAME),
+)
+
+
 def encoder_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
     """Every leaf of an encoder's tree (``replicas.model.encoder_params``)."""
-    return _BERT + (_BERT_HEAD if config.head is not None else ())
+    if config.head is None:
+        return _BERT
+    return _BERT + (_ROBERTA_HEAD if config.family == "xlm_roberta" else _BERT_HEAD)
 
 
 def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
@@ -201,7 +211,9 @@ def tensor_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
 # v4 names) is read under the causal LM's names; its vision parts are not read.
 _TEXT_TOWERS = (("model.language_model.", "model."), ("language_model.model.", "model."))
 _TEXT_TOWERS += (("language_model.lm_head.", "lm_head."),)
-_TEXT_TOWERS += (("bert.", ""),)  # BertForSequenceClassification's encoder: BertModel's names
+# BertForSequenceClassification's and XLMRobertaForSequenceClassification's encoders: the
+# base model's names
+_TEXT_TOWERS += (("bert.", ""), ("roberta.", ""))
 _VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
 _BASE_PARTS = ("embed_tokens.", "layers.", "norm.")
 

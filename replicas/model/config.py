@@ -16,8 +16,8 @@ from replicas.model.families import family_fields, text_config
 from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
 from replicas.model.pooling_config import BASE_ARCHITECTURES
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "bert")
-ENCODER_FAMILIES = ("bert",)  # bidirectional encoders (replicas.model.encoder)
+ENCODER_FAMILIES = ("bert", "xlm_roberta")  # bidirectional encoders (replicas.model.encoder)
+FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", *ENCODER_FAMILIES)
 NO_WINDOW = 1 << 30  # the window of a global layer: every earlier key is inside it
 
 
@@ -140,11 +140,12 @@ OPTION_FAMILIES = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text tower
     "BertModel": "bert",
+    "XLMRobertaModel": "xlm_roberta",
 }
 _ARCH_TO_FAMILY.update(OPTION_FAMILIES)
 _MODEL_TYPE_TO_FAMILY.update(
     {"mistral": "mistral", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
-    | {"bert": "bert"}
+    | {"bert": "bert", "xlm-roberta": "xlm_roberta"}
 )
 
 

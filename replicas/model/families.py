@@ -11,7 +11,8 @@ What each family turns on, read from its transformers config:
   ``rope_parameters["sliding_attention"]``, global ones ``["full_attention"]`` (linear
   scaling on the larger models).
 - BERT (an encoder, run by ``replicas.model.encoder``): LayerNorm (``layer_norm_eps``) after
-  each block, exact GELU, learned positions and token types.
+  each block, exact GELU, learned positions and token types. XLM-RoBERTa: BERT with its
+  positions counted from ``pad_token_id + 1`` (``position_offset``).
 
 Errors name the config field that is not supported.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from replicas.model.errors import UnsupportedModelError
+from replicas.model.head_config import position_offset
 
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 
@@ -141,12 +143,13 @@ def _bert(hf: Any, family: str) -> dict[str, Any]:
         "max_position_embeddings": int(hf.max_position_embeddings),
         "hidden_act": "gelu",
         "type_vocab_size": int(hf.type_vocab_size),
+        "position_offset": position_offset(hf),
     }
 
 
 def family_fields(hf: Any, family: str) -> dict[str, Any]:
     """ModelConfig keyword arguments of a Mistral, Gemma 2, Gemma 3 (text) or BERT config."""
-    if family == "bert":
+    if family in ("bert", "xlm_roberta"):
         return _bert(hf, family)
     if family == "mistral":
         return {**_shared(hf, family), "rope_theta": _rope_theta(hf)}

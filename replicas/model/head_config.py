@@ -25,6 +25,7 @@ HEAD_ARCHITECTURES = {
     "Gemma2ForSequenceClassification": ("gemma2", "linear"),
     "Gemma3TextForSequenceClassification": ("gemma3", "linear"),
     "BertForSequenceClassification": ("bert", "cross_encoder"),
+    "XLMRobertaForSequenceClassification": ("xlm_roberta", "cross_encoder"),
 }
 # CrossEncoder's ``activation_fn`` (config_sentence_transformers.json, else config.json's
 # ``sentence_transformers``) -> ScoreHead.activation
@@ -70,8 +71,14 @@ def score_head_from_hf(hf: Any) -> ScoreHead | None:
     return ScoreHead(
         kind, num_labels, _id2label(hf, num_labels), problem_type,
         activation=_activation(saved, num_labels, "config.json"),
-        max_length=int(hf.max_position_embeddings),
+        max_length=int(hf.max_position_embeddings) - position_offset(hf),
     )  # fmt: skip
+
+
+def position_offset(hf: Any) -> int:
+    """What an encoder adds to each position: XLM-RoBERTa counts from ``pad_token_id + 1``
+    (transformers' ``create_position_ids_from_input_ids`` on an unpadded sequence)."""
+    return int(hf.pad_token_id) + 1 if getattr(hf, "model_type", None) == "xlm-roberta" else 0
 
 
 def _activation(saved: Any, num_labels: int, where: str) -> str:

@@ -35,6 +35,7 @@ BASE_ARCHITECTURES = {
     "Gemma2Model": "gemma2",
     "Gemma3TextModel": "gemma3",
     "BertModel": "bert",
+    "XLMRobertaModel": "xlm_roberta",
 }
 ACTIVATIONS = {
     "torch.nn.modules.activation.Tanh": "tanh",

@@ -1,8 +1,10 @@
 """A BERT cross-encoder (``BertForSequenceClassification`` saved by sentence-transformers'
-``CrossEncoder``, one label, sigmoid) answers /v1/rerank and /v1/score (no labels) as
-``CrossEncoder.predict`` scores each (query, document) pair, float32 within 1e-5, however
-the pairs of a step are packed; /v1/models says ``cross_encoder`` and the routes it cannot
-serve answer a 400 naming the route and the kind (tests/support/encoder_helpers.py).
+``CrossEncoder``, one label, sigmoid; and an ``XLMRobertaForSequenceClassification``: no
+token types, positions from pad + 1, its classifier's own names) answers /v1/rerank and
+/v1/score (no labels) as ``CrossEncoder.predict`` scores each (query, document) pair,
+float32 within 1e-5, however the pairs of a step are packed; /v1/models says
+``cross_encoder`` and the routes it cannot serve answer a 400 naming the route and the kind
+(tests/support/encoder_helpers.py).
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from tests.support.encoder_helpers import save_bert_cross_encoder, sentences
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScoringService, Any]:
+@pytest.fixture(scope="module", params=["bert", "xlm_roberta"])
+def served(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, ScoringService, Any]:
     from replicas.engine.scoring_engine import ScoringEngine
 
-    directory = save_bert_cross_encoder(tmp_path_factory.mktemp("ce") / "bert-ce")
+    root = tmp_path_factory.mktemp("ce")
+    directory = save_bert_cross_encoder(root / request.param, family=request.param)
     settings = embed_settings(
         directory, token_buckets=(256,), item_token_buckets=(64, 256), item_tokens_per_step=256,
     )  # fmt: skip

@@ -1,9 +1,10 @@
 """A BERT embedder (a ``BertModel`` saved by sentence-transformers, CLS or mean pooling,
-Normalize) in the engine equals sentence-transformers' ``encode`` in float32 within 1e-5,
-alone and packed with other sequences of other lengths in one step, and a vector does not
-depend on what shares its step (tests/support/encoder_helpers.py: random LayerNorms and
-biases). One engine per pooling, rows of 64 and 256 tokens, so a step packs many sequences
-and the blocked attention reads blocks on both sides.
+Normalize; and an ``XLMRobertaModel``, mean: positions from pad + 1) in the engine equals
+sentence-transformers' ``encode`` in float32 within 1e-5, alone and packed with other
+sequences of other lengths in one step, and a vector does not depend on what shares its step
+(tests/support/encoder_helpers.py: random LayerNorms and biases). One engine per variant,
+rows of 64 and 256 tokens, so a step packs many sequences and the blocked attention reads
+blocks on both sides.
 """
 
 from __future__ import annotations
@@ -29,12 +30,17 @@ def bert_settings(directory: Path) -> Any:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["cls", "mean"])
+@pytest.fixture(
+    scope="module",
+    params=[("bert", "cls"), ("bert", "mean"), ("xlm_roberta", "mean")],
+    ids=["bert-cls", "bert-mean", "xlmr-mean"],
+)
 def bert(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     from replicas.engine.scoring_engine import ScoringEngine
 
+    family, pooling = request.param
     root = tmp_path_factory.mktemp("bert")
-    directory = save_bert_embedder(root / request.param, request.param)
+    directory = save_bert_embedder(root / pooling, pooling, family=family)
     engine = ScoringEngine.from_settings(bert_settings(directory), warm=True)
     embedder = Embedder(engine.info, load_tokenizer(resolve_model_source(directory)))
     return directory, engine, embedder
@@ -45,7 +51,8 @@ def test_vectors_equal_sentence_transformers_alone_and_packed(bert) -> None:
     texts = sentences(1, 24)
     reference = reference_vectors(directory, texts)
     work = embedder.text_work(texts, None)
-    assert work.inputs[0][0] == 2 and work.inputs[0][-1] == 3  # [CLS] ... [SEP]
+    first, last = (2, 3) if engine.model.config.family == "bert" else (0, 2)  # [CLS]/<s> ...
+    assert work.inputs[0][0] == first and work.inputs[0][-1] == last
     assert len({t for ids in work.inputs for t in ids}) > 10  # words, not [UNK]
     (together,) = engine.score_batch([work])
     np.testing.assert_allclose(together, reference, atol=TOL, rtol=0)

@@ -1,7 +1,8 @@
-"""Tiny random BERT encoders saved as sentence-transformers directories (tests/engine/
-test_encoder_*.py): a WordPiece tokenizer over a word list written here, a ``BertModel``
-(hidden 32, 2 layers, 4 heads) with every weight random, LayerNorm scales and biases too
-(not transformers' ones and zeros), then Pooling (CLS or mean) and Normalize. Nothing is
+"""Tiny random encoders saved by sentence-transformers (tests/engine/test_encoder_embed.py,
+test_cross_encoder.py): a tokenizer over a word list written here (BERT's WordPiece,
+XLM-RoBERTa's Unigram), the model (hidden 32, 2 layers, 4 heads) with every weight random,
+LayerNorm scales and biases too (not transformers' ones and zeros); embedders get Pooling
+(CLS or mean) and Normalize, cross-encoders ``CrossEncoder``'s defaults. Nothing is
 downloaded.
 """
 
@@ -37,6 +38,18 @@ def save_tokenizer(directory: Path) -> Any:
     return tokenizer
 
 
+def save_xlmr_tokenizer(directory: Path) -> Any:
+    """An XLMRobertaTokenizerFast (Unigram) over ``WORDS`` saved in ``directory``."""
+    from transformers import XLMRobertaTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    pieces = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
+    pieces += [("\u2581" + w, -1.0) for w in WORDS if not w.startswith("#")] + [("<mask>", 0.0)]
+    tokenizer = XLMRobertaTokenizerFast(vocab=pieces)
+    tokenizer.save_pretrained(directory)
+    return tokenizer
+
+
 def randomize_bert_(model: Any, seed: int) -> None:
     """Every parameter random: matrices N(0, 1/fan_in), LayerNorm scales 1 + N(0, 0.04),
     biases (LayerNorm's too) N(0, 0.04), embeddings N(0, 0.25)."""
@@ -62,24 +75,44 @@ def bert_config(**changes: Any) -> Any:
     return BertConfig(**{**TINY_BERT, "vocab_size": len(SPECIALS + WORDS), **changes})
 
 
-def save_bert_embedder(directory: Path, pooling: str, seed: int = 0) -> Path:
-    """A tiny random ``BertModel`` saved by sentence-transformers with ``pooling`` (cls or
-    mean) and Normalize."""
+def xlmr_config(**changes: Any) -> Any:
+    """Positions from pad + 1 = 2: 130 of them hold sequences of 128."""
+    from transformers import XLMRobertaConfig
+
+    vocab = 5 + sum(not w.startswith("#") for w in WORDS)
+    shape = {**TINY_BERT, "max_position_embeddings": 130, "type_vocab_size": 1}
+    return XLMRobertaConfig(**{**shape, "vocab_size": vocab, "pad_token_id": 1, **changes})
+
+
+# family -> (its config, base model class, sequence classifier class, tokenizer saver)
+FAMILIES = {
+    "bert": (bert_config, "BertModel", "BertForSequenceClassification", save_tokenizer),
+    "xlm_roberta": (
+        xlmr_config, "XLMRobertaModel", "XLMRobertaForSequenceClassification",
+        save_xlmr_tokenizer,
+    ),
+}  # fmt: skip
+
+
+def save_bert_embedder(directory: Path, pooling: str, seed: int = 0, family: str = "bert") -> Path:
+    """A tiny random ``BertModel`` (``XLMRobertaModel``) saved by sentence-transformers with
+    ``pooling`` (cls or mean) and Normalize."""
     import torch
+    import transformers
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import (
         Normalize,
         Pooling,
         Transformer,
     )
-    from transformers import BertModel
 
+    config, base_class, _, save_tokens = FAMILIES[family]
     torch.manual_seed(seed)
     hf_dir = directory.parent / f"{directory.name}-hf"
-    base = BertModel(bert_config(), add_pooling_layer=False)
+    base = getattr(transformers, base_class)(config(), add_pooling_layer=False)
     randomize_bert_(base, seed)
     base.save_pretrained(hf_dir, safe_serialization=True)
-    save_tokenizer(hf_dir)
+    save_tokens(hf_dir)
     transformer = Transformer(str(hf_dir), max_seq_length=120)
     modules = [transformer, Pooling(TINY_BERT["hidden_size"], pooling_mode=pooling), Normalize()]
     model = SentenceTransformer(modules=modules, device="cpu")
@@ -95,16 +128,19 @@ def sentences(seed: int, count: int, longest: int = 100) -> list[str]:
     return [" ".join(rng.choice(words, n)) for n in lengths]
 
 
-def save_bert_cross_encoder(directory: Path, num_labels: int = 1, seed: int = 1) -> Path:
-    """A tiny random ``BertForSequenceClassification`` saved by sentence-transformers'
-    ``CrossEncoder`` (its default activation: sigmoid for one label)."""
+def save_bert_cross_encoder(
+    directory: Path, num_labels: int = 1, seed: int = 1, family: str = "bert"
+) -> Path:
+    """A tiny random ``BertForSequenceClassification`` (``XLMRobertaFor...``) saved by
+    sentence-transformers' ``CrossEncoder`` (its default activation: sigmoid for one label)."""
+    import transformers
     from sentence_transformers import CrossEncoder
-    from transformers import BertForSequenceClassification
 
+    config, _, classifier, save_tokens = FAMILIES[family]
     hf_dir = directory.parent / f"{directory.name}-hf"
-    model = BertForSequenceClassification(bert_config(num_labels=num_labels))
+    model = getattr(transformers, classifier)(config(num_labels=num_labels))
     randomize_bert_(model, seed)
     model.save_pretrained(hf_dir, safe_serialization=True)
-    save_tokenizer(hf_dir)
+    save_tokens(hf_dir)
     CrossEncoder(str(hf_dir), device="cpu").save(str(directory), safe_serialization=True)
     return directory
