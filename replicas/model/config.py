@@ -12,11 +12,10 @@ from typing import Any
 
 from replicas.contract import PoolingHead, ScoreHead
 from replicas.model.errors import UnsupportedModelError
-from replicas.model.families import family_fields, text_config
+from replicas.model.families import ENCODER_FAMILIES, family_fields, text_config
 from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
 from replicas.model.pooling_config import BASE_ARCHITECTURES
 
-ENCODER_FAMILIES = ("bert", "xlm_roberta")  # bidirectional encoders (replicas.model.encoder)
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", *ENCODER_FAMILIES)
 NO_WINDOW = 1 << 30  # the window of a global layer: every earlier key is inside it
 
@@ -82,10 +81,9 @@ class ModelConfig:
             )
         if self.head_dim % 2 and not self.encoder:
             raise UnsupportedModelError(f"head_dim: must be even for RoPE, got {self.head_dim}")
-        if self.hidden_act not in ("silu", "gelu_tanh", "gelu"):
-            raise UnsupportedModelError(
-                f"hidden_act: {self.hidden_act!r} not in (silu, gelu_tanh, gelu)"
-            )
+        acts = ("silu", "gelu_tanh") + (("gelu",) if self.encoder else ())  # exact: encoders
+        if self.hidden_act not in acts:
+            raise UnsupportedModelError(f"hidden_act: {self.hidden_act!r} not in {acts}")
         if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
             raise UnsupportedModelError(
                 f"layer_types: {len(self.sliding_layers)} entries for {self.num_layers} layers"

@@ -25,6 +25,7 @@ from replicas.model.errors import UnsupportedModelError
 from replicas.model.head_config import position_offset
 
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+ENCODER_FAMILIES = ("bert", "xlm_roberta")  # bidirectional encoders (replicas.model.encoder)
 
 
 def text_config(hf: Any) -> Any:
@@ -149,7 +150,7 @@ def _bert(hf: Any, family: str) -> dict[str, Any]:
 
 def family_fields(hf: Any, family: str) -> dict[str, Any]:
     """ModelConfig keyword arguments of a Mistral, Gemma 2, Gemma 3 (text) or BERT config."""
-    if family in ("bert", "xlm_roberta"):
+    if family in ENCODER_FAMILIES:
         return _bert(hf, family)
     if family == "mistral":
         return {**_shared(hf, family), "rope_theta": _rope_theta(hf)}

@@ -17,13 +17,14 @@ Dense weights are read only from safetensors (``replicas.checkpoints.dense``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
 from replicas.embed_contract import POOLINGS, InputFormat, PoolingHead
-from replicas.model.families import text_config
-from replicas.model.head_config import is_cross_encoder
+from replicas.model.families import ENCODER_FAMILIES, text_config
+from replicas.model.head_config import is_cross_encoder, position_offset
 from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format
 
 # transformers base models (what sentence-transformers saves) -> family
@@ -170,6 +171,16 @@ def st_pooling_head(
     )
 
 
+def _within_positions(head: PoolingHead, hf: Any) -> PoolingHead:
+    """An encoder's inputs within its learned positions (beyond them there are none)."""
+    archs = getattr(hf, "architectures", None) or ()
+    if not any(BASE_ARCHITECTURES.get(arch) in ENCODER_FAMILIES for arch in archs):
+        return head
+    positions = int(hf.max_position_embeddings) - position_offset(hf)
+    limit = min(head.max_seq_length or positions, positions)
+    return dataclasses.replace(head, max_seq_length=limit)
+
+
 def pooling_head_for(
     directory: Path | None, hf: Any, pooling: str | None = None, normalize: bool | None = None
 ) -> PoolingHead | None:
@@ -185,12 +196,13 @@ def pooling_head_for(
                 "pooling: a sentence-transformers directory sets its own pooling and "
                 "normalization (1_Pooling, Normalize); leave pooling and normalize unset"
             )
-        return st_pooling_head(directory, hidden, getattr(hf, "model_type", None))
+        head = st_pooling_head(directory, hidden, getattr(hf, "model_type", None))
+        return _within_positions(head, hf)
     if pooling is None and normalize is None and not is_base_model(hf):
         return None
     if pooling is not None and pooling not in POOLINGS:
         raise UnsupportedEmbeddingError(f"pooling: must be one of {POOLINGS}, got {pooling!r}")
-    return PoolingHead(
+    head = PoolingHead(
         pooling=pooling or "lasttoken",
         normalize=True if normalize is None else bool(normalize),
         dimension=hidden,
@@ -200,3 +212,4 @@ def pooling_head_for(
         if directory is not None
         else InputFormat(),
     )
+    return _within_positions(head, hf)

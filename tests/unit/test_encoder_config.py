@@ -1,0 +1,72 @@
+"""Encoder configs (BERT, XLM-RoBERTa) read into ModelConfig, heads and pooling limits; what
+is not supported is refused naming the field (jax-free)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from replicas.model.catalog import hf_config
+from replicas.model.config import config_from_hf
+from replicas.model.errors import UnsupportedModelError
+from replicas.model.head_config import UnsupportedHeadError, with_saved_activation
+from replicas.model.pooling_config import pooling_head_for
+
+BERT = {
+    "model_type": "bert",
+    "architectures": ["BertModel"],
+    "vocab_size": 30,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 128,
+    "type_vocab_size": 2,
+    "layer_norm_eps": 1e-7,
+}
+XLMR = {**BERT, "model_type": "xlm-roberta", "architectures": ["XLMRobertaModel"]}
+XLMR |= {"max_position_embeddings": 130, "type_vocab_size": 1, "pad_token_id": 1}
+
+
+def test_bert_and_xlm_roberta_read_into_encoder_fields() -> None:
+    bert = config_from_hf(hf_config(BERT))
+    assert (bert.family, bert.encoder, bert.hidden_act, bert.rms_norm_eps) == (
+        "bert", True, "gelu", 1e-7,
+    )  # fmt: skip
+    assert (bert.head_dim, bert.type_vocab_size, bert.position_offset) == (8, 2, 0)
+    xlmr = config_from_hf(hf_config(XLMR))
+    assert (xlmr.family, xlmr.position_offset, xlmr.type_vocab_size) == ("xlm_roberta", 2, 1)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"hidden_act": "relu"}, "hidden_act"),
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type"),
+    ],
+)
+def test_what_an_encoder_cannot_run_is_refused_by_name(change: dict, field: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=field):
+        config_from_hf(hf_config({**BERT, **change}))
+
+
+def test_an_encoder_embeds_no_further_than_its_positions() -> None:
+    assert pooling_head_for(None, hf_config(BERT)).max_seq_length == 128
+    assert pooling_head_for(None, hf_config(XLMR)).max_seq_length == 128  # 130 - (pad + 1)
+
+
+def test_a_cross_encoder_head_takes_the_activation_its_directory_saved(tmp_path: Path) -> None:
+    values = {**BERT, "architectures": ["BertForSequenceClassification"], "num_labels": 1}
+    head = config_from_hf(hf_config(values)).head
+    assert (head.kind, head.activation, head.max_length) == ("cross_encoder", "sigmoid", 128)
+    assert pooling_head_for(tmp_path, hf_config(values)) is None  # no embedding pooling
+    saved = tmp_path / "config_sentence_transformers.json"
+    saved.write_text(json.dumps({"activation_fn": "torch.nn.modules.linear.Identity"}))
+    assert with_saved_activation(head, tmp_path).activation == "identity"
+    saved.write_text(json.dumps({"activation_fn": "torch.nn.modules.activation.ReLU"}))
+    with pytest.raises(UnsupportedHeadError, match="activation_fn"):
+        with_saved_activation(head, tmp_path)
+    many = config_from_hf(hf_config({**values, "num_labels": 3})).head
+    assert many.activation == "identity"
