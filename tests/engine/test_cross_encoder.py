@@ -10,6 +10,7 @@ float32 within 1e-5, however the pairs of a step are packed; /v1/models says
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,32 @@ def test_the_kind_is_cross_encoder_and_other_routes_refuse_it(served) -> None:
         assert refused.value.status_code == 400 and "cross_encoder" in refused.value.message
     with pytest.raises(ScoringError, match="label_token_ids"):
         asyncio.run(service.score({"query": "a", "items": ["b"], "label_token_ids": [1]}, backend))
+
+
+def test_http_routes_models_and_openapi_of_a_cross_encoder(served) -> None:
+    from app.http import build_api
+    from tests.support.http_support import ask
+
+    directory, service, backend = served
+
+    async def health() -> None:
+        return None
+
+    api = build_api(service, backend, health)
+    body = json.dumps({"query": "what is blue", "documents": ["blue river", "red stone"]})
+    reply = ask(api, "POST", "/v1/rerank", body.encode())
+    assert reply.status == 200, reply.body
+    reference = predicted(
+        directory, [("what is blue", "blue river"), ("what is blue", "red stone")]
+    )
+    got = {r["index"]: r["relevance_score"] for r in reply.body["results"]}
+    np.testing.assert_allclose([got[0], got[1]], reference, atol=TOL, rtol=0)
+    assert ask(api, "GET", "/v1/models").body["data"][0]["kind"] == "cross_encoder"
+    paths = ask(api, "GET", "/openapi.json").body["paths"]
+    assert "/v1/rerank" in paths and "/v1/score" in paths
+    assert not {"/v1/embeddings", "/v1/classify", "/v1/completions"} & set(paths)
+    refused = ask(api, "POST", "/v1/embeddings", json.dumps({"input": "a"}).encode())
+    assert refused.status == 400 and refused.body["reason"] == "unsupported_for_model"
+    assert (
+        "/v1/embeddings" in refused.body["message"] and "cross_encoder" in refused.body["message"]
+    )
