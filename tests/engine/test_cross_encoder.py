@@ -10,6 +10,7 @@ float32 within 1e-5, however the pairs of a step are packed; /v1/models says
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -45,11 +46,17 @@ def served(
     return directory, service, backend
 
 
-def predicted(directory: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
+@functools.lru_cache(maxsize=4)
+def _cross_encoder(directory: Path) -> Any:
     from sentence_transformers import CrossEncoder
 
-    model = CrossEncoder(str(directory), device="cpu", local_files_only=True)
-    return np.asarray(model.predict(pairs, convert_to_numpy=True), np.float32)
+    return CrossEncoder(str(directory), device="cpu", local_files_only=True)
+
+
+def predicted(directory: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
+    """``CrossEncoder.predict`` of ``pairs`` in float32 (its activation applied)."""
+    scores = _cross_encoder(directory).predict(pairs, convert_to_numpy=True)
+    return np.asarray(scores, np.float32)
 
 
 def test_rerank_and_score_equal_cross_encoder_predict(served) -> None:
@@ -84,6 +91,7 @@ def test_the_kind_is_cross_encoder_and_other_routes_refuse_it(served) -> None:
         asyncio.run(service.score({"query": "a", "items": ["b"], "label_token_ids": [1]}, backend))
 
 
+@pytest.mark.parametrize("served", ["bert"], indirect=True)  # the app is the family's
 def test_http_routes_models_and_openapi_of_a_cross_encoder(served) -> None:
     from app.http import build_api
     from tests.support.http_support import ask

@@ -20,7 +20,7 @@ def _stream(lengths: list[int], width: int) -> np.ndarray:
     return ids
 
 
-@pytest.mark.parametrize("window", [5, 8, 16, 40])
+@pytest.mark.parametrize("window", [5, 40])  # blocks reading both sides; one block
 def test_blocked_segments_equal_dense_attention_under_the_literal_mask(window: int) -> None:
     rows = np.stack([_stream([5, 1, 3, 5, 2], 37), _stream([4, 4, 4, 4, 4, 4, 4], 37)])
     item_ids = jnp.asarray(rows)  # [2, 37], -1 padding at the end
