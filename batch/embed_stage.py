@@ -130,8 +130,16 @@ class ServeEmbed(ServeStage):
     """``--engine serve``: each pack to the ingress's ``score_work`` (checked again there),
     within the limits the app describes; 503s sent again after Retry-After."""
 
-    def __init__(self, app_name: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(app_name, *args, **kwargs)
+    def __init__(
+        self,
+        app_name: str,
+        settings: ReplicaSettings,
+        dimensions: int | None,
+        tally: Any,
+        max_in_flight: int = 4,
+        adapter: str | None = None,
+    ) -> None:
+        super().__init__(app_name, settings, dimensions, tally, max_in_flight, adapter)
         self._info = self._handle.describe.remote().result()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
