@@ -5,7 +5,8 @@ the head outputs; ``--no-activation``: the raw outputs).
 ``ClassifyPrepare`` (CPU): the row's text prepared by the route's own ``prepare_classify``
 (one input: its tokens as a query with one empty item), or the route's 400. The engine stage
 scores every row's work in one call (the replica packs them into its steps) and
-``classify_columns`` reads each row's answer as ``classify_body`` does.
+``ClassifyResults`` (``classify_results``: the model's head, or a SettingsError when it has
+none) reads each row's answer as ``classify_body`` does.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import pyarrow as pa
 from app.classify import ClassifyWork, prepare_classify
 from app.scores import classify_probs
 from batch.rows import plain
-from batch.work_stages import PrepareRows
-from batch.works import Work
+from batch.works import PrepareWorks, Work
 from replicas.contract import ScoreHead, ScoreWork
 from replicas.errors import Reason, ScoringError
+from replicas.settings import ReplicaSettings, SettingsError
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class ClassifyColumns:
     activation: bool = True
 
 
-class ClassifyPrepare(PrepareRows):
+class ClassifyPrepare(PrepareWorks):
     """The route's tokenizer and model card per CPU actor."""
 
     def prepare(self, row: dict[str, Any]) -> ClassifyWork | ScoringError:
@@ -75,3 +76,18 @@ class ClassifyResults:
             "label": pa.array(labels, pa.string()),
             "probs": pa.array(probs, pa.list_(pa.float64())),
         }
+
+
+def classify_results(settings: ReplicaSettings, columns: ClassifyColumns) -> ClassifyResults:
+    """The results of ``columns`` on the configured model's score head; a SettingsError when
+    it has none (before the job reads a row)."""
+    from replicas.checkpoints.sources import load_hf_config, resolve_model_source
+    from replicas.model.head_config import score_head_from_hf
+
+    head = score_head_from_hf(load_hf_config(resolve_model_source(settings.model.name)))
+    if head is None:
+        raise SettingsError(
+            f"model: {settings.model.name} has no score head; classify needs a sequence-"
+            "classification or reward model"
+        )
+    return ClassifyResults(head, columns.activation)

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.workloads import WORKLOADS
+from batch.rows import plain
 
 # The ingress methods with a Ray Data LLM twin (``<name>_stream``, app.ingress).
 METHODS = tuple(workload.name for workload in WORKLOADS if workload.stream)
@@ -28,16 +29,7 @@ def request_of(
     """A request's fields: ``fields`` (request field -> row column) from the row, plus
     ``shared`` (the same for every row: labels, ``apply_softmax``, ...)."""
     values = {field: row[column] for field, column in fields.items()}
-    return {name: _plain(value) for name, value in (values | dict(shared)).items()}
-
-
-def _plain(value: Any) -> Any:
-    """Arrow/NumPy cells (arrays of ids, nested lists) as Python lists and scalars."""
-    tolist = getattr(value, "tolist", None)
-    value = tolist() if tolist is not None else value
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
+    return {name: plain(value) for name, value in (values | dict(shared)).items()}
 
 
 def processor(
@@ -66,7 +58,7 @@ def processor(
 
     def preprocess(row: dict[str, Any]) -> dict[str, Any]:
         request = request_of(row, fields, shared)
-        kept = {name: _plain(row[name]) for name in keep}
+        kept = {name: plain(row[name]) for name in keep}
         return kept | {"method": f"{method}_stream", "request_kwargs": request}
 
     def postprocess(row: dict[str, Any]) -> dict[str, Any]:

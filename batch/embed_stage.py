@@ -1,36 +1,32 @@
 """``python -m batch embed``: each row's /v1/embeddings vector on an embedding model
 (semantics 20) in an ``embedding`` column (a fixed-size list of float32), with ``error`` and
-``error_message`` as the other modes write them.
+``error_message`` as the other modes write them, on the stage skeleton (batch.stages).
 
 ``EmbedPrepare`` (CPU actor): the row's text prepared by the route's own code
 (``app.embeddings.Embedder``: the prompt in front, the model's length limit), or the route's
 400. ``EmbedEngine`` (one engine per actor) or ``ServeEmbed`` (``--engine serve``: the
 ingress's ``score_work`` through its handle): the batch's rows packed by length into
 EmbedWorks within the request limits, so every engine call runs full rows of inputs end to
-end, then each row's vector (Matryoshka ``--dimensions`` applied). ``embed_dataset`` chains
-them; ``finish_embed`` tallies the rows and drops the helper columns.
+end, then each row's vector (Matryoshka ``--dimensions``, the stages' payload, applied:
+``embed_dimensions`` checks it against the model). ``finish_embed`` tallies the rows and
+drops the helper columns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import ray.data
 
 from app.embeddings import matryoshka
-from batch.grouping import GroupBy, engine_map, job_grouping
-from batch.pipeline import EngineOptions, engine_remote_args
 from batch.rows import plain
-from batch.serve_stage import call_all
-from batch.stages import counted_call, report, with_columns
-from batch.work_stages import PrepareRows
+from batch.serve_stage import ServeStage
+from batch.stages import EngineStage, PrepareRows, finish_rows, with_columns
 from replicas.contract import EmbedWork, ScoringLimits
 from replicas.errors import Reason, ScoringError
-from replicas.serving.setup import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings, SettingsError
 
 IDS, SKIP = "_sj_embed_ids", "_sj_embed_skip"
@@ -61,21 +57,12 @@ class EmbedPrepare(PrepareRows):
         except ScoringError as error:
             return error
 
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        prepared = [self.prepare(row) for row in batch.to_pylist()]
-        errors = [p if isinstance(p, ScoringError) else None for p in prepared]
-        works = [p if isinstance(p, EmbedWork) else None for p in prepared]
-        return with_columns(
-            batch,
-            {
-                IDS: pa.array(
-                    [list(w.inputs[0]) if w else None for w in works], pa.list_(pa.int32())
-                ),
-                SKIP: pa.array([w.prompt_length(0) if w else None for w in works], pa.int32()),
-                "error": pa.array([e.reason.value if e else None for e in errors], pa.string()),
-                "error_message": pa.array([e.message if e else None for e in errors], pa.string()),
-            },
-        )
+    def helper_columns(self, prepared: list[Any]) -> dict[str, pa.Array]:
+        works: list[EmbedWork | None] = prepared
+        return {
+            IDS: pa.array([list(w.inputs[0]) if w else None for w in works], pa.list_(pa.int32())),
+            SKIP: pa.array([w.prompt_length(0) if w else None for w in works], pa.int32()),
+        }
 
 
 def pack_rows(
@@ -127,81 +114,54 @@ def embedding_column(
     )
 
 
-class EmbedEngine:
-    """One engine per actor, made as a serving replica makes it."""
-
-    def __init__(
-        self, settings: ReplicaSettings, dimensions: int | None, tally: Any,
-        engine_factory: str = DEFAULT_ENGINE, adapter: str | None = None,
-    ) -> None:  # fmt: skip
-        self._engine = load_engine_factory(engine_factory)(settings)
-        self._dimensions, self._tally, self._adapter = dimensions, tally, adapter
-
-    @classmethod
-    def around(
-        cls, engine: Any, dimensions: int | None = None, tally: Any = None,
-        adapter: str | None = None,
-    ) -> EmbedEngine:  # fmt: skip
-        stage = cls.__new__(cls)
-        stage._engine, stage._dimensions, stage._tally = engine, dimensions, tally
-        stage._adapter = adapter
-        return stage
+class EmbedEngine(EngineStage):
+    """The engine stage of ``embed`` (payload: ``--dimensions``, None: the model's)."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         info = self._engine.info
         packs = pack_rows(batch, info.limits, self._adapter)
-        answers = counted_call(self._engine, [w for w, _ in packs], self._tally)
+        answers = self.call([w for w, _ in packs])
         size = info.pooling.dimension
-        column = embedding_column(batch.num_rows, packs, answers, size, self._dimensions)
+        column = embedding_column(batch.num_rows, packs, answers, size, self._payload)
         return with_columns(batch, {"embedding": column})
 
 
-class ServeEmbed:
+class ServeEmbed(ServeStage):
     """``--engine serve``: each pack to the ingress's ``score_work`` (checked again there),
-    at most ``max_in_flight`` calls outstanding; 503s sent again after Retry-After."""
+    within the limits the app describes; 503s sent again after Retry-After."""
 
     def __init__(
-        self, app: str, dimensions: int | None, tally: Any, max_in_flight: int = 4,
+        self,
+        app_name: str,
+        settings: ReplicaSettings,
+        dimensions: int | None,
+        tally: Any,
+        max_in_flight: int = 4,
         adapter: str | None = None,
-    ) -> None:  # fmt: skip
-        from ray import serve
-
-        self._handle = serve.get_app_handle(app)
+    ) -> None:
+        super().__init__(app_name, settings, dimensions, tally, max_in_flight, adapter)
         self._info = self._handle.describe.remote().result()
-        self._dimensions, self._tally, self._max = dimensions, tally, max_in_flight
-        self._adapter = adapter
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         packs = pack_rows(batch, self._info.limits, self._adapter)
-        send: Callable[[Any], Any] = self._handle.score_work.remote
-        answers = call_all(send, [w for w, _ in packs], self._max, self._tally)
+        answers = self.send_all(self._handle.score_work.remote, [w for w, _ in packs])
         size = self._info.pooling.dimension
-        column = embedding_column(batch.num_rows, packs, answers, size, self._dimensions)
+        column = embedding_column(batch.num_rows, packs, answers, size, self._payload)
         return with_columns(batch, {"embedding": column})
 
 
 def finish_embed(batch: pa.Table, tally: Any) -> pa.Table:
-    errors = [e for e in batch.column("error").to_pylist() if e is not None]
-    items = sum(v is not None for v in batch.column("embedding").to_pylist())
-    counts = {"rows": batch.num_rows, "items": items}
-    report(tally, counts | {f"error:{e}": errors.count(e) for e in set(errors)})
-    return batch.drop_columns([c for c in HELPERS if c in batch.column_names])
+    """Rows, vectors and refusals to ``tally``; the helper columns dropped."""
+    return finish_rows(batch, "embedding", HELPERS, tally)
 
 
-def embed_dataset(
-    ds: ray.data.Dataset,
-    settings: ReplicaSettings,
-    columns: EmbedColumns,
-    options: EngineOptions | None = None,
-    keep: Sequence[str] | None = None,
-    tally: Any = None,
-) -> ray.data.Dataset:
-    """Each row's ``embedding`` as /v1/embeddings gives it, with ``error`` and
-    ``error_message``: prepare (CPU actor) -> engine actors or handle callers -> tally."""
+def embed_dimensions(settings: ReplicaSettings, columns: EmbedColumns) -> int | None:
+    """``columns.dimensions``, checked against the configured model: a SettingsError when it
+    is not an embedding model or the dimensions are past its vector's (before the job reads
+    a row)."""
     from replicas.checkpoints.sources import load_hf_config, resolve_model_source
     from replicas.model.pooling_config import pooling_head_for
 
-    options = options or EngineOptions()
     source = resolve_model_source(settings.model.name)
     directory = None if source.is_gguf else source.directory
     head = pooling_head_for(
@@ -211,29 +171,4 @@ def embed_dataset(
         raise SettingsError(f"model: {settings.model.name} is not an embedding model")
     if columns.dimensions is not None and not 1 <= columns.dimensions <= head.dimension:
         raise SettingsError(f"--dimensions: 1..{head.dimension}, got {columns.dimensions}")
-    # Rows of one token bucket together, whatever the input order: a call packs full steps.
-    by_length = GroupBy("length", settings.engine.token_buckets, ids_column=IDS)
-    grouping = job_grouping(ds, options, by_length, tally)
-    prepared = ds.map_batches(
-        EmbedPrepare, fn_constructor_args=(settings, columns), batch_format="pyarrow",
-        batch_size=options.batch_size, concurrency=1, num_cpus=options.cpu_share,
-    )  # fmt: skip
-    if options.engine == "serve":
-        args: tuple[Any, ...] = (
-            options.app, columns.dimensions, tally, options.max_in_flight, options.adapter
-        )  # fmt: skip
-        embedded = engine_map(
-            prepared, ServeEmbed, args, options, grouping, num_cpus=options.cpu_share
-        )
-    else:
-        args = (settings, columns.dimensions, tally, options.engine_factory, options.adapter)
-        remote = engine_remote_args(settings, options.engine_env)
-        embedded = engine_map(prepared, EmbedEngine, args, options, grouping, **remote)
-    finished = embedded.map_batches(
-        finish_embed, fn_kwargs={"tally": tally}, batch_format="pyarrow", batch_size=None,
-        num_cpus=options.cpu_share,
-    )  # fmt: skip
-    if keep is None:
-        return finished
-    wanted = [columns.id, *keep, "embedding", "error", "error_message"]
-    return finished.select_columns(list(dict.fromkeys(wanted)))
+    return columns.dimensions

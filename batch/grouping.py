@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from batch.stages import QUERY_IDS, report
+from batch.score_stage import QUERY_IDS
+from batch.stages import report
 from batch.works import ITEMS, LABELS, QUERY
 
 GROUP = "_sj_group"

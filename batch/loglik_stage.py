@@ -19,8 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from batch.rows import plain
-from batch.work_stages import PrepareRows
-from batch.works import Work
+from batch.works import PrepareWorks, Work
 from replicas.contract import PromptLogprobs, PromptWork
 from replicas.errors import Reason, ScoringError
 
@@ -51,7 +50,7 @@ def continuation_answer(
     return logprob, greedy
 
 
-class LoglikPrepare(PrepareRows):
+class LoglikPrepare(PrepareWorks):
     """The route's Completions per CPU actor."""
 
     def _ids(self, value: Any, special: bool) -> list[int]:

@@ -3,7 +3,7 @@
 ``RerankPrepare`` (CPU): each row prepared by the route's own ``Reranker`` (the configured
 ``rerank_method`` and template) -> a one-item ScoreWork (yes_no, head) or a one-prompt
 PromptWork (query_likelihood) as token ids, or the route's 400. The engine stage
-(``batch.work_stages.EngineWorks``, or ``ServeWorks``) packs a batch's works (yes_no: rows
+(``batch.works.EngineWorks``, or ``ServeWorks``) packs a batch's works (yes_no: rows
 that share a query as one multi-item work, as ``score`` packs; query_likelihood: every row's
 prompt in one prompt work, whose shared blocks the engine computes once) and
 ``relevance_columns`` gives each row ``app.rerank.work_relevance`` of its own answer.
@@ -17,8 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from app.rerank import RerankWork, work_relevance
-from batch.work_stages import PrepareRows
-from batch.works import Work
+from batch.works import PrepareWorks, Work
 from replicas.contract import PromptWork
 from replicas.errors import ScoringError
 
@@ -30,7 +29,7 @@ class RerankColumns:
     id: str = "id"
 
 
-class RerankPrepare(PrepareRows):
+class RerankPrepare(PrepareWorks):
     """The route's Reranker per CPU actor."""
 
     def prepare(self, row: dict[str, Any]) -> RerankWork | ScoringError:

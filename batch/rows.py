@@ -1,21 +1,18 @@
-"""A dataset row -> the /v1/score request it stands for -> a ScoreWork or its 400 reason.
+"""A dataset row's values as Python (``plain``: the one Arrow/NumPy-to-Python conversion of
+the batch package) and the /v1/score request a ``score`` row stands for (``row_payload``).
 
-Jax-free and Ray-free: the tokenize stage runs it in CPU tasks. Every rule is
-``app.service.ScoringService.prepare``'s, so a row gets exactly the work (or the error) that
-the same row sent to ``/v1/score`` gets.
+Jax-free and Ray-free: the CPU stages run it. ``batch.score_stage.Tokenize`` prepares the
+payload with ``app.service.ScoringService.prepare``, so a row gets exactly the work (or the
+error) that the same row sent to ``/v1/score`` gets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from app.service import ScoringService
-from replicas.contract import ScoreWork
-from replicas.errors import ScoringError
 
 
 @dataclass(frozen=True)
@@ -29,15 +26,6 @@ class ScoreColumns:
     apply_softmax: bool = False
     item_first: bool = False
     model: str | None = None  # a LoRA adapter every row runs with (--model; None: the base)
-
-
-@dataclass(frozen=True)
-class PreparedRow:
-    """A row's work (None when it was refused), or its 400 reason and message."""
-
-    work: ScoreWork | None
-    error: str | None = None
-    message: str | None = None
 
 
 def plain(value: Any) -> Any:
@@ -72,17 +60,3 @@ def row_payload(row: Mapping[str, Any], columns: ScoreColumns) -> dict[str, Any]
         "item_first": columns.item_first,
         "model": columns.model,
     }
-
-
-def prepare_row(service: ScoringService, payload: Mapping[str, Any]) -> PreparedRow:
-    """The row's ScoreWork, or the reason and message /v1/score answers it with."""
-    try:
-        return PreparedRow(service.prepare(dict(payload)).work)
-    except ScoringError as error:
-        return PreparedRow(None, error.reason.value, error.message)
-
-
-def prepare_rows(
-    service: ScoringService, rows: Sequence[Mapping[str, Any]], columns: ScoreColumns
-) -> list[PreparedRow]:
-    return [prepare_row(service, row_payload(row, columns)) for row in rows]

@@ -2,10 +2,12 @@
 DeploymentHandle (the handle calls of docs/architecture.md, "Two deployments"), so a batch job
 shares the replicas with online traffic.
 
-``score``: each batch's rows are packed by query as for the local engine and each pack is
-sent as token ids to the ingress's ``score`` method (the /v1/score code path). ``rerank`` and
-``loglik``: the CPU stage's works, packed as for the local engine, go to the ingress's
-``score_work`` method (checked again there, then the replicas). Each actor keeps at most
+``ServeStage`` is the skeleton (the handle, the limits, ``call_all``). ``score``: each
+batch's rows are packed by query as for the local engine and each pack is sent as token ids
+to the ingress's ``score`` method (the /v1/score code path). ``rerank``, ``loglik``,
+``classify`` and ``embed`` (batch.embed_stage): the CPU stage's works, packed as for the
+local engine, go to the ingress's ``score_work`` method (checked again there, then the
+replicas). Each actor keeps at most
 ``max_in_flight`` calls in flight (DeploymentHandle responses, collected in order), so the
 job never adds more than ``replicas x max_in_flight`` calls to the replicas' queues and
 online requests keep their place among them. A 503 (``overloaded``, ``unavailable``) is sent
@@ -23,8 +25,8 @@ import numpy as np
 import pyarrow as pa
 
 from batch.packing import pack_works
-from batch.rows import ScoreColumns
-from batch.stages import LOGPROBS, logprob_column, report, row_works, with_columns
+from batch.score_stage import LOGPROBS, logprob_column, row_works
+from batch.stages import report, with_columns
 from batch.works import Work, read_works, row_answers
 from replicas.contract import ScoreWork
 from replicas.errors import Reason, ScoringError
@@ -57,26 +59,38 @@ def call_all(
     return results
 
 
-class ServeScore:
-    """One DeploymentHandle to the app per actor; packs as ``EngineScore`` packs."""
+class ServeStage:
+    """The ``--engine serve`` stage skeleton: one DeploymentHandle to the app ``app_name``
+    per actor, the request limits of ``settings``; ``payload`` as ``batch.stages.EngineStage``'s,
+    at most ``max_in_flight`` calls outstanding, ``adapter`` the job's ``--model``."""
 
     def __init__(
         self,
         app_name: str,
         settings: ReplicaSettings,
-        columns: ScoreColumns,
+        payload: Any,
         tally: Any,
         max_in_flight: int = 4,
+        adapter: str | None = None,
     ) -> None:
         from ray import serve
 
         self._handle = serve.get_app_handle(app_name)
-        self._limits, self._columns, self._tally = settings.limits, columns, tally
+        self._limits, self._payload, self._tally = settings.limits, payload, tally
         self._multi_item = settings.model.multi_item_scoring_delimiter is not None
-        self._max_in_flight = max_in_flight
+        self._max_in_flight, self._adapter = max_in_flight, adapter
+
+    def send_all(self, send: Callable[[Any], Any], requests: Sequence[Any]) -> list[Any]:
+        """``call_all`` with this stage's ``max_in_flight`` and tally."""
+        return call_all(send, requests, self._max_in_flight, self._tally)
+
+
+class ServeScore(ServeStage):
+    """``score`` through the app's ``score`` method (payload: the ``ScoreColumns``); packs
+    as ``EngineScore`` packs."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        works = row_works(batch, self._columns)
+        works = row_works(batch, self._payload)
         packs = pack_works(works, self._limits, self._multi_item)
         answers = self._scores([pack.work for pack in packs], self._max_in_flight)
         return with_columns(batch, {LOGPROBS: logprob_column(works, packs, answers)})
@@ -103,31 +117,15 @@ class ServeScore:
             return [np.log(np.asarray(body["scores"], np.float64)) for body in bodies]
 
 
-class ServeWorks:
-    """``rerank`` / ``loglik`` through the app: the CPU stage's works, packed as the local
-    engine stage packs them, sent to the ingress's ``score_work``; ``results(batch, works,
-    answers)`` gives the mode's columns (as ``batch.work_stages.EngineWorks``)."""
-
-    def __init__(
-        self,
-        app_name: str,
-        settings: ReplicaSettings,
-        results: Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]],
-        tally: Any,
-        max_in_flight: int = 4,
-        adapter: str | None = None,
-    ) -> None:
-        from ray import serve
-
-        self._handle = serve.get_app_handle(app_name)
-        self._limits, self._results, self._tally = settings.limits, results, tally
-        self._multi_item = settings.model.multi_item_scoring_delimiter is not None
-        self._max_in_flight, self._adapter = max_in_flight, adapter
+class ServeWorks(ServeStage):
+    """``rerank`` / ``loglik`` / ``classify`` through the app: the CPU stage's works, packed
+    as the local engine stage packs them, sent to the ingress's ``score_work``; the payload
+    (the mode's ``Results``) gives the mode's columns (as ``batch.works.EngineWorks``)."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         works = read_works(batch, self._adapter)
         answers = row_answers(works, self._limits, self._multi_item, self._call)
-        return with_columns(batch, self._results(batch, works, answers))
+        return with_columns(batch, self._payload(batch, works, answers))
 
     def _call(self, works: list[Work]) -> list[Any]:
-        return call_all(self._handle.score_work.remote, works, self._max_in_flight, self._tally)
+        return self.send_all(self._handle.score_work.remote, works)

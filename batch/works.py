@@ -1,10 +1,14 @@
-"""The works of the rerank and loglik modes as Arrow columns (CPU stage -> engine stage),
-and one engine call's answers for them, each row its own.
+"""The works of the rerank, loglik and classify modes as Arrow columns (CPU stage -> engine
+stage), one engine call's answers for them, each row its own, and the two stages on them.
 
-A row's work is a one-item ScoreWork (rerank yes_no / head) or a one-prompt PromptWork
-(rerank query_likelihood, loglik), or None (refused). The engine stage packs a batch's works
-(score works by query, ``batch.packing``; prompt works into prompt works, ``pack_prompts``),
-makes one call for all packs and hands each row its own answer.
+A row's work is a one-item ScoreWork (rerank yes_no / head, classify) or a one-prompt
+PromptWork (rerank query_likelihood, loglik), or None (refused). ``PrepareWorks`` (CPU)
+writes each prepared row's work as token-id columns (a subclass's ``prepare``: the route's
+own code). ``EngineWorks`` (one per accelerator host; token ids and answers only, no
+tokenizer) packs a batch's works (score works by query, ``batch.packing``; prompt works into
+prompt works, ``pack_prompts``), makes one call for all packs and hands each row its own
+answer to the mode's ``Results``. ``--engine serve`` swaps ``EngineWorks`` for
+``batch.serve_stage.ServeWorks``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 
 from batch.packing import pack_works, unpack
+from batch.stages import EngineStage, PrepareRows, with_columns
 from replicas.contract import PromptWork, ScoreWork, ScoringLimits, check_limits
 from replicas.errors import ScoringError
 
@@ -23,6 +28,8 @@ QUERY, ITEMS, LABELS = "_sj_work_query", "_sj_work_items", "_sj_work_labels"
 TOP_K, TAIL, KEEP = "_sj_work_top_k", "_sj_work_tail", "_sj_work_keep"
 WORK_COLUMNS = (QUERY, ITEMS, LABELS, TOP_K, TAIL, KEEP)
 IDS = pa.list_(pa.int32())  # [tokens]
+# (the batch, each row's work, each row's answer) -> the mode's result columns
+Results = Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]]
 
 
 def work_columns(works: Sequence[Work | None]) -> dict[str, pa.Array]:
@@ -120,3 +127,31 @@ def row_answers(
         for at, row in enumerate(rows):
             out[row] = answer[at]
     return out
+
+
+class PrepareWorks(PrepareRows):
+    """A mode on token-id works: ``prepare(row)`` (a subclass's) gives the route's prepared
+    request or its ScoringError, ``work_of`` its work, ``extra`` more helper columns."""
+
+    def work_of(self, prepared: Any) -> Work:
+        """The work of a prepared row (``prepared.work``)."""
+        return prepared.work
+
+    def extra(self, prepared: list[Any]) -> dict[str, pa.Array]:
+        return {}
+
+    def helper_columns(self, prepared: list[Any]) -> dict[str, pa.Array]:
+        works = [None if p is None else self.work_of(p) for p in prepared]
+        return work_columns(works) | self.extra(prepared)
+
+
+class EngineWorks(EngineStage):
+    """The engine stage on token-id works (payload: the mode's ``Results``, a module-level
+    function or a picklable callable)."""
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        works = read_works(batch, self._adapter)
+        info = self._engine.info
+        multi_item = info.multi_item_scoring_delimiter is not None
+        answers = row_answers(works, info.limits, multi_item, self.call)
+        return with_columns(batch, self._payload(batch, works, answers))

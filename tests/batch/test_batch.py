@@ -26,16 +26,10 @@ import yaml
 
 from app.service import ScoringService
 from batch.__main__ import main
-from batch.pipeline import (
-    TALLY_PREFIX,
-    EngineOptions,
-    run_score_job,
-    score_dataset,
-    settings_from_config,
-    use_checkpoint,
-)
+from batch.job import TALLY_PREFIX, use_checkpoint
+from batch.pipeline import EngineOptions, run_score_job, score_dataset, settings_from_config
 from batch.rows import ScoreColumns, row_payload
-from batch.stages import EngineScore, Tokenize, finish
+from batch.score_stage import EngineScore, Tokenize, finish
 from replicas.errors import ScoringError
 from tests.support.batch_fault_engine import DIE_ENV, STOP_ENV
 from tests.support.fp32 import assert_fp32_close
@@ -290,7 +284,8 @@ def in_process(
 ) -> Any:
     """A rerank or loglik job's stages in this process: prepare (CPU) -> the engine stage,
     which reads token ids only (the text columns are dropped before it) -> finish."""
-    from batch.work_stages import EngineWorks, finish_rows
+    from batch.stages import finish_rows
+    from batch.works import WORK_COLUMNS, EngineWorks
 
     scorer = EngineWorks.around(engine, results)
 
@@ -298,7 +293,7 @@ def in_process(
         prepared = prepare(batch)
         texts = [c for c in batch.column_names if c != "id"]
         scored = scorer(prepared.drop_columns(texts))
-        return finish_rows(scored, result, helpers, None)
+        return finish_rows(scored, result, (*WORK_COLUMNS, *helpers), None)
 
     return stage
 

@@ -60,7 +60,7 @@ def test_embed_rows_equal_what_v1_embeddings_answers(local, prompt_name, dimensi
 
 def test_the_command_and_its_refusals(tiny_llama_dir, embedding_dirs: dict) -> None:
     from batch.__main__ import parser
-    from batch.embed_stage import embed_dataset
+    from batch.pipeline import embed_dataset
     from replicas.settings import ReplicaSettings, SettingsError
 
     args = parser().parse_args(

@@ -21,7 +21,7 @@ import pytest
 
 from app.service import ScoringService
 from batch.rows import ScoreColumns, row_payload
-from batch.stages import ITEM_IDS, QUERY_IDS, EngineScore, Tokenize, finish
+from batch.score_stage import ITEM_IDS, QUERY_IDS, EngineScore, Tokenize, finish
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
 from tests.support.fp32 import SMOLLM2_LAYERS, assert_fp32_close

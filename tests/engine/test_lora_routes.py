@@ -145,7 +145,7 @@ def test_a_batch_score_job_runs_its_rows_with_the_model_it_names(served):
 
     from batch.__main__ import adapter_of
     from batch.rows import ScoreColumns
-    from batch.stages import LOGPROBS, EngineScore, Tokenize
+    from batch.score_stage import LOGPROBS, EngineScore, Tokenize
     from replicas.settings import SettingsError
 
     rows = pa.Table.from_pylist(
@@ -179,8 +179,7 @@ def test_batch_rerank_and_loglik_jobs_run_their_rows_with_the_model_they_name(se
 
     from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
     from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
-    from batch.work_stages import EngineWorks
-    from batch.works import read_works
+    from batch.works import EngineWorks, read_works
 
     service: ScoringService = served["service"]
     documents = ["Paris is the capital of France.", "Bananas are yellow."]

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from batch.grouping import GROUP, GroupBy, InCalls, add_group_key, call_ranges, group_keys
-from batch.stages import ITEM_IDS, QUERY_IDS
+from batch.score_stage import ITEM_IDS, QUERY_IDS
 from batch.works import work_columns
 from replicas.contract import PromptWork, ScoreWork
 
