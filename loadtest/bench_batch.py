@@ -52,8 +52,8 @@ from loadtest.bench_batch_serve import (
     timed_job,
     warm,
 )
+from loadtest.client import Deadline, DeadlineExceeded
 from loadtest.harness import LABELS, Option, Result, Run, Workload
-from loadtest.server_client import Deadline, DeadlineExceeded
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings
 

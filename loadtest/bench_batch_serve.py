@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from loadtest.bench_batch_report import Rate, stat_rate, steady_items_per_s
-from loadtest.harness import LABELS, RetryingClient
-from loadtest.server_client import Deadline, Server, score_body
+from loadtest.client import Deadline, RetryingClient, Server, score_body
+from loadtest.harness import LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_CONFIG = ROOT / "serve_config.yaml"

@@ -21,34 +21,18 @@ from typing import Any
 
 import numpy as np
 
-from cluster.mesh import build_mesh
-from loadtest.bench_common import shipped_settings
+from loadtest.bench_common import build_engines, random_checkpoint, shipped_settings
 from loadtest.harness import Option, Result, Run, Workload, col, counts, table, timed_together
-from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
-from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.catalog import HF_CONFIGS
 
 SHAPE = "Qwen3-0.6B"
 
 
-def save_reward_model(directory: Path, layers: int) -> Any:
-    """A random Qwen3-0.6B-shaped one-label seq-cls model with ``layers`` decoder layers in
-    ``directory``; returns it."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    from replicas.model.catalog import hf_config
-
-    torch.manual_seed(0)
-    values = {**HF_CONFIGS[SHAPE], "num_labels": 1, "pad_token_id": 0}
-    values["num_hidden_layers"] = layers
-    config = hf_config({**values, "architectures": ["Qwen3ForSequenceClassification"]})
-    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # transformers' init leaves score at N(0, 0.02): a wider spread
-        model.score.weight.normal_(0.0, model.config.hidden_size**-0.5)
-    model.save_pretrained(directory, safe_serialization=True)
-    return model
+def reward_shape(layers: int) -> dict[str, Any]:
+    """Qwen3-0.6B's config as a one-label seq-cls model of ``layers`` decoder layers."""
+    return {**HF_CONFIGS[SHAPE], "num_labels": 1, "pad_token_id": 0, "num_hidden_layers": layers,
+            "architectures": ["Qwen3ForSequenceClassification"]}  # fmt: skip
 
 
 def best_of_n(responses: int, prompt_len: int, response_len: int, seed: int = 0) -> ScoreWork:
@@ -75,20 +59,10 @@ def run_sizes(
 ) -> list[dict]:
     # every signature compiles on its first call, not in the background: one warm-up call
     shipped = shipped_settings().replace(background_compile=False)
+    variants = {"multi": shipped, "single": shipped.replace(multi_item_scoring_delimiter=None)}
     with tempfile.TemporaryDirectory() as folder:
-        hf_model = save_reward_model(Path(folder), layers)
-        mesh = build_mesh(shipped.placement.mesh_shape)
-        loaded = load_model(folder, mesh, "float32")
-    engines = {
-        "multi": ScoringEngine(loaded.model, loaded.params, mesh, shipped, SHAPE),
-        "single": ScoringEngine(
-            loaded.model,
-            loaded.params,
-            mesh,
-            shipped.replace(multi_item_scoring_delimiter=None),
-            SHAPE,
-        ),
-    }
+        hf_model = random_checkpoint(Path(folder), reward_shape(layers))
+        engines, _ = build_engines(shipped, variants, SHAPE, Path(folder))
     rows = []
     for n in responses:
         work = best_of_n(n, prompt_len, response_len)

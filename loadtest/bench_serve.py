@@ -36,9 +36,9 @@ from loadtest.bench_serve_report import (
     targets_table,
     total,
 )
+from loadtest.client import Deadline, DeadlineExceeded, ScoreFailed, Server, score_body
 from loadtest.harness import LABELS, MODEL, Option, Result, Run, counts, table, timed
 from loadtest.harness import Workload as Workload_
-from loadtest.server_client import Deadline, DeadlineExceeded, ScoreFailed, Server, score_body
 from replicas.contract import ScoreWork
 from replicas.model.config import ModelConfig
 from replicas.model.flops import multi_item_flops

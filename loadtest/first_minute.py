@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 from loadtest.bench_serve_report import ID_RANGE, Sample, total
+from loadtest.client import Deadline, Server, score_body
 from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, ratio, table
-from loadtest.server_client import Deadline, Server, score_body
 
 ITEM_COUNTS = (10, 100)
 QUERY_TOKENS, ITEM_TOKENS = 300, 10
