@@ -17,7 +17,7 @@ from app.completions import Completions
 from app.openapi import longest_item, longest_query, score_request_schema
 from app.service import ScoringService
 from loadtest import fuzz, fuzz_cases
-from loadtest.fuzz_run import Agreement, Tally, in_process, run_all, run_strategy, split, table
+from loadtest.fuzz import Agreement, Tally, in_process, run_all, run_strategy, split, table
 from loadtest.fuzz_server import CheckingBackend, in_process_app
 from loadtest.fuzz_strategies import Served, encode, valid_bodies
 from replicas.contract import ModelInfo, ScoringLimits
