@@ -42,7 +42,15 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.bench_batch_report import NOTES, Rate, Shape, parse_shapes, steady_items_per_s, tables
+from loadtest.bench_batch_report import (
+    NOTES,
+    Rate,
+    Shape,
+    parse_shapes,
+    stat_rate,
+    steady_items_per_s,
+    tables,
+)
 from loadtest.bench_batch_serve import (
     group_bodies,
     http_rate,
@@ -115,17 +123,7 @@ def engine_rate(rows: Rows, settings: ReplicaSettings) -> Rate:
         engine.score_batch([work])
     wall, after = time.perf_counter() - start, engine.stats()
     items = sum(len(work.item_ids) for work in works[1:])
-    grown = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int | float)}
-    return Rate(
-        items,
-        wall,
-        steady_items_per_s=items / wall,
-        engine_s=grown["engine_seconds"],
-        steps=grown["steps"],
-        cache_hits=grown.get("query_cache_hits"),
-        computed_tokens=grown["computed_tokens"],
-        useful_tokens=grown["useful_tokens"],
-    )
+    return stat_rate(items, wall, before, after, steady_items_per_s=items / wall)
 
 
 def transformers_rate(rows: Rows, model: Any) -> Rate:

@@ -90,11 +90,8 @@ def served_app(
         client = serve.context._get_global_client()
         client.deploy_apps(ServeDeploySchema.model_validate(apps), _blocking=False)
         url = f"http://127.0.0.1:{port}"  # the shipped host; loopback either way
-        server = Server(url, Deadline.after(ready_timeout_s + 60))
-        try:
+        with Server(url, Deadline.after(ready_timeout_s + 60)) as server:
             server.wait_healthy(ready_timeout_s)
-        finally:
-            server.close()
         yield url
     finally:
         try:
@@ -106,20 +103,14 @@ def served_app(
 def warm(url: str, bodies: Sequence[bytes]) -> None:
     """Untimed requests of each body's shape until its own signature is compiled (as
     loadtest.bench_serve warms), so the timed runs see the steady state."""
-    server = Server(url, Deadline.after(3600))
-    try:
+    with Server(url, Deadline.after(3600)) as server:
         for body in bodies:
             server.warm(body)
-    finally:
-        server.close()
 
 
 def stats(url: str) -> dict[str, Any]:
-    server = Server(url, Deadline.after(60))
-    try:
+    with Server(url, Deadline.after(60)) as server:
         return server.stats()
-    finally:
-        server.close()
 
 
 def row_bodies(rows: Sequence[dict[str, Any]]) -> list[bytes]:

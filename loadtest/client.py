@@ -172,6 +172,12 @@ class Server:
     def close(self) -> None:
         self._client.close()
 
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def check_deadline(self) -> None:
         """DeadlineExceeded once the run's time budget is spent."""
         self._deadline.check()
