@@ -52,8 +52,10 @@ from loadtest.bench_batch_report import (
     tables,
 )
 from loadtest.bench_batch_serve import (
+    AS_SERVED,
     group_bodies,
     http_rate,
+    local_cluster,
     row_bodies,
     serve_batch_rate,
     served_app,
@@ -200,8 +202,6 @@ class Batch:
 
     def local(self) -> None:
         """(e), (d), then (a) on a local Ray cluster, which is shut down after."""
-        import ray
-
         from loadtest.bench_common import load_hf_model
 
         settings = bench_settings()
@@ -212,15 +212,7 @@ class Batch:
             head = self.sorted[shape.label][: self.args.http_rows]
             self.part(shape, "d", lambda h=head, m=model: transformers_rate(h, m))
         del model
-        ray.init(
-            address="local",  # a new private cluster, never one `ray start` left running
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            object_store_memory=512 * 1024**2,
-            _system_config={"worker_niceness": 0},  # as make serve starts Ray
-        )
-        try:
+        with local_cluster(2, **AS_SERVED):
             size = self.args.batch_size
             # The targets' runs first, then the large run, then shuffled with --no-group (the
             # slowest, for comparison): a --deadline-s cut drops the least needed.
@@ -246,8 +238,6 @@ class Batch:
                 rows = self.shuffled[shape.label]
                 job = lambda r=rows: batch_rate(r, settings, size, False)  # noqa: E731
                 self.part(shape, "a shuffled --no-group", job)
-        finally:
-            ray.shutdown()
 
     def guarded_large(self, settings: ReplicaSettings) -> str:
         """The large run's line (or why it has none)."""
