@@ -26,17 +26,22 @@ def make_work(num_items: int, query_len: int, item_len: int, seed: int = 0) -> S
     return ScoreWork(ids(query_len), tuple(ids(item_len) for _ in range(num_items)), LABELS)
 
 
-def shipped_settings(config: Path = SERVE_CONFIG) -> Any:
-    """The replica settings of the shipped serve_config.yaml (its first application's args),
-    without its warm-up (each case is warmed by untimed calls; so without
-    ``limit_to_warmup`` either), disk cache or query cache (each case repeats one request,
-    which the cache would answer warm; the HTTP benchmark measures the cache)."""
+def config_settings(config: Path = SERVE_CONFIG) -> Any:
+    """The replica settings of ``config``'s first application (its args), as written."""
     import yaml
 
     from replicas.settings import ReplicaSettings
 
     (app, *_) = yaml.safe_load(config.read_text())["applications"]
-    return ReplicaSettings.from_mapping(app["args"]).replace(
+    return ReplicaSettings.from_mapping(app["args"])
+
+
+def shipped_settings(config: Path = SERVE_CONFIG) -> Any:
+    """The replica settings of the shipped serve_config.yaml (its first application's args),
+    without its warm-up (each case is warmed by untimed calls; so without
+    ``limit_to_warmup`` either), disk cache or query cache (each case repeats one request,
+    which the cache would answer warm; the HTTP benchmark measures the cache)."""
+    return config_settings(config).replace(
         warmup_shapes=(), limit_to_warmup=False, compilation_cache_dir=None, query_cache_bytes=0
     )
 

@@ -37,6 +37,7 @@ from schemathesis import GenerationMode
 from app.http import ACCESS_LOG
 from app.service import ScoringService
 from app.validation import parse_json
+from loadtest.bench_common import SERVE_CONFIG, config_settings
 from loadtest.fuzz_cases import fuzz_bodies
 from loadtest.fuzz_server import CheckingBackend, in_process_app
 from loadtest.fuzz_strategies import (
@@ -49,7 +50,7 @@ from loadtest.fuzz_strategies import (
     tokenizer_route_bodies,
     valid_bodies,
 )
-from loadtest.harness import ROOT, Workload, col, loopback_url
+from loadtest.harness import Workload, col, loopback_url
 from loadtest.harness import table as markdown_table
 from replicas.errors import ScoringError
 
@@ -335,17 +336,9 @@ def table(tallies: list[Tally]) -> str:
     return markdown_table(columns, [*rows, total]).markdown()
 
 
-SERVE_CONFIG = ROOT / "serve_config.yaml"
-
-
 def _service(config: Path) -> ScoringService:
     """The ingress's service for the first application of ``config`` (its model's tokenizer)."""
-    import yaml
-
-    from replicas.settings import ReplicaSettings
-
-    (app, *_) = yaml.safe_load(config.read_text())["applications"]
-    return ScoringService.from_settings(ReplicaSettings.from_mapping(app["args"]))
+    return ScoringService.from_settings(config_settings(config))
 
 
 def main(argv: list[str] | None = None) -> int:
