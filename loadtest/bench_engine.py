@@ -89,7 +89,9 @@ ENGINE_COLUMNS = (
 )  # fmt: skip
 
 
-def engine_row(n: int, o: argparse.Namespace, built: dict, hf: Any, config: Any, peak: float):
+def engine_row(
+    n: int, o: argparse.Namespace, built: dict, hf: Any, config: Any, peak: float
+) -> tuple:
     """One row of the shipped model: every layout, transformers, FLOP/s and padding."""
     from replicas.model.flops import multi_item_flops
 
