@@ -3,8 +3,8 @@ must get a 4xx, never a 5xx (``make fuzz``).
 
     python -m loadtest run fuzz --count 10000 [--seed 0] [--config serve_config.yaml] [--url URL]
 
-Generators: the fixed hostile cases and seeded mutations of ``loadtest.fuzz_cases``, three
-Hypothesis strategies (``loadtest.fuzz_strategies``) and schemathesis driven from the
+Generators (``loadtest.fuzz_strategies``): the fixed hostile cases and seeded mutations of
+``fuzz_bodies``, three Hypothesis strategies, and schemathesis driven from the
 server's own ``/openapi.json`` (positive: bodies the document accepts; negative: bodies it
 rejects), shared out over ``--count``. In process, the real validation and tokenizer of
 ``--config``'s model answer, the replicas replaced by a checking backend
@@ -38,13 +38,13 @@ from app.http import ACCESS_LOG
 from app.service import ScoringService
 from app.validation import parse_json
 from loadtest.bench_common import SERVE_CONFIG, config_settings
-from loadtest.fuzz_cases import fuzz_bodies
 from loadtest.fuzz_server import CheckingBackend, in_process_app
 from loadtest.fuzz_strategies import (
     Served,
     arbitrary_bodies,
     completion_bodies,
     encode,
+    fuzz_bodies,
     near_valid_bodies,
     near_valid_completions,
     tokenizer_route_bodies,

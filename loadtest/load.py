@@ -18,7 +18,7 @@ import statistics
 import httpx
 
 from loadtest.client import closed_loop, percentile
-from loadtest.fuzz_cases import fuzz_bodies
+from loadtest.fuzz_strategies import fuzz_bodies
 from loadtest.harness import LABELS, TOOL_RESULTS, Option, Result, Run, Workload, figures_table
 
 

@@ -9,7 +9,7 @@
 - ``fresh``: a never-seen text query (query-cache misses), 1..100 items (``load.score_body``);
 - ``tokens``: token-id query (half from a fixed pool, half fresh) and 1..100 token-id items;
 - ``item_first``: ``item_first: true`` (the single-item path), 1..4 short items;
-- ``invalid``: the fuzz bodies of ``loadtest.fuzz_cases`` in turn (400s; never a 500).
+- ``invalid``: ``loadtest.fuzz_strategies.fuzz_bodies`` in turn (400s; never a 500).
 
 ``--pool N`` draws instead from N such bodies per client, fixed at the start: once each has
 been served, there is nothing new to compile or to cache, so RSS that still grows is a leak.
@@ -49,7 +49,7 @@ from urllib.parse import urlparse
 import httpx
 
 from loadtest.client import WORDS, send
-from loadtest.fuzz_cases import fuzz_bodies
+from loadtest.fuzz_strategies import fuzz_bodies
 from loadtest.harness import LABELS, TOOL_RESULTS, Option, Result, Run, Workload, col, table
 from loadtest.load import score_body
 from loadtest.procs import MIB, find_workers, rss_mib, serving_raylet
