@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
@@ -52,26 +53,35 @@ def layouts(shipped: Any, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: every[name] for name in names}
 
 
-def timed_round(built: dict, work: Any, hf_model: Any, repeats: int) -> tuple[dict, dict, float]:
-    """Every engine and transformers (when ``hf_model``) on one work, timed in turn
-    (``timed_together``) once each engine's own signature is compiled; one round for the slow
-    cases at >= 100 items. Seconds and last answers by name, and the shared-prefix layout's
-    padding (tokens computed / useful) over the timed rounds."""
-    calls = {name: partial(engine.score_batch, [work]) for name, engine in built.items()}
-    for name, engine in built.items():  # a covered shape compiles in the background on recurring
+def timed_round(
+    built: Mapping[str, Any],
+    works: Sequence[Any],
+    others: Mapping[str, Callable[[], Any]],
+    rounds: int,
+    warm: int = 1,
+) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
+    """Every engine of ``built`` on ``works`` and every call of ``others`` (the baselines),
+    timed in turn (``timed_together``: ``warm`` untimed rounds, then ``rounds``) once each
+    engine's own signature is compiled (a covered shape compiles in the background when it
+    recurs: two untimed calls each first). Seconds and last answers by name (an engine's
+    concatenated over the works), and how far each engine's counters moved in the rounds."""
+    calls = {name: partial(engine.score_batch, list(works)) for name, engine in built.items()}
+    for name, engine in built.items():
         calls[name](), calls[name]()
         engine.wait_for_background_compiles()
-    if hf_model is not None:
-        calls["transformers"] = common.hf_scorer(work, hf_model)
     answers: dict[str, Any] = {}
-    before = built["shared_prefix"].stats()
-    seconds = timed_together(calls, 1 if work.num_items >= 100 else repeats, last=answers)
-    after = built["shared_prefix"].stats()
-    moved = {k: after[k] - before[k] for k in ("computed_tokens", "useful_tokens")}
-    scores = {name: answers[name][0] for name in built}
-    if hf_model is not None:
-        scores["transformers"] = answers["transformers"]
-    return seconds, scores, moved["computed_tokens"] / moved["useful_tokens"]
+    before = {name: engine.stats() for name, engine in built.items()}
+    seconds = timed_together({**calls, **others}, rounds, warm, last=answers)
+    after = {name: engine.stats() for name, engine in built.items()}
+    tokens = ("computed_tokens", "useful_tokens")
+    moved = {name: {k: after[name][k] - before[name][k] for k in tokens} for name in built}
+    scores = {k: np.concatenate(v) if k in built else v for k, v in answers.items()}
+    return seconds, scores, moved
+
+
+def baseline(work: Any, hf_model: Any) -> dict[str, Callable[[], Any]]:
+    """transformers' batched single-item scoring of ``work`` (none without ``hf_model``)."""
+    return {} if hf_model is None else {"transformers": common.hf_scorer(work, hf_model)}
 
 
 def diff(scores: dict, a: str, b: str) -> float | None:
@@ -96,7 +106,9 @@ def engine_row(
     from replicas.model.flops import multi_item_flops
 
     work = common.make_work(n, o.query_tokens, o.item_tokens)
-    seconds, scores, padding = timed_round(built, work, hf, o.repeats)
+    rounds = 1 if n >= 100 else o.repeats
+    seconds, scores, moved = timed_round(built, [work], baseline(work, hf), rounds)
+    padding = moved["shared_prefix"]["computed_tokens"] / moved["shared_prefix"]["useful_tokens"]
     hf_s = seconds.get("transformers")
     single, multi, packed = (seconds[k] for k in LAYOUTS)
     flops = multi_item_flops(config, o.query_tokens, [o.item_tokens] * n)
@@ -146,7 +158,9 @@ def family_rows(o: argparse.Namespace, directory: Path, run: Run) -> list[tuple]
     rows = []
     for n in counts(o.items):
         work = common.make_work(n, o.query_tokens, o.item_tokens)
-        seconds, scores, _ = timed_round(built, work, hf_model if o.hf else None, o.repeats)
+        rounds = 1 if n >= 100 else o.repeats
+        hf = baseline(work, hf_model if o.hf else None)
+        seconds, scores, _ = timed_round(built, [work], hf, rounds)
         single, multi = seconds["single"], seconds["shared_prefix"]
         hf_s = seconds.get("transformers")
         rows.append((n, single, multi, hf_s, single / multi, ratio(hf_s, multi),

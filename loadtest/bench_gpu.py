@@ -25,10 +25,10 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from loadtest import bench_common as common
-from loadtest.harness import Option, Result, Run, Workload, col, counts, table, timed
+from loadtest.bench_engine import diff, timed_round
+from loadtest.harness import Option, Result, Run, Workload, col, counts, table
 from replicas.model.catalog import HF_CONFIGS
 from replicas.model.flops import multi_item_flops, single_item_flops
 
@@ -82,18 +82,14 @@ def run_batches(args: argparse.Namespace, run: Run) -> list[dict]:
             for s in range(batch)
         ]
         row: dict = {"batch": batch, "items": batch * args.items, "peak": peak}
-        scores = {}
-        for name, engine in engines.items():
-            if name.startswith("single") and batch > args.single_max_batch:
-                continue
-            row[name] = common.timed_steady(engine, works, args.repeats, warm=0)
-            scores[name] = np.concatenate(engine.score_batch(works))
+        single = batch <= args.single_max_batch
+        built = {k: e for k, e in engines.items() if single or not k.startswith("single")}
         score = common.hf_scorer(works, torch_model)
-        row["torch"] = timed(score, args.repeats, warm=2)  # each call returns host numpy
-        reference = score()
-        row["diff_multi_torch"] = float(np.abs(scores["multi"] - reference).max())
-        if "single" in scores:
-            row["diff_multi_single"] = float(np.abs(scores["multi"] - scores["single"]).max())
+        score(), score()  # each call returns host numpy
+        seconds, scores, _ = timed_round(built, works, {"torch": score}, args.repeats, warm=0)
+        row |= seconds
+        row["diff_multi_torch"] = diff(scores, "multi", "torch")
+        row["diff_multi_single"] = diff(scores, "multi", "single")
         lens = [args.item_tokens] * args.items
         row["mfu"] = batch * multi_item_flops(config, args.query_tokens, lens) / row["multi"] / peak
         row["torch_mfu"] = (

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from loadtest.bench_common import build_engines, random_checkpoint, shipped_settings
-from loadtest.harness import Option, Result, Run, Workload, col, counts, table, timed_together
+from loadtest.bench_engine import diff, timed_round
+from loadtest.harness import Option, Result, Run, Workload, col, counts, table
 from replicas.contract import ScoreWork
 from replicas.model.catalog import HF_CONFIGS
 
@@ -57,7 +58,7 @@ def hf_rewards(model: Any, work: ScoreWork) -> Any:
 def run_sizes(
     responses: list[int], prompt_len: int, response_len: int, repeats: int, layers: int, run: Run
 ) -> list[dict]:
-    # every signature compiles on its first call, not in the background: one warm-up call
+    # every signature compiles on its first call, not in the background
     shipped = shipped_settings().replace(background_compile=False)
     variants = {"multi": shipped, "single": shipped.replace(multi_item_scoring_delimiter=None)}
     with tempfile.TemporaryDirectory() as folder:
@@ -66,21 +67,14 @@ def run_sizes(
     rows = []
     for n in responses:
         work = best_of_n(n, prompt_len, response_len)
-        reps = 1 if n >= 64 else repeats
-        row: dict = {"responses": n}
-        fns = {
-            name: (lambda e=engine, w=work: e.score_batch([w])[0])
-            for name, engine in engines.items()
-        }
-        fns["transformers"] = hf_rewards(hf_model, work)
-        warm = {"multi", "single", *(["transformers"] if n < 64 else [])}
-        for name in warm:  # the engines compile their signatures here
-            fns[name]()
-        scores: dict = {}
-        row.update(timed_together(fns, reps, warm=0, last=scores))
-        reference = scores["transformers"]
-        row["parity"] = float(np.abs(scores["multi"] - scores["single"]).max())
-        row["hf_diff"] = float(np.abs(reference - scores["multi"]).max())
+        hf = hf_rewards(hf_model, work)
+        if n < 64:
+            hf()  # at 64 transformers runs without a warm-up
+        seconds, scores, _ = timed_round(engines, [work], {"transformers": hf},
+                                         1 if n >= 64 else repeats, warm=0)  # fmt: skip
+        row: dict = {"responses": n, **seconds}
+        row["parity"] = diff(scores, "multi", "single")
+        row["hf_diff"] = diff(scores, "transformers", "multi")
         row["token_ratio"] = n * (prompt_len + response_len) / (prompt_len + n * response_len)
         run.say(f"{n} responses: {row_cells(row)}")
         rows.append(row)
