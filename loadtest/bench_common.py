@@ -19,11 +19,14 @@ SERVE_CONFIG = ROOT / "serve_config.yaml"
 GPU_CONFIG = ROOT / "serve_config.gpu.yaml"
 
 
-def make_work(num_items: int, query_len: int, item_len: int, seed: int = 0) -> ScoreWork:
-    """Random token ids in [100, 40000): a query and ``num_items`` items, 3 labels."""
+def make_work(
+    num_items: int, query_len: int, item_len: int, seed: int = 0, labels: Sequence[int] = LABELS
+) -> ScoreWork:
+    """Random token ids in [100, 40000): a query and ``num_items`` items; ``labels``."""
     rng = np.random.default_rng(seed)
     ids = lambda n: tuple(int(t) for t in rng.integers(100, 40000, n))  # noqa: E731
-    return ScoreWork(ids(query_len), tuple(ids(item_len) for _ in range(num_items)), LABELS)
+    query = ids(query_len)  # first: the same draws as ever
+    return ScoreWork(query, tuple(ids(item_len) for _ in range(num_items)), tuple(labels))
 
 
 def config_settings(config: Path = SERVE_CONFIG) -> Any:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.bench_common import build_engines, random_checkpoint, shipped_settings
+from loadtest.bench_common import build_engines, make_work, random_checkpoint, shipped_settings
 from loadtest.bench_engine import diff, timed_round
 from loadtest.harness import Option, Result, Run, Workload, col, counts, table
 from replicas.contract import ScoreWork
@@ -34,12 +34,6 @@ def reward_shape(layers: int) -> dict[str, Any]:
     """Qwen3-0.6B's config as a one-label seq-cls model of ``layers`` decoder layers."""
     return {**HF_CONFIGS[SHAPE], "num_labels": 1, "pad_token_id": 0, "num_hidden_layers": layers,
             "architectures": ["Qwen3ForSequenceClassification"]}  # fmt: skip
-
-
-def best_of_n(responses: int, prompt_len: int, response_len: int, seed: int = 0) -> ScoreWork:
-    rng = np.random.default_rng(seed)
-    ids = lambda n: tuple(int(t) for t in rng.integers(100, 40000, n))  # noqa: E731
-    return ScoreWork(ids(prompt_len), tuple(ids(response_len) for _ in range(responses)), (0,))
 
 
 def hf_rewards(model: Any, work: ScoreWork) -> Any:
@@ -66,7 +60,7 @@ def run_sizes(
         engines, _ = build_engines(shipped, variants, SHAPE, Path(folder))
     rows = []
     for n in responses:
-        work = best_of_n(n, prompt_len, response_len)
+        work = make_work(n, prompt_len, response_len, labels=(0,))  # the head's one output
         hf = hf_rewards(hf_model, work)
         if n < 64:
             hf()  # at 64 transformers runs without a warm-up
