@@ -42,18 +42,28 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.bench_batch_report import NOTES, Rate, Shape, parse_shapes, steady_items_per_s, tables
+from loadtest.bench_batch_report import (
+    NOTES,
+    Rate,
+    Shape,
+    parse_shapes,
+    stat_rate,
+    steady_items_per_s,
+    tables,
+)
 from loadtest.bench_batch_serve import (
+    AS_SERVED,
     group_bodies,
     http_rate,
+    local_cluster,
     row_bodies,
     serve_batch_rate,
     served_app,
     timed_job,
     warm,
 )
+from loadtest.client import Deadline, DeadlineExceeded
 from loadtest.harness import LABELS, Option, Result, Run, Workload
-from loadtest.server_client import Deadline, DeadlineExceeded
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings
 
@@ -115,17 +125,7 @@ def engine_rate(rows: Rows, settings: ReplicaSettings) -> Rate:
         engine.score_batch([work])
     wall, after = time.perf_counter() - start, engine.stats()
     items = sum(len(work.item_ids) for work in works[1:])
-    grown = {k: v - before.get(k, 0) for k, v in after.items() if isinstance(v, int | float)}
-    return Rate(
-        items,
-        wall,
-        steady_items_per_s=items / wall,
-        engine_s=grown["engine_seconds"],
-        steps=grown["steps"],
-        cache_hits=grown.get("query_cache_hits"),
-        computed_tokens=grown["computed_tokens"],
-        useful_tokens=grown["useful_tokens"],
-    )
+    return stat_rate(items, wall, before, after, steady_items_per_s=items / wall)
 
 
 def transformers_rate(rows: Rows, model: Any) -> Rate:
@@ -202,8 +202,6 @@ class Batch:
 
     def local(self) -> None:
         """(e), (d), then (a) on a local Ray cluster, which is shut down after."""
-        import ray
-
         from loadtest.bench_common import load_hf_model
 
         settings = bench_settings()
@@ -214,15 +212,7 @@ class Batch:
             head = self.sorted[shape.label][: self.args.http_rows]
             self.part(shape, "d", lambda h=head, m=model: transformers_rate(h, m))
         del model
-        ray.init(
-            address="local",  # a new private cluster, never one `ray start` left running
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            object_store_memory=512 * 1024**2,
-            _system_config={"worker_niceness": 0},  # as make serve starts Ray
-        )
-        try:
+        with local_cluster(2, **AS_SERVED):
             size = self.args.batch_size
             # The targets' runs first, then the large run, then shuffled with --no-group (the
             # slowest, for comparison): a --deadline-s cut drops the least needed.
@@ -248,8 +238,6 @@ class Batch:
                 rows = self.shuffled[shape.label]
                 job = lambda r=rows: batch_rate(r, settings, size, False)  # noqa: E731
                 self.part(shape, "a shuffled --no-group", job)
-        finally:
-            ray.shutdown()
 
     def guarded_large(self, settings: ReplicaSettings) -> str:
         """The large run's line (or why it has none)."""

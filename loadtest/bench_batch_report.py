@@ -142,10 +142,17 @@ def stat_rate(
     )
 
 
-def ratio(numerator: Rate | None, denominator: Rate | None) -> float | None:
-    """Steady items/s of one run over another's (None when either is missing)."""
+def ratio(numerator: Rate | None, denominator: Rate | None, per: str = "steady") -> float | None:
+    """One run's items/s over another's (None when either is missing): ``per`` "steady" (both
+    steady), "engine" (items per engine second over the steady rate; None without engine
+    seconds) or "wall" (both per wall second, the job's whole time)."""
     if numerator is None or denominator is None:
         return None
+    if per == "wall":
+        return numerator.items_per_s / denominator.items_per_s
+    if per == "engine":
+        top = numerator.engine_items_per_s
+        return top / denominator.steady if top else None
     return numerator.steady / denominator.steady
 
 
@@ -156,33 +163,20 @@ def ratios(runs: Mapping[str, Rate]) -> dict[str, float | None]:
     per engine second and per wall second (the job's whole time, shuffle included); ``a
     warm/e``: the shuffled job run again on its compilation cache, per engine second, over
     (e) (which is timed after its own compiles)."""
-    sorted_, shuffled = runs.get("a sorted"), runs.get("a shuffled")
+    sorted_, shuffled, engine = runs.get("a sorted"), runs.get("a shuffled"), runs.get("e")
     return {
-        "a/e": ratio(sorted_, runs.get("e")),
+        "a/e": ratio(sorted_, engine),
         "a/c'": ratio(sorted_, runs.get("c'")),
         "a/c": ratio(sorted_, runs.get("c")),
-        "grouped/sorted": ratio(runs.get("e"), sorted_),
-        "a shuffled/e": _engine_ratio(shuffled, runs.get("e")),
-        "a warm/e": _engine_ratio(runs.get("a shuffled, cache warm"), runs.get("e")),
+        "grouped/sorted": ratio(engine, sorted_),
+        "a shuffled/e": ratio(shuffled, engine, "engine"),
+        "a warm/e": ratio(runs.get("a shuffled, cache warm"), engine, "engine"),
         "shuffled slowdown": ratio(sorted_, shuffled),
-        "shuffled slowdown (wall)": _wall_ratio(sorted_, shuffled),
-        "shuffled slowdown, --no-group (wall)": _wall_ratio(
-            sorted_, runs.get("a shuffled --no-group")
+        "shuffled slowdown (wall)": ratio(sorted_, shuffled, "wall"),
+        "shuffled slowdown, --no-group (wall)": ratio(
+            sorted_, runs.get("a shuffled --no-group"), "wall"
         ),
     }
-
-
-def _engine_ratio(numerator: Rate | None, denominator: Rate | None) -> float | None:
-    """Items per engine second of one run over another's steady rate."""
-    if numerator is None or denominator is None or not numerator.engine_items_per_s:
-        return None
-    return numerator.engine_items_per_s / denominator.steady
-
-
-def _wall_ratio(numerator: Rate | None, denominator: Rate | None) -> float | None:
-    if numerator is None or denominator is None:
-        return None
-    return numerator.items_per_s / denominator.items_per_s
 
 
 RUN_COLUMNS = (

@@ -20,8 +20,8 @@ from typing import Any
 import yaml
 
 from loadtest.bench_batch_report import Rate, stat_rate, steady_items_per_s
-from loadtest.harness import LABELS, RetryingClient
-from loadtest.server_client import Deadline, Server, score_body
+from loadtest.client import Deadline, RetryingClient, Server, score_body
+from loadtest.harness import LABELS
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_CONFIG = ROOT / "serve_config.yaml"
@@ -64,62 +64,59 @@ def shipped_config(
 
 
 @contextmanager
+def local_cluster(num_cpus: int = 2, **extra: Any) -> Iterator[None]:
+    """A new private local Ray cluster, never one `ray start` left running; shut down after.
+    ``extra``: more of ``ray.init``'s arguments."""
+    import ray
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             object_store_memory=512 * 1024**2, **extra)  # fmt: skip
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+# Ray workers at niceness 0, as make serve starts Ray (cluster/niceness.py).
+AS_SERVED = {"_system_config": {"worker_niceness": 0}}
+
+
+@contextmanager
 def served_app(
     port: int = 8000, ready_timeout_s: float = 1800.0, model: str | None = None
 ) -> Iterator[str]:
     """The shipped app (serving ``model`` when given) on a private local Ray cluster; yields
     its URL; stops both after."""
-    import ray
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
     port = port if port_is_free(port) else free_port()
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    ray.init(
-        address="local",  # a new private cluster, never one `ray start` left running
-        num_cpus=SERVE_CLUSTER_CPUS,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=512 * 1024**2,
-        runtime_env={"env_vars": env},
-        _system_config={"worker_niceness": 0},  # as make serve starts Ray (cluster/niceness.py)
-    )
-    try:
-        start, apps = shipped_config(port, model=model)
-        serve.start(**start)
-        client = serve.context._get_global_client()
-        client.deploy_apps(ServeDeploySchema.model_validate(apps), _blocking=False)
-        url = f"http://127.0.0.1:{port}"  # the shipped host; loopback either way
-        server = Server(url, Deadline.after(ready_timeout_s + 60))
+    with local_cluster(SERVE_CLUSTER_CPUS, runtime_env={"env_vars": env}, **AS_SERVED):
         try:
-            server.wait_healthy(ready_timeout_s)
+            start, apps = shipped_config(port, model=model)
+            serve.start(**start)
+            client = serve.context._get_global_client()
+            client.deploy_apps(ServeDeploySchema.model_validate(apps), _blocking=False)
+            url = f"http://127.0.0.1:{port}"  # the shipped host; loopback either way
+            with Server(url, Deadline.after(ready_timeout_s + 60)) as server:
+                server.wait_healthy(ready_timeout_s)
+            yield url
         finally:
-            server.close()
-        yield url
-    finally:
-        try:
             serve.shutdown()
-        finally:
-            ray.shutdown()
 
 
 def warm(url: str, bodies: Sequence[bytes]) -> None:
     """Untimed requests of each body's shape until its own signature is compiled (as
     loadtest.bench_serve warms), so the timed runs see the steady state."""
-    server = Server(url, Deadline.after(3600))
-    try:
+    with Server(url, Deadline.after(3600)) as server:
         for body in bodies:
             server.warm(body)
-    finally:
-        server.close()
 
 
 def stats(url: str) -> dict[str, Any]:
-    server = Server(url, Deadline.after(60))
-    try:
+    with Server(url, Deadline.after(60)) as server:
         return server.stats()
-    finally:
-        server.close()
 
 
 def row_bodies(rows: Sequence[dict[str, Any]]) -> list[bytes]:

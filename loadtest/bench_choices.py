@@ -78,27 +78,19 @@ def run_pass(load: Questions, run: Runner) -> tuple[float, list[Any]]:
 
 def engine_runners() -> dict[str, tuple[Runner, Callable[[], dict]]]:
     """Reuse on (as shipped) and off: a runner and a stats source each."""
-    import yaml
-
-    from cluster.mesh import build_mesh
-    from loadtest.bench_common import SERVE_CONFIG
-    from replicas.checkpoints.loading import load_model
+    from loadtest.bench_common import build_engines, config_settings
     from replicas.contract import PromptWork
-    from replicas.engine.scoring_engine import ScoringEngine
-    from replicas.settings import ReplicaSettings
 
-    (app, *_) = yaml.safe_load(SERVE_CONFIG.read_text())["applications"]
-    shipped = ReplicaSettings.from_mapping(app["args"]).replace(
+    shipped = config_settings().replace(
         compilation_cache_dir=None,  # every run compiles alike
         warmup_shapes=(),  # /v1/score's shapes: no completion runs on them
         limit_to_warmup=False,
     )
-    mesh = build_mesh(shipped.placement.mesh_shape)
-    loaded = load_model(shipped.model.name, mesh, shipped.model.dtype)
+    modes = {"reuse on": True, "reuse off": False}
+    variants = {name: shipped.replace(prefix_reuse=reuse) for name, reuse in modes.items()}
+    engines, _ = build_engines(shipped, variants, MODEL)
     runners = {}
-    for name, reuse in (("reuse on", True), ("reuse off", False)):
-        settings = shipped.replace(prefix_reuse=reuse)
-        engine = ScoringEngine(loaded.model, loaded.params, mesh, settings, MODEL)
+    for name, engine in engines.items():
         engine.warmup()
 
         def run(prompts: list[list[int]], engine: Any = engine) -> list[Any]:

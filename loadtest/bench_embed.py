@@ -73,7 +73,7 @@ def served_seconds(
     Retry-After, as a client does) after one untimed round; the 503s retried; and how far
     the run moved the replica's counters (``/v1/stats``)."""
     from loadtest.bench_batch_serve import served_app, stats
-    from loadtest.harness import RetryingClient
+    from loadtest.client import RetryingClient
 
     step = args.per_request
     bodies = [

@@ -1,23 +1,33 @@
-"""Multi-item vs single-item scoring on the real SmolLM2-135M-Instruct, engine only.
+"""RFC-008's workload on the engine: multi-item against its own single-item path and
+transformers, side by side in one run on the same CPU and weights, timed in turn.
 
-For N items behind a 300-token query (10-token items): the engine's single-item,
-shared-prefix and packed-reference layouts with the replica settings of the shipped
-serve_config.yaml, and transformers' batched single-item scoring, side by side in one run on
-the same CPU and weights, timed in turn; this machine's float32 matmul peak and the padding.
+For N items behind a 300-token query (10-token items), with the replica settings of the
+shipped serve_config.yaml (query cache off), two presets of one measurement:
+
+- ``engine``: the real SmolLM2-135M-Instruct; the single-item, shared-prefix and
+  packed-reference layouts, this machine's float32 matmul peak and the padding;
+- ``families``: a catalog model's shape (Gemma-3-1B by default) with random weights (a
+  transformers model saved with save_pretrained and loaded by scorejax); single-item and
+  shared-prefix.
 
     python -m loadtest run engine [--items 1,10,100] [--repeats 3] [--no-hf]
+    python -m loadtest run families [--model Gemma-3-1B] [--items 10,100] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from loadtest.bench_common import hf_scorer, make_work, matmul_peak_flops, shipped_settings
+from loadtest import bench_common as common
 from loadtest.harness import (
-    MODEL,
     Option,
     Result,
     Run,
@@ -28,8 +38,58 @@ from loadtest.harness import (
     table,
     timed_together,
 )
+from replicas.model.catalog import HF_CONFIGS
 
-COLUMNS = (
+LAYOUTS = ("single", "shared_prefix", "packed_reference")
+
+
+def layouts(shipped: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """The settings of each layout ``names`` asks for."""
+    every = {
+        "single": shipped.replace(multi_item_scoring_delimiter=None),
+        "shared_prefix": shipped,
+        "packed_reference": shipped.replace(layout="packed_reference"),
+    }
+    return {name: every[name] for name in names}
+
+
+def timed_round(
+    built: Mapping[str, Any],
+    works: Sequence[Any],
+    others: Mapping[str, Callable[[], Any]],
+    rounds: int,
+    warm: int = 1,
+) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
+    """Every engine of ``built`` on ``works`` and every call of ``others`` (the baselines),
+    timed in turn (``timed_together``: ``warm`` untimed rounds, then ``rounds``) once each
+    engine's own signature is compiled (a covered shape compiles in the background when it
+    recurs: two untimed calls each first). Seconds and last answers by name (an engine's
+    concatenated over the works), and how far each engine's counters moved in the rounds."""
+    calls = {name: partial(engine.score_batch, list(works)) for name, engine in built.items()}
+    for name, engine in built.items():
+        calls[name](), calls[name]()
+        engine.wait_for_background_compiles()
+    answers: dict[str, Any] = {}
+    before = {name: engine.stats() for name, engine in built.items()}
+    seconds = timed_together({**calls, **others}, rounds, warm, last=answers)
+    after = {name: engine.stats() for name, engine in built.items()}
+    tokens = ("computed_tokens", "useful_tokens")
+    moved = {name: {k: after[name][k] - before[name][k] for k in tokens} for name in built}
+    scores = {k: np.concatenate(v) if k in built else v for k, v in answers.items()}
+    return seconds, scores, moved
+
+
+def baseline(work: Any, hf_model: Any) -> dict[str, Callable[[], Any]]:
+    """transformers' batched single-item scoring of ``work`` (none without ``hf_model``)."""
+    return {} if hf_model is None else {"transformers": common.hf_scorer(work, hf_model)}
+
+
+def diff(scores: dict, a: str, b: str) -> float | None:
+    """The largest |difference| between two contenders' scores (None: one did not run)."""
+    return float(np.abs(scores[a] - scores[b]).max()) if a in scores and b in scores else None
+
+
+ENGINE_COLUMNS = (
     col("items", "d"), col("single-item s", ".3f"), col("shared-prefix s", ".3f"),
     col("packed-reference s", ".3f"), col("transformers s", ".3f"),
     col("speed-up vs single", ".1f", "x"), col("speed-up vs transformers", ".1f", "x"),
@@ -39,66 +99,37 @@ COLUMNS = (
 )  # fmt: skip
 
 
-def engines() -> tuple[dict, object]:
-    """The three layouts' engines over one loaded model, and its config."""
-    from cluster.mesh import build_mesh
-    from replicas.checkpoints.loading import load_model
-    from replicas.engine.scoring_engine import ScoringEngine
-
-    shipped = shipped_settings()
-    mesh = build_mesh(shipped.placement.mesh_shape)
-    loaded = load_model(shipped.model.name, mesh, shipped.model.dtype)
-    variants = {
-        "single": shipped.replace(multi_item_scoring_delimiter=None),
-        "shared_prefix": shipped,
-        "packed_reference": shipped.replace(layout="packed_reference"),
-    }
-    built = {
-        name: ScoringEngine(loaded.model, loaded.params, mesh, settings, MODEL)
-        for name, settings in variants.items()
-    }
-    return built, loaded.config
-
-
-def one_count(n: int, o: argparse.Namespace, built: dict, config: object, peak: float) -> tuple:
-    """Every layout and transformers on one work, timed in turn (``timed_together``) once each
-    layout's own signature is compiled; one round for the slow cases at >= 100 items."""
+def engine_row(
+    n: int, o: argparse.Namespace, built: dict, hf: Any, config: Any, peak: float
+) -> tuple:
+    """One row of the shipped model: every layout, transformers, FLOP/s and padding."""
     from replicas.model.flops import multi_item_flops
 
-    work = make_work(n, o.query_tokens, o.item_tokens)
-    calls = {name: partial(engine.score_batch, [work]) for name, engine in built.items()}
-    for name, engine in built.items():  # a covered shape compiles in the background on recurring
-        calls[name](), calls[name]()
-        engine.wait_for_background_compiles()
-    if o.hf:
-        calls["transformers"] = hf_scorer(work)
-    prefix = built["shared_prefix"]
-    before, answers = prefix.stats(), {}
-    seconds = timed_together(calls, 1 if n >= 100 else o.repeats, last=answers)
-    after = prefix.stats()
-    computed = after["computed_tokens"] - before["computed_tokens"]
-    padding = computed / (after["useful_tokens"] - before["useful_tokens"])
-    scores = {name: answers[name][0] for name in built} | {"hf": answers.get("transformers")}
+    work = common.make_work(n, o.query_tokens, o.item_tokens)
+    rounds = 1 if n >= 100 else o.repeats
+    seconds, scores, moved = timed_round(built, [work], baseline(work, hf), rounds)
+    padding = moved["shared_prefix"]["computed_tokens"] / moved["shared_prefix"]["useful_tokens"]
     hf_s = seconds.get("transformers")
-    hf_diff = None if hf_s is None else float(np.abs(scores["hf"] - scores["single"]).max())
-    single, multi, packed = (seconds[k] for k in ("single", "shared_prefix", "packed_reference"))
+    single, multi, packed = (seconds[k] for k in LAYOUTS)
     flops = multi_item_flops(config, o.query_tokens, [o.item_tokens] * n)
-    parity = float(np.abs(scores["shared_prefix"] - scores["single"]).max())
     return (n, single, multi, packed, hf_s, single / multi, ratio(hf_s, multi), single / packed,
-            flops / multi / peak, padding, parity, hf_diff)  # fmt: skip
+            flops / multi / peak, padding, diff(scores, "shared_prefix", "single"),
+            diff(scores, "transformers", "single"))  # fmt: skip
 
 
-def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+def measure_engine(o: argparse.Namespace, run: Run) -> list[Result]:
     import jax
 
-    built, config = engines()
-    peak = matmul_peak_flops()
+    shipped = common.shipped_settings()
+    built, loaded = common.build_engines(shipped, layouts(shipped, LAYOUTS), common.MODEL)
+    peak = common.matmul_peak_flops()
+    hf = common.load_hf_model() if o.hf else None
     rows = []
     for n in counts(o.items):
-        rows.append(one_count(n, o, built, config, peak))
+        rows.append(engine_row(n, o, built, hf, loaded.config, peak))
         run.say(f"{n} items: {rows[-1][1:4]}")
     notes = (
-        f"jax {jax.__version__} on {jax.devices()[0].platform}; {MODEL} (GGUF Q4_1 "
+        f"jax {jax.__version__} on {jax.devices()[0].platform}; {common.MODEL} (GGUF Q4_1 "
         "dequantized to float32), the replica settings of `serve_config.yaml`, query cache off",
         f"request: {o.query_tokens}-token query, {o.item_tokens}-token items, 3 labels; median "
         f"of {o.repeats} rounds, each timing every layout and transformers once in turn, once "
@@ -109,14 +140,63 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         "transformers: fp32, batched rows, `logits_to_keep=1`",
     )
     title = "Engine, shipped serve_config.yaml settings"
-    return [run.result(title, [table(COLUMNS, rows)], notes=notes, figures={"peak": peak})]
+    return [run.result(title, [table(ENGINE_COLUMNS, rows)], notes=notes, figures={"peak": peak})]
 
 
-WORKLOAD = Workload(
-    options=(
-        Option("--items", "1,10,100"), Option("--query-tokens", 300),
-        Option("--item-tokens", 10), Option("--repeats", 3),
-        Option("--no-hf", True, "skip the transformers baseline"),
-    ),
-    measure=measure,
+FAMILY_COLUMNS = (
+    col("items", "d"), col("own single-item s", ".2f"), col("multi-item s", ".2f"),
+    col("transformers s", ".2f"), col("multi vs own single", ".1f", "x"),
+    col("multi vs transformers", ".1f", "x"), col("max abs diff multi vs single", ".1e"),
+    col("max abs diff vs transformers", ".1e"),
 )  # fmt: skip
+
+
+def family_rows(o: argparse.Namespace, directory: Path, run: Run) -> list[tuple]:
+    hf_model = common.random_checkpoint(directory, HF_CONFIGS[o.model])
+    shipped = common.shipped_settings().replace(model=str(directory), max_multi_item_seq_len=8192)
+    built, _ = common.build_engines(shipped, layouts(shipped, LAYOUTS[:2]), o.model, directory)
+    rows = []
+    for n in counts(o.items):
+        work = common.make_work(n, o.query_tokens, o.item_tokens)
+        rounds = 1 if n >= 100 else o.repeats
+        hf = baseline(work, hf_model if o.hf else None)
+        seconds, scores, _ = timed_round(built, [work], hf, rounds)
+        single, multi = seconds["single"], seconds["shared_prefix"]
+        hf_s = seconds.get("transformers")
+        rows.append((n, single, multi, hf_s, single / multi, ratio(hf_s, multi),
+                     diff(scores, "shared_prefix", "single"),
+                     diff(scores, "transformers", "single")))  # fmt: skip
+        run.say(f"{n} items: {rows[-1]}")
+    return rows
+
+
+def measure_family(o: argparse.Namespace, run: Run) -> list[Result]:
+    import jax
+
+    with tempfile.TemporaryDirectory(prefix="bench-families-") as directory:
+        rows = family_rows(o, Path(directory), run)
+    notes = (
+        f"{o.model}'s shape with random weights, float32, the replica settings of "
+        "`serve_config.yaml` (query cache off); RFC-008's workload; single-item: the engine's "
+        f"own per-item path; transformers: `AutoModelForCausalLM` of {o.model}, fp32, batched "
+        f"rows, `logits_to_keep=1`, same weights; median of {o.repeats} rounds, each timing "
+        "every contender once in turn (1 round at >= 100 items)",
+        f"jax {jax.__version__} on {jax.devices()[0].platform}",
+    )
+    tables = [table(FAMILY_COLUMNS, rows)]
+    return [run.result(f"{o.model} (random weights), engine", tables, key=f"families-{o.model}",
+                       notes=notes)]  # fmt: skip
+
+
+COMMON = (
+    Option("--query-tokens", 300), Option("--item-tokens", 10), Option("--repeats", 3),
+    Option("--no-hf", True, "skip the transformers baseline"),
+)  # fmt: skip
+WORKLOAD = Workload(options=(Option("--items", "1,10,100"), *COMMON), measure=measure_engine)
+FAMILIES = replace(
+    WORKLOAD,
+    options=(Option("--model", "Gemma-3-1B", choices=tuple(sorted(HF_CONFIGS))),
+             Option("--items", "10"), *COMMON),
+    measure=measure_family,
+)  # fmt: skip
+PRESETS = {"families": FAMILIES}

@@ -22,80 +22,22 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from cluster.mesh import build_mesh
-from loadtest.bench_common import GPU_CONFIG, make_work, shipped_settings
-from loadtest.harness import LABELS, Option, Result, Run, Workload, col, counts, table, timed
-from replicas.checkpoints.loading import load_model
-from replicas.contract import ScoreWork
-from replicas.engine.scoring_engine import ScoringEngine
+from loadtest import bench_common as common
+from loadtest.bench_engine import diff, timed_round
+from loadtest.harness import Option, Result, Run, Workload, col, counts, table
 from replicas.model.catalog import HF_CONFIGS
 from replicas.model.flops import multi_item_flops, single_item_flops
 
-# config.json values less the keys Qwen3Config takes from its own class.
-QWEN3_0_6B = {
-    k: v for k, v in HF_CONFIGS["Qwen3-0.6B"].items() if k not in ("model_type", "architectures")
-}
-
-
+QWEN3_0_6B = HF_CONFIGS["Qwen3-0.6B"]
 # --tiny: the same code path in seconds on a CPU (a smoke run, not a result).
 TINY = {
-    **QWEN3_0_6B,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "vocab_size": 50000,
-}
-
-
-def torch_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def save_random_qwen3(directory: Path, shape: dict, seed: int = 0) -> Any:
-    """A seeded random Qwen3 model of ``shape``, saved as bf16 safetensors; returns it on the
-    torch device."""
-    import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(seed)
-    config = Qwen3Config(**shape)
-    model = Qwen3ForCausalLM(config).to(torch.bfloat16).eval()
-    model.save_pretrained(directory, safe_serialization=True)
-    return model.to(torch_device())
-
-
-def torch_scorer(model: Any, works: list[ScoreWork]) -> Any:
-    """transformers batched single-item rows ``query + item``; returns a scoring function."""
-    import torch
-
-    rows = [w.query_ids + item for w in works for item in w.item_ids]
-    tokens = torch.tensor(rows, device=torch_device())
-    labels = torch.tensor(LABELS, device=torch_device())
-
-    def score() -> np.ndarray:
-        with torch.inference_mode():
-            logits = model(tokens, logits_to_keep=1).logits[:, -1].float()
-            return torch.log_softmax(logits, -1)[:, labels].cpu().numpy()
-
-    return score
-
-
-def engine_timed(engine: ScoringEngine, works: list[ScoreWork], repeats: int) -> float:
-    engine.score_batch(works)
-    engine.score_batch(works)  # a covered shape compiles in the background once it recurs
-    engine.wait_for_background_compiles()
-    return timed(lambda: engine.score_batch(works), repeats, warm=0)
+    **QWEN3_0_6B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 50000,
+}  # fmt: skip
 
 
 def bf16_peak(size: int, repeats: int = 10) -> float:
@@ -110,10 +52,10 @@ def bf16_peak(size: int, repeats: int = 10) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start)
 
 
-def build_engines(directory: Path) -> tuple[dict[str, ScoringEngine], Any]:
-    settings = shipped_settings(GPU_CONFIG).replace(model=str(directory))
-    mesh = build_mesh(settings.placement.mesh_shape)
-    loaded = load_model(settings.model.name, mesh, settings.model.dtype)
+def build_engines(directory: Path) -> tuple[dict, object]:
+    """The shipped GPU settings' engines, multi-item and single-item, each with cuDNN's
+    attention and with XLA's; and the model's config."""
+    settings = common.shipped_settings(common.GPU_CONFIG).replace(model=str(directory))
     xla = settings.replace(attention="xla")  # the same steps without cuDNN's fused attention
     variants = {
         "multi": settings,
@@ -121,38 +63,33 @@ def build_engines(directory: Path) -> tuple[dict[str, ScoringEngine], Any]:
         "multi_xla": xla,
         "single_xla": xla.replace(multi_item_scoring_delimiter=None),
     }
-    engines = {
-        name: ScoringEngine(loaded.model, loaded.params, mesh, s, "qwen3-0.6b-random")
-        for name, s in variants.items()
-    }
+    engines, loaded = common.build_engines(settings, variants, "qwen3-0.6b-random")
     return engines, loaded.config
 
 
 def run_batches(args: argparse.Namespace, run: Run) -> list[dict]:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        torch_model = save_random_qwen3(Path(tmp), TINY if args.tiny else QWEN3_0_6B)
+        shape = TINY if args.tiny else QWEN3_0_6B
+        torch_model = common.random_checkpoint(Path(tmp), shape, "bfloat16", common.torch_device())
         engines, config = build_engines(Path(tmp))
     size = 1024 if args.tiny else 8192
     peak = bf16_peak(size)
     run.say(f"bf16 matmul peak (XLA, {size}^3): {peak / 1e12:.1f} TFLOP/s")
     for batch in args.batches:
         works = [
-            make_work(args.items, args.query_tokens, args.item_tokens, seed=s) for s in range(batch)
+            common.make_work(args.items, args.query_tokens, args.item_tokens, seed=s)
+            for s in range(batch)
         ]
         row: dict = {"batch": batch, "items": batch * args.items, "peak": peak}
-        scores = {}
-        for name, engine in engines.items():
-            if name.startswith("single") and batch > args.single_max_batch:
-                continue
-            row[name] = engine_timed(engine, works, args.repeats)
-            scores[name] = np.concatenate(engine.score_batch(works))
-        score = torch_scorer(torch_model, works)
-        row["torch"] = timed(score, args.repeats, warm=2)  # each call returns host numpy
-        reference = score()
-        row["diff_multi_torch"] = float(np.abs(scores["multi"] - reference).max())
-        if "single" in scores:
-            row["diff_multi_single"] = float(np.abs(scores["multi"] - scores["single"]).max())
+        single = batch <= args.single_max_batch
+        built = {k: e for k, e in engines.items() if single or not k.startswith("single")}
+        score = common.hf_scorer(works, torch_model)
+        score(), score()  # each call returns host numpy
+        seconds, scores, _ = timed_round(built, works, {"torch": score}, args.repeats, warm=0)
+        row |= seconds
+        row["diff_multi_torch"] = diff(scores, "multi", "torch")
+        row["diff_multi_single"] = diff(scores, "multi", "single")
         lens = [args.item_tokens] * args.items
         row["mfu"] = batch * multi_item_flops(config, args.query_tokens, lens) / row["multi"] / peak
         row["torch_mfu"] = (

@@ -21,40 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from cluster.mesh import build_mesh
-from loadtest.bench_common import shipped_settings
-from loadtest.harness import Option, Result, Run, Workload, col, counts, table, timed_together
-from replicas.checkpoints.loading import load_model
+from loadtest.bench_common import build_engines, make_work, random_checkpoint, shipped_settings
+from loadtest.bench_engine import diff, timed_round
+from loadtest.harness import Option, Result, Run, Workload, col, counts, table
 from replicas.contract import ScoreWork
-from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.catalog import HF_CONFIGS
 
 SHAPE = "Qwen3-0.6B"
 
 
-def save_reward_model(directory: Path, layers: int) -> Any:
-    """A random Qwen3-0.6B-shaped one-label seq-cls model with ``layers`` decoder layers in
-    ``directory``; returns it."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    from replicas.model.catalog import hf_config
-
-    torch.manual_seed(0)
-    values = {**HF_CONFIGS[SHAPE], "num_labels": 1, "pad_token_id": 0}
-    values["num_hidden_layers"] = layers
-    config = hf_config({**values, "architectures": ["Qwen3ForSequenceClassification"]})
-    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():  # transformers' init leaves score at N(0, 0.02): a wider spread
-        model.score.weight.normal_(0.0, model.config.hidden_size**-0.5)
-    model.save_pretrained(directory, safe_serialization=True)
-    return model
-
-
-def best_of_n(responses: int, prompt_len: int, response_len: int, seed: int = 0) -> ScoreWork:
-    rng = np.random.default_rng(seed)
-    ids = lambda n: tuple(int(t) for t in rng.integers(100, 40000, n))  # noqa: E731
-    return ScoreWork(ids(prompt_len), tuple(ids(response_len) for _ in range(responses)), (0,))
+def reward_shape(layers: int) -> dict[str, Any]:
+    """Qwen3-0.6B's config as a one-label seq-cls model of ``layers`` decoder layers."""
+    return {**HF_CONFIGS[SHAPE], "num_labels": 1, "pad_token_id": 0, "num_hidden_layers": layers,
+            "architectures": ["Qwen3ForSequenceClassification"]}  # fmt: skip
 
 
 def hf_rewards(model: Any, work: ScoreWork) -> Any:
@@ -73,40 +52,23 @@ def hf_rewards(model: Any, work: ScoreWork) -> Any:
 def run_sizes(
     responses: list[int], prompt_len: int, response_len: int, repeats: int, layers: int, run: Run
 ) -> list[dict]:
-    # every signature compiles on its first call, not in the background: one warm-up call
+    # every signature compiles on its first call, not in the background
     shipped = shipped_settings().replace(background_compile=False)
+    variants = {"multi": shipped, "single": shipped.replace(multi_item_scoring_delimiter=None)}
     with tempfile.TemporaryDirectory() as folder:
-        hf_model = save_reward_model(Path(folder), layers)
-        mesh = build_mesh(shipped.placement.mesh_shape)
-        loaded = load_model(folder, mesh, "float32")
-    engines = {
-        "multi": ScoringEngine(loaded.model, loaded.params, mesh, shipped, SHAPE),
-        "single": ScoringEngine(
-            loaded.model,
-            loaded.params,
-            mesh,
-            shipped.replace(multi_item_scoring_delimiter=None),
-            SHAPE,
-        ),
-    }
+        hf_model = random_checkpoint(Path(folder), reward_shape(layers))
+        engines, _ = build_engines(shipped, variants, SHAPE, Path(folder))
     rows = []
     for n in responses:
-        work = best_of_n(n, prompt_len, response_len)
-        reps = 1 if n >= 64 else repeats
-        row: dict = {"responses": n}
-        fns = {
-            name: (lambda e=engine, w=work: e.score_batch([w])[0])
-            for name, engine in engines.items()
-        }
-        fns["transformers"] = hf_rewards(hf_model, work)
-        warm = {"multi", "single", *(["transformers"] if n < 64 else [])}
-        for name in warm:  # the engines compile their signatures here
-            fns[name]()
-        scores: dict = {}
-        row.update(timed_together(fns, reps, warm=0, last=scores))
-        reference = scores["transformers"]
-        row["parity"] = float(np.abs(scores["multi"] - scores["single"]).max())
-        row["hf_diff"] = float(np.abs(reference - scores["multi"]).max())
+        work = make_work(n, prompt_len, response_len, labels=(0,))  # the head's one output
+        hf = hf_rewards(hf_model, work)
+        if n < 64:
+            hf()  # at 64 transformers runs without a warm-up
+        seconds, scores, _ = timed_round(engines, [work], {"transformers": hf},
+                                         1 if n >= 64 else repeats, warm=0)  # fmt: skip
+        row: dict = {"responses": n, **seconds}
+        row["parity"] = diff(scores, "multi", "single")
+        row["hf_diff"] = diff(scores, "transformers", "multi")
         row["token_ratio"] = n * (prompt_len + response_len) / (prompt_len + n * response_len)
         run.say(f"{n} responses: {row_cells(row)}")
         rows.append(row)

@@ -31,9 +31,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from cluster.mesh import build_mesh
-from loadtest.bench_common import GPU_CONFIG, SERVE_CONFIG, make_work, shipped_settings
-from loadtest.bench_gpu import QWEN3_0_6B, save_random_qwen3
+from loadtest import bench_common as common
+from loadtest.bench_gpu import QWEN3_0_6B
 from loadtest.harness import (
     Option,
     Result,
@@ -45,7 +44,6 @@ from loadtest.harness import (
     table,
     timed_together,
 )
-from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.lora import update_form
@@ -98,16 +96,15 @@ def engines(directory: Path, adapters: list[Path]) -> dict[str, ScoringEngine]:
     """The base engine (no slots) and one engine per form of the update, over the same
     weights and adapters."""
     gpu = jax.devices()[0].platform == "gpu"
-    config = GPU_CONFIG if gpu else SERVE_CONFIG
-    settings = shipped_settings(config).replace(model=str(directory))
-    mesh = build_mesh(settings.placement.mesh_shape)
-    loaded = load_model(settings.model.name, mesh, settings.model.dtype)
+    config = common.GPU_CONFIG if gpu else common.SERVE_CONFIG
+    settings = common.shipped_settings(config).replace(model=str(directory))
+    built, loaded = common.build_engines(settings, {"base": settings}, "qwen3-random")
+    mesh = loaded.params["embed"].sharding.mesh
     slots = settings.replace(
         max_loras=len(adapters),
         max_lora_rank=RANK,
         lora_adapters=tuple((f"a{i}", str(path)) for i, path in enumerate(adapters)),
     )
-    built = {"base": ScoringEngine(loaded.model, loaded.params, mesh, settings, "qwen3-random")}
     for form in FORMS:
         model = dataclasses.replace(loaded.model, lora_update=form)
         built[form] = ScoringEngine(model, loaded.params, mesh, slots, "qwen3-random")
@@ -172,12 +169,12 @@ def row_cells(r: dict) -> tuple:
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     shape = QWEN3_0_6B if o.shape == "qwen3-0.6b" else SMALL
     with tempfile.TemporaryDirectory() as tmp:
-        save_random_qwen3(Path(tmp) / "base", shape)
+        common.random_checkpoint(Path(tmp) / "base", shape, "bfloat16")
         paths = [save_random_adapter(Path(tmp) / f"a{i}", shape, i) for i in range(o.adapters)]
         built = engines(Path(tmp) / "base", paths)
     rows = []
     for batch in counts(o.batches):
-        works = [make_work(10, 300, 10, seed=s) for s in range(batch)]
+        works = [common.make_work(10, 300, 10, seed=s) for s in range(batch)]
         rows.append(one_batch(built, works, o.repeats))
         run.say(str(row_cells(rows[-1])))
     device = jax.devices()[0]

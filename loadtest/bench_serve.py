@@ -36,9 +36,9 @@ from loadtest.bench_serve_report import (
     targets_table,
     total,
 )
+from loadtest.client import Deadline, DeadlineExceeded, ScoreFailed, Server, score_body
 from loadtest.harness import LABELS, MODEL, Option, Result, Run, counts, table, timed
 from loadtest.harness import Workload as Workload_
-from loadtest.server_client import Deadline, DeadlineExceeded, ScoreFailed, Server, score_body
 from replicas.contract import ScoreWork
 from replicas.model.config import ModelConfig
 from replicas.model.flops import multi_item_flops
@@ -179,11 +179,8 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     """The served benchmark against ``--url`` (default http://127.0.0.1:8000)."""
     plan = Plan(tuple(counts(o.items)), tuple(counts(o.slow_items)), o.hf)
     workload = Workload(o.query_tokens, o.item_tokens, o.repeats)
-    server = Server(o.url or "http://127.0.0.1:8000", Deadline.after(o.deadline_s))
-    try:
+    with Server(o.url or "http://127.0.0.1:8000", Deadline.after(o.deadline_s)) as server:
         report = drive(server, plan, workload, o.health_timeout_s)
-    finally:
-        server.close()
     tables = [table(COLUMNS, [row_cells(r) for r in report.rows]), targets_table(report)]
     title = "End to end over HTTP, shipped serve_config.yaml"
     figures = {"peak_flops": report.peak_flops, "cache": report.cache, "compiles": report.compiles}

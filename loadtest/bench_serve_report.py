@@ -160,18 +160,14 @@ class Report:
     hf: bool
 
 
-def cell(value: float | None, fmt: str) -> str:
-    """``value`` formatted with ``fmt``, or "-" when unknown."""
-    return "-" if value is None else format(value, fmt)
+def cell(value: float | None, fmt: str, suffix: str = "") -> str:
+    """``value`` formatted with ``fmt`` (and ``suffix``), or "-" when unknown."""
+    return "-" if value is None else format(value, fmt) + suffix
 
 
 def times(value: float | None) -> str:
     """A speed-up such as ``9.6x``, or "-"."""
-    return "-" if value is None else f"{value:.1f}x"
-
-
-def percent(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.0f}%"
+    return cell(value, ".1f", "x")
 
 
 COLUMNS = (
@@ -222,73 +218,53 @@ def at(
 
 
 def worst(
-    rows: Sequence[ItemsRow], get: Callable[[ItemsRow], float | None], highest: bool
-) -> tuple[float, int] | None:
-    """The worst known value over ``rows`` (the highest or the lowest) and its item count."""
+    rows: Sequence[ItemsRow],
+    get: Callable[[ItemsRow], float | None],
+    highest: bool,
+    show: Callable[[float], str],
+) -> tuple[float | None, str]:
+    """The worst known value over ``rows`` (the highest or the lowest), and it shown with its
+    item count."""  # fmt: skip
     known = [(v, r.items) for r in rows if (v := get(r)) is not None]
     if not known:
-        return None
-    return max(known) if highest else min(known)
+        return None, "-"
+    value, items = max(known) if highest else min(known)
+    return value, f"{show(value)} (worst: {items} item{'' if items == 1 else 's'})"
 
 
-def at_least(goal: str, value: float | None, limit: float, shown: str) -> Target:
-    return Target(goal, value, limit, True, shown)
+def at_least(goal: str, measured: tuple[float | None, str], limit: float) -> Target:
+    return Target(goal, measured[0], limit, True, measured[1])
 
 
-def at_most(goal: str, value: float | None, limit: float, shown: str) -> Target:
-    return Target(goal, value, limit, False, shown)
-
-
-def _value(found: tuple[float, int] | None) -> float | None:
-    return None if found is None else found[0]
-
-
-def _worst_text(found: tuple[float, int] | None, show: Callable[[float], str]) -> str:
-    if found is None:
-        return "-"
-    value, items = found
-    return f"{show(value)} (worst: {items} item{'' if items == 1 else 's'})"
+def at_most(goal: str, measured: tuple[float | None, str], limit: float) -> Target:
+    return Target(goal, measured[0], limit, False, measured[1])
 
 
 def targets(report: Report) -> list[Target]:
     """The goals of the end-to-end benchmark with their measured values."""
-    rows = report.rows
-    single = [at(rows, n, lambda r: r.multi_vs_single) for n in (10, 100)]
-    hf = [at(rows, n, lambda r: r.multi_vs_transformers) for n in (10, 100)]
-    own = worst(rows, lambda r: r.single_vs_transformers, highest=False)
-    served = worst(rows, lambda r: r.multi.served_over_engine if r.multi else None, highest=True)
-    padding = worst(rows, lambda r: r.multi.padding if r.multi else None, highest=True)
-    flops = at(rows, 100, lambda r: r.flops_fraction)
-    cache = report.cache.speedup if report.cache else None
+    rows, ratio_text = report.rows, lambda v: f"{v:.2f}"
+    shown = lambda v, show=times: (v, show(v))  # noqa: E731
+    single = [shown(at(rows, n, lambda r: r.multi_vs_single)) for n in (10, 100)]
+    hf = [shown(at(rows, n, lambda r: r.multi_vs_transformers)) for n in (10, 100)]
+    own = worst(rows, lambda r: r.single_vs_transformers, False, times)
+    served = worst(rows, lambda r: r.multi.served_over_engine if r.multi else None, True,
+                   ratio_text)  # fmt: skip
+    padding = worst(rows, lambda r: r.multi.padding if r.multi else None, True, ratio_text)
+    flops = shown(at(rows, 100, lambda r: r.flops_fraction), lambda v: cell(v, ".0%"))
+    cache = shown(report.cache.speedup if report.cache else None)
     cache_items = report.cache.items if report.cache else CACHE_ITEMS
-    compiles = report.compiles.request_path
-    ratio_text = lambda v: f"{v:.2f}"  # noqa: E731
+    compiles = shown(report.compiles.request_path, lambda v: cell(v, ".0f"))
     return [
-        at_least("multi-item >= 6x own single-item, 10 items", single[0], 6, times(single[0])),
-        at_least("multi-item >= 19x own single-item, 100 items", single[1], 19, times(single[1])),
-        at_least("multi-item >= 10x transformers, 10 items", hf[0], 10, times(hf[0])),
-        at_least("multi-item >= 30x transformers, 100 items", hf[1], 30, times(hf[1])),
-        at_least(
-            "own single-item time <= transformers time (speed-up >= 1.0x, every N)",
-            _value(own),
-            1.0,
-            _worst_text(own, times),
-        ),
-        at_most(
-            "served/engine <= 1.3 (multi-item, every N)",
-            _value(served),
-            1.3,
-            _worst_text(served, ratio_text),
-        ),
-        at_least("model FLOP/s >= 60% of measured peak, 100 items", flops, 0.6, percent(flops)),
-        at_least(f"cached query >= 2.5x faster, {cache_items} items", cache, 2.5, times(cache)),
-        at_most("0 request-path compiles", compiles, 0, cell(compiles, ".0f")),
-        at_most(
-            "padding (computed / useful tokens) <= 1.15 (multi-item, every N)",
-            _value(padding),
-            1.15,
-            _worst_text(padding, ratio_text),
-        ),
+        at_least("multi-item >= 6x own single-item, 10 items", single[0], 6),
+        at_least("multi-item >= 19x own single-item, 100 items", single[1], 19),
+        at_least("multi-item >= 10x transformers, 10 items", hf[0], 10),
+        at_least("multi-item >= 30x transformers, 100 items", hf[1], 30),
+        at_least("own single-item time <= transformers time (speed-up >= 1.0x, every N)", own, 1.0),
+        at_most("served/engine <= 1.3 (multi-item, every N)", served, 1.3),
+        at_least("model FLOP/s >= 60% of measured peak, 100 items", flops, 0.6),
+        at_least(f"cached query >= 2.5x faster, {cache_items} items", cache, 2.5),
+        at_most("0 request-path compiles", compiles, 0),
+        at_most("padding (computed / useful tokens) <= 1.15 (multi-item, every N)", padding, 1.15),
     ]
 
 

@@ -75,13 +75,12 @@ def timed(build: Callable[[], Any]) -> float:
 
 
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
-    import ray
     import ray.data
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             object_store_memory=512 * 1024**2)  # fmt: skip
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    try:
+    from loadtest.bench_batch_serve import local_cluster
+
+    with local_cluster(2):
+        ray.data.DataContext.get_current().enable_progress_bars = False
         rows = table_of(o.rows, o.queries)
         blocks = max(1, -(-o.rows // o.batch_size))
         note = f"{o.rows} rows, {rows.nbytes / 2**20:.0f} MiB, {blocks} blocks; best of {o.repeat}"
@@ -89,8 +88,6 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         for name, build in ways(rows, blocks).items():
             best[name] = min(timed(build) for _ in range(o.repeat))
             run.say(f"{name}: {best[name]:.2f} s")
-    finally:
-        ray.shutdown()
     cells = table([col("operator", left=True), col("best s", ".2f")], list(best.items()))
     return [run.result("Grouping rows by query in Ray Data", [cells], notes=(note,))]
 

@@ -239,7 +239,7 @@ def multi_items(engine: Any, llama: Any, counts: tuple[int, ...], repeats: int) 
     out = []
     for count in counts:
         work = make_work(count, 300, 10)
-        row = {"items": count, "engine_s": timed_steady(engine, work, repeats)}
+        row = {"items": count, "engine_s": timed_steady(engine, [work], repeats)}
         if llama is not None:
             query, items = list(work.query_ids), [list(i) for i in work.item_ids]
             row["llama_s"] = timed(lambda q=query, i=items: llama.shared(q, i, LABELS), repeats)

@@ -20,8 +20,8 @@ import time
 
 import httpx
 
+from loadtest.client import word_body as body
 from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, figures_table
-from loadtest.overload import body
 
 
 async def timed(client: httpx.AsyncClient, payload: dict) -> dict:

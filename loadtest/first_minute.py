@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 from loadtest.bench_serve_report import ID_RANGE, Sample, total
+from loadtest.client import Deadline, Server, score_body
 from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, ratio, table
-from loadtest.server_client import Deadline, Server, score_body
 
 ITEM_COUNTS = (10, 100)
 QUERY_TOKENS, ITEM_TOKENS = 300, 10
@@ -49,14 +49,11 @@ COLUMNS = (
 
 
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
-    server = Server(o.url or "http://127.0.0.1:8000",
-                    Deadline.after(o.health_timeout_s + o.seconds + 600))  # fmt: skip
-    try:
+    deadline = Deadline.after(o.health_timeout_s + o.seconds + 600)
+    with Server(o.url or "http://127.0.0.1:8000", deadline) as server:
         server.wait_healthy(o.health_timeout_s)
         started = server.stats()
         rows = drive(server, o.seconds, o.seed)
-    finally:
-        server.close()
     grown = lambda after, key: after.get(key, 0) - started.get(key, 0)  # noqa: E731
     cells = [
         (i, n, s.wall_s, ratio(s.computed_tokens, s.useful_tokens),

@@ -1,4 +1,6 @@
-"""Hypothesis strategies for /v1/score bodies: valid-shaped, one field broken, arbitrary JSON.
+"""Generated /v1/score bodies: the fixed hostile cases and seeded mutations of a valid one
+(``fuzz_bodies``: ``make loadtest-closed``, the soak's invalid share, the fuzz runner), and
+Hypothesis strategies: valid-shaped, one field broken, arbitrary JSON.
 
 ``Served`` holds what the strategies need to know about the server (from ``GET /v1/models``),
 so the same strategies run in-process and against a running server. Each strategy draws
@@ -8,7 +10,8 @@ so the same strategies run in-process and against a running server. Each strateg
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import random
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,3 +261,58 @@ def tokenizer_route_bodies() -> st.SearchStrategy[tuple[str, bytes]]:
     objects = st.dictionaries(names, json_values, max_size=6)
     bodies = (json_values | objects).map(encode) | st.binary(max_size=64)
     return st.tuples(st.sampled_from(TOKENIZER_ROUTES), bodies)
+
+
+VALID = {"query": "The capital of France is", "items": [" Paris"], "label_token_ids": [7042]}
+
+FIXED_CASES: tuple[bytes, ...] = (
+    b"",
+    b"{",
+    b"null",
+    b"[]",
+    b'"text"',
+    b"123",
+    b"\xff\xfe\x00garbage",
+    b'{"query": "a"}',
+    json.dumps({**VALID, "label_token_ids": []}).encode(),
+    json.dumps({**VALID, "label_token_ids": [-1]}).encode(),
+    json.dumps({**VALID, "label_token_ids": [10**30]}).encode(),
+    json.dumps({**VALID, "label_token_ids": ["1"]}).encode(),
+    json.dumps({**VALID, "label_token_ids": [1.5]}).encode(),
+    json.dumps({**VALID, "label_token_ids": [True]}).encode(),
+    json.dumps({**VALID, "query": [1, 2], "items": ["text"]}).encode(),
+    json.dumps({**VALID, "query": ""}).encode(),
+    json.dumps({**VALID, "query": []}).encode(),
+    json.dumps({**VALID, "query": [10**30]}).encode(),
+    json.dumps({**VALID, "query": [-5]}).encode(),
+    json.dumps({**VALID, "items": [[1, [2]]]}).encode(),
+    json.dumps({**VALID, "items": {"a": 1}}).encode(),
+    json.dumps({**VALID, "items": [" x"] * 100_000}).encode(),
+    json.dumps({**VALID, "query": "word " * 20_000}).encode(),
+    json.dumps({**VALID, "apply_softmax": "yes"}).encode(),
+    json.dumps({**VALID, "item_first": 2}).encode(),
+    json.dumps({**VALID, "unknown_field": 1}).encode(),
+    json.dumps({**VALID, "query": "<|endoftext|> inside"}).encode(),
+    b'{"query": "a", "items": [' + b"[" * 5000 + b"]" * 5000 + b'], "label_token_ids": [1]}',
+)
+
+_NASTY_VALUES = (None, True, -1, 0, 2**63, 10**30, 1e308, -0.0, "", "\u0000", [], {}, [[]], [None])
+
+
+def _mutations(rng: random.Random) -> Iterator[bytes]:
+    while True:
+        body = json.loads(json.dumps(VALID))
+        key = rng.choice([*body.keys(), "apply_softmax", "item_first", "model", "extra"])
+        body[key] = rng.choice(_NASTY_VALUES)
+        text = json.dumps(body)
+        if rng.random() < 0.3:  # also break the JSON itself
+            cut = rng.randrange(len(text))
+            text = text[:cut] + rng.choice(["", "}", "]", "\\", '"', ","]) + text[cut + 1 :]
+        yield text.encode()
+
+
+def fuzz_bodies(count: int, seed: int = 0) -> list[bytes]:
+    """The fixed cases followed by seeded random mutations of a valid body."""
+    rng = random.Random(seed)
+    mutated = _mutations(rng)
+    return list(FIXED_CASES) + [next(mutated) for _ in range(max(count - len(FIXED_CASES), 0))]

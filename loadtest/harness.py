@@ -3,7 +3,7 @@
 A benchmark is a declared :class:`Workload`: its options, and ``measure``, which runs the
 workload beside its baselines and returns :class:`Result` s. The runner here gives each the
 same pieces: the machine's description, the tree (git commit), timing in turn
-(:func:`timed_together`), warm-up, 503 retries after ``Retry-After``, progress lines, and one
+(:func:`timed_together`), warm-up, progress lines, and one
 result schema, stored as JSON under docs/results/ and rendered into the docs by
 ``python -m loadtest render`` (loadtest.render). Imports nothing heavy at module level.
 """
@@ -20,7 +20,6 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -291,43 +290,6 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
     return numerator / denominator
-
-
-class RetryingClient:
-    """What a user with a file of requests writes: ``concurrency`` threads posting to
-    ``route``, each 503 sent again after its Retry-After (1 s when it has none)."""
-
-    def __init__(
-        self, url: str, concurrency: int = 4, timeout_s: float = 300.0, route: str = "/v1/score"
-    ) -> None:
-        import httpx
-
-        self._url, self._concurrency = f"{url}{route}", concurrency
-        limits = httpx.Limits(max_connections=concurrency)
-        self._client = httpx.Client(timeout=timeout_s, limits=limits)
-
-    def close(self) -> None:
-        self._client.close()
-
-    def post(self, body: bytes) -> int:
-        """POST until a 200; the number of 503s retried. RuntimeError on any other status."""
-        retried = 0
-        while True:
-            response = self._client.post(self._url, content=body, headers=JSON_HEADERS)
-            if response.status_code == 200:
-                return retried
-            if response.status_code != 503:
-                status = f"HTTP {response.status_code} {response.text[:300]}"
-                raise RuntimeError(f"{self._url}: {status}")
-            retried += 1
-            time.sleep(float(response.headers.get("retry-after", 1)))  # the server's Retry-After
-
-    def run(self, bodies: Sequence[bytes]) -> tuple[float, int]:
-        """Wall seconds to answer every body, ``concurrency`` in flight; 503s retried."""
-        start = time.perf_counter()
-        with ThreadPoolExecutor(self._concurrency) as pool:
-            retried = sum(pool.map(self.post, bodies))
-        return time.perf_counter() - start, retried
 
 
 def parser_for(workload: Workload) -> argparse.ArgumentParser:

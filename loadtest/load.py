@@ -14,24 +14,12 @@ import asyncio
 import json
 import random
 import statistics
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import httpx
 
-from loadtest.fuzz_cases import fuzz_bodies
-from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, figures_table
-
-LABELS = [7042, 4528, 11452]
-JSON = {"content-type": "application/json"}
-
-
-@dataclass(frozen=True)
-class LoadResult:
-    latencies: tuple[float, ...]
-    statuses: tuple[int, ...]
-    wall_s: float
+from loadtest.client import closed_loop, percentile
+from loadtest.fuzz_strategies import fuzz_bodies
+from loadtest.harness import LABELS, TOOL_RESULTS, Option, Result, Run, Workload, figures_table
 
 
 def score_body(rng: random.Random, max_items: int) -> dict:
@@ -41,72 +29,38 @@ def score_body(rng: random.Random, max_items: int) -> dict:
         " " + " ".join(rng.choice(words) for _ in range(rng.randint(0, 8)))
         for _ in range(rng.randint(1, max_items))
     ]
-    return {"query": query, "items": items, "label_token_ids": LABELS}
+    return {"query": query, "items": items, "label_token_ids": list(LABELS)}
 
 
-async def _send(client: httpx.AsyncClient, url: str, content: bytes) -> tuple[int, float]:
-    start = time.perf_counter()
-    try:
-        response = await client.post(url, content=content, headers=JSON)
-        status = response.status_code
-    except httpx.HTTPError:
-        status = 0  # connection failure or time-out: counted as a failure
-    return status, time.perf_counter() - start
-
-
-async def run_bodies(
-    base_url: str, bodies: list[bytes], concurrency: int, deadline_s: float
-) -> LoadResult:
-    """POST every body to /v1/score with at most ``concurrency`` in flight, until the deadline."""
-    url = f"{base_url}/v1/score"
-    queue = list(reversed(bodies))
-    results: list[tuple[int, float]] = []
-    stop_at = time.monotonic() + deadline_s
-    start = time.perf_counter()
-    async with httpx.AsyncClient(timeout=120) as client:
-
-        async def worker() -> None:
-            while queue and time.monotonic() < stop_at:
-                results.append(await _send(client, url, queue.pop()))
-
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return LoadResult(
-        tuple(r[1] for r in results), tuple(r[0] for r in results), time.perf_counter() - start
-    )
-
-
-def compile_count(base_url: str) -> int:
-    return int(httpx.get(f"{base_url}/v1/stats", timeout=30).json()["compile_count"])
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile (``fraction`` in [0, 1]); NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
+async def phases(o: argparse.Namespace, bodies: list[bytes]) -> dict:
+    """Warm-up, the load run between two compile counts, the fuzz run, /health."""
+    async with httpx.AsyncClient(base_url=o.url, timeout=120) as client:
+        run = lambda sent: closed_loop(client, sent, o.concurrency, o.deadline_s)  # noqa: E731
+        compiles = lambda: client.get("/v1/stats", timeout=30)  # noqa: E731
+        await run(bodies[: o.concurrency])
+        before = (await compiles()).json()["compile_count"]
+        load, wall = await run(bodies)
+        after = (await compiles()).json()["compile_count"]
+        fuzz, _ = await run(fuzz_bodies(o.fuzz))
+        healthy = (await client.get("/health", timeout=30)).status_code == 200
+    latencies = [outcome.seconds for outcome in load]
+    return {
+        "requests": len(load), "ok": sum(x.status == 200 for x in load), "per_s": len(load) / wall,
+        "p50_s": statistics.median(latencies), "p95_s": percentile(latencies, 0.95),
+        "max_s": max(latencies), "compiles_after_warmup": int(after) - int(before),
+        "fuzz_bodies": len(fuzz),
+        "fuzz_5xx_or_no_answer": sum(x.status >= 500 or x.status == 0 for x in fuzz),
+        "healthy_after": healthy,
+    }  # fmt: skip
 
 
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
-    base = o.url or "http://127.0.0.1:8000"
+    o.url = o.url or "http://127.0.0.1:8000"
     rng = random.Random(0)
     bodies = [json.dumps(score_body(rng, o.max_items)).encode() for _ in range(o.requests)]
-    asyncio.run(run_bodies(base, bodies[: o.concurrency], o.concurrency, o.deadline_s))
-    before = compile_count(base)
-    load = asyncio.run(run_bodies(base, bodies, o.concurrency, o.deadline_s))
-    compiles = compile_count(base) - before
-    ok = sum(s == 200 for s in load.statuses)
-    fuzz = asyncio.run(run_bodies(base, fuzz_bodies(o.fuzz), o.concurrency, o.deadline_s))
-    server_errors = sum(s >= 500 or s == 0 for s in fuzz.statuses)
-    healthy = httpx.get(f"{base}/health", timeout=30).status_code == 200
-    figures = {
-        "requests": len(load.statuses), "ok": ok, "per_s": len(load.statuses) / load.wall_s,
-        "p50_s": statistics.median(load.latencies), "p95_s": percentile(load.latencies, 0.95),
-        "max_s": max(load.latencies), "compiles_after_warmup": compiles,
-        "fuzz_bodies": len(fuzz.statuses), "fuzz_5xx_or_no_answer": server_errors,
-        "healthy_after": healthy,
-    }  # fmt: skip
-    figures["failed"] = not (compiles == 0 and server_errors == 0 and healthy and ok == len(bodies))
+    figures = asyncio.run(phases(o, bodies))
+    good = figures["compiles_after_warmup"] == 0 and figures["fuzz_5xx_or_no_answer"] == 0
+    figures["failed"] = not (good and figures["healthy_after"] and figures["ok"] == len(bodies))
     return [run.result("Closed-loop load and fuzz", [figures_table(figures)], figures=figures)]
 
 

@@ -29,64 +29,21 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 
 import httpx
 
+from loadtest.client import Outcome, closed_loop, percentile, send
+from loadtest.client import word_body as body
 from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, figures_table
-from loadtest.load import percentile
-
-WORDS = ["alpha", "beta", "gamma", "delta", "capital", "river", "city", "blue", "stone"]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: int  # 0: no answer within the client's timeout
-    seconds: float
-    reason: str
-    retry_after: str | None
-    sent_s: float = 0.0  # when it was sent, seconds into the overload phase
-    queue_s: float | None = None  # a 200's x-queue-time: handed to the replicas -> its step
-
-
-def body(rng: random.Random, items: int, words: int = 60) -> dict:
-    query = " ".join(rng.choice(WORDS) for _ in range(words))
-    docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(items)]
-    return {"query": query, "items": docs, "label_token_ids": [7042, 4528, 11452]}
-
-
-async def send(client: httpx.AsyncClient, payload: dict) -> Outcome:
-    start = time.perf_counter()
-    try:
-        response = await client.post("/v1/score", json=payload)
-    except httpx.TimeoutException:
-        return Outcome(0, time.perf_counter() - start, "client_timeout", None)
-    seconds = time.perf_counter() - start
-    reason = ""
-    if response.status_code != 200:
-        try:
-            reason = response.json()["reason"]  # the error envelope (replicas/errors.py)
-        except (ValueError, KeyError, TypeError):
-            reason = "no_envelope"
-    queued = response.headers.get("x-queue-time")  # milliseconds
-    queue_s = float(queued) / 1e3 if queued is not None else None
-    return Outcome(
-        response.status_code, seconds, reason, response.headers.get("retry-after"), 0.0, queue_s
-    )
 
 
 async def capacity(client: httpx.AsyncClient, args: argparse.Namespace) -> float:
+    """Completed requests per second of a closed loop of ``--concurrency`` clients."""
     rng = random.Random(1)
     payloads = [body(rng, args.items) for _ in range(args.capacity_requests)]
-    start, done = time.perf_counter(), []
-
-    async def worker() -> None:
-        while payloads:
-            done.append(await send(client, payloads.pop()))
-
-    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
-    ok = sum(o.status == 200 for o in done)
-    return ok / (time.perf_counter() - start)
+    done, wall = await closed_loop(client, payloads[::-1], args.concurrency)
+    return sum(o.status == 200 for o in done) / wall
 
 
 async def overload(client: httpx.AsyncClient, rate: float, args: argparse.Namespace) -> list:

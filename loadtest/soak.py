@@ -9,7 +9,7 @@
 - ``fresh``: a never-seen text query (query-cache misses), 1..100 items (``load.score_body``);
 - ``tokens``: token-id query (half from a fixed pool, half fresh) and 1..100 token-id items;
 - ``item_first``: ``item_first: true`` (the single-item path), 1..4 short items;
-- ``invalid``: the fuzz bodies of ``loadtest.fuzz_cases`` in turn (400s; never a 500).
+- ``invalid``: ``loadtest.fuzz_strategies.fuzz_bodies`` in turn (400s; never a 500).
 
 ``--pool N`` draws instead from N such bodies per client, fixed at the start: once each has
 been served, there is nothing new to compile or to cache, so RSS that still grows is a leak.
@@ -48,10 +48,10 @@ from urllib.parse import urlparse
 
 import httpx
 
-from loadtest.fuzz_cases import fuzz_bodies
-from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, table
-from loadtest.load import LABELS, _send, score_body
-from loadtest.overload import WORDS, send
+from loadtest.client import WORDS, send
+from loadtest.fuzz_strategies import fuzz_bodies
+from loadtest.harness import LABELS, TOOL_RESULTS, Option, Result, Run, Workload, col, table
+from loadtest.load import score_body
 from loadtest.procs import MIB, find_workers, rss_mib, serving_raylet
 from loadtest.soak_verdict import KINDS, verdict
 
@@ -126,12 +126,12 @@ class Mix:
             }
         else:
             return kind, self.invalid[self.serial % len(self.invalid)]
-        payload["label_token_ids"] = LABELS
+        payload["label_token_ids"] = list(LABELS)
         payload["apply_softmax"] = softmax
         return kind, payload
 
 
-async def fill_query_cache(client: httpx.AsyncClient, vocab: int, url: str) -> dict:
+async def fill_query_cache(client: httpx.AsyncClient, vocab: int) -> dict:
     """Warm-up of the query cache: distinct 1000-token queries (one item each) until it is
     full (an insert evicted: its entry count stopped growing) or holds 90 % of
     ``query_cache_capacity_bytes``, so a cache that fills up to its bound (by design) is not
@@ -147,9 +147,9 @@ async def fill_query_cache(client: httpx.AsyncClient, vocab: int, url: str) -> d
         body = {
             "query": [rng.randrange(100, vocab) for _ in range(1000)],
             "items": [[rng.randrange(100, vocab)]],
-            "label_token_ids": LABELS,
+            "label_token_ids": list(LABELS),
         }
-        answer = await client.post(url, json=body)
+        answer = await client.post("/v1/score", json=body)
         if answer.status_code == 503:
             await asyncio.sleep(min(float(answer.headers.get("retry-after", 1)), 10.0))
         else:
@@ -198,19 +198,12 @@ def expected(kind: str, status: int, reason: str, retry_after: str | None) -> bo
     return status == 200 or (status == 503 and reason == "overloaded" and bool(retry_after))
 
 
-async def client_loop(
-    client: httpx.AsyncClient, mix: Mix, stop_at: float, tally: Tally, url: str
-) -> None:
+async def client_loop(client: httpx.AsyncClient, mix: Mix, stop_at: float, tally: Tally) -> None:
     while time.monotonic() < stop_at:
         kind, payload = mix.next()
-        retry_after = None
-        if isinstance(payload, bytes):
-            status, seconds = await _send(client, url, payload)
-            reason = ""
-        else:
-            outcome = await send(client, payload)
-            status, seconds, reason = outcome.status, outcome.seconds, outcome.reason
-            retry_after = outcome.retry_after
+        outcome = await send(client, payload)
+        status, seconds, reason = outcome.status, outcome.seconds, outcome.reason
+        retry_after = outcome.retry_after
         tally.done += 1
         tally.by_kind[kind] += 1
         tally.statuses[status] += 1
@@ -253,9 +246,8 @@ async def soak(args: argparse.Namespace) -> dict:
         workers = find_workers(raylet)
         if not workers["replica"] or not workers["ingress"]:
             raise SystemExit("no ScoringReplica / ScoreIngress worker in this machine's ps")
-        url = f"{args.url}/v1/score"
         if args.fill_cache:
-            filled = await fill_query_cache(c, model["vocab_size"], url)
+            filled = await fill_query_cache(c, model["vocab_size"])
             print(
                 f"query cache filled: {filled.get('query_cache_bytes', 0) / MIB:.1f} MiB",
                 flush=True,
@@ -269,7 +261,7 @@ async def soak(args: argparse.Namespace) -> dict:
         stop_at = start + args.minutes * 60
         mixes = [Mix(args.seed + i, model["vocab_size"], args.pool) for i in range(args.clients)]
         kinds = frozenset(kind for mix in mixes for kind, _ in mix.pool) or frozenset(KINDS)
-        loops = [asyncio.create_task(client_loop(c, mix, stop_at, tally, url)) for mix in mixes]
+        loops = [asyncio.create_task(client_loop(c, mix, stop_at, tally)) for mix in mixes]
         while True:
             row = await sample(c, start, tally, raylet)
             samples.append(row)

@@ -13,9 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from loadtest.client import Outcome, percentile
 from loadtest.harness import Table, col, table
-from loadtest.load import percentile
-from loadtest.overload import Outcome
 
 PERCENTILES = (0.5, 0.9, 0.99)
 

@@ -23,7 +23,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
               "floor of a weight pass and the step costs"),
     "heads": ("bench_heads", "best-of-N reward scoring with a score head: multi-item, each "
               "conversation alone, transformers"),
-    "families": ("bench_families", "RFC-008 on a Gemma-3-1B-shaped random model: multi-item, "
+    "families": ("bench_engine", "RFC-008 on a Gemma-3-1B-shaped random model: multi-item, "
                  "single-item, transformers"),
     "rerank": ("bench_rerank", "/v1/rerank documents/s over HTTP at 10 and 100 documents"),
     "lora": ("bench_lora", "LoRA adapters mixed in one step (dense, grouped) beside the base "
@@ -47,7 +47,9 @@ REGISTRY: dict[str, tuple[str, str]] = {
 
 
 def workload(name: str) -> Workload:
-    """The declared workload ``name`` (its module imported now); KeyError if unknown."""
+    """The declared workload ``name`` (its module imported now: its ``PRESETS[name]``, else
+    its ``WORKLOAD``); KeyError if unknown."""
     module, summary = REGISTRY[name]
-    declared = importlib.import_module(f"loadtest.{module}").WORKLOAD
+    declared = importlib.import_module(f"loadtest.{module}")
+    declared = getattr(declared, "PRESETS", {}).get(name, declared.WORKLOAD)
     return replace(declared, name=name, summary=summary)

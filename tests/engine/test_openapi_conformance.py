@@ -9,7 +9,7 @@ does). Every answer is free of 5xx and conforms to the responses the document de
 every body the document allows is served (2xx), unless it names something that is not there
 (a 404 for an unknown ``model``, adapter name or adapter directory: the name is the client's
 choice, not a shape the schema could rule out) or breaks a rule the document lists as one
-JSON Schema cannot state (``loadtest.fuzz_run.UNSTATED``: text that tokenizes to nothing, a
+JSON Schema cannot state (``loadtest.fuzz.UNSTATED``: text that tokenizes to nothing, a
 length only tokenization tells). A route the configuration cannot serve is
 left out of the document. The replicas are the fuzzer's checking backend: this is the HTTP
 edge's contract (tests/serve/test_serve_lora.py and the Serve tests run the real replicas).
@@ -33,7 +33,7 @@ from starlette.testclient import TestClient
 from app.adapters import AdapterAdmin, LiveNames
 from app.http import build_api
 from app.service import ScoringService
-from loadtest.fuzz_run import UNSTATED, quiet_access_log
+from loadtest.fuzz import UNSTATED, quiet_access_log
 from loadtest.fuzz_server import CheckingBackend
 from replicas.checkpoints.adapters import read_adapter_config
 from replicas.serving.adapter_registry import AdapterBook

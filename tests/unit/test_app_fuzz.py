@@ -16,8 +16,8 @@ import pytest
 from app.completions import Completions
 from app.openapi import longest_item, longest_query, score_request_schema
 from app.service import ScoringService
-from loadtest import fuzz, fuzz_cases
-from loadtest.fuzz_run import Agreement, Tally, in_process, run_all, run_strategy, split, table
+from loadtest import fuzz, fuzz_strategies
+from loadtest.fuzz import Agreement, Tally, in_process, run_all, run_strategy, split, table
 from loadtest.fuzz_server import CheckingBackend, in_process_app
 from loadtest.fuzz_strategies import Served, encode, valid_bodies
 from replicas.contract import ModelInfo, ScoringLimits
@@ -187,7 +187,7 @@ def test_the_runner_prints_the_table_and_exits_zero(
 
 
 def test_fixed_cases_stay_available() -> None:
-    bodies = fuzz_cases.fuzz_bodies(40)
-    assert len(bodies) == 40 and bodies[: len(fuzz_cases.FIXED_CASES)] == list(
-        fuzz_cases.FIXED_CASES
+    bodies = fuzz_strategies.fuzz_bodies(40)
+    assert len(bodies) == 40 and bodies[: len(fuzz_strategies.FIXED_CASES)] == list(
+        fuzz_strategies.FIXED_CASES
     )

@@ -232,7 +232,7 @@ def classify_bodies() -> Any:
 
 
 def test_fuzzed_bodies_on_a_head_model_get_no_5xx_and_agree_with_its_schema() -> None:
-    from loadtest.fuzz_run import Tally, generators, in_process, run_routes
+    from loadtest.fuzz import Tally, generators, in_process, run_routes
     from tests.unit.test_app_fuzz import CharTokenizer
 
     head = ScoreHead("linear", 2, ("a", "b"), "multi_label_classification")

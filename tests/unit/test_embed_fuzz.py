@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from app.completions import Completions
 from app.service import ScoringService
+from loadtest.fuzz import Target, in_process
 from loadtest.fuzz_embed import arbitrary_routes, broken_routes, valid_routes
-from loadtest.fuzz_run import Target, in_process
 from replicas.contract import ModelInfo, PoolingHead, ScoringLimits
 
 VOCAB = 4096

@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from loadtest.client import Outcome
 from loadtest.harness import LABELS, run_workload
-from loadtest.overload import Outcome
 from loadtest.sweep import (
     ID_RANGE,
     SweepConfig,
