@@ -47,7 +47,9 @@ TOP_TOKENS = 10  # |log-prob difference| over each distribution's most likely to
 def _settings(model: str, form: str, **changes: Any) -> Any:
     from replicas.settings import ReplicaSettings
 
-    base = ReplicaSettings.from_keys(model=model, multi_item_scoring_delimiter=0, **ONE_SHAPE)
+    base = ReplicaSettings.from_keys(
+        model=model, multi_item_scoring_delimiter=0, rerank_method="query_likelihood", **ONE_SHAPE
+    )
     return base.replace(quantization=form, **changes)
 
 
