@@ -19,7 +19,7 @@ import numpy as np
 from replicas.model.config import ModelConfig
 from replicas.model.lora import with_delta
 from replicas.model.masks import key_blocks, lookback, own_item_mask, within_window
-from replicas.model.quant import SCALE_SUFFIX, quantized_project, stored_dtype
+from replicas.model.quant import SCALE_SUFFIX, quantized_project, scale_shape, stored_dtype
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
@@ -36,7 +36,8 @@ def declare_weight(module: nn.Module, name: str, shape: tuple[int, ...], n_in: i
     if quantization == "none":
         return module.param(name, _INIT, shape, module.dtype)
     values = module.param(name, nn.initializers.zeros, shape, stored_dtype(quantization))
-    scale = module.param(name + SCALE_SUFFIX, nn.initializers.ones, shape[n_in:], jnp.float32)
+    scale_of = scale_shape(shape, n_in, quantization)
+    scale = module.param(name + SCALE_SUFFIX, nn.initializers.ones, scale_of, jnp.float32)
     return values, scale
 
 

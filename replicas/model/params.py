@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 from cluster.sharding import tree_shardings
 from replicas.model.config import ModelConfig
 from replicas.model.heads import head_logical_axes
-from replicas.model.quant import scale_axes
+from replicas.model.quant import scale_axes, scale_shapes
 
 Axes = tuple[str | None, ...]
 
@@ -82,7 +82,7 @@ def served_logical_axes(config: ModelConfig) -> dict[str, Any]:
     weight's scale (model.quant): the tree the model runs on."""
     tree = param_logical_axes(config)
     if config.quantization != "none":
-        tree["layers"] = scale_axes(tree["layers"])
+        tree["layers"] = scale_axes(tree["layers"], config.quantization)
     return tree
 
 
@@ -101,5 +101,7 @@ def param_shapes(config: ModelConfig) -> dict[str, Any]:
 
 def param_shardings(config: ModelConfig, mesh: Mesh) -> dict[str, Any]:
     """NamedSharding of every parameter the model runs on (scales included) on ``mesh``."""
-    axes = served_logical_axes(config)
-    return tree_shardings(axes, _shapes_of(config, axes), mesh)
+    shapes = param_shapes(config)
+    if config.quantization != "none":
+        shapes["layers"] = scale_shapes(shapes["layers"], config.quantization)
+    return tree_shardings(served_logical_axes(config), shapes, mesh)

@@ -34,7 +34,8 @@ SMALL = {
 }
 MULTI = {"multi_item_scoring_delimiter": DELIMITER, "batch_buckets": (1, 4)}
 # int8 against float32 on the same weights, in nats of a label's log-prob. Measured on these
-# tiny models: int8 0.0026 and int8_weight 0.0017 (random 0.02-init weights), 4x margin;
+# tiny models: int8 0.0026 and int8_weight 0.0017 (random 0.02-init weights; int8_weight
+# before its block scales), 4x margin;
 # SmolLM2's figures are the quality gate's (loadtest/quant_quality.py).
 TO_FLOAT32 = 0.01
 

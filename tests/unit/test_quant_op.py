@@ -21,7 +21,7 @@ RNG = np.random.default_rng(0)
 
 def _case(n_in: int) -> tuple[np.ndarray, np.ndarray]:
     """x [2, 5, *in] with rows of very different magnitudes; w [*in, *out]."""
-    shape_in = (16,) if n_in == 1 else (4, 8)
+    shape_in = (64,) if n_in == 1 else (2, 64)  # int8_weight: two blocks along the last
     shape_out = (3, 8) if n_in == 1 else (16,)
     x = RNG.normal(size=(2, 5, *shape_in)).astype(np.float32)
     x *= np.logspace(-3, 2, 5, dtype=np.float32)[None, :, *([None] * n_in)]
@@ -55,6 +55,16 @@ def test_weight_scales_are_per_output_channel() -> None:
     np.testing.assert_allclose(scale, [2.0 / 127, 0.02 / 127], rtol=1e-6)
     assert values.dtype == np.int8 and values[1].tolist() == [-127, 127]  # each column's max
     assert np.all(np.abs(values * scale - w) <= scale / 2 * (1 + 1e-6))
+
+
+def test_int8_weight_scales_are_per_block_of_the_contracted_axis() -> None:
+    w = np.ones((2, 64, 3), np.float32)  # [layers, in, out]
+    w[:, 40] = 8.0  # an outlier in the second block only
+    values, scale = quantize(w, 1, "int8_weight", lead=1, xp=np)
+    assert scale.shape == (2, 2, 3)  # [layers, 64 / 32 blocks, out]
+    np.testing.assert_allclose(scale[:, 0], 1 / 127, rtol=1e-6)  # not squeezed by the outlier
+    np.testing.assert_allclose(scale[:, 1], 8 / 127, rtol=1e-6)
+    assert (values[:, :32] == 127).all()
 
 
 def test_a_token_does_not_depend_on_its_batch_mates() -> None:
