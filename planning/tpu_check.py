@@ -82,6 +82,8 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
         attention=args.attention,
     )
     values.setdefault("dtype", "bfloat16")
+    if getattr(args, "quantization", None):  # int8: the layers' weights in half the bytes
+        values["quantization"] = args.quantization
     if args.signatures != "all":  # one batch size: the largest, or the smallest
         sizes = values.get("warmup_batch_sizes", [1])
         values["warmup_batch_sizes"] = [max(sizes) if args.signatures == "largest" else min(sizes)]
@@ -247,7 +249,8 @@ def check(args: argparse.Namespace) -> Plan:
     settings = replica_settings(args, devices)
     placement = settings.placement
     mesh = build_mesh(placement.mesh_shape, devices)  # as a host group builds it
-    model = CausalLM(model_config(args.model), jnp.dtype(DTYPES[settings.model.dtype]))
+    config = model_config(args.model).replace(quantization=settings.model.quantization)
+    model = CausalLM(config, jnp.dtype(DTYPES[settings.model.dtype]))
     lora = lora_slots(args) or config_slots(settings)
     settings = settings.replace(max_loras=0, lora_adapters=())  # the slots ride in params
     params, param_bytes = abstract_params(model, mesh, lora)
@@ -311,6 +314,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mesh", help="data,model (default: the config's, else hosts,chips)")
     parser.add_argument("--signatures", choices=("all", "largest", "smallest"), default="all")
     parser.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
+    parser.add_argument(
+        "--quantization", choices=("none", "int8", "int8_weight", "fp8"),
+        help="the layers' projections (default: the config's, else none; docs/quantization.md)",
+    )  # fmt: skip
     parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")
     parser.add_argument("--json", help="write the plan as JSON here")
     add_lora_arguments(parser)

@@ -42,6 +42,7 @@ from replicas.model.config import ModelConfig, config_from_hf
 from replicas.model.encoder import Encoder, model_for
 from replicas.model.head_config import with_saved_activation
 from replicas.model.params import param_shapes, param_shardings
+from replicas.model.quant import QUANTIZED, SCALE_SUFFIX, check_backend, quantize
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +189,28 @@ def check_tensors(tensors: TensorFile, config: ModelConfig) -> None:
         raise CheckpointError("; ".join(problems[:5]) + more)
 
 
+def _quantized_n_in(config: ModelConfig, path: tuple[str, ...]) -> int | None:
+    """How many input axes the leaf at ``path`` contracts if it is quantized, else None."""
+    if config.quantization == "none" or path[0] != "layers":
+        return None
+    return QUANTIZED.get(path[1:])  # type: ignore[arg-type]
+
+
+def _place_leaf(
+    params: Params, path: tuple[str, ...], host: np.ndarray, config: ModelConfig, shardings: Any
+) -> None:
+    """``host`` placed at ``path``; a quantized weight as its values and scale (quantized
+    here on the host, from float32: model.quant)."""
+    n_in = _quantized_n_in(config, path)
+    if n_in is None:
+        set_path(params, path, _place(host, get_path(shardings, path)))
+        return
+    values, scale = quantize(host, n_in, config.quantization, lead=1, xp=np)
+    set_path(params, path, _place(values, get_path(shardings, path)))
+    scale_path = (*path[:-1], path[-1] + SCALE_SUFFIX)
+    set_path(params, scale_path, _place(scale, get_path(shardings, scale_path)))
+
+
 def assemble_params(
     tensors: TensorFile, config: ModelConfig, mesh: Mesh, dtype: np.dtype
 ) -> tuple[Params, set[str]]:
@@ -200,16 +223,18 @@ def assemble_params(
     for mapping in tensor_mappings(config):
         full = get_path(shapes, mapping.path)
         per_layer = full[1:] if mapping.per_layer else full
-        host = np.empty(full, dtype)  # [layers, ...] or the unstacked shape
+        quantized = _quantized_n_in(config, mapping.path) is not None
+        host = np.empty(full, np.float32 if quantized else dtype)  # [layers, ...] or unstacked
         for i, names in enumerate(mapping.names(config.num_layers)):
             name = names[tensors.name_kind]
-            value = to_our_layout(mapping.layout, tensors.read(name), per_layer).astype(dtype)
+            value = to_our_layout(mapping.layout, tensors.read(name), per_layer)
+            value = value.astype(host.dtype)
             if mapping.per_layer:
                 host[i] = value
             else:
                 host[...] = value
             used.add(name)
-        set_path(params, mapping.path, _place(host, get_path(shardings, mapping.path)))
+        _place_leaf(params, mapping.path, host, config, shardings)
         del host
     return params, used
 
@@ -235,6 +260,7 @@ def load_model(
     mesh: Mesh,
     dtype: str = "float32",
     pooling: PoolingHead | None = None,
+    quantization: str = "none",
 ) -> LoadedModel:
     """Load a model's weights from local files into their shardings on ``mesh``.
 
@@ -242,8 +268,12 @@ def load_model(
     directory (config.json + safetensors), or a resolved ``ModelSource``. ``dtype``:
     float32, bfloat16 or float16 (parameters and activations). ``pooling``: load it as an
     embedding model (``replicas.model.pooling_config``: no LM head is read).
+    ``quantization``: the layers' projections quantized at load (replicas.model.quant); a
+    form the mesh's backend cannot run is refused before any tensor is read.
     """
     np_dtype = _check_dtype(dtype)
+    device = mesh.devices.flat[0]
+    check_backend(quantization, device.platform, getattr(device, "device_kind", ""))
     source = _as_source(source)
     with contextlib.ExitStack() as stack:
         if source.is_gguf:
@@ -257,7 +287,8 @@ def load_model(
             tensors = SafetensorsFiles(source.directory, stack)
             ignorable = ("rotary_emb.inv_freq", "lm_head.weight", *_UNUSED_BY_EMBEDDERS)
         directory = None if source.is_gguf else source.directory
-        config = config.replace(pooling=pooling, head=with_saved_activation(config.head, directory))
+        head = with_saved_activation(config.head, directory)
+        config = config.replace(pooling=pooling, head=head, quantization=quantization)
         params, used = assemble_params(tensors, config, mesh, np_dtype)
         _warn_unused(tensors, used, ignorable)
     model = model_for(config, jnp.dtype(np_dtype))
@@ -270,6 +301,7 @@ def load_configured(
     dtype: str = "float32",
     pooling: str | None = None,
     normalize: bool | None = None,
+    quantization: str = "none",
 ) -> tuple[LoadedModel, tuple[Any, ...]]:
     """The ``model`` setting's weights on ``mesh`` and, for an embedding model (a
     sentence-transformers directory, a base model, or ``pooling``/``normalize`` set), its
@@ -280,6 +312,6 @@ def load_configured(
     source = resolve_model_source(model)
     directory = None if source.is_gguf else source.directory
     head = pooling_head_for(directory, load_hf_config(source), pooling, normalize)
-    loaded = load_model(source, mesh, dtype, head)
+    loaded = load_model(source, mesh, dtype, head, quantization)
     dense = load_dense_layers(source.directory, head) if head is not None else ()
     return loaded, dense

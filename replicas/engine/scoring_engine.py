@@ -143,7 +143,9 @@ class ScoringEngine:
         configure_compilation_cache(settings.engine.compilation_cache_dir)
         mesh = build_mesh(settings.placement.mesh_shape)
         spec = settings.model
-        loaded, dense = load_configured(spec.name, mesh, spec.dtype, spec.pooling, spec.normalize)
+        loaded, dense = load_configured(
+            spec.name, mesh, spec.dtype, spec.pooling, spec.normalize, spec.quantization
+        )
         engine = cls(loaded.model, loaded.params, mesh, settings, spec.name, dense)
         if warm:
             engine.warmup()

@@ -32,6 +32,7 @@ from replicas.model.layers import (
 )
 from replicas.model.lora import has_head_slots, head_slot_outputs, layer_inputs, split_tagged
 from replicas.model.masks import within_window
+from replicas.model.quant import quantize_layers
 
 Array = jax.Array
 Params = dict[str, Any]
@@ -204,19 +205,22 @@ class CausalLM:
         return DecoderLayer(self.config, self.dtype, self.stream_attention, self.dense_attention)
 
     def init_params(self, rng: Array) -> Params:
-        """Random parameters with the loaders' tree structure (also for jax.eval_shape)."""
+        """Random parameters with the loaders' tree structure (also for jax.eval_shape); a
+        quantized config's layer weights are random float ones quantized (model.quant)."""
         c = self.config
         embed_rng, layers_rng, head_rng = jax.random.split(rng, 3)
         x = jnp.zeros((1, 1, c.hidden_size), self.dtype)
         pos = jnp.zeros((1, 1), jnp.int32)
         spec = AttentionSpec(mask=jnp.ones((1, 1, 1), bool))
+        float_layer = DecoderLayer(c.replace(quantization="none"), self.dtype)
 
         def init_layer(key: Array) -> Params:
-            return self.layer.init(key, x, pos, spec)["params"]
+            return float_layer.init(key, x, pos, spec)["params"]
 
+        layers = jax.vmap(init_layer)(jax.random.split(layers_rng, c.num_layers))
         params: Params = {
             "embed": 0.02 * jax.random.normal(embed_rng, (c.vocab_size, c.hidden_size), self.dtype),
-            "layers": jax.vmap(init_layer)(jax.random.split(layers_rng, c.num_layers)),
+            "layers": quantize_layers(layers, c.quantization),
             "final_norm": {
                 "scale": (jnp.zeros if c.norm_offset else jnp.ones)((c.hidden_size,), self.dtype)
             },

@@ -15,6 +15,7 @@ from replicas.model.errors import UnsupportedModelError
 from replicas.model.families import ENCODER_FAMILIES, family_fields, text_config
 from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
 from replicas.model.pooling_config import BASE_ARCHITECTURES
+from replicas.settings.model import QUANTIZATIONS
 
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", *ENCODER_FAMILIES)
 NO_WINDOW = 1 << 30  # the window of a global layer: every earlier key is inside it
@@ -70,6 +71,9 @@ class ModelConfig:
     # (``rms_norm_eps`` is its eps), post-norm blocks; see replicas.model.encoder.
     type_vocab_size: int = 0
     position_offset: int = 0  # added to every position before its embedding (XLM-R: pad + 1)
+    # How the layers' projections run (the ``quantization`` setting, replicas.model.quant):
+    # none, int8 (W8A8, per-token activation scales), int8_weight or fp8.
+    quantization: str = "none"
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -87,6 +91,15 @@ class ModelConfig:
         if self.sliding_layers and len(self.sliding_layers) != self.num_layers:
             raise UnsupportedModelError(
                 f"layer_types: {len(self.sliding_layers)} entries for {self.num_layers} layers"
+            )
+        if self.quantization not in QUANTIZATIONS:
+            raise UnsupportedModelError(
+                f"quantization: {self.quantization!r} not in {QUANTIZATIONS}"
+            )
+        if self.encoder and self.quantization != "none":
+            raise UnsupportedModelError(
+                f"quantization: {self.quantization!r} runs the decoder layers' projections; "
+                f"a {self.family} encoder runs unquantized (set quantization: none)"
             )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise UnsupportedModelError(f"sliding_window: must be >= 1, got {self.sliding_window}")

@@ -19,6 +19,7 @@ import numpy as np
 from replicas.model.config import ModelConfig
 from replicas.model.lora import with_delta
 from replicas.model.masks import key_blocks, lookback, own_item_mask, within_window
+from replicas.model.quant import SCALE_SUFFIX, quantized_project, scale_shape, stored_dtype
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
@@ -26,6 +27,27 @@ _INIT = nn.initializers.normal(0.02)
 # Stream tokens per query block of the item stream's own-item part: a block reads the keys an
 # item of at most ``window`` tokens can reach, ``window`` + this many, not ``2 * window``.
 QUERY_BLOCK = 128
+
+
+def declare_weight(module: nn.Module, name: str, shape: tuple[int, ...], n_in: int) -> Any:
+    """A projection's weight ``[*in, *out]`` in ``module.dtype``; quantized (the config's
+    ``quantization``): (values ``[*in, *out]``, float32 scale ``[*out]``), model.quant."""
+    quantization = module.config.quantization
+    if quantization == "none":
+        return module.param(name, _INIT, shape, module.dtype)
+    values = module.param(name, nn.initializers.zeros, shape, stored_dtype(quantization))
+    scale_of = scale_shape(shape, n_in, quantization)
+    scale = module.param(name + SCALE_SUFFIX, nn.initializers.ones, scale_of, jnp.float32)
+    return values, scale
+
+
+def project(x: Array, weight: Any, n_in: int, config: ModelConfig, dtype: Any, spec: str) -> Array:
+    """``x [..., *in]`` through a ``declare_weight`` weight -> ``[..., *out]``; unquantized
+    exactly as before (the einsum ``spec``, or ``x @ w`` for ``"@"``)."""
+    if config.quantization == "none":
+        return x @ weight if spec == "@" else jnp.einsum(spec, x, weight)
+    values, scale = weight
+    return quantized_project(x, values, scale, n_in, config.quantization, dtype)
 
 
 class RMSNorm(nn.Module):
@@ -207,10 +229,10 @@ class Attention(nn.Module):
     def setup(self) -> None:
         c = self.config
         d, h, k, dh = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
-        self.q = self.param("q", _INIT, (d, h, dh), self.dtype)
-        self.k = self.param("k", _INIT, (d, k, dh), self.dtype)
-        self.v = self.param("v", _INIT, (d, k, dh), self.dtype)
-        self.o = self.param("o", _INIT, (h, dh, d), self.dtype)
+        self.q = declare_weight(self, "q", (d, h, dh), 1)
+        self.k = declare_weight(self, "k", (d, k, dh), 1)
+        self.v = declare_weight(self, "v", (d, k, dh), 1)
+        self.o = declare_weight(self, "o", (h, dh, d), 2)
         if c.qkv_bias:
             self.q_bias = self.param("q_bias", nn.initializers.zeros, (h, dh), self.dtype)
             self.k_bias = self.param("k_bias", nn.initializers.zeros, (k, dh), self.dtype)
@@ -232,18 +254,24 @@ class Attention(nn.Module):
         inv_freq: Any = self.inv_freq
         if self.config.local_rope_theta is not None and local is not None:
             inv_freq = jnp.where(local, self.local_inv_freq, self.inv_freq)
-        q = with_delta(jnp.einsum("...td,dhk->...thk", x, self.q), x, "q", lora)
-        k = with_delta(jnp.einsum("...td,dhk->...thk", x, self.k), x, "k", lora)
-        v = with_delta(jnp.einsum("...td,dhk->...thk", x, self.v), x, "v", lora)
+        q = with_delta(self._in(x, self.q), x, "q", lora)
+        k = with_delta(self._in(x, self.k), x, "k", lora)
+        v = with_delta(self._in(x, self.v), x, "v", lora)
         if self.config.qkv_bias:
             q, k, v = q + self.q_bias, k + self.k_bias, v + self.v_bias
         if self.config.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
 
+    def _in(self, x: Array, weight: Any) -> Array:
+        """[..., T, D] -> [..., T, heads, Dh]."""
+        return project(x, weight, 1, self.config, self.dtype, "...td,dhk->...thk")
+
     def out(self, attended: Array, lora: Any = None) -> Array:
         """[..., T, H, Dh] -> [..., T, D]."""
-        return with_delta(jnp.einsum("...thk,hkd->...td", attended, self.o), attended, "o", lora)
+        spec = "...thk,hkd->...td"
+        out = project(attended, self.o, 2, self.config, self.dtype, spec)
+        return with_delta(out, attended, "o", lora)
 
     def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
         q, k, v = self.qkv(x, positions)
@@ -258,13 +286,14 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: Array, lora: Any = None) -> Array:  # [..., D] -> [..., D]
         d, f = self.config.hidden_size, self.config.intermediate_size
-        gate = self.param("gate", _INIT, (d, f), self.dtype)
-        up = self.param("up", _INIT, (d, f), self.dtype)
-        down = self.param("down", _INIT, (f, d), self.dtype)
-        gated = with_delta(x @ gate, x, "gate", lora)
+        c, dt = self.config, self.dtype
+        gate = declare_weight(self, "gate", (d, f), 1)
+        up = declare_weight(self, "up", (d, f), 1)
+        down = declare_weight(self, "down", (f, d), 1)
+        gated = with_delta(project(x, gate, 1, c, dt, "@"), x, "gate", lora)
         if self.config.hidden_act == "gelu_tanh":
             gated = jax.nn.gelu(gated, approximate=True)
         else:
             gated = jax.nn.silu(gated)
-        hidden = gated * with_delta(x @ up, x, "up", lora)  # [..., F]
-        return with_delta(hidden @ down, hidden, "down", lora)
+        hidden = gated * with_delta(project(x, up, 1, c, dt, "@"), x, "up", lora)  # [..., F]
+        return with_delta(project(hidden, down, 1, c, dt, "@"), hidden, "down", lora)

@@ -14,6 +14,7 @@ from cluster.sharding import tree_shardings
 from replicas.model.config import ModelConfig
 from replicas.model.encoder_params import encoder_logical_axes
 from replicas.model.heads import head_logical_axes
+from replicas.model.quant import scale_axes, scale_shapes
 
 Axes = tuple[str | None, ...]
 
@@ -81,17 +82,31 @@ def _is_axes(node: Any) -> bool:
     return isinstance(node, tuple)
 
 
-def param_shapes(config: ModelConfig) -> dict[str, Any]:
-    """The expected shape of every parameter, derived from its logical axes."""
+def served_logical_axes(config: ModelConfig) -> dict[str, Any]:
+    """``param_logical_axes`` (the checkpoint's tensors) and, quantized, each quantized
+    weight's scale (model.quant): the tree the model runs on."""
+    tree = param_logical_axes(config)
+    if config.quantization != "none":
+        tree["layers"] = scale_axes(tree["layers"], config.quantization)
+    return tree
+
+
+def _shapes_of(config: ModelConfig, axes: dict[str, Any]) -> dict[str, Any]:
     import jax
 
     return jax.tree_util.tree_map(
-        lambda axes: tuple(_SIZES[name](config) for name in axes),
-        param_logical_axes(config),
-        is_leaf=_is_axes,
+        lambda names: tuple(_SIZES[name](config) for name in names), axes, is_leaf=_is_axes
     )
 
 
+def param_shapes(config: ModelConfig) -> dict[str, Any]:
+    """The expected shape of every checkpoint tensor, derived from its logical axes."""
+    return _shapes_of(config, param_logical_axes(config))
+
+
 def param_shardings(config: ModelConfig, mesh: Mesh) -> dict[str, Any]:
-    """NamedSharding of every parameter on ``mesh``."""
-    return tree_shardings(param_logical_axes(config), param_shapes(config), mesh)
+    """NamedSharding of every parameter the model runs on (scales included) on ``mesh``."""
+    shapes = param_shapes(config)
+    if config.quantization != "none":
+        shapes["layers"] = scale_shapes(shapes["layers"], config.quantization)
+    return tree_shardings(served_logical_axes(config), shapes, mesh)

