@@ -26,7 +26,8 @@ from app.openapi import (
     score_request_schema,
 )
 from app.schema import RerankResponse, ScoreResponse
-from app.service import Backend, ScoringService, Timings
+from app.service import ScoringService
+from app.timings import Backend, Timings
 from replicas.contract import ModelInfo
 
 # (service, the decoded body, the replica call) -> (the response body, where its time went)
@@ -162,10 +163,10 @@ WORKLOADS: tuple[Workload, ...] = (
         paths=("/v1/classify",),
         schema="ClassifyRequest",
         document=classify_request_schema,
-        summary="Classify texts with a score-head model (vLLM/SGLang shape)",
+        summary="Classify texts with a score-head model or cross-encoder (vLLM/SGLang shape)",
         answer=_classify,
         counted=lambda body, payload: len(body["data"]),
-        kinds=("score_head",),
+        kinds=("score_head", "cross_encoder"),
         responses={200: {"description": "One entry per input"}},
         stream=True,
     ),
