@@ -16,7 +16,7 @@ from app.ingress import workload_methods
 from app.openapi import served_openapi
 from app.service import ScoringService, Timings
 from app.workloads import WORKLOADS, Workload
-from replicas.contract import PoolingHead
+from replicas.contract import ModelInfo, PoolingHead, ScoreHead
 from tests.support.http_support import ask
 from tests.unit.test_app_http import SERVICE
 
@@ -42,12 +42,21 @@ def test_every_workload_path_is_a_post_route() -> None:
     assert len(paths) == len(set(paths))
 
 
-@pytest.mark.parametrize("kind", ["causal_lm", "embedding"])
-def test_the_document_offers_exactly_the_workloads_the_model_kind_serves(kind: str) -> None:
-    info = SERVICE.info
+CROSS_ENCODER = ScoreHead("cross_encoder", 1, ("LABEL_0",), activation="sigmoid", max_length=64)
+
+
+def _info_of(kind: str) -> ModelInfo:
     if kind == "embedding":
         pooling = PoolingHead(pooling="mean", dimension=8, normalize=True)
-        info = dataclasses.replace(info, pooling=pooling)
+        return dataclasses.replace(SERVICE.info, pooling=pooling)
+    if kind == "cross_encoder":
+        return dataclasses.replace(SERVICE.info, head=CROSS_ENCODER)
+    return SERVICE.info
+
+
+@pytest.mark.parametrize("kind", ["causal_lm", "embedding", "cross_encoder"])
+def test_the_document_offers_exactly_the_workloads_the_model_kind_serves(kind: str) -> None:
+    info = _info_of(kind)
     assert info.kind == kind
     service = dataclasses.replace(SERVICE, info=info)
     api = build_api(service, _backend, _health)
@@ -61,6 +70,27 @@ def test_the_document_offers_exactly_the_workloads_the_model_kind_serves(kind: s
                 ref = body["application/json"]["schema"]["$ref"]
                 assert ref.endswith(f"/{workload.schema}")
                 assert workload.schema in document["components"]["schemas"]
+
+
+def test_a_cross_encoders_document_takes_text_only_where_its_routes_do() -> None:
+    """/v1/score and /v1/rerank on a cross-encoder refuse token ids (app.cross_encoder), so
+    its document offers none: text query and items, no label_token_ids, no token-id branch."""
+    service = dataclasses.replace(SERVICE, info=_info_of("cross_encoder"))
+    schemas = served_openapi(build_api(service, _backend, _health), service, WORKLOADS)
+    schemas = schemas["components"]["schemas"]
+    score = schemas["ScoreRequest"]
+    assert score["properties"]["query"]["type"] == "string"
+    assert score["properties"]["items"]["items"] == {"type": "string"}
+    assert "label_token_ids" not in score["properties"] and "oneOf" not in score
+    assert "cross_encoder" in score["description"]
+    for name, fields in (("ScoreRequest", ("query", "items")),
+                         ("RerankRequest", ("query", "documents"))):  # fmt: skip
+        for field_name in fields:  # no integers (token ids) anywhere in the text fields
+            stated = json.dumps(schemas[name]["properties"][field_name])
+            assert '"integer"' not in stated, (name, field_name, stated)
+    causal = served_openapi(build_api(SERVICE, _backend, _health), SERVICE, WORKLOADS)
+    query = causal["components"]["schemas"]["ScoreRequest"]["properties"]["query"]
+    assert '"integer"' in json.dumps(query)  # the other kinds keep their token ids
 
 
 def test_a_new_workload_gets_its_route_document_and_handle_methods() -> None:
