@@ -11,12 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.completions import Completions
 from app.http import build_api
 from app.ingress import workload_methods
+from app.kinds import KINDS, OWN_REASON
 from app.openapi import served_openapi
 from app.service import ScoringService, Timings
 from app.workloads import WORKLOADS, Workload
 from replicas.contract import ModelInfo, PoolingHead, ScoreHead
+from replicas.errors import ScoringError
 from tests.support.http_support import ask
 from tests.unit.test_app_http import SERVICE
 
@@ -42,6 +45,7 @@ def test_every_workload_path_is_a_post_route() -> None:
     assert len(paths) == len(set(paths))
 
 
+SCORE_HEAD = ScoreHead("linear", 2, ("neg", "pos"))
 CROSS_ENCODER = ScoreHead("cross_encoder", 1, ("LABEL_0",), activation="sigmoid", max_length=64)
 
 
@@ -49,12 +53,13 @@ def _info_of(kind: str) -> ModelInfo:
     if kind == "embedding":
         pooling = PoolingHead(pooling="mean", dimension=8, normalize=True)
         return dataclasses.replace(SERVICE.info, pooling=pooling)
-    if kind == "cross_encoder":
-        return dataclasses.replace(SERVICE.info, head=CROSS_ENCODER)
+    if kind in ("cross_encoder", "score_head"):
+        head = CROSS_ENCODER if kind == "cross_encoder" else SCORE_HEAD
+        return dataclasses.replace(SERVICE.info, head=head)
     return SERVICE.info
 
 
-@pytest.mark.parametrize("kind", ["causal_lm", "embedding", "cross_encoder"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_the_document_offers_exactly_the_workloads_the_model_kind_serves(kind: str) -> None:
     info = _info_of(kind)
     assert info.kind == kind
@@ -137,3 +142,33 @@ def test_a_new_workload_gets_its_route_document_and_handle_methods() -> None:
         {"response": {"echo": {"query": "q"}, "usage": {"prompt_tokens": 3}}, "error": None,
          "error_message": None}
     ]  # fmt: skip
+
+
+ONE_BODY = {  # a body each workload would take on a kind it serves
+    "classify": {"input": "a"},
+    "completions": {"prompt": "x", "echo": True, "max_tokens": 0},
+    "embeddings": {"input": ["a"]},
+    "embed": {"texts": ["a"], "input_type": "search_query"},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_a_workload_is_not_offered_to_is_refused_with_a_400(kind: str) -> None:
+    """app.kinds states once which kinds serve a route: the document leaves the route out
+    for the others (above), and the service answers each of them a 400, with the route's
+    own reason for a kind in OWN_REASON, else unsupported_for_model naming route and kind."""
+    info = _info_of(kind)
+    assert info.kind == kind
+    completions = Completions(SERVICE.tokenizer, info)  # the routes past the 404
+    service = dataclasses.replace(SERVICE, info=info, completions=completions)
+    refused = [w for w in WORKLOADS if kind not in w.kinds]
+    assert {w.name for w in refused} <= set(ONE_BODY)
+    for workload in refused:
+        route = workload.paths[0]
+        with pytest.raises(ScoringError) as error:
+            asyncio.run(workload.answer(service, ONE_BODY[workload.name], _backend))
+        own = {"/v1/classify": "no_score_head", "/v1/completions": "no_lm_head"}
+        expected = own[route] if kind in OWN_REASON.get(route, ()) else "unsupported_for_model"
+        assert (error.value.status_code, error.value.reason.value) == (400, expected), route
+        if expected == "unsupported_for_model":
+            assert route in error.value.message and kind in error.value.message
