@@ -28,7 +28,7 @@ def served_kinds(route: str) -> tuple[str, ...]:
     return SERVED_BY.get(route, KINDS)
 
 
-def checked_kinds(route: str) -> tuple[str, ...]:
-    """The kinds ``refuse_kind`` lets by on ``route``: those it serves, and those it refuses
-    with its own reason."""
-    return served_kinds(route) + OWN_REASON.get(route, ())
+def kinds_of(route: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``refuse_kind``'s kinds for ``route``: those it serves, and those it refuses with
+    its own reason."""
+    return served_kinds(route), OWN_REASON.get(route, ())

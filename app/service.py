@@ -22,7 +22,7 @@ from app.completions import Completions
 from app.cross_encoder import cross_encoded
 from app.embed_scores import cosine_rerank_work, cosine_score_work
 from app.embeddings import Embedder, cohere_body, cosines, openai_body, refuse_kind
-from app.kinds import checked_kinds
+from app.kinds import kinds_of
 from app.rerank import Reranker, rerank_body, reranker_for
 from app.schema import ScoreRequest
 from app.scores import head_scores, to_scores
@@ -193,7 +193,7 @@ class ScoringService:
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/completions response body for ``payload`` (app.completions), and timings."""
         completions = self.served_tokenizer()
-        refuse_kind(self.info, "/v1/completions", checked_kinds("/v1/completions"))
+        refuse_kind(self.info, "/v1/completions", *kinds_of("/v1/completions"))
         refuse_score_head(self.info, "/v1/completions")
         start = time.perf_counter()
         prompts = completions.prepare(payload)
@@ -208,7 +208,7 @@ class ScoringService:
         every input one row, scored concurrently (the replica packs them into its steps)."""
         if self.info.kind == "cross_encoder":
             return await self._cross_encoded(payload, "/v1/classify", backend)
-        refuse_kind(self.info, "/v1/classify", checked_kinds("/v1/classify"))
+        refuse_kind(self.info, "/v1/classify", *kinds_of("/v1/classify"))
         start = time.perf_counter()
         prepared = prepare_classify(payload, self.info, self.tokenizer)
         timings = Timings(tokenization_s=time.perf_counter() - start)

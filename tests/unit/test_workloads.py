@@ -172,3 +172,5 @@ def test_every_kind_a_workload_is_not_offered_to_is_refused_with_a_400(kind: str
         assert (error.value.status_code, error.value.reason.value) == (400, expected), route
         if expected == "unsupported_for_model":
             assert route in error.value.message and kind in error.value.message
+            served = error.value.message.split(f"{route} serves ")[1]  # the kinds it serves
+            assert not set(OWN_REASON.get(route, ())) & set(served.split()), served
