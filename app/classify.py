@@ -87,10 +87,20 @@ def classify_body(
     """``{id, object: "list", created, model, data: [{index, label, probs, num_classes}],
     usage}``; ``outputs``: the head's logits ``[inputs, num_labels]`` (None: no inputs)."""
     head = head_of(info)
+    values = outputs
+    if outputs is not None and prepared.request.activation:
+        values = classify_probs(outputs, head.problem_type)
+    return classify_envelope(prepared.request, values, prepared.prompt_tokens, info, created)
+
+
+def classify_envelope(
+    request: ClassifyRequest, values: np.ndarray | None, tokens: int, info: ModelInfo, created: int
+) -> dict[str, Any]:
+    """The /v1/classify body of ``values`` ``[inputs, num_labels]``, activated or not (None:
+    no inputs): each row's label is its largest value's."""
+    head = head_of(info)
     data = []
-    if outputs is not None:
-        activated = prepared.request.activation
-        values = classify_probs(outputs, head.problem_type) if activated else outputs
+    if values is not None:
         for index, row in enumerate(np.asarray(values, np.float64)):
             data.append(
                 {
@@ -100,12 +110,11 @@ def classify_body(
                     "num_classes": head.num_labels,
                 }
             )
-    tokens = prepared.prompt_tokens
     return {
         "id": f"classify-{uuid.uuid4().hex}",
         "object": "list",
         "created": created,
-        "model": prepared.request.model or info.name,  # an adapter's name when it named one
+        "model": request.model or info.name,  # an adapter's name when it named one
         "data": data,
         "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
     }

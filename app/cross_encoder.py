@@ -9,20 +9,31 @@ the directory saved another).
 - ``/v1/score`` (no ``label_token_ids``, text only): one row per item, ``predict((query,
   item))`` (``(item, query)`` with ``item_first``), softmaxed over the labels with
   ``apply_softmax`` and more than one label.
+- ``/v1/classify``: each input a single text (``[CLS] text [SEP]``, all type 0), as
+  ``CrossEncoder.predict(text)`` scores it: with ``activation`` (the default) one label is
+  the head's output through the model's activation, more labels are softmaxed as on a
+  score-head model (``problem_type``: sigmoid per label for multi-label, none for
+  regression); without, the raw logits. ClassifyRequest takes texts only, so pairs go
+  through /v1/score.
 
-The pairs of a request go to the replica as one EmbedWork (``second_starts``: where each
-pair's type-1 tokens start); the replica answers the logits ``[pairs, num_labels]``.
+The pairs (texts) of a request go to the replica as one EmbedWork (``second_starts``: where
+each pair's type-1 tokens start); the replica answers the logits ``[pairs, num_labels]``.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from app.classify import classify_envelope
 from app.rerank import rerank_body
-from app.schema import RerankRequest, ScoreRequest
+from app.schema import ClassifyRequest, RerankRequest, ScoreRequest
+from app.scores import classify_probs
+from app.timings import Backend, Timings, replica_answer
 from app.validation import (
     check_item_count,
     check_model_name,
@@ -30,7 +41,7 @@ from app.validation import (
     validate_body,
     validate_request,
 )
-from replicas.contract import EmbedWork, ModelInfo
+from replicas.contract import EmbedWork, ModelInfo, ScoreHead
 from replicas.errors import Reason, ScoringError
 
 _NO_LIMIT = 1 << 40  # tokenizers without a limit say int(1e30)
@@ -49,9 +60,9 @@ class Pairs:
     def prompt_tokens(self) -> int:
         return sum(len(ids) for ids in self.work.inputs)
 
-    def body(self, logits: np.ndarray, activation: str | None, created: int) -> dict[str, Any]:
+    def body(self, logits: np.ndarray, info: ModelInfo, created: int) -> dict[str, Any]:
         """The route's response body for the replica's logits ``[pairs, num_labels]``."""
-        scores = activated(logits, activation)
+        scores = activated(logits, head_of(info).activation)
         if isinstance(self.request, RerankRequest):
             return rerank_body(self.request, scores[:, 0], self.prompt_tokens, self.model)
         if self.request.apply_softmax and scores.shape[1] > 1:
@@ -61,6 +72,60 @@ class Pairs:
         rows = [[float(x) for x in row] for row in scores]
         return {"object": "scoring", "model": self.model, "scores": rows, "usage": usage,
                 "created": created}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Texts:
+    """A /v1/classify request on a cross-encoder, validated and tokenized: one sequence per
+    input."""
+
+    request: ClassifyRequest
+    work: EmbedWork
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(ids) for ids in self.work.inputs)
+
+    def body(self, logits: np.ndarray, info: ModelInfo, created: int) -> dict[str, Any]:
+        """/v1/classify's body (app.classify) for the logits ``[inputs, num_labels]``."""
+        head = head_of(info)
+        values = logits if len(logits) else None
+        if values is not None and self.request.activation:
+            values = (
+                activated(values, head.activation)
+                if head.num_labels == 1
+                else classify_probs(values, head.problem_type)
+            )
+        return classify_envelope(self.request, values, self.prompt_tokens, info, created)
+
+
+def head_of(info: ModelInfo) -> ScoreHead:
+    assert info.head is not None and info.head.kind == "cross_encoder"
+    return info.head
+
+
+async def cross_encoded(
+    tokenizer: Any,
+    info: ModelInfo,
+    payload: Any,
+    route: str,
+    backend: Backend,
+    clock: Callable[[], float],
+) -> tuple[dict[str, Any], Timings]:
+    """The body of ``route`` (/v1/score, /v1/rerank, /v1/classify) on a cross-encoder, and
+    where its time went."""
+    start = time.perf_counter()
+    prepared: Pairs | Texts
+    if route == "/v1/classify":
+        prepared = prepare_texts(tokenizer, info, payload)
+    else:
+        prepared = prepare_pairs(tokenizer, info, payload, route)
+    timings = Timings(tokenization_s=time.perf_counter() - start)
+    logits = np.zeros((0, head_of(info).num_labels), np.float32)
+    if prepared.work.num_items:
+        answer, timings = await replica_answer(prepared.work, backend, timings)
+        logits = np.asarray(answer, np.float32)
+    return prepared.body(logits, info, int(clock())), timings
 
 
 def activated(logits: np.ndarray, activation: str | None) -> np.ndarray:
@@ -85,11 +150,21 @@ def _max_length(tokenizer: Any, info: ModelInfo) -> int | None:
     return min(sane) if sane else None
 
 
+def _truncation(tokenizer: Any, info: ModelInfo) -> dict[str, Any]:
+    limit = _max_length(tokenizer, info)
+    return {"truncation": "longest_first", "max_length": limit} if limit else {}
+
+
+def encode_texts(tokenizer: Any, info: ModelInfo, texts: list[str]) -> EmbedWork:
+    """Each text alone as CrossEncoder.predict(text) tokenizes it (every token type 0)."""
+    encoded = tokenizer(texts, add_special_tokens=True, **_truncation(tokenizer, info))
+    return EmbedWork(tuple(tuple(int(t) for t in ids) for ids in encoded["input_ids"]))
+
+
 def encode_pairs(tokenizer: Any, info: ModelInfo, pairs: list[tuple[str, str]]) -> EmbedWork:
     """Each pair as CrossEncoder.predict tokenizes it, with where its type-1 tokens start."""
     firsts, seconds = [a for a, _ in pairs], [b for _, b in pairs]
-    limit = _max_length(tokenizer, info)
-    options: dict[str, Any] = {"truncation": "longest_first", "max_length": limit} if limit else {}
+    options = _truncation(tokenizer, info)
     encoded = tokenizer(firsts, seconds, add_special_tokens=True, **options)
     inputs = tuple(tuple(int(t) for t in ids) for ids in encoded["input_ids"])
     types = encoded.get("token_type_ids") or [()] * len(inputs)  # RoBERTa's: none, all 0
@@ -140,3 +215,15 @@ def prepare_pairs(tokenizer: Any, info: ModelInfo, payload: Any, route: str) -> 
     work = encode_pairs(tokenizer, info, pairs) if pairs else EmbedWork(())
     work = EmbedWork(work.inputs, adapter=adapter, second_starts=work.second_starts)
     return Pairs(route, request, work, request.model or info.name)
+
+
+def prepare_texts(tokenizer: Any, info: ModelInfo, payload: Any) -> Texts:
+    """A /v1/classify body on a cross-encoder: every rule, then its texts' tokens."""
+    request = validate_body(payload, ClassifyRequest)
+    adapter = check_model_name(request.model, info)
+    texts = [request.input] if isinstance(request.input, str) else list(request.input)
+    check_item_count(len(texts), info)
+    for text in texts:
+        check_unicode(text, "input")
+    work = encode_texts(tokenizer, info, texts) if texts else EmbedWork(())
+    return Texts(request, EmbedWork(work.inputs, adapter=adapter))

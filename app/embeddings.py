@@ -58,10 +58,13 @@ class EmbedPrepared:
     prompt_tokens: int
 
 
-def refuse_kind(info: ModelInfo, route: str, serves: Sequence[str]) -> None:
+def refuse_kind(
+    info: ModelInfo, route: str, serves: Sequence[str], own_reason: Sequence[str] = ()
+) -> None:
     """A 400 ``unsupported_for_model`` naming ``route`` and the model's kind when the kind
-    is not one of ``serves``."""
-    if info.kind not in serves:
+    is not one of ``serves``, nor of ``own_reason`` (kinds the route refuses later with a
+    reason of its own, app.kinds.OWN_REASON)."""
+    if info.kind not in (*serves, *own_reason):
         raise ScoringError(
             Reason.UNSUPPORTED_FOR_MODEL,
             f"{route}: model {info.name!r} is a {info.kind} model; {route} serves "

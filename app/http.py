@@ -28,7 +28,8 @@ from app.access import check_access
 from app.adapters import AdapterAdmin
 from app.openapi import RESPONSES, request_body, served_openapi
 from app.schema import ModelList
-from app.service import Backend, ScoringService, Timings
+from app.service import ScoringService
+from app.timings import Backend, Timings
 from app.validation import parse_json
 from app.workloads import WORKLOADS, Workload, prompt_tokens
 from replicas.errors import Reason, ScoringError, error_body

@@ -147,7 +147,32 @@ def score_request_schema(
         },
     ]
     schema["description"] = f"{schema['description']} {NOT_EXPRESSIBLE}"
+    if info is not None and info.kind == "cross_encoder":
+        _text_pairs_only(schema)
     return schema
+
+
+CROSS_ENCODER_SCORE = (
+    "POST /v1/score on a cross_encoder model: a text query and text items (token ids are a "
+    "400 invalid_request), each (query, item) pair scored by the model's head, truncated "
+    "longest-first to the model's length; no label_token_ids. Text that is not valid Unicode "
+    "(lone surrogates) is a 400; bodies over 16 MiB are refused."
+)
+
+
+def _text_pairs_only(schema: dict[str, Any]) -> None:
+    """A cross-encoder's ScoreRequest (app.cross_encoder): text only, any text ("" too: the
+    pair still has its special tokens), no token-id branch."""
+    props = schema["properties"]
+    props["query"] = {"type": "string", "description": "Text, paired with each item."}
+    props["items"]["items"] = {"type": "string"}
+    props["items"]["description"] = "Texts, each paired with the query; [] answers scores: []."
+    props["apply_softmax"]["description"] = (
+        "The head's outputs through the model's activation (CrossEncoder.predict); true with "
+        "more than one label: softmaxed over them."
+    )
+    del schema["oneOf"]
+    schema["description"] = CROSS_ENCODER_SCORE
 
 
 def _label_rules(schema: dict[str, Any], info: ModelInfo | None) -> None:

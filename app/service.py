@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,12 +19,14 @@ import numpy as np
 
 from app.classify import classify_body, head_card, prepare_classify, refuse_score_head
 from app.completions import Completions
-from app.cross_encoder import prepare_pairs
+from app.cross_encoder import cross_encoded
 from app.embed_scores import cosine_rerank_work, cosine_score_work
 from app.embeddings import Embedder, cohere_body, cosines, openai_body, refuse_kind
+from app.kinds import kinds_of
 from app.rerank import Reranker, rerank_body, reranker_for
 from app.schema import ScoreRequest
 from app.scores import head_scores, to_scores
+from app.timings import Backend, Timings, replica_answer
 from app.tokenization import TextTokenizer, Tokenized, encode_text, pass_tokens
 from app.validation import (
     check_item_count,
@@ -37,35 +39,12 @@ from app.validation import (
     validate_request,
 )
 from replicas.checkpoints.sources import load_hf_config, load_tokenizer, resolve_model_source
-from replicas.contract import (
-    EmbedWork,
-    ModelInfo,
-    PromptLogprobs,
-    PromptWork,
-    ScoredWork,
-    ScoreWork,
-)
+from replicas.contract import EmbedWork, ModelInfo, PromptLogprobs, PromptWork, ScoreWork
 from replicas.errors import Reason, ScoringError
 from replicas.model.head_config import score_head_from_hf, with_saved_activation
 from replicas.model.pooling_config import pooling_head_for
 from replicas.serving.setup import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
-
-# A replica's answer: the log-probabilities, or ScoredWork (they and the engine step's seconds).
-# (A PromptWork's answer: a list of PromptLogprobs, or ScoredWork holding one.)
-Backend = Callable[[ScoreWork | PromptWork | EmbedWork], Awaitable[Any]]
-
-
-@dataclass(frozen=True)
-class Timings:
-    """Where a scored request's time went, in seconds (TEI-style response headers).
-    ``queue_s``: from handing the work to the replicas until its engine step ran (admission,
-    Serve's queues, batching, transport); ``inference_s``: the engine step(s). None: the
-    replica did not say (a bare array), or no replica was called (no items)."""
-
-    tokenization_s: float
-    queue_s: float | None = None
-    inference_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -160,7 +139,7 @@ class ScoringService:
         if self.info.pooling is not None:
             return await self._cosine_scores(payload, backend)
         if self.info.kind == "cross_encoder":
-            return await self._cross_encoded(payload, backend, "/v1/score")
+            return await self._cross_encoded(payload, "/v1/score", backend)
         start = time.perf_counter()
         prepared = self.prepare(payload)
         timings = Timings(tokenization_s=time.perf_counter() - start)
@@ -188,7 +167,7 @@ class ScoringService:
         if self.info.pooling is not None:
             return await self._cosine_rerank(payload, backend)
         if self.info.kind == "cross_encoder":
-            return await self._cross_encoded(payload, backend, "/v1/rerank")
+            return await self._cross_encoded(payload, "/v1/rerank", backend)
         if self.reranker is None:
             raise ScoringError(
                 Reason.NOT_FOUND,
@@ -214,7 +193,7 @@ class ScoringService:
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/completions response body for ``payload`` (app.completions), and timings."""
         completions = self.served_tokenizer()
-        refuse_kind(self.info, "/v1/completions", ("causal_lm", "score_head"))
+        refuse_kind(self.info, "/v1/completions", *kinds_of("/v1/completions"))
         refuse_score_head(self.info, "/v1/completions")
         start = time.perf_counter()
         prompts = completions.prepare(payload)
@@ -227,7 +206,9 @@ class ScoringService:
     ) -> tuple[dict[str, Any], Timings]:
         """The /v1/classify response body for ``payload`` (app.classify), and its timings:
         every input one row, scored concurrently (the replica packs them into its steps)."""
-        refuse_kind(self.info, "/v1/classify", ("score_head", "causal_lm"))
+        if self.info.kind == "cross_encoder":
+            return await self._cross_encoded(payload, "/v1/classify", backend)
+        refuse_kind(self.info, "/v1/classify", *kinds_of("/v1/classify"))
         start = time.perf_counter()
         prepared = prepare_classify(payload, self.info, self.tokenizer)
         timings = Timings(tokenization_s=time.perf_counter() - start)
@@ -285,18 +266,10 @@ class ScoringService:
         return rerank_body(request, relevance, tokens, request.model or self.info.name), timings
 
     async def _cross_encoded(
-        self, payload: Any, backend: Backend, route: str
+        self, payload: Any, route: str, backend: Backend
     ) -> tuple[dict[str, Any], Timings]:
-        """/v1/score or /v1/rerank on a cross-encoder (app.cross_encoder)."""
-        start = time.perf_counter()
-        pairs = prepare_pairs(self.tokenizer, self.info, payload, route)
-        timings = Timings(tokenization_s=time.perf_counter() - start)
-        assert self.info.head is not None
-        logits = np.zeros((0, self.info.head.num_labels), np.float32)
-        if pairs.work.num_items:
-            answer, timings = await replica_answer(pairs.work, backend, timings)
-            logits = np.asarray(answer, np.float32)
-        return pairs.body(logits, self.info.head.activation, int(self.clock())), timings
+        """/v1/score, /v1/rerank or /v1/classify on a cross-encoder (app.cross_encoder)."""
+        return await cross_encoded(self.tokenizer, self.info, payload, route, backend, self.clock)
 
     async def _embedded(
         self, work: EmbedWork, backend: Backend, timings: Timings
@@ -388,15 +361,3 @@ class ScoringService:
             # how an embedding model's text becomes tokens: as it is, or its chat template's render
             "input_format": info.pooling.inputs.kind if info.pooling else None,
         }
-
-
-async def replica_answer(work: Any, backend: Backend, timings: Timings) -> tuple[Any, Timings]:
-    """``backend(work)``'s payload (a ScoredWork's scores), and ``timings`` with the queue
-    and engine seconds it reports."""
-    called = time.perf_counter()
-    answer = await backend(work)
-    if isinstance(answer, ScoredWork):
-        waited = time.perf_counter() - called - answer.inference_s
-        timings = Timings(timings.tokenization_s, max(waited, 0.0), answer.inference_s)
-        answer = answer.scores
-    return answer, timings

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.kinds import served_kinds
 from app.openapi import (
     RESPONSES,
     classify_request_schema,
@@ -26,7 +27,8 @@ from app.openapi import (
     score_request_schema,
 )
 from app.schema import RerankResponse, ScoreResponse
-from app.service import Backend, ScoringService, Timings
+from app.service import ScoringService
+from app.timings import Backend, Timings
 from replicas.contract import ModelInfo
 
 # (service, the decoded body, the replica call) -> (the response body, where its time went)
@@ -34,7 +36,6 @@ Answer = Callable[[ScoringService, Any, Backend], Awaitable[tuple[dict[str, Any]
 # The request schema as the served model states it (model card, shortest text query), or
 # None for the request model's own.
 Document = Callable[[ModelInfo, int], dict[str, Any] | None]
-KINDS = ("causal_lm", "score_head", "embedding", "cross_encoder")
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,6 @@ class Workload:
     """The response body for a decoded request body, and its timings."""
     counted: Callable[[dict[str, Any], Any], int]
     """How many items (documents, inputs, prompts) an answered body scored, for metrics."""
-    kinds: tuple[str, ...] = KINDS
-    """The model kinds (``ModelInfo.kind``) that serve it; the others answer every body with
-    a 400, so its routes are left out of their OpenAPI document."""
     responses: dict[int | str, dict[str, Any]] = field(default_factory=dict)
     """OpenAPI responses beside the error envelopes (app.openapi.RESPONSES)."""
     stream: bool = False
@@ -65,6 +63,12 @@ class Workload:
     operation: str = ""
     """The prefix of its routes' OpenAPI operation ids (``<operation>_v1_rerank``); empty:
     FastAPI's own (``score_v1_score_post``)."""
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The model kinds (``ModelInfo.kind``) that serve it (app.kinds); the others answer
+        every body with a 400, so its routes are left out of their OpenAPI document."""
+        return served_kinds(self.paths[0])
 
     def operation_id(self, path: str) -> str | None:
         return f"{self.operation}{path.replace('/', '_')}" if self.operation else None
@@ -141,7 +145,6 @@ WORKLOADS: tuple[Workload, ...] = (
         summary="Embed texts (OpenAI shape)",
         answer=_embed_openai,
         counted=_vectors,
-        kinds=("embedding",),
         responses={200: {"description": "One vector per input"}},
         operation="embed",
     ),
@@ -153,7 +156,6 @@ WORKLOADS: tuple[Workload, ...] = (
         summary="Embed texts (Cohere v2 shape)",
         answer=_embed_cohere,
         counted=_vectors,
-        kinds=("embedding",),
         responses={200: {"description": "One vector per input"}},
         operation="embed",
     ),
@@ -162,10 +164,9 @@ WORKLOADS: tuple[Workload, ...] = (
         paths=("/v1/classify",),
         schema="ClassifyRequest",
         document=classify_request_schema,
-        summary="Classify texts with a score-head model (vLLM/SGLang shape)",
+        summary="Classify texts with a score-head model or cross-encoder (vLLM/SGLang shape)",
         answer=_classify,
         counted=lambda body, payload: len(body["data"]),
-        kinds=("score_head",),
         responses={200: {"description": "One entry per input"}},
         stream=True,
     ),
@@ -177,7 +178,6 @@ WORKLOADS: tuple[Workload, ...] = (
         summary="Prompt log-probabilities (OpenAI completions shape, prefill-only)",
         answer=_complete,
         counted=lambda body, payload: len(body["choices"]),
-        kinds=("causal_lm",),
         responses={200: {"description": "One choice per prompt"}},
     ),
 )

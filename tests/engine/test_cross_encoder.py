@@ -1,7 +1,8 @@
 """A BERT cross-encoder (``BertForSequenceClassification`` saved by sentence-transformers'
 ``CrossEncoder``, one label, sigmoid; and an ``XLMRobertaForSequenceClassification``: no
 token types, positions from pad + 1, its classifier's own names) answers /v1/rerank and
-/v1/score (no labels) as ``CrossEncoder.predict`` scores each (query, document) pair,
+/v1/score (no labels) as ``CrossEncoder.predict`` scores each (query, document) pair, and
+/v1/classify as it scores each single text (three labels: softmaxed, as ``apply_softmax``),
 float32 within 1e-5, however the pairs of a step are packed; /v1/models says
 ``cross_encoder`` and the routes it cannot serve answer a 400 naming the route and the kind
 (tests/support/encoder_helpers.py).
@@ -59,6 +60,71 @@ def predicted(directory: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
     return np.asarray(scores, np.float32)
 
 
+def predicted_texts(directory: Path, texts: list[str], **options: Any) -> np.ndarray:
+    """``CrossEncoder.predict(text)`` of each text alone, ``[texts, num_labels]``."""
+    model = _cross_encoder(directory)
+    rows = [model.predict(text, convert_to_numpy=True, **options) for text in texts]
+    return np.asarray(rows, np.float32).reshape(len(texts), -1)
+
+
+def classified(service: ScoringService, backend: Any, body: dict[str, Any]) -> np.ndarray:
+    data = asyncio.run(service.classify_timed(body, backend))[0]["data"]
+    assert [entry["index"] for entry in data] == list(range(len(data)))
+    return np.asarray([entry["probs"] for entry in data])
+
+
+def test_classify_equals_cross_encoder_predict_on_single_texts(served) -> None:
+    import torch
+
+    directory, service, backend = served
+    texts = ["blue river", "", *sentences(3, 5, longest=60)]
+    reference = predicted_texts(directory, texts)
+    body = asyncio.run(service.classify_timed({"input": texts}, backend))[0]
+    assert {entry["label"] for entry in body["data"]} == {"LABEL_0"}
+    assert {entry["num_classes"] for entry in body["data"]} == {1}
+    tokens = sum(len(service.tokenizer(t)["input_ids"]) for t in texts)
+    assert body["usage"] == {"prompt_tokens": tokens, "completion_tokens": 0,
+                             "total_tokens": tokens}  # fmt: skip
+    probs = np.asarray([entry["probs"] for entry in body["data"]])
+    np.testing.assert_allclose(probs, reference, atol=TOL, rtol=0)
+    alone = classified(service, backend, {"input": texts[2]})  # a string: one row, alone
+    np.testing.assert_allclose(alone, reference[2:3], atol=TOL, rtol=0)
+    raw = classified(service, backend, {"input": texts, "activation": False})
+    logits = predicted_texts(directory, texts, activation_fn=torch.nn.Identity())
+    np.testing.assert_allclose(raw, logits, atol=TOL, rtol=0)
+    assert asyncio.run(service.classify_timed({"input": []}, backend))[0]["data"] == []
+
+
+@pytest.fixture(scope="module")
+def three_labels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScoringService, Any]:
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    directory = save_bert_cross_encoder(tmp_path_factory.mktemp("ce3") / "bert3", num_labels=3)
+    settings = embed_settings(directory, token_buckets=(128,), item_token_buckets=(64,),
+                              item_tokens_per_step=128)  # fmt: skip
+    engine = ScoringEngine.from_settings(settings, warm=True)
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    return directory, ScoringService.from_settings(settings), backend
+
+
+def test_classify_on_three_labels_softmaxes_as_predict_apply_softmax(three_labels) -> None:
+    directory, service, backend = three_labels
+    texts = sentences(4, 6, longest=40)
+    reference = predicted_texts(directory, texts, apply_softmax=True)
+    data = asyncio.run(service.classify_timed({"input": texts}, backend))[0]["data"]
+    probs = np.asarray([entry["probs"] for entry in data])
+    np.testing.assert_allclose(probs, reference, atol=TOL, rtol=0)
+    assert [entry["label"] for entry in data] == [f"LABEL_{int(i)}" for i in probs.argmax(1)]
+    raw = classified(service, backend, {"input": texts, "activation": False})
+    np.testing.assert_allclose(raw, predicted_texts(directory, texts), atol=TOL, rtol=0)
+    with pytest.raises(ScoringError, match="/v1/rerank") as refused:  # no relevance to rank by
+        asyncio.run(service.rerank_timed({"query": "a", "documents": ["b"]}, backend))
+    assert refused.value.status_code == 400
+
+
 def test_rerank_and_score_equal_cross_encoder_predict(served) -> None:
     directory, service, backend = served
     query, documents = "what is the blue river", sentences(5, 20, longest=80)
@@ -81,7 +147,6 @@ def test_the_kind_is_cross_encoder_and_other_routes_refuse_it(served) -> None:
     assert service.models_body()["data"][0]["kind"] == "cross_encoder"
     for route, call in (
         ("/v1/embeddings", service.embed_timed({"input": ["a"]}, backend)),
-        ("/v1/classify", service.classify_timed({"input": "a"}, backend)),
         ("/v1/completions", service.complete_timed({"prompt": "x", "echo": True}, backend)),
     ):
         with pytest.raises(ScoringError, match=route) as refused:
@@ -112,8 +177,13 @@ def test_http_routes_models_and_openapi_of_a_cross_encoder(served) -> None:
     np.testing.assert_allclose([got[0], got[1]], reference, atol=TOL, rtol=0)
     assert ask(api, "GET", "/v1/models").body["data"][0]["kind"] == "cross_encoder"
     paths = ask(api, "GET", "/openapi.json").body["paths"]
-    assert "/v1/rerank" in paths and "/v1/score" in paths
-    assert not {"/v1/embeddings", "/v1/classify", "/v1/completions"} & set(paths)
+    assert "/v1/rerank" in paths and "/v1/score" in paths and "/v1/classify" in paths
+    assert not {"/v1/embeddings", "/v1/completions"} & set(paths)
+    reply = ask(api, "POST", "/v1/classify", json.dumps({"input": ["blue river"]}).encode())
+    assert reply.status == 200, reply.body
+    (entry,) = reply.body["data"]
+    reference = predicted_texts(directory, ["blue river"])[0]
+    np.testing.assert_allclose(entry["probs"], reference, atol=TOL, rtol=0)
     refused = ask(api, "POST", "/v1/embeddings", json.dumps({"input": "a"}).encode())
     assert refused.status == 400 and refused.body["reason"] == "unsupported_for_model"
     assert (

@@ -11,12 +11,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.completions import Completions
 from app.http import build_api
 from app.ingress import workload_methods
+from app.kinds import KINDS, OWN_REASON
 from app.openapi import served_openapi
 from app.service import ScoringService, Timings
 from app.workloads import WORKLOADS, Workload
-from replicas.contract import PoolingHead
+from replicas.contract import ModelInfo, PoolingHead, ScoreHead
+from replicas.errors import ScoringError
 from tests.support.http_support import ask
 from tests.unit.test_app_http import SERVICE
 
@@ -42,12 +45,23 @@ def test_every_workload_path_is_a_post_route() -> None:
     assert len(paths) == len(set(paths))
 
 
-@pytest.mark.parametrize("kind", ["causal_lm", "embedding"])
-def test_the_document_offers_exactly_the_workloads_the_model_kind_serves(kind: str) -> None:
-    info = SERVICE.info
+SCORE_HEAD = ScoreHead("linear", 2, ("neg", "pos"))
+CROSS_ENCODER = ScoreHead("cross_encoder", 1, ("LABEL_0",), activation="sigmoid", max_length=64)
+
+
+def _info_of(kind: str) -> ModelInfo:
     if kind == "embedding":
         pooling = PoolingHead(pooling="mean", dimension=8, normalize=True)
-        info = dataclasses.replace(info, pooling=pooling)
+        return dataclasses.replace(SERVICE.info, pooling=pooling)
+    if kind in ("cross_encoder", "score_head"):
+        head = CROSS_ENCODER if kind == "cross_encoder" else SCORE_HEAD
+        return dataclasses.replace(SERVICE.info, head=head)
+    return SERVICE.info
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_document_offers_exactly_the_workloads_the_model_kind_serves(kind: str) -> None:
+    info = _info_of(kind)
     assert info.kind == kind
     service = dataclasses.replace(SERVICE, info=info)
     api = build_api(service, _backend, _health)
@@ -61,6 +75,27 @@ def test_the_document_offers_exactly_the_workloads_the_model_kind_serves(kind: s
                 ref = body["application/json"]["schema"]["$ref"]
                 assert ref.endswith(f"/{workload.schema}")
                 assert workload.schema in document["components"]["schemas"]
+
+
+def test_a_cross_encoders_document_takes_text_only_where_its_routes_do() -> None:
+    """/v1/score and /v1/rerank on a cross-encoder refuse token ids (app.cross_encoder), so
+    its document offers none: text query and items, no label_token_ids, no token-id branch."""
+    service = dataclasses.replace(SERVICE, info=_info_of("cross_encoder"))
+    schemas = served_openapi(build_api(service, _backend, _health), service, WORKLOADS)
+    schemas = schemas["components"]["schemas"]
+    score = schemas["ScoreRequest"]
+    assert score["properties"]["query"]["type"] == "string"
+    assert score["properties"]["items"]["items"] == {"type": "string"}
+    assert "label_token_ids" not in score["properties"] and "oneOf" not in score
+    assert "cross_encoder" in score["description"]
+    for name, fields in (("ScoreRequest", ("query", "items")),
+                         ("RerankRequest", ("query", "documents"))):  # fmt: skip
+        for field_name in fields:  # no integers (token ids) anywhere in the text fields
+            stated = json.dumps(schemas[name]["properties"][field_name])
+            assert '"integer"' not in stated, (name, field_name, stated)
+    causal = served_openapi(build_api(SERVICE, _backend, _health), SERVICE, WORKLOADS)
+    query = causal["components"]["schemas"]["ScoreRequest"]["properties"]["query"]
+    assert '"integer"' in json.dumps(query)  # the other kinds keep their token ids
 
 
 def test_a_new_workload_gets_its_route_document_and_handle_methods() -> None:
@@ -107,3 +142,35 @@ def test_a_new_workload_gets_its_route_document_and_handle_methods() -> None:
         {"response": {"echo": {"query": "q"}, "usage": {"prompt_tokens": 3}}, "error": None,
          "error_message": None}
     ]  # fmt: skip
+
+
+ONE_BODY = {  # a body each workload would take on a kind it serves
+    "classify": {"input": "a"},
+    "completions": {"prompt": "x", "echo": True, "max_tokens": 0},
+    "embeddings": {"input": ["a"]},
+    "embed": {"texts": ["a"], "input_type": "search_query"},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_a_workload_is_not_offered_to_is_refused_with_a_400(kind: str) -> None:
+    """app.kinds states once which kinds serve a route: the document leaves the route out
+    for the others (above), and the service answers each of them a 400, with the route's
+    own reason for a kind in OWN_REASON, else unsupported_for_model naming route and kind."""
+    info = _info_of(kind)
+    assert info.kind == kind
+    completions = Completions(SERVICE.tokenizer, info)  # the routes past the 404
+    service = dataclasses.replace(SERVICE, info=info, completions=completions)
+    refused = [w for w in WORKLOADS if kind not in w.kinds]
+    assert {w.name for w in refused} <= set(ONE_BODY)
+    for workload in refused:
+        route = workload.paths[0]
+        with pytest.raises(ScoringError) as error:
+            asyncio.run(workload.answer(service, ONE_BODY[workload.name], _backend))
+        own = {"/v1/classify": "no_score_head", "/v1/completions": "no_lm_head"}
+        expected = own[route] if kind in OWN_REASON.get(route, ()) else "unsupported_for_model"
+        assert (error.value.status_code, error.value.reason.value) == (400, expected), route
+        if expected == "unsupported_for_model":
+            assert route in error.value.message and kind in error.value.message
+            served = error.value.message.split(f"{route} serves ")[1]  # the kinds it serves
+            assert not set(OWN_REASON.get(route, ())) & set(served.split()), served
