@@ -102,6 +102,20 @@ def _check_local(settings: ReplicaSettings) -> None:
         )
 
 
+def _refuse_cross_encoder(settings: ReplicaSettings, mode: BatchMode) -> None:
+    """A SettingsError before any row is read when the model is a cross-encoder: no batch mode
+    runs one yet (its rows would be built as a decoder's works); its routes are served."""
+    from replicas.checkpoints.sources import load_hf_config, resolve_model_source
+    from replicas.model.head_config import is_cross_encoder
+
+    source = resolve_model_source(settings.model.name)
+    if not source.is_gguf and is_cross_encoder(load_hf_config(source)):
+        raise SettingsError(
+            f"model: {settings.model.name} is a cross-encoder; python -m batch {mode.name} "
+            "does not run cross-encoders yet (serve it: /v1/rerank, /v1/score, /v1/classify)"
+        )
+
+
 def mode_dataset(
     ds: ray.data.Dataset,
     settings: ReplicaSettings,
@@ -116,6 +130,7 @@ def mode_dataset(
     ``error_message``. A SettingsError, before any row is read, for a model that does not
     serve the mode or options the job refuses."""
     options = options or EngineOptions()
+    _refuse_cross_encoder(settings, mode)
     payload = mode.payload(settings, columns)
     _check_options(options)  # before the row count grouping takes
     grouping = job_grouping(ds, options, mode.group_by(settings), tally)

@@ -189,3 +189,17 @@ def test_http_routes_models_and_openapi_of_a_cross_encoder(served) -> None:
     assert (
         "/v1/embeddings" in refused.body["message"] and "cross_encoder" in refused.body["message"]
     )
+
+
+def test_no_batch_mode_takes_a_cross_encoder(served) -> None:
+    """Refused naming the model before a row is read (no Ray: the dataset is never touched)."""
+    from batch.modes import MODES
+    from batch.pipeline import mode_dataset
+    from replicas.settings import ReplicaSettings, SettingsError
+
+    directory = served[0]
+    settings = ReplicaSettings.from_keys(model=str(directory))
+    for mode in MODES:
+        refused = rf"is a cross-encoder; python -m batch {mode.name} "
+        with pytest.raises(SettingsError, match=refused):
+            mode_dataset(None, settings, mode, None)  # type: ignore[arg-type]
