@@ -131,3 +131,63 @@ def step_tables(costs: dict[str, Any]) -> list[Table]:
         "queries), fused rows of different widths:",
     )
     return [steps, widths]
+
+
+PHASES = {
+    "start": "validate, route, plan the step (`score_batch` up to the fused layout's `_run`)",
+    "pack": "pack the row: tokens, positions, segments, score rows, labels (numpy)",
+    "place": "place the 7 arguments on the device (`make_array_from_callback`)",
+    "call": "call the executable (returns before it has run)",
+    "wait": "wait for the executable",
+    "copy": "copy its result to the host (`np.asarray`)",
+    "unpack": "unpack into `[items, labels]`, return",
+}
+
+
+def breakdown_tables(figures: dict[str, Any], args: Any) -> tuple[tuple[str, ...], list[Table]]:
+    """The notes and tables of ``loadtest.bench_small_breakdown``."""
+    phases, kinds, parts = figures["phases"], figures["by_kind"], figures["pieces"]
+    ms = lambda s: s * 1e3  # noqa: E731
+    marked = sum(phases[k] for k in PHASES)
+    host = marked - phases["call"] - phases["wait"]
+    rows = [(PHASES[k], ms(phases[k]), phases[k] / marked) for k in PHASES]
+    rows += [("the step, marked (the phases' sum)", ms(marked), 1.0),
+             ("the same call unmarked, in turn", ms(phases["unmarked"]), None)]  # fmt: skip
+    share = [col("median ms", ".2f"), col("share", ".0%")]
+    host_table = table([col("phase of `score_batch`", left=True), *share], rows,
+                       title=f"The host's part, {figures['dims']}:", missing="")  # fmt: skip
+    traced = sum(kinds.values())
+    rows = [(k, ms(v), v / traced) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])]
+    rows += [("all ops, traced", ms(traced), 1.0),
+             ("the executable untraced (median, in turn with the pieces)",
+              ms(parts["executable"]), None)]  # fmt: skip
+    kind_table = table([col("op kind", left=True), *share], rows, missing="",
+                       title="The executable's ops by kind (a `jax.profiler` trace; each op's "
+                       "exclusive time, per step):")  # fmt: skip
+    layer = (parts["stack"] - parts["stack_1"]) / 29
+    rest = parts["executable"] - parts["stack"] - parts["head"]
+    rows = [
+        ("the step's executable", ms(parts["executable"])),
+        ("the decoder stack alone (embedding, 30 layers, final norm)", ms(parts["stack"])),
+        ("the same with 1 layer", ms(parts["stack_1"])),
+        ("one layer (the difference over 29)", ms(layer)),
+        ("the LM head as the step runs it (one chunk of 32 score rows)", ms(parts["head"])),
+        ("the LM head over the 2 real rows only", ms(parts["head_real"])),
+        ("the executable less the stack and the head", ms(rest)),
+    ]
+    piece_table = table([col("piece, jitted alone", left=True), col("median ms", ".2f")], rows,
+                        title="Pieces jitted alone, timed in turn:")  # fmt: skip
+    top = [(name, kind, ms(s)) for name, kind, s in figures["ops"][:12]]
+    op_table = table([col("op (optimized HLO)", left=True), col("kind", left=True),
+                      col("ms per step", ".3f")], top, title="The largest ops:")  # fmt: skip
+    notes = (
+        f"shipped serve_config.yaml settings (SmolLM2-135M-Instruct, float32); the `small` "
+        f'request (9-token query, items `""` and `" not"`, 3 labels) as {figures["dims"]}; '
+        f"medians of {args.repeats}, the trace over {args.profiled} calls",
+        f"host's own work {ms(host):.2f} ms of the {ms(marked):.1f} ms step "
+        f"({host / marked:.0%}); the executable {ms(phases['call'] + phases['wait']):.1f} ms",
+        f"{figures['thunks']:.0f} thunks (ops) run per step; tracing them adds to each, so the "
+        f"traced ops sum to {ms(traced):.1f} ms against {ms(parts['executable']):.1f} ms "
+        "untraced",
+    )
+    return notes, [host_table, kind_table, piece_table, op_table]
