@@ -70,7 +70,7 @@ def host_phases(engine: Any, params: Any, work: Any, repeats: int) -> tuple[dict
         marks["end"] = now()
 
     names = ["start", "pack", "place", "call", "wait", "copy", "unpack", "end"]
-    samples: dict[str, list[float]] = {name: [] for name in [*names[:-1], "unmarked"]}
+    samples: dict[str, list[float]] = {k: [] for k in [*names[:-1], "unmarked", "executable"]}
     for round_ in range(repeats + 2):  # marked and unmarked in turn
         fused._run, engine.run_device = marked_run, marked_device
         try:
@@ -79,8 +79,12 @@ def host_phases(engine: Any, params: Any, work: Any, repeats: int) -> tuple[dict
             del fused._run, engine.run_device  # the methods again
         start = now()
         engine.score_batch([work])
+        middle = now()
+        executable, placed = seen["call"]  # its executable alone, arguments placed
+        executable(params, *placed).block_until_ready()
         if round_ >= 2:
-            samples["unmarked"].append(now() - start)
+            samples["unmarked"].append(middle - start)
+            samples["executable"].append(now() - middle)
             for first, second in itertools.pairwise(names):
                 samples[first].append(marks[second] - marks[first])
     phases = {name: statistics.median(values) for name, values in samples.items()}
@@ -144,12 +148,12 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     run.say("the executable's ops, traced")
     executable, placed = call
     classifier = Classifier(executable.as_text(), loaded.model.config.vocab_size)
-    by_kind, ops, thunks = profile_by_kind(
+    by_kind, counts, ops = profile_by_kind(
         lambda: executable(params, *placed).block_until_ready(), classifier, o.profiled
     )
     run.say("pieces jitted alone")
     parts = pieces(engine, params, call, o.repeats)
-    figures = {"dims": str(dims), "phases": phases, "by_kind": by_kind, "thunks": thunks,
+    figures = {"dims": str(dims), "phases": phases, "by_kind": by_kind, "counts": counts,
                "pieces": parts, "ops": ops[:40]}  # fmt: skip
     notes, tables = breakdown_tables(figures, o)
     title = "Where a small request's step goes (issue 61)"

@@ -147,23 +147,31 @@ PHASES = {
 def breakdown_tables(figures: dict[str, Any], args: Any) -> tuple[tuple[str, ...], list[Table]]:
     """The notes and tables of ``loadtest.bench_small_breakdown``."""
     phases, kinds, parts = figures["phases"], figures["by_kind"], figures["pieces"]
+    counts = figures["counts"]
     ms = lambda s: s * 1e3  # noqa: E731
     marked = sum(phases[k] for k in PHASES)
     host = marked - phases["call"] - phases["wait"]
     rows = [(PHASES[k], ms(phases[k]), phases[k] / marked) for k in PHASES]
     rows += [("the step, marked (the phases' sum)", ms(marked), 1.0),
-             ("the same call unmarked, in turn", ms(phases["unmarked"]), None)]  # fmt: skip
+             ("the same call unmarked", ms(phases["unmarked"]), None),
+             ("its executable alone, placed", ms(phases["executable"]), None)]  # fmt: skip
     share = [col("median ms", ".2f"), col("share", ".0%")]
-    host_table = table([col("phase of `score_batch`", left=True), *share], rows,
+    host_table = table([col("phase of `score_batch` (each round: marked, unmarked, executable)",
+                            left=True), *share], rows,
                        title=f"The host's part, {figures['dims']}:", missing="")  # fmt: skip
     traced = sum(kinds.values())
-    rows = [(k, ms(v), v / traced) for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])]
-    rows += [("all ops, traced", ms(traced), 1.0),
-             ("the executable untraced (median, in turn with the pieces)",
-              ms(parts["executable"]), None)]  # fmt: skip
-    kind_table = table([col("op kind", left=True), *share], rows, missing="",
-                       title="The executable's ops by kind (a `jax.profiler` trace; each op's "
-                       "exclusive time, per step):")  # fmt: skip
+    scale = parts["executable"] / traced
+    order = sorted(kinds, key=lambda k: -kinds[k])
+    rows = [(k, counts[k] or None, ms(kinds[k]), kinds[k] / traced, ms(kinds[k] * scale))
+            for k in order]  # fmt: skip
+    rows += [("all ops, traced", sum(counts.values()), ms(traced), 1.0, ms(parts["executable"]))]
+    kind_table = table(
+        [col("op kind", left=True), col("ops run", "d"), col("traced ms", ".2f"),
+         col("share", ".0%"), col("ms scaled to the untraced executable", ".1f")],
+        rows, missing="",
+        title="The executable's ops by kind (a `jax.profiler` trace: each op's exclusive time "
+        "per step; scaled: its share of the executable's untraced median):",
+    )  # fmt: skip
     layer = (parts["stack"] - parts["stack_1"]) / 29
     rest = parts["executable"] - parts["stack"] - parts["head"]
     rows = [
@@ -177,16 +185,17 @@ def breakdown_tables(figures: dict[str, Any], args: Any) -> tuple[tuple[str, ...
     ]
     piece_table = table([col("piece, jitted alone", left=True), col("median ms", ".2f")], rows,
                         title="Pieces jitted alone, timed in turn:")  # fmt: skip
-    top = [(name, kind, ms(s)) for name, kind, s in figures["ops"][:12]]
+    top = [(name, kind, runs, ms(s)) for name, kind, s, runs in figures["ops"][:12]]
     op_table = table([col("op (optimized HLO)", left=True), col("kind", left=True),
-                      col("ms per step", ".3f")], top, title="The largest ops:")  # fmt: skip
+                      col("runs", "d"), col("traced ms per step", ".2f")], top,
+                     title="The largest ops:")  # fmt: skip
     notes = (
         f"shipped serve_config.yaml settings (SmolLM2-135M-Instruct, float32); the `small` "
         f'request (9-token query, items `""` and `" not"`, 3 labels) as {figures["dims"]}; '
-        f"medians of {args.repeats}, the trace over {args.profiled} calls",
-        f"host's own work {ms(host):.2f} ms of the {ms(marked):.1f} ms step "
-        f"({host / marked:.0%}); the executable {ms(phases['call'] + phases['wait']):.1f} ms",
-        f"{figures['thunks']:.0f} thunks (ops) run per step; tracing them adds to each, so the "
+        f"medians of {args.repeats} rounds, the trace over {args.profiled} calls",
+        f"the host's own work: {ms(host):.2f} ms of the {ms(marked):.1f} ms step "
+        f"({host / marked:.1%}); the executable {ms(phases['call'] + phases['wait']):.1f} ms",
+        f"{sum(counts.values()):.0f} ops (thunks) run per step; the trace adds to each, so the "
         f"traced ops sum to {ms(traced):.1f} ms against {ms(parts['executable']):.1f} ms "
         "untraced",
     )

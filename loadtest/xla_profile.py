@@ -30,7 +30,7 @@ KINDS = (
 )  # fmt: skip
 EXECUTOR = KINDS[-1]
 CONTROL = {"while", "conditional", "call"}
-MOVES = {"copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad",
+MOVES = {"fusion", "copy", "dynamic-slice", "dynamic-update-slice", "slice", "concatenate", "pad",
          "transpose", "reshape", "bitcast", "broadcast", "tuple", "get-tuple-element",
          "parameter", "constant", "iota"}  # fmt: skip
 # Python functions (qualified names) whose ops are of one kind, in the traced stack of an op.
@@ -161,9 +161,9 @@ def exclusive_times(events: list[Any]) -> list[tuple[str, float]]:
 
 def profile_by_kind(
     call: Callable[[], Any], classifier: Classifier, calls: int
-) -> tuple[dict[str, float], list[tuple[str, str, float]], float]:
-    """Seconds per call of each kind, the ops by seconds per call ((name, kind, seconds),
-    largest first) and the thunk events per call, from a trace of ``calls`` calls."""
+) -> tuple[dict[str, float], dict[str, float], list[tuple[str, str, float, float]]]:
+    """From a trace of ``calls`` calls, per call: seconds of each kind, ops run of each kind,
+    and every op as (name, kind, seconds, times run), most seconds first."""
     import jax
 
     call()
@@ -173,19 +173,20 @@ def profile_by_kind(
                 call()
         (path,) = Path(folder).rglob("*.xplane.pb")
         data = jax.profiler.ProfileData.from_file(str(path))
-    per_op: Counter[str] = Counter()
-    thunks = 0
+    seconds: Counter[str] = Counter()
+    runs: Counter[str] = Counter()
     for plane in data.planes:
         for line in plane.lines:
             ours = [e for e in line.events
                     if e.name == "ThunkExecutor::Execute" or "hlo_op" in dict(e.stats)]  # fmt: skip
-            thunks += sum(e.name != "ThunkExecutor::Execute" for e in ours)
-            for name, seconds in exclusive_times(ours):
-                per_op[name] += seconds / calls
-    by_kind = dict.fromkeys(KINDS, 0.0)
+            for name, own in exclusive_times(ours):
+                seconds[name] += own / calls
+                runs[name] += 1 / calls
+    by_kind, counts = dict.fromkeys(KINDS, 0.0), dict.fromkeys(KINDS, 0.0)
     ops = []
-    for name, seconds in per_op.most_common():
+    for name, own in seconds.most_common():
         kind = EXECUTOR if name == "ThunkExecutor::Execute" else classifier.kind(name)
-        by_kind[kind] += seconds
-        ops.append((name, kind, seconds))
-    return by_kind, ops, thunks / calls
+        by_kind[kind] += own
+        counts[kind] += runs[name] if kind != EXECUTOR else 0
+        ops.append((name, kind, own, runs[name]))
+    return by_kind, counts, ops
