@@ -131,3 +131,72 @@ def step_tables(costs: dict[str, Any]) -> list[Table]:
         "queries), fused rows of different widths:",
     )
     return [steps, widths]
+
+
+PHASES = {
+    "start": "validate, route, plan the step (`score_batch` up to the fused layout's `_run`)",
+    "pack": "pack the row: tokens, positions, segments, score rows, labels (numpy)",
+    "place": "place the 7 arguments on the device (`make_array_from_callback`)",
+    "call": "call the executable (returns before it has run)",
+    "wait": "wait for the executable",
+    "copy": "copy its result to the host (`np.asarray`)",
+    "unpack": "unpack into `[items, labels]`, return",
+}
+
+
+def breakdown_tables(figures: dict[str, Any], args: Any) -> tuple[tuple[str, ...], list[Table]]:
+    """The notes and tables of ``loadtest.bench_small_breakdown``."""
+    phases, kinds, parts = figures["phases"], figures["by_kind"], figures["pieces"]
+    counts = figures["counts"]
+    ms = lambda s: s * 1e3  # noqa: E731
+    marked = sum(phases[k] for k in PHASES)
+    host = marked - phases["call"] - phases["wait"]
+    rows = [(PHASES[k], ms(phases[k]), phases[k] / marked) for k in PHASES]
+    rows += [("the step, marked (the phases' sum)", ms(marked), 1.0),
+             ("the same call unmarked", ms(phases["unmarked"]), None),
+             ("its executable alone, placed", ms(phases["executable"]), None)]  # fmt: skip
+    share = [col("median ms", ".2f"), col("share", ".0%")]
+    host_table = table([col("phase of `score_batch` (each round: marked, unmarked, executable)",
+                            left=True), *share], rows,
+                       title=f"The host's part, {figures['dims']}:", missing="")  # fmt: skip
+    traced = sum(kinds.values())
+    scale = parts["executable"] / traced
+    order = sorted(kinds, key=lambda k: -kinds[k])
+    rows = [(k, counts[k] or None, ms(kinds[k]), kinds[k] / traced, ms(kinds[k] * scale))
+            for k in order]  # fmt: skip
+    rows += [("all ops, traced", sum(counts.values()), ms(traced), 1.0, ms(parts["executable"]))]
+    kind_table = table(
+        [col("op kind", left=True), col("ops run", "d"), col("traced ms", ".2f"),
+         col("share", ".0%"), col("ms scaled to the untraced executable", ".1f")],
+        rows, missing="",
+        title="The executable's ops by kind (a `jax.profiler` trace: each op's exclusive time "
+        "per step; scaled: its share of the executable's untraced median):",
+    )  # fmt: skip
+    layer = (parts["stack"] - parts["stack_1"]) / 29
+    rest = parts["executable"] - parts["stack"] - parts["head"]
+    rows = [
+        ("the step's executable", ms(parts["executable"])),
+        ("the decoder stack alone (embedding, 30 layers, final norm)", ms(parts["stack"])),
+        ("the same with 1 layer", ms(parts["stack_1"])),
+        ("one layer (the difference over 29)", ms(layer)),
+        ("the LM head as the step runs it (one chunk of 32 score rows)", ms(parts["head"])),
+        ("the LM head over the 2 real rows only", ms(parts["head_real"])),
+        ("the executable less the stack and the head", ms(rest)),
+    ]
+    piece_table = table([col("piece, jitted alone", left=True), col("median ms", ".2f")], rows,
+                        title="Pieces jitted alone, timed in turn:")  # fmt: skip
+    top = [(name, kind, runs, ms(s)) for name, kind, s, runs in figures["ops"][:12]]
+    op_table = table([col("op (optimized HLO)", left=True), col("kind", left=True),
+                      col("runs", "d"), col("traced ms per step", ".2f")], top,
+                     title="The largest ops:")  # fmt: skip
+    notes = (
+        f"shipped serve_config.yaml settings (SmolLM2-135M-Instruct, float32); the `small` "
+        f'request (9-token query, items `""` and `" not"`, 3 labels) as {figures["dims"]}; '
+        f"medians of {args.repeats} rounds, the trace over {args.profiled} calls",
+        f"the host's own work: {ms(host):.2f} ms of the {ms(marked):.1f} ms step "
+        f"({host / marked:.1%}); the executable {ms(phases['call'] + phases['wait']):.1f} ms",
+        f"{sum(counts.values()):.0f} ops (thunks) run per step; the trace adds to each, so the "
+        f"traced ops sum to {ms(traced):.1f} ms against {ms(parts['executable']):.1f} ms "
+        "untraced",
+    )
+    return notes, [host_table, kind_table, piece_table, op_table]

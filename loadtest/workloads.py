@@ -21,6 +21,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
               "served app, sentence-transformers"),
     "small": ("bench_small", "a small request: engine, served, transformers, llama.cpp; the "
               "floor of a weight pass and the step costs"),
+    "small_breakdown": ("bench_small_breakdown", "where a small request's step goes: the host's "
+                        "phases, the executable's ops by kind (a trace), pieces jitted alone"),
     "heads": ("bench_heads", "best-of-N reward scoring with a score head: multi-item, each "
               "conversation alone, transformers"),
     "families": ("bench_engine", "RFC-008 on a Gemma-3-1B-shaped random model: multi-item, "
