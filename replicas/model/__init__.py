@@ -1,5 +1,6 @@
 """The model: a Flax causal LM for the Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3
-(text) families, with score heads, pooling heads and LoRA slots.
+(text) families, with score heads, pooling heads and LoRA slots; a bidirectional encoder for
+BERT and XLM-RoBERTa (embedders and cross-encoders); quantized projections.
 
 ``config`` (ModelConfig from a Hugging Face config; the architectures it accepts),
 ``families`` (the Mistral and Gemma fields: windows, soft-caps, Gemma norms), ``layers``
@@ -10,7 +11,9 @@ format), ``lora`` and ``slot_routing`` (LoRA adapter slots, dense or grouped by 
 ``attention`` (the backend choice: XLA reference, Pallas on TPU, cuDNN on GPU),
 ``pallas_attention`` (the TPU kernels beside their XLA reference), ``masks`` (built from
 lengths), ``params`` (logical axes and shardings of every parameter), ``flops`` and
-``catalog`` (production sizes for deviceless compiles), ``errors`` (the parsers' one error).
+``catalog`` (production sizes for deviceless compiles), ``errors`` (the parsers' one error),
+``encoder`` (Encoder: BERT-style post-norm blocks over packed sequences), ``quant`` (the
+quantized projection and its numpy reference).
 """
 
 from replicas._exports import lazy_exports
@@ -22,6 +25,7 @@ __getattr__, __dir__ = lazy_exports(
         "UnsupportedModelError": ".config",
         "config_from_hf": ".config",
         "CausalLM": ".causal_lm",
+        "Encoder": ".encoder",
         "AttentionSpec": ".causal_lm",
         "with_attention": ".attention",
         "param_shapes": ".params",
