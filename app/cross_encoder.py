@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from app.classify import classify_envelope
-from app.rerank import rerank_body
+from app.rerank import cut_texts, rerank_body
 from app.schema import ClassifyRequest, RerankRequest, ScoreRequest
 from app.scores import classify_probs
 from app.timings import Backend, Timings, replica_answer
@@ -192,6 +192,15 @@ def prepare_pairs(tokenizer: Any, info: ModelInfo, payload: Any, route: str) -> 
         request: ScoreRequest | RerankRequest = validate_body(payload, RerankRequest)
         texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
         query, first = request.query, False
+        if request.instruction is not None:
+            raise ScoringError(
+                Reason.INVALID_REQUEST,
+                "instruction: a cross_encoder model scores the (query, document) pair as "
+                "given and takes no instruction; omit it",
+                "instruction",
+            )
+        if request.max_tokens_per_doc is not None:
+            texts = cut_texts(tokenizer, texts, request.max_tokens_per_doc)
     else:
         request = validate_request(payload)
         texts, query, first = list(request.items), request.query, request.item_first

@@ -119,7 +119,7 @@ class Reranker:
         texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
         check_item_count(len(texts), info)
         if request.max_tokens_per_doc is not None:
-            texts = self._cut(texts, request.max_tokens_per_doc)
+            texts = cut_texts(self.tokenizer, texts, request.max_tokens_per_doc)
         for param, text in (("query", request.query), *(("documents", t) for t in texts)):
             if not _encodable(text):
                 raise ScoringError(
@@ -149,17 +149,6 @@ class Reranker:
         P(no)) from the label log-probs (yes_no), the sigmoid of a one-label head's logit
         (head), or the query's per-token likelihood (query_likelihood)."""
         return work_relevance(prepared.work, answer)
-
-    def _cut(self, texts: list[str], limit: int) -> list[str]:
-        """Each text cut to its first ``limit`` tokens (decoded back to text)."""
-        if not texts or not all(_encodable(text) for text in texts):
-            return texts  # prepare() refuses text that cannot be encoded
-        encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
-        decode = self.tokenizer.decode  # type: ignore[attr-defined]
-        return [
-            text if len(ids) <= limit else decode(ids[:limit])
-            for text, ids in zip(texts, encoded, strict=True)
-        ]
 
     def body(
         self, request: RerankRequest, relevance: np.ndarray, prompt_tokens: int, model: str
@@ -268,3 +257,15 @@ def rerank_body(
         },
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
+
+
+def cut_texts(tokenizer: Any, texts: list[str], limit: int) -> list[str]:
+    """Each text cut to its first ``limit`` tokens (decoded back to text): the rerank
+    request's ``max_tokens_per_doc``."""
+    if not texts or not all(_encodable(text) for text in texts):
+        return texts  # the route refuses text that cannot be encoded
+    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return [
+        text if len(ids) <= limit else tokenizer.decode(ids[:limit])
+        for text, ids in zip(texts, encoded, strict=True)
+    ]

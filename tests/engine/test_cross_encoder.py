@@ -142,6 +142,28 @@ def test_rerank_and_score_equal_cross_encoder_predict(served) -> None:
         np.testing.assert_allclose(alone[0], reference[i], atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("served", ["bert"], indirect=True)
+def test_rerank_cuts_documents_to_max_tokens_per_doc_and_refuses_an_instruction(served) -> None:
+    """``max_tokens_per_doc`` cuts each document as the decoder rerankers do (its first
+    tokens, decoded), then the pair scores as ``predict`` scores the cut pair; an
+    ``instruction`` has no meaning for a cross-encoder and is refused naming it."""
+    directory, service, backend = served
+    query, documents = "what is the blue river", sentences(6, 4, longest=60)
+    tokenizer = service.tokenizer
+    cut = [
+        tokenizer.decode(tokenizer(d, add_special_tokens=False)["input_ids"][:3]) for d in documents
+    ]
+    assert cut != documents  # the documents are longer than 3 tokens
+    body = {"query": query, "documents": documents, "max_tokens_per_doc": 3}
+    answer = asyncio.run(service.rerank_timed(body, backend))[0]
+    relevance = {r["index"]: r["relevance_score"] for r in answer["results"]}
+    reference = predicted(directory, [(query, doc) for doc in cut])
+    np.testing.assert_allclose([relevance[i] for i in range(4)], reference, atol=TOL, rtol=0)
+    with pytest.raises(ScoringError, match=r"^instruction: ") as refused:
+        asyncio.run(service.rerank_timed({**body, "instruction": "find rivers"}, backend))
+    assert refused.value.status_code == 400 and refused.value.param == "instruction"
+
+
 def test_the_kind_is_cross_encoder_and_other_routes_refuse_it(served) -> None:
     _, service, backend = served
     assert service.models_body()["data"][0]["kind"] == "cross_encoder"
