@@ -241,11 +241,15 @@ def served_openapi(
 
 def rerank_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any] | None:
     """On an embedding model (cosine rerank, every document embedded) RerankRequest without
-    empty documents; None (pydantic's schema) on the others."""
-    if info.pooling is None:
+    empty documents; on a cross-encoder without ``instruction`` (it scores the pair as
+    given: app.cross_encoder refuses one); None (pydantic's schema) on the others."""
+    if info.pooling is None and info.kind != "cross_encoder":
         return None
     schema = RerankRequest.model_json_schema(ref_template=_REF)
     schema.pop("$defs", None)  # app.schema's shared definitions, already in the document
+    if info.kind == "cross_encoder":
+        del schema["properties"]["instruction"]
+        return schema
     schema["properties"]["documents"]["items"] = NON_EMPTY_DOCUMENT
     return schema
 

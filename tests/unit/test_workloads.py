@@ -93,9 +93,11 @@ def test_a_cross_encoders_document_takes_text_only_where_its_routes_do() -> None
         for field_name in fields:  # no integers (token ids) anywhere in the text fields
             stated = json.dumps(schemas[name]["properties"][field_name])
             assert '"integer"' not in stated, (name, field_name, stated)
+    assert "instruction" not in schemas["RerankRequest"]["properties"]  # refused: a 400
     causal = served_openapi(build_api(SERVICE, _backend, _health), SERVICE, WORKLOADS)
     query = causal["components"]["schemas"]["ScoreRequest"]["properties"]["query"]
     assert '"integer"' in json.dumps(query)  # the other kinds keep their token ids
+    assert "instruction" in causal["components"]["schemas"]["RerankRequest"]["properties"]
 
 
 def test_a_new_workload_gets_its_route_document_and_handle_methods() -> None:
