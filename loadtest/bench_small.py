@@ -258,7 +258,9 @@ def http_small(url: str, repeats: int) -> float:
         return timed(lambda: client.post("/v1/score", json=body).raise_for_status(), repeats)
 
 
-def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+def shipped_small() -> tuple[Any, Any, Any]:
+    """(settings, loaded model, the small request's ScoreWork) on the shipped config, with
+    background compiles off so timings see none."""
     from cluster.mesh import build_mesh
     from replicas.checkpoints.loading import load_model
     from replicas.contract import ScoreWork
@@ -268,7 +270,11 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         settings.model.name, build_mesh(settings.placement.mesh_shape), settings.model.dtype
     )
     query, items = small_rows()
-    work = ScoreWork(tuple(query), tuple(map(tuple, items)), LABELS)
+    return settings, loaded, ScoreWork(tuple(query), tuple(map(tuple, items)), LABELS)
+
+
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    settings, loaded, work = shipped_small()
     served = http_small(o.url, o.repeats) if o.url else None
     llama = bench_llamacpp.scorer()
     engine = engine_for(loaded, settings)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from loadtest.bench_small_report import breakdown_tables
-from loadtest.harness import LABELS, Option, Result, Run, Workload, timed_together
+from loadtest.harness import Option, Result, Run, Workload, timed_together
 
 
 def host_phases(engine: Any, params: Any, work: Any, repeats: int) -> tuple[dict, tuple]:
@@ -127,19 +127,10 @@ def pieces(engine: Any, params: Any, call: tuple, repeats: int) -> dict[str, flo
 
 
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
-    from cluster.mesh import build_mesh
-    from loadtest.bench_common import shipped_settings
-    from loadtest.bench_small import engine_for, small_rows
+    from loadtest.bench_small import engine_for, shipped_small
     from loadtest.xla_profile import Classifier, profile_by_kind
-    from replicas.checkpoints.loading import load_model
-    from replicas.contract import ScoreWork
 
-    settings = shipped_settings().replace(background_compile=False)
-    loaded = load_model(
-        settings.model.name, build_mesh(settings.placement.mesh_shape), settings.model.dtype
-    )
-    query, items = small_rows()
-    work = ScoreWork(tuple(query), tuple(map(tuple, items)), LABELS)
+    settings, loaded, work = shipped_small()
     engine, params = engine_for(loaded, settings), loaded.params
     engine.score_batch([work])
     (kind, dims), *_ = engine.last_signatures
