@@ -78,6 +78,22 @@ def test_gguf_q8_0_blocks_are_kept_as_int8_weight(tiny_checkpoint, tmp_path, mes
         assert_fp32_close(got[row, :n], want[row, :n], what="int8_weight from Q8_0")
 
 
+def test_gguf_q8_0_blocks_across_heads_are_re_quantized(tiny_checkpoint, tmp_path, mesh, caplog):
+    """head_dim 16: a Q8_0 block of the o projection spans two heads, which int8_weight's
+    blocks (along Dh, a head's own) cannot hold; that leaf is re-quantized from gguf's
+    dequantized values (a warning names it), the others are still kept as they are."""
+    path = write_gguf(tiny_checkpoint("llama"), tmp_path / "q8.gguf", "Q8_0")
+    kept = load_model(path, mesh, quantization="int8_weight")
+    plain = load_model(path, mesh)
+    layers, plain_layers = kept.params["layers"], plain.params["layers"]
+    assert layers["attn"]["o_scale"].shape == (2, 4, 1, 64)  # [L, H, Dh / 16, D]
+    assert "blk.0.attn_output.weight: its blocks do not fit int8_weight's" in caplog.text
+    q = dequantize(np.asarray(layers["attn"]["q"][1]), np.asarray(layers["attn"]["q_scale"][1]), 1)
+    np.testing.assert_array_equal(np.asarray(q), np.asarray(plain_layers["attn"]["q"][1]))
+    o = dequantize(np.asarray(layers["attn"]["o"][1]), np.asarray(layers["attn"]["o_scale"][1]), 2)
+    assert not np.array_equal(np.asarray(o), np.asarray(plain_layers["attn"]["o"][1]))
+
+
 # ----------------------------------------------------------------------------- compressed-tensors
 
 
