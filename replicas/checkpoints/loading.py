@@ -34,6 +34,7 @@ from replicas.checkpoints.compressed_tensors import check_stored, checkpoint_for
 from replicas.checkpoints.gguf_loading import GGUFTensors, gguf_config_overrides, open_gguf
 from replicas.checkpoints.name_map import (
     CheckpointError,
+    TensorMapping,
     get_path,
     hf_shape,
     set_path,
@@ -227,7 +228,11 @@ def _quantized_n_in(config: ModelConfig, path: tuple[str, ...]) -> int | None:
 
 
 def _quantized_leaf(
-    tensors: TensorFile, mapping: Any, config: ModelConfig, full: tuple[int, ...], n_in: int
+    tensors: TensorFile,
+    mapping: TensorMapping,
+    config: ModelConfig,
+    full: tuple[int, ...],
+    n_in: int,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A quantized leaf's values ``[layers, *in, *out]`` and float32 scales on the host: each
     layer's as the file stores it where it stores the served form (``read_quantized``), else
@@ -315,6 +320,11 @@ def _open(
         return config, GGUFTensors(reader, config), (), None
     found = checkpoint_form(json.loads((source.directory / "config.json").read_text()))
     config = config_from_hf(load_hf_config(source))
+    if found is not None and config.encoder:
+        raise CheckpointError(
+            f"{source.directory}: a compressed-tensors {found} checkpoint of a {config.family} "
+            "encoder; encoders run unquantized: load its float checkpoint"
+        )
     ignorable = ("rotary_emb.inv_freq", "lm_head.weight", *_UNUSED_BY_EMBEDDERS)
     if found is not None:
         ignorable += ("weight_scale", "weight_zero_point")

@@ -6,6 +6,7 @@ format (its refusals of what cannot run: tests/unit/test_compressed_tensors.py).
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from replicas.model.config import config_from_hf
 from replicas.model.quant import QUANTIZED, dequantize
 from replicas.settings import SettingsError
 from tests.engine.test_quantized import TO_FLOAT32
-from tests.support.compressed_tensors import PROJECTIONS, write_compressed
+from tests.support.compressed_tensors import PROJECTIONS, compressed_config, write_compressed
 from tests.support.fp32 import assert_fp32_close
 from tests.support.model_helpers import (
     batch,
@@ -186,3 +187,16 @@ def test_compressed_tensors_tensor_refusals(compressed_int8, tmp_path, mesh) -> 
         save_file(changed, str(target / "model.safetensors"))
         with pytest.raises(CheckpointError, match=message):
             load_model(target, mesh)
+
+
+def test_a_compressed_tensors_encoder_is_refused(tmp_path, mesh) -> None:
+    """Encoders run unquantized: said before any tensor is looked for."""
+    from transformers import BertConfig
+
+    BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+               intermediate_size=64).save_pretrained(tmp_path)  # fmt: skip
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["quantization_config"] = compressed_config("int")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"compressed-tensors int8 checkpoint of a bert"):
+        load_model(tmp_path, mesh)
