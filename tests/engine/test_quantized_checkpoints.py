@@ -43,11 +43,24 @@ def mesh():
 # ----------------------------------------------------------------------------- GGUF Q8_0
 
 
+def _q8_0_bytes(tensor) -> tuple[np.ndarray, np.ndarray]:
+    """A Q8_0 tensor's raw blocks (fp16 d, then 32 int8): (values [out, in], d [out, in/32])."""
+    blocks = np.asarray(tensor.data).reshape(-1, 34)
+    out = int(tensor.shape[1])  # ggml order: ne[0] = in, ne[1] = out
+    d = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(out, -1)
+    return blocks[:, 2:].copy().view(np.int8).reshape(out, -1), d
+
+
+def _hf_layout(leaf: np.ndarray, n_in: int) -> np.ndarray:
+    """One layer's ``[*in, *out]`` leaf as ``[out, in]`` (heads flattened, no permutation)."""
+    return leaf.reshape(int(np.prod(leaf.shape[:n_in])), -1).T
+
+
 def test_gguf_q8_0_blocks_are_kept_as_int8_weight(tiny_checkpoint, tmp_path, mesh) -> None:
     """Every projection's int8 values and block scales are the file's (llama q/k rows
     un-permuted, the o projection's blocks along Dh), so the leaves dequantize to exactly
-    what gguf's own dequantize gives; the model then equals the float32 model on those
-    dequantized weights at the float32 floor."""
+    what gguf's own dequantize gives; v and o (not permuted) equal the file's bytes; the
+    model then equals the float32 model on those dequantized weights at the float32 floor."""
     import gguf
 
     model_dir = tiny_checkpoint("llama-hd32")
@@ -72,6 +85,13 @@ def test_gguf_q8_0_blocks_are_kept_as_int8_weight(tiny_checkpoint, tmp_path, mes
             assert size == 32, (size, leaf)
             repeated = np.repeat(scale[layer], size, axis)
             np.testing.assert_array_equal(np.rint(want / repeated), values[layer])
+    for block, leaf, gguf_name in (("attn", "v", "attn_v"), ("attn", "o", "attn_output")):
+        qs, d = _q8_0_bytes(raw[f"blk.1.{gguf_name}.weight"])  # [out, in], [out, in / 32]
+        values = np.asarray(kept.params["layers"][block][leaf][1])  # v [D, K, Dh]; o [H, Dh, D]
+        scale = np.asarray(kept.params["layers"][block][leaf + "_scale"][1])
+        n_in = QUANTIZED[(block, leaf)]  # contracted axes lead: [*in, *out]
+        np.testing.assert_array_equal(_hf_layout(values, n_in), qs)
+        np.testing.assert_array_equal(_hf_layout(scale, n_in), d)
     tokens = batch(kept.config.vocab_size, LENGTHS, 12)
     want = our_logprobs(plain, tokens, LENGTHS)
     got = our_logprobs(kept, tokens, LENGTHS)
