@@ -4,6 +4,11 @@ Tensors are dequantized with ``gguf.quants.dequantize`` (F32, F16, BF16, Q4_0, Q
 Q5_1, Q8_0, the K-quants, ...). ggml lists dimensions innermost first; the reader already
 returns numpy order, which is the Hugging Face ``[out, in]`` order.
 
+With ``quantization: int8_weight`` a Q8_0 tensor is not dequantized: ``read_quantized``
+hands its int8 values ``[out, in]`` and its fp16 block scales (as float32, exactly)
+``[out, in / 32]`` over as they are. ggml's blocks run along ``ne[0]``, the innermost
+(``in``, contracted) axis, which is also the axis ``int8_weight`` blocks (docs/quantization.md).
+
 llama.cpp's converter permutes the rows of the q and k projections of ``llama``-architecture
 models (its RoPE rotates interleaved pairs, Hugging Face rotates halves). ``unpermute_qk``
 undoes it exactly as transformers' ``LlamaTensorProcessor`` does; Qwen2/Qwen3 files are not
@@ -28,6 +33,7 @@ from replicas.model.config import ModelConfig, UnsupportedModelError
 
 PERMUTED_ARCHITECTURES = ("llama",)
 NORM_PLUS_ONE_ARCHITECTURES = ("gemma2", "gemma3")
+Q8_0_BLOCK = 32  # int8 values per Q8_0 block, after its fp16 scale (34 bytes a block)
 # llama.cpp's query scale for Gemma: (hidden / heads) ** -0.5 for the 27B models (told apart
 # by their layer count, as llama.cpp does), head_dim ** -0.5 otherwise.
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -140,6 +146,28 @@ class GGUFTensors:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(int(n) for n in reversed(self._tensors[name].shape))  # numpy order
 
+    def read_quantized(self, name: str, form: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """A Q8_0 tensor as it is stored, for ``int8_weight``: int8 values ``[out, in]`` and
+        float32 block scales ``[out, in / 32]`` (llama q/k rows un-permuted); else None."""
+        from gguf import GGMLQuantizationType
+
+        tensor = self._tensors[name]
+        if form != "int8_weight" or tensor.tensor_type != GGMLQuantizationType.Q8_0:
+            return None
+        out, n_in = self.shape(name)
+        blocks = np.asarray(tensor.data).reshape(out * n_in // Q8_0_BLOCK, 2 + Q8_0_BLOCK)
+        scales = blocks[:, :2].copy().view(np.float16).astype(np.float32).reshape(out, -1)
+        values = blocks[:, 2:].copy().view(np.int8).reshape(out, n_in)
+        return self._rows(name, values), self._rows(name, scales)
+
+    def _rows(self, name: str, weights: np.ndarray) -> np.ndarray:
+        """llama q/k rows back in Hugging Face order (values and block scales alike)."""
+        if self._permuted and ".attn_q." in name:
+            return unpermute_qk(weights, self._heads[0], self._heads[0])
+        if self._permuted and ".attn_k." in name:
+            return unpermute_qk(weights, self._heads[0], self._heads[1])
+        return weights
+
     def read(self, name: str) -> np.ndarray:
         from gguf.quants import dequantize
 
@@ -150,11 +178,7 @@ class GGUFTensors:
             raise CheckpointError(
                 f"{name}: cannot dequantize {tensor.tensor_type.name}: {error}"
             ) from error
-        weights = np.asarray(weights, dtype=np.float32).reshape(self.shape(name))
-        if self._permuted and ".attn_q." in name:
-            weights = unpermute_qk(weights, self._heads[0], self._heads[0])
-        elif self._permuted and ".attn_k." in name:
-            weights = unpermute_qk(weights, self._heads[0], self._heads[1])
-        elif self._norm_plus_one and name.endswith("norm.weight"):
+        weights = self._rows(name, np.asarray(weights, np.float32).reshape(self.shape(name)))
+        if self._norm_plus_one and name.endswith("norm.weight"):
             weights = weights - 1.0
         return weights

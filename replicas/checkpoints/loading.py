@@ -6,6 +6,11 @@ before reading any data, then builds one parameter leaf at a time on the host (a
 stacked, already in the target dtype) and places it straight into its ``NamedSharding``:
 each device receives only its own shard, nothing is first replicated on device.
 
+A quantized projection (the ``quantization`` setting, docs/quantization.md) is placed as
+its values and scales: as the file stores them where it stores them in the served form (a
+GGUF's Q8_0 blocks for ``int8_weight``, a compressed-tensors checkpoint's int8 or fp8 weights
+and channel scales: ``read_quantized``), else quantized here from float32.
+
 Pickle checkpoints (``*.bin``, ``*.pt``) are never opened.
 """
 
@@ -25,9 +30,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from replicas.checkpoints.compressed_tensors import check_stored, checkpoint_form, served_form
 from replicas.checkpoints.gguf_loading import GGUFTensors, gguf_config_overrides, open_gguf
 from replicas.checkpoints.name_map import (
     CheckpointError,
+    TensorMapping,
     get_path,
     hf_shape,
     set_path,
@@ -42,7 +49,14 @@ from replicas.model.config import ModelConfig, config_from_hf
 from replicas.model.encoder import Encoder, model_for
 from replicas.model.head_config import with_saved_activation
 from replicas.model.params import param_shapes, param_shardings
-from replicas.model.quant import QUANTIZED, SCALE_SUFFIX, check_backend, quantize
+from replicas.model.quant import (
+    QUANTIZED,
+    SCALE_SUFFIX,
+    check_backend,
+    quantize,
+    scale_shape,
+    stored_dtype,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +68,7 @@ DTYPES: dict[str, Any] = {
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # safetensors dtypes that numpy cannot name; read from the raw bytes instead.
-_RAW_DTYPES = {"BF16": np.dtype(jnp.bfloat16)}
+_RAW_DTYPES = {"BF16": np.dtype(jnp.bfloat16), "F8_E4M3": np.dtype(jnp.float8_e4m3fn)}
 _UNUSED_BY_EMBEDDERS = ("pooler.dense.weight", "pooler.dense.bias")  # a BertModel's pooler
 
 
@@ -76,6 +90,11 @@ class TensorFile(Protocol):
     def shape(self, name: str) -> tuple[int, ...]: ...
 
     def read(self, name: str) -> np.ndarray: ...
+
+    def read_quantized(self, name: str, form: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """``name`` as stored in ``form`` (values ``[out, in]``, float32 scales ``[out, k]``),
+        or None where the file stores it otherwise."""
+        ...
 
 
 def _check_dtype(dtype: str) -> np.dtype:
@@ -150,6 +169,18 @@ class SafetensorsFiles:
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._handles[name].get_slice(self._file_names[name]).get_shape())
 
+    def kind(self, name: str) -> str:
+        """The safetensors dtype (F32, BF16, I8, F8_E4M3, ...)."""
+        return str(self._handles[name].get_slice(self._file_names[name]).get_dtype())
+
+    def read_quantized(self, name: str, form: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """A compressed-tensors weight and its scale, as stored (checked by
+        ``compressed_tensors.check_stored``); None for a float weight."""
+        scale = name + SCALE_SUFFIX
+        if form not in ("int8", "fp8") or scale not in self._handles:
+            return None
+        return self.read(name), self.read(scale).astype(np.float32)
+
     def read(self, name: str) -> np.ndarray:
         handle, file_name = self._handles[name], self._file_names[name]
         kind = handle.get_slice(file_name).get_dtype()
@@ -196,19 +227,34 @@ def _quantized_n_in(config: ModelConfig, path: tuple[str, ...]) -> int | None:
     return QUANTIZED.get(path[1:])  # type: ignore[arg-type]
 
 
-def _place_leaf(
-    params: Params, path: tuple[str, ...], host: np.ndarray, config: ModelConfig, shardings: Any
-) -> None:
-    """``host`` placed at ``path``; a quantized weight as its values and scale (quantized
-    here on the host, from float32: model.quant)."""
-    n_in = _quantized_n_in(config, path)
-    if n_in is None:
-        set_path(params, path, _place(host, get_path(shardings, path)))
-        return
-    values, scale = quantize(host, n_in, config.quantization, lead=1, xp=np)
-    set_path(params, path, _place(values, get_path(shardings, path)))
-    scale_path = (*path[:-1], path[-1] + SCALE_SUFFIX)
-    set_path(params, scale_path, _place(scale, get_path(shardings, scale_path)))
+def _quantized_leaf(
+    tensors: TensorFile,
+    mapping: TensorMapping,
+    config: ModelConfig,
+    full: tuple[int, ...],
+    n_in: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """A quantized leaf's values ``[layers, *in, *out]`` and float32 scales on the host: each
+    layer's as the file stores it where it stores the served form (``read_quantized``), else
+    quantized here from float32 (per layer, as ``quantize`` does it stacked)."""
+    form, per_layer = config.quantization, full[1:]
+    scales = np.empty(scale_shape(full, n_in, form, lead=1), np.float32)
+    values = np.empty(full, np.dtype(stored_dtype(form)))
+    for i, names in enumerate(mapping.names(config.num_layers)):
+        name = names[tensors.name_kind]
+        stored = tensors.read_quantized(name, form)
+        # A GGUF's Q8_0 blocks of 32 along H * Dh are ours along Dh only where 32 divides Dh.
+        if stored is not None and stored[1].size == scales[i].size:
+            values[i] = to_our_layout(mapping.layout, stored[0], per_layer)
+            scales[i] = to_our_layout(mapping.layout, stored[1], scales.shape[1:]).reshape(
+                scales.shape[1:]
+            )
+            continue
+        if stored is not None:
+            logger.warning("%s: its blocks do not fit %s's; re-quantized", name, form)
+        value = to_our_layout(mapping.layout, tensors.read(name), per_layer)
+        values[i], scales[i] = quantize(value.astype(np.float32), n_in, form, xp=np)
+    return values, scales
 
 
 def assemble_params(
@@ -222,9 +268,16 @@ def assemble_params(
     used: set[str] = set()
     for mapping in tensor_mappings(config):
         full = get_path(shapes, mapping.path)
+        n_in = _quantized_n_in(config, mapping.path)
+        if n_in is not None:
+            values, scale = _quantized_leaf(tensors, mapping, config, full, n_in)
+            scale_path = (*mapping.path[:-1], mapping.path[-1] + SCALE_SUFFIX)
+            set_path(params, mapping.path, _place(values, get_path(shardings, mapping.path)))
+            set_path(params, scale_path, _place(scale, get_path(shardings, scale_path)))
+            used.update(names[tensors.name_kind] for names in mapping.names(config.num_layers))
+            continue
         per_layer = full[1:] if mapping.per_layer else full
-        quantized = _quantized_n_in(config, mapping.path) is not None
-        host = np.empty(full, np.float32 if quantized else dtype)  # [layers, ...] or unstacked
+        host = np.empty(full, dtype)  # [layers, ...] or unstacked
         for i, names in enumerate(mapping.names(config.num_layers)):
             name = names[tensors.name_kind]
             value = to_our_layout(mapping.layout, tensors.read(name), per_layer)
@@ -234,7 +287,7 @@ def assemble_params(
             else:
                 host[...] = value
             used.add(name)
-        _place_leaf(params, mapping.path, host, config, shardings)
+        set_path(params, mapping.path, _place(host, get_path(shardings, mapping.path)))
         del host
     return params, used
 
@@ -255,6 +308,29 @@ def _as_source(source: ModelSource | str | os.PathLike[str]) -> ModelSource:
     return source
 
 
+def _open(
+    source: ModelSource, stack: contextlib.ExitStack
+) -> tuple[ModelConfig, TensorFile, tuple[str, ...], str | None]:
+    """The model config, the checkpoint's tensors, the names not to warn about, and the form
+    the checkpoint is already quantized in (compressed-tensors), if any."""
+    if source.is_gguf:
+        reader = open_gguf(source.gguf_path)
+        config = config_from_hf(load_hf_config(source))
+        config = config.replace(**gguf_config_overrides(reader, config))
+        return config, GGUFTensors(reader, config), (), None
+    found = checkpoint_form(json.loads((source.directory / "config.json").read_text()))
+    config = config_from_hf(load_hf_config(source))
+    if found is not None and config.encoder:
+        raise CheckpointError(
+            f"{source.directory}: a compressed-tensors {found} checkpoint of a {config.family} "
+            "encoder; encoders run unquantized: load its float checkpoint"
+        )
+    ignorable = ("rotary_emb.inv_freq", "lm_head.weight", *_UNUSED_BY_EMBEDDERS)
+    if found is not None:
+        ignorable += ("weight_scale", "weight_zero_point")
+    return config, SafetensorsFiles(source.directory, stack), ignorable, found
+
+
 def load_model(
     source: ModelSource | str | os.PathLike[str],
     mesh: Mesh,
@@ -269,26 +345,22 @@ def load_model(
     float32, bfloat16 or float16 (parameters and activations). ``pooling``: load it as an
     embedding model (``replicas.model.pooling_config``: no LM head is read).
     ``quantization``: the layers' projections quantized at load (replicas.model.quant); a
-    form the mesh's backend cannot run is refused before any tensor is read.
+    compressed-tensors checkpoint runs in its own form (``none`` or that form: else a
+    ``SettingsError``); a form the mesh's backend cannot run is refused before any tensor is
+    read.
     """
     np_dtype = _check_dtype(dtype)
-    device = mesh.devices.flat[0]
-    check_backend(quantization, device.platform, getattr(device, "device_kind", ""))
     source = _as_source(source)
     with contextlib.ExitStack() as stack:
-        if source.is_gguf:
-            reader = open_gguf(source.gguf_path)
-            config = config_from_hf(load_hf_config(source))
-            config = config.replace(**gguf_config_overrides(reader, config))
-            tensors: TensorFile = GGUFTensors(reader, config)
-            ignorable: tuple[str, ...] = ()
-        else:
-            config = config_from_hf(load_hf_config(source))
-            tensors = SafetensorsFiles(source.directory, stack)
-            ignorable = ("rotary_emb.inv_freq", "lm_head.weight", *_UNUSED_BY_EMBEDDERS)
+        config, tensors, ignorable, found = _open(source, stack)
+        quantization = served_form(quantization, found)
+        device = mesh.devices.flat[0]
+        check_backend(quantization, device.platform, getattr(device, "device_kind", ""))
         directory = None if source.is_gguf else source.directory
         head = with_saved_activation(config.head, directory)
         config = config.replace(pooling=pooling, head=head, quantization=quantization)
+        if found is not None:
+            check_stored(tensors, config, found)  # type: ignore[arg-type]
         params, used = assemble_params(tensors, config, mesh, np_dtype)
         _warn_unused(tensors, used, ignorable)
     model = model_for(config, jnp.dtype(np_dtype))

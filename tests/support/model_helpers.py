@@ -54,6 +54,8 @@ GEMMA3 = {
 # name -> (transformers config class, overrides of TINY)
 TINY_VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "llama": ("LlamaConfig", {"tie_word_embeddings": True}),
+    # head_dim 32: a GGUF's Q8_0 blocks of 32 along H * Dh are int8_weight's blocks along Dh
+    "llama-hd32": ("LlamaConfig", {"tie_word_embeddings": True, "head_dim": 32}),
     "llama3-untied": ("LlamaConfig", {"tie_word_embeddings": False, "rope_scaling": LLAMA3_ROPE}),
     "qwen2": ("Qwen2Config", {"tie_word_embeddings": False, "rope_theta": 1e6}),
     "qwen3": ("Qwen3Config", {"tie_word_embeddings": True, "head_dim": 32}),
