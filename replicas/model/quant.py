@@ -64,15 +64,6 @@ def _to_stored(scaled: Array, quantization: str, xp: Any) -> Array:
     return xp.clip(xp.round(scaled), -limit, limit).astype(np.int8)
 
 
-def _tokens_to_stored(scaled: Array, quantization: str) -> Array:
-    """A token's input over its own scale (every |value| <= the limit, up to rounding) ->
-    stored values. int8: round and convert, no clamp: a clamp fusion kept XLA:CPU's convert
-    loop ~2x slower, and ``|x| / (amax / 127)`` rounds to at most 127 (docs/quantization.md)."""
-    if quantization == "fp8":
-        return _to_stored(scaled, quantization, jnp)
-    return jnp.round(scaled).astype(jnp.int8)
-
-
 def block_of(size: int) -> int:
     """The block of ``int8_weight`` scales along a contracted axis of ``size``: ``BLOCK``
     where it divides the axis, else the whole axis."""
@@ -148,7 +139,7 @@ def quantized_project(
         weight = dequantize(values, scale, n_in).astype(x.dtype)  # [*in, *out]
         return _contract(x, weight, n_in, x.dtype).astype(dtype)
     x_scale = token_scale(x, n_in, quantization)  # [..., 1 * n_in]
-    x_q = _tokens_to_stored(x.astype(jnp.float32) / x_scale, quantization)
+    x_q = _to_stored(x.astype(jnp.float32) / x_scale, quantization, jnp)
     acc_type = jnp.int32 if quantization in W8A8_INT else jnp.float32
     acc = _contract(x_q, values, n_in, acc_type)  # [..., *out]
     rows = _rows(x_scale, n_in, scale.ndim)  # [..., 1 * out axes]
