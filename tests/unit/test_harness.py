@@ -133,6 +133,12 @@ def test_timed_together_runs_every_call_in_turn_and_keeps_the_last_answers() -> 
     assert set(times) == {"a", "b"} and last == {"a": 1, "b": 2}
 
 
+def test_timed_together_rotates_the_order_when_asked() -> None:
+    calls: list[str] = []
+    timed_together({n: (lambda n=n: calls.append(n)) for n in "abc"}, 3, warm=0, rotate=True)
+    assert calls == [*"abc", *"bca", *"cab"]  # no call always follows the same one
+
+
 def test_unknown_commands_print_the_usage() -> None:
     with contextlib.redirect_stderr(io.StringIO()):
         assert main(["run", "no-such-benchmark"]) == 2
