@@ -15,6 +15,7 @@ import ipaddress
 import json
 import os
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -269,21 +270,21 @@ def timed_together(
     repeats: int,
     warm: int = 1,
     last: dict | None = None,
-    rotate: bool = False,
+    shuffle: bool = False,
 ) -> dict[str, float]:
     """Median wall seconds of each call over ``repeats`` rounds that run every call once in
     turn (after ``warm`` untimed rounds): a machine whose speed drifts during the run slows
     every call alike, so their ratios hold. ``last``, when given, gets each call's last
-    answer. ``rotate``: round r starts at the r-th call, so no call always follows the same
-    one (a call can slow the next: docs/quantization.md)."""
+    answer. ``shuffle``: each round runs the calls in its own order (seeded by the round), so
+    no call always follows the same one (a call can slow the next: docs/quantization.md)."""
     for _ in range(warm):
         for fn in calls.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in calls}
     names = list(calls)
     for r in range(repeats):
-        shift = r % len(names) if rotate and names else 0
-        for name in names[shift:] + names[:shift]:
+        order = random.Random(r).sample(names, len(names)) if shuffle else names
+        for name in order:
             fn = calls[name]
             start = time.perf_counter()
             answer = fn()
