@@ -7,6 +7,7 @@ on a quantized base, and fp8 is refused at start-up where the backend has none."
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -167,6 +168,21 @@ def test_a_checkpoint_is_quantized_at_load_and_fp8_is_refused_on_cpu(tiny_llama_
     assert loaded.params["embed"].dtype == np.float32  # embeddings and LM head stay float
     with pytest.raises(SettingsError, match=r"^quantization: fp8 needs"):
         load_model(tiny_llama_dir, mesh, quantization="fp8")
+
+
+def test_int8_smooth_calibrates_at_load_and_needs_a_tokenizer(tiny_llama_dir, tmp_path) -> None:
+    """The loader places the float weights, calibrates on the shipped text with the model's
+    tokenizer, smooths and quantizes; a directory without a tokenizer stops naming the
+    setting."""
+    mesh = build_mesh((1, 1))
+    plain = load_model(tiny_llama_dir, mesh, quantization="int8").params["layers"]
+    smooth = load_model(tiny_llama_dir, mesh, quantization="int8_smooth").params["layers"]
+    assert smooth["mlp"]["down"].dtype == np.int8 and smooth["attn"]["o_scale"].shape == (2, 64)
+    assert not np.array_equal(smooth["attn_norm"]["scale"], plain["attn_norm"]["scale"])
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_llama_dir / name, tmp_path / name)
+    with pytest.raises(SettingsError, match=r"^quantization: int8_smooth calibrates"):
+        load_model(tmp_path, mesh, quantization="int8_smooth")
 
 
 def test_lora_adapter_on_an_int8_base(tmp_path) -> None:
