@@ -15,6 +15,7 @@ import ipaddress
 import json
 import os
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -265,18 +266,26 @@ def timed(fn: Callable[[], object], repeats: int, warm: int = 1) -> float:
 
 
 def timed_together(
-    calls: Mapping[str, Callable[[], object]], repeats: int, warm: int = 1, last: dict | None = None
+    calls: Mapping[str, Callable[[], object]],
+    repeats: int,
+    warm: int = 1,
+    last: dict | None = None,
+    shuffle: bool = False,
 ) -> dict[str, float]:
     """Median wall seconds of each call over ``repeats`` rounds that run every call once in
     turn (after ``warm`` untimed rounds): a machine whose speed drifts during the run slows
     every call alike, so their ratios hold. ``last``, when given, gets each call's last
-    answer."""
+    answer. ``shuffle``: each round runs the calls in its own order (seeded by the round), so
+    no call always follows the same one (a call can slow the next: docs/quantization.md)."""
     for _ in range(warm):
         for fn in calls.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, fn in calls.items():
+    names = list(calls)
+    for r in range(repeats):
+        order = random.Random(r).sample(names, len(names)) if shuffle else names
+        for name in order:
+            fn = calls[name]
             start = time.perf_counter()
             answer = fn()
             samples[name].append(time.perf_counter() - start)

@@ -2,7 +2,7 @@
 ``quantization`` form against float32 on the same weights (the shipped model's), in this
 process, through the engine (no Ray, no HTTP).
 
-    python -m loadtest run quant_quality [--model SmolLM2-135M-Instruct] [--forms int8,int8_weight]
+    python -m loadtest run quant_quality [--model SmolLM2-135M-Instruct] [--forms int8,int8_smooth]
         [--speed] [--repeats 7]
 
 Quality, per form, against ``none`` (float32):
@@ -206,7 +206,7 @@ def speed_result(o: argparse.Namespace, run: Run) -> Result:
             engine.score_batch([work])
             engine.wait_for_background_compiles()
         calls = {name: (lambda e=e, w=work: e.score_batch([w])) for name, e in engines.items()}
-        seconds[case] = timed_together(calls, o.repeats)
+        seconds[case] = timed_together(calls, o.repeats, shuffle=True)
         run.say(f"{case}: {seconds[case]}")
     rows = [
         (name, *(v for case in SPEED_CASES for v in (
@@ -218,7 +218,8 @@ def speed_result(o: argparse.Namespace, run: Run) -> Result:
         columns += [col(f"{case}: ms", ".1f"), col("speed-up vs none", ".2f", "x")]
     notes = (
         f"engine steps only (no HTTP), the shipped settings with `quantization` (or dtype) "
-        f"changed; medians of {o.repeats} rounds, every form timed in turn each round",
+        f"changed; medians of {o.repeats} rounds, every form timed in turn each round, in "
+        "an order of its own each round",
     )
     title = f"Quantized scoring speed on this CPU, {o.model}"
     return run.result(title, [table(columns, rows)], key="quant-speed", doc=QUALITY_DOC,
@@ -302,7 +303,7 @@ def matmul_result(o: argparse.Namespace, run: Run) -> Result:
     for tokens in MATMUL_TOKENS:
         x = jnp.asarray(np.random.default_rng(1).standard_normal((tokens, 576)), jnp.float32)
         calls = {form: (lambda c=c, x=x: c(x)) for form, c in chains.items()}
-        seconds[tokens] = timed_together(calls, o.repeats)
+        seconds[tokens] = timed_together(calls, o.repeats, shuffle=True)
         run.say(f"{tokens} tokens: {seconds[tokens]}")
     rows = [
         (form, *(v for t in MATMUL_TOKENS for v in (
@@ -314,7 +315,8 @@ def matmul_result(o: argparse.Namespace, run: Run) -> Result:
         columns += [col(f"{tokens} tokens: ms", ".1f"), col("vs float32", ".2f", "x")]
     notes = (
         "SmolLM2's 210 projections (30 layers x q, k, v, o, gate, up, down) as one scanned "
-        f"chain on random weights, jitted; medians of {o.repeats} rounds, timed in turn",
+        f"chain on random weights, jitted; medians of {o.repeats} rounds, timed in turn, "
+        "in an order of its own each round",
         "qwix rows only where qwix is importable (a scratch install, not a dependency)",
     )
     title = "The projections alone on this CPU: float32, bfloat16, int8 forms, qwix"
@@ -334,7 +336,7 @@ def measure_all(o: argparse.Namespace, run: Run) -> list[Result]:
 WORKLOAD = Workload(
     options=(
         Option("--model", "SmolLM2-135M-Instruct"),
-        Option("--forms", "int8,int8_weight", "quantization forms beside none"),
+        Option("--forms", "int8,int8_smooth,int8_weight", "quantization forms beside none"),
         Option("--no-quality", True, "skip the quality gate"),
         Option("--speed", False, "also time engine steps of every form"),
         Option("--matmuls", False, "also time SmolLM2's projections alone (qwix too if found)"),

@@ -45,7 +45,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "first_minute": ("first_minute", "RFC-008 from a server's first request on, cold"),
     "rerank_quality": ("rerank_quality", "rerank quality (top-1, pairwise, NDCG@4) on the "
                        "relevance set"),
-    "quant_quality": ("quant_quality", "quantized scoring (int8, int8_weight) against float32: "
+    "quant_quality": ("quant_quality", "quantized scoring (int8 forms) against float32: "
                       "KL, rerank, cosine; with --speed engine steps"),
 }  # fmt: skip
 

@@ -315,7 +315,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--signatures", choices=("all", "largest", "smallest"), default="all")
     parser.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
     parser.add_argument(
-        "--quantization", choices=("none", "int8", "int8_weight", "fp8"),
+        "--quantization", choices=("none", "int8", "int8_smooth", "int8_weight", "fp8"),
         help="the layers' projections (default: the config's, else none; docs/quantization.md)",
     )  # fmt: skip
     parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")

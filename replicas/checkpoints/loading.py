@@ -42,6 +42,7 @@ from replicas.checkpoints.name_map import (
     text_tower_name,
     to_our_layout,
 )
+from replicas.checkpoints.smoothing import calibration_ids, smoothed_params
 from replicas.checkpoints.sources import ModelSource, load_hf_config, resolve_model_source
 from replicas.contract import PoolingHead
 from replicas.model.causal_lm import CausalLM, Params
@@ -361,8 +362,13 @@ def load_model(
         config = config.replace(pooling=pooling, head=head, quantization=quantization)
         if found is not None:
             check_stored(tensors, config, found)  # type: ignore[arg-type]
-        params, used = assemble_params(tensors, config, mesh, np_dtype)
+        smooth = quantization == "int8_smooth"  # placed in float first, calibrated, then int8
+        float_config = config.replace(quantization="none") if smooth else config
+        params, used = assemble_params(tensors, float_config, mesh, np_dtype)
         _warn_unused(tensors, used, ignorable)
+    if smooth:
+        float_model = model_for(float_config, jnp.dtype(np_dtype))
+        params = smoothed_params(params, float_model, config, calibration_ids(source), mesh)
     model = model_for(config, jnp.dtype(np_dtype))
     return LoadedModel(model=model, params=params, config=config, source=source)
 

@@ -72,7 +72,8 @@ class ModelConfig:
     type_vocab_size: int = 0
     position_offset: int = 0  # added to every position before its embedding (XLM-R: pad + 1)
     # How the layers' projections run (the ``quantization`` setting, replicas.model.quant):
-    # none, int8 (W8A8, per-token activation scales), int8_weight or fp8.
+    # none, int8 (W8A8, per-token activation scales), int8_smooth (int8 on SmoothQuant-rescaled
+    # weights, model.smooth), int8_weight or fp8.
     quantization: str = "none"
 
     def __post_init__(self) -> None:

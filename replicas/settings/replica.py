@@ -97,6 +97,11 @@ class ReplicaSettings:
                 f"warmup_batch_sizes: each must be in [1, {largest}] "
                 f"(the largest batch bucket), got {list(sizes)}"
             )
+        if self.model.quantization == "int8_smooth" and self.adapters.max_loras:
+            raise SettingsError(
+                "quantization: int8_smooth folds its rescaling into the layers' inputs, which "
+                "LoRA adapters read unscaled; with max_loras > 0 use int8 or int8_weight"
+            )
         if self.warmup.limit_to_warmup and not self.warmup_shapes:
             raise SettingsError(
                 "limit_to_warmup: needs warmup_shapes (the shapes it limits to) or warmup_workload"

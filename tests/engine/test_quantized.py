@@ -7,8 +7,10 @@ on a quantized base, and fp8 is refused at start-up where the backend has none."
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,11 +18,12 @@ from cluster.mesh import build_mesh
 from replicas.checkpoints.loading import load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
-from replicas.model.causal_lm import CausalLM
+from replicas.model.causal_lm import CausalLM, CausalSpec
 from replicas.model.config import ModelConfig
 from replicas.model.quant import quantize_layers
+from replicas.model.smooth import activation_maxima, smooth_layers
 from replicas.settings import ReplicaSettings, SettingsError
-from tests.support.fp32 import assert_fp32_close_ragged
+from tests.support.fp32 import assert_fp32_close, assert_fp32_close_ragged
 from tests.support.lora_helpers import ALL_TARGETS, lora_settings, save_adapter
 from tests.support.model_helpers import save_tiny
 
@@ -40,20 +43,36 @@ MULTI = {"multi_item_scoring_delimiter": DELIMITER, "batch_buckets": (1, 4)}
 TO_FLOAT32 = 0.01
 
 
+CONFIG = ModelConfig(
+    family="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
+    tie_word_embeddings=True,
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def models() -> dict:
     """The float32 tiny Llama and the same weights quantized, by ``quantization``."""
-    config = ModelConfig(
-        family="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_layers=2,
-        num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=10000.0,
-        tie_word_embeddings=True,
-    )  # fmt: skip
+    config = CONFIG
     params = CausalLM(config).init_params(jax.random.PRNGKey(0))
-    out = {"none": (CausalLM(config), params)}
+    out = {"none": (CausalLM(config), params), "smoothed": (CausalLM(config), _smoothed(params))}
     for form in ("int8", "int8_weight"):
         quantized = {**params, "layers": quantize_layers(params["layers"], form)}
         out[form] = (CausalLM(config.replace(quantization=form)), quantized)
+    layers = quantize_layers(out["smoothed"][1]["layers"], "int8_smooth", xp=np)
+    out["int8_smooth"] = (CausalLM(config.replace(quantization="int8_smooth")),
+                          {**params, "layers": layers})  # fmt: skip
     return out
+
+
+def _smoothed(params: dict) -> dict:
+    """The float tiny model's layers SmoothQuant-rescaled (model.smooth) on calibration rows
+    of random tokens, as the loader does for ``int8_smooth`` with the shipped text."""
+    model = CausalLM(CONFIG)
+    rows = np.random.default_rng(5).integers(1, VOCAB, (2, 32)).astype(np.int32)
+    maxima = activation_maxima(model, params, rows)
+    host = jax.tree.map(np.asarray, params["layers"])
+    return {**params, "layers": smooth_layers(host, maxima, CONFIG.num_kv_heads)}
 
 
 def _engine(models: dict, form: str, **overrides: object) -> ScoringEngine:
@@ -65,7 +84,7 @@ def _engine(models: dict, form: str, **overrides: object) -> ScoringEngine:
 @pytest.fixture(scope="module")
 def multi(models: dict) -> dict:
     """Multi-item engines (query-first works through the shared prefix) by form."""
-    return {form: _engine(models, form, **MULTI) for form in models}
+    return {form: _engine(models, form, **MULTI) for form in models if form != "smoothed"}
 
 
 def _work(
@@ -79,7 +98,7 @@ def _work(
 WORKS = [_work(0), _work(1, query=14, item_lens=(5,) * 9), _work(2, query=1)]
 
 
-@pytest.mark.parametrize("form", ["int8_weight", "int8"])
+@pytest.mark.parametrize("form", ["int8_weight", "int8", "int8_smooth"])
 def test_quantized_multi_item_equals_quantized_single_item(
     models: dict, multi: dict, form: str
 ) -> None:
@@ -118,12 +137,27 @@ def test_int8_scores_do_not_depend_on_batch_mates(multi: dict) -> None:
     np.testing.assert_array_equal(changed[1:], alone[1:])
 
 
-@pytest.mark.parametrize("form", ["int8", "int8_weight"])
+@pytest.mark.parametrize("form", ["int8", "int8_smooth", "int8_weight"])
 def test_quantized_stays_within_its_bound_of_float32(multi: dict, form: str) -> None:
     want = multi["none"].score_batch(WORKS)
     got = multi[form].score_batch(WORKS)
     worst = max(float(np.abs(g - w).max()) for g, w in zip(got, want, strict=True))
     assert 0 < worst <= TO_FLOAT32, worst
+
+
+def test_smoothing_keeps_the_float_model(models: dict) -> None:
+    """SmoothQuant's folds (into the norms, v and up) leave the float model's hidden states
+    at the float32 floor of the unsmoothed one, with a real scan over its layers."""
+    tokens = jnp.asarray(np.random.default_rng(6).integers(1, VOCAB, (2, 12)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(12, dtype=jnp.int32), (2, 12))
+    spec = CausalSpec(lengths=jnp.asarray([12, 7], jnp.int32))
+    hidden = {
+        name: np.asarray(jax.jit(model.hidden_states)(params, tokens, positions, spec))[1, :7]
+        for name, (model, params) in models.items() if name in ("none", "smoothed")
+    }  # fmt: skip
+    assert_fp32_close(hidden["smoothed"], hidden["none"], what="smoothed float model")
+    assert not np.array_equal(models["smoothed"][1]["layers"]["mlp"]["up"],
+                              np.asarray(models["none"][1]["layers"]["mlp"]["up"]))  # fmt: skip
 
 
 def test_a_checkpoint_is_quantized_at_load_and_fp8_is_refused_on_cpu(tiny_llama_dir) -> None:
@@ -134,6 +168,21 @@ def test_a_checkpoint_is_quantized_at_load_and_fp8_is_refused_on_cpu(tiny_llama_
     assert loaded.params["embed"].dtype == np.float32  # embeddings and LM head stay float
     with pytest.raises(SettingsError, match=r"^quantization: fp8 needs"):
         load_model(tiny_llama_dir, mesh, quantization="fp8")
+
+
+def test_int8_smooth_calibrates_at_load_and_needs_a_tokenizer(tiny_llama_dir, tmp_path) -> None:
+    """The loader places the float weights, calibrates on the shipped text with the model's
+    tokenizer, smooths and quantizes; a directory without a tokenizer stops naming the
+    setting."""
+    mesh = build_mesh((1, 1))
+    plain = load_model(tiny_llama_dir, mesh, quantization="int8").params["layers"]
+    smooth = load_model(tiny_llama_dir, mesh, quantization="int8_smooth").params["layers"]
+    assert smooth["mlp"]["down"].dtype == np.int8 and smooth["attn"]["o_scale"].shape == (2, 64)
+    assert not np.array_equal(smooth["attn_norm"]["scale"], plain["attn_norm"]["scale"])
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_llama_dir / name, tmp_path / name)
+    with pytest.raises(SettingsError, match=r"^quantization: int8_smooth calibrates"):
+        load_model(tmp_path, mesh, quantization="int8_smooth")
 
 
 def test_lora_adapter_on_an_int8_base(tmp_path) -> None:

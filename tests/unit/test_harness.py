@@ -133,6 +133,15 @@ def test_timed_together_runs_every_call_in_turn_and_keeps_the_last_answers() -> 
     assert set(times) == {"a", "b"} and last == {"a": 1, "b": 2}
 
 
+def test_timed_together_shuffles_the_order_when_asked() -> None:
+    calls: list[str] = []
+    timed_together({n: (lambda n=n: calls.append(n)) for n in "abcd"}, 6, warm=0, shuffle=True)
+    rounds = ["".join(calls[i : i + 4]) for i in range(0, 24, 4)]
+    assert all(sorted(r) == list("abcd") for r in rounds)  # each call once a round
+    followers = {r[r.index("a") + 1] for r in rounds if not r.endswith("a")}
+    assert len(followers) > 1  # "a" is not always followed by the same call
+
+
 def test_unknown_commands_print_the_usage() -> None:
     with contextlib.redirect_stderr(io.StringIO()):
         assert main(["run", "no-such-benchmark"]) == 2

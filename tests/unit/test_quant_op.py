@@ -31,7 +31,7 @@ def _case(n_in: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("n_in", [1, 2])
-@pytest.mark.parametrize("quantization", ["int8", "int8_weight"])
+@pytest.mark.parametrize("quantization", ["int8", "int8_smooth", "int8_weight"])
 def test_op_matches_dequantize_then_matmul(n_in: int, quantization: str) -> None:
     import jax.numpy as jnp
 
