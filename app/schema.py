@@ -80,8 +80,9 @@ class RelevantSpans(BaseModel):
     model_config = _STRICT
 
     mode: Literal["enabled", "disabled"] = Field(description="enabled: spans in each result.")
-    threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
-        default=None, description="The least score a span needs (default 0.1)."
+    threshold: Annotated[float, Field(ge=-1.0, le=1.0)] | None = Field(
+        default=None,
+        description="The least score a span needs (default 0.1; a cosine runs from -1).",
     )
     max_spans: PositiveInt | None = Field(
         default=None, description="The most spans per document, best first (default: all)."
