@@ -122,10 +122,10 @@ class Chunks:
         with spans asked each document's chunks scoring >= threshold, best first."""
         scores = np.asarray(scores, np.float64).reshape(len(self.texts))
         owners = np.asarray(self.owners, np.int64)
-        relevance = np.zeros((self.documents,), np.float64)
-        for doc in range(self.documents):
-            mine = scores[owners == doc]
-            relevance[doc] = mine.max() if self.options.aggregation == "max" else mine.mean()
+        how = self.options.aggregation
+        relevance = np.asarray(
+            [aggregate(scores[owners == doc], how) for doc in range(self.documents)], np.float64
+        )
         spans = self.options.spans
         if spans is None:
             return relevance, None
@@ -138,6 +138,12 @@ class Chunks:
                 start, end = self.bounds[i]
                 chosen.append({"start": start, "end": end, "score": float(scores[i])})
         return relevance, listed
+
+
+def aggregate(scores: np.ndarray, aggregation: str) -> float:
+    """One document's relevance from its chunks' scores ``[chunks]``: max or mean."""
+    values = np.asarray(scores, np.float64)
+    return float(values.max() if aggregation == "max" else values.mean())
 
 
 def request_chunks(
