@@ -8,7 +8,7 @@ second) against one query, on a running server (the shipped model):
 - pre-cut: the same chunks sent as documents of their own in one /v1/rerank
   (``max_chunks_per_doc: 1``), folded by the client;
 - per chunk: a client that chunks and calls /v1/rerank once per chunk (``--concurrency`` at
-  a time), as clients of servers without chunking do.
+  a time: ``1,8`` both), as clients of servers without chunking do.
 
 The chunks are cut here with the server's own code (``app.chunks``) and the SmolLM2 tokenizer,
 so all three score the same texts; the table's last column is the largest difference of a
@@ -16,7 +16,7 @@ document's relevance from the chunked answer (0 or the float32 floor). Each clie
 untimed first (shapes compile), then ``--repeats`` times.
 
     python -m loadtest run long_rerank --url http://127.0.0.1:8000 \\
-        [--docs 20] [--doc-tokens 2000,8000] [--chunk-tokens 512] [--concurrency 8]
+        [--docs 20] [--doc-tokens 2000,8000] [--chunk-tokens 512] [--concurrency 1,8]
 
 The full size needs the server's ``max_request_tokens`` above the documents' tokens (~110k;
 the shipped config says 32768) and, with ``limit_to_warmup``, envelopes of chunk-sized items.
@@ -93,18 +93,21 @@ def clients(
         body = _post(client, {"query": QUERY, "documents": texts, "max_chunks_per_doc": 1})
         return _fold(_by_index(body), owners, count), 1, body["usage"]["total_tokens"]
 
-    def per_chunk() -> tuple[np.ndarray, int, int]:
+    def per_chunk(concurrency: int) -> Callable[[], tuple[np.ndarray, int, int]]:
         def one(text: str) -> dict[str, Any]:
             return _post(client, {"query": QUERY, "documents": [text]})
 
-        with ThreadPoolExecutor(options.concurrency) as pool:
-            bodies = list(pool.map(one, texts))
-        scores = np.asarray([b["results"][0]["relevance_score"] for b in bodies], np.float64)
-        tokens = sum(b["usage"]["total_tokens"] for b in bodies)
-        return _fold(scores, owners, count), len(texts), tokens
+        def run() -> tuple[np.ndarray, int, int]:
+            with ThreadPoolExecutor(concurrency) as pool:
+                bodies = list(pool.map(one, texts))
+            scores = np.asarray([b["results"][0]["relevance_score"] for b in bodies], np.float64)
+            tokens = sum(b["usage"]["total_tokens"] for b in bodies)
+            return _fold(scores, owners, count), len(texts), tokens
 
-    return {"chunked (one request)": chunked, "pre-cut chunks as documents": pre_cut,
-            "per-chunk requests": per_chunk}  # fmt: skip
+        return run
+
+    per = {f"per-chunk requests, {n} at a time": per_chunk(n) for n in counts(options.concurrency)}
+    return {"chunked (one request)": chunked, "pre-cut chunks as documents": pre_cut, **per}
 
 
 def measure_clients(options: argparse.Namespace) -> tuple[str, list[tuple], dict[str, Any]]:
@@ -117,13 +120,14 @@ def measure_clients(options: argparse.Namespace) -> tuple[str, list[tuple], dict
     most = -(-longest // options.chunk_tokens) + 1
     chunks = chunk_documents(tokenizer, documents, ChunkOptions(most, options.chunk_tokens), None)
     url = options.url or "http://127.0.0.1:8000"
-    limits = httpx.Limits(max_connections=options.concurrency + 1)
+    limits = httpx.Limits(max_connections=max(counts(options.concurrency)) + 1)
     with httpx.Client(base_url=url, timeout=3600, limits=limits) as client:
         method = client.get("/v1/models").json()["data"][0]["rerank_method"]
         runs = {name: _timed(call, options.repeats) for name, call in
                 clients(client, documents, chunks, options).items()}  # fmt: skip
     reference = runs["chunked (one request)"][1]
-    slowest = statistics.median(runs["per-chunk requests"][0])
+    first = f"per-chunk requests, {counts(options.concurrency)[0]} at a time"
+    slowest = statistics.median(runs[first][0])
     rows = []
     for name, (seconds, relevance, requests, tokens) in runs.items():
         median = statistics.median(seconds)
@@ -160,7 +164,8 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         f"{o.docs} documents of {shortest}-{longest} tokens (relevance-set passages) against one "
         f"query, chunks of {o.chunk_tokens} tokens: {facts['chunks']} chunks; the answer sits "
         f"past the first chunk of document 2, ranked first: {facts['top'] == 2}",
-        f"per-chunk requests: {o.concurrency} at a time; one untimed run of each client first, "
+        f"per-chunk requests: {o.concurrency} at a time (`vs per-chunk`: against the first); "
+        f"one untimed run of each client first, "
         f"then the median of {o.repeats}; tokens: the answers' `usage.total_tokens`",
         "target: chunked >= 5x the per-chunk client",
     )
@@ -175,7 +180,7 @@ WORKLOAD = Workload(
         Option("--docs", 20),
         Option("--doc-tokens", "2000,8000"),
         Option("--chunk-tokens", 512),
-        Option("--concurrency", 8),
+        Option("--concurrency", "1,8"),
         Option("--repeats", 1),
     ),
     measure=measure,

@@ -195,3 +195,11 @@ async def _healthy() -> None:
 def test_a_bad_chunking_setting_stops_start_up_naming_it(keys, named):
     with pytest.raises(SettingsError, match=f"^{named}: "):
         ReplicaSettings.from_keys(**keys)
+
+
+def test_billing_counts_every_chunk_as_a_document(tokenizer):
+    """Cohere's search units: one per 100 texts scored, a chunk counting as a document."""
+    options = ChunkOptions(max_chunks=200, chunk_tokens=2)
+    chunks = chunk_documents(tokenizer, [FILLER * 20], options, max_tokens=None)
+    assert 100 < len(chunks.texts) <= 200 and chunks.search_units == 2
+    assert chunk_documents(tokenizer, [SHORT], ChunkOptions(), None).search_units == 1
