@@ -160,7 +160,7 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     method, rows, facts = measure_clients(o)
     shortest, longest = counts(o.doc_tokens)
     notes = (
-        f"against a running server, `rerank_method: {method}`; SmolLM2-135M-Instruct, float32",
+        f"against {o.server}, `rerank_method: {method}`; SmolLM2-135M-Instruct, float32",
         f"{o.docs} documents of {shortest}-{longest} tokens (relevance-set passages) against one "
         f"query, chunks of {o.chunk_tokens} tokens: {facts['chunks']} chunks; the answer sits "
         f"past the first chunk of document 2, ranked first: {facts['top'] == 2}",
@@ -182,6 +182,7 @@ WORKLOAD = Workload(
         Option("--chunk-tokens", 512),
         Option("--concurrency", "1,8"),
         Option("--repeats", 1),
+        Option("--server", "`make serve` (serve_config.yaml)", help="what serves --url"),
     ),
     measure=measure,
 )
