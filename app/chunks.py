@@ -80,7 +80,7 @@ class ChunkOptions:
             overlap = 0  # the config's overlap is for its own chunk size
         if overlap >= chunk_tokens:
             raise ScoringError(
-                Reason.INVALID_REQUEST,
+                Reason.INVALID_CHUNKING,
                 f"chunk_overlap: {overlap} must be below chunk_tokens={chunk_tokens}",
                 "chunk_overlap",
             )
@@ -110,7 +110,7 @@ class Chunks:
         """A 400 naming ``max_items_per_request`` when the chunks exceed it."""
         if len(self.texts) > max_items:
             raise ScoringError(
-                Reason.TOO_MANY_ITEMS,
+                Reason.TOO_MANY_CHUNKS,
                 f"{self.documents} documents make {len(self.texts)} chunks (items), which "
                 f"exceed max_items_per_request={max_items}; lower max_chunks_per_doc or "
                 "raise chunk_tokens",
