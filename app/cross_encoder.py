@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, request_chunks
 from app.classify import classify_envelope
-from app.rerank import cut_texts, rerank_body
+from app.rerank import rerank_body
 from app.schema import ClassifyRequest, RerankRequest, ScoreRequest
 from app.scores import classify_probs
 from app.timings import Backend, Timings, replica_answer
@@ -55,6 +56,7 @@ class Pairs:
     request: ScoreRequest | RerankRequest
     work: EmbedWork  # adapter: the LoRA adapter the request named (None: the base)
     model: str  # the name it is answered under
+    chunks: Chunks | None = None  # /v1/rerank: the documents' chunks (app.chunks)
 
     @property
     def prompt_tokens(self) -> int:
@@ -64,7 +66,9 @@ class Pairs:
         """The route's response body for the replica's logits ``[pairs, num_labels]``."""
         scores = activated(logits, head_of(info).activation)
         if isinstance(self.request, RerankRequest):
-            return rerank_body(self.request, scores[:, 0], self.prompt_tokens, self.model)
+            return rerank_body(
+                self.request, scores[:, 0], self.prompt_tokens, self.model, self.chunks
+            )
         if self.request.apply_softmax and scores.shape[1] > 1:
             scores = softmax(scores)
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": 0}
@@ -111,6 +115,7 @@ async def cross_encoded(
     route: str,
     backend: Backend,
     clock: Callable[[], float],
+    chunking: ChunkOptions = NO_CHUNKING,
 ) -> tuple[dict[str, Any], Timings]:
     """The body of ``route`` (/v1/score, /v1/rerank, /v1/classify) on a cross-encoder, and
     where its time went."""
@@ -119,7 +124,7 @@ async def cross_encoded(
     if route == "/v1/classify":
         prepared = prepare_texts(tokenizer, info, payload)
     else:
-        prepared = prepare_pairs(tokenizer, info, payload, route)
+        prepared = prepare_pairs(tokenizer, info, payload, route, chunking)
     timings = Timings(tokenization_s=time.perf_counter() - start)
     logits = np.zeros((0, head_of(info).num_labels), np.float32)
     if prepared.work.num_items:
@@ -186,11 +191,18 @@ def _texts(query: Any, items: list[Any], route: str) -> tuple[str, list[str]]:
     return query, items
 
 
-def prepare_pairs(tokenizer: Any, info: ModelInfo, payload: Any, route: str) -> Pairs:
-    """A /v1/rerank or /v1/score body on a cross-encoder: every rule, then its pairs."""
+def prepare_pairs(
+    tokenizer: Any,
+    info: ModelInfo,
+    payload: Any,
+    route: str,
+    chunking: ChunkOptions = NO_CHUNKING,
+) -> Pairs:
+    """A /v1/rerank or /v1/score body on a cross-encoder: every rule, then its pairs (a
+    rerank's documents chunked by ``chunking`` and the request, app.chunks)."""
+    chunks = None
     if route == "/v1/rerank":
         request: ScoreRequest | RerankRequest = validate_body(payload, RerankRequest)
-        texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
         query, first = request.query, False
         if request.instruction is not None:
             raise ScoringError(
@@ -199,8 +211,9 @@ def prepare_pairs(tokenizer: Any, info: ModelInfo, payload: Any, route: str) -> 
                 "given and takes no instruction; omit it",
                 "instruction",
             )
-        if request.max_tokens_per_doc is not None:
-            texts = cut_texts(tokenizer, texts, request.max_tokens_per_doc)
+        check_item_count(len(request.documents), info)
+        chunks = request_chunks(tokenizer, request, chunking, info)
+        texts = list(chunks.texts)
     else:
         request = validate_request(payload)
         texts, query, first = list(request.items), request.query, request.item_first
@@ -223,7 +236,7 @@ def prepare_pairs(tokenizer: Any, info: ModelInfo, payload: Any, route: str) -> 
     pairs = [(text, query) if first else (query, text) for text in texts]
     work = encode_pairs(tokenizer, info, pairs) if pairs else EmbedWork(())
     work = EmbedWork(work.inputs, adapter=adapter, second_starts=work.second_starts)
-    return Pairs(route, request, work, request.model or info.name)
+    return Pairs(route, request, work, request.model or info.name, chunks)
 
 
 def prepare_texts(tokenizer: Any, info: ModelInfo, payload: Any) -> Texts:

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, request_chunks
 from app.embeddings import Embedder, pooling_of
 from app.schema import RerankRequest, ScoreRequest
 from app.validation import (
@@ -92,16 +93,19 @@ def cosine_score_work(embedder: Embedder, payload: Any) -> tuple[ScoreRequest, C
     return request, cosine.with_adapter(adapter)
 
 
-def cosine_rerank_work(embedder: Embedder, payload: Any) -> tuple[RerankRequest, CosineWork | None]:
-    """A /v1/rerank body on an embedding model; None for ``documents: []``."""
+def cosine_rerank_work(
+    embedder: Embedder, payload: Any, defaults: ChunkOptions = NO_CHUNKING
+) -> tuple[RerankRequest, CosineWork | None, Chunks]:
+    """A /v1/rerank body on an embedding model (its documents chunked by ``defaults`` and
+    the request, app.chunks); None for ``documents: []``."""
     info = embedder.info
     request = validate_body(payload, RerankRequest)
     adapter = check_model_name(request.model, info)
     head = pooling_of(info, "/v1/rerank")
-    texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
-    check_item_count(len(texts), info)
-    if not texts:
-        return request, None
+    check_item_count(len(request.documents), info)
+    chunks = request_chunks(embedder.tokenizer, request, defaults, info)
+    if not chunks.texts:
+        return request, None, chunks
     prompt = request.instruction if request.instruction is not None else head.prompt("query")
-    cosine = _texts(embedder, request.query, texts, prompt, "documents")
-    return request, cosine.with_adapter(adapter)
+    cosine = _texts(embedder, request.query, list(chunks.texts), prompt, "documents")
+    return request, cosine.with_adapter(adapter), chunks

@@ -47,7 +47,9 @@ NOT_EXPRESSIBLE = (
     "length query + items + delimiters (or query + item with item_first) over "
     "max_multi_item_seq_len (sequence_too_long), with limit_to_warmup a query, item or label "
     "count that no warm-up envelope admits together (sequence_too_long, too_many_labels), "
-    "and more computed tokens than max_request_tokens (too_many_tokens). A whole number "
+    "more computed tokens than max_request_tokens (too_many_tokens), a rerank whose documents' "
+    "chunks (their token counts) exceed max_items_per_request (too_many_chunks), and a "
+    "rerank chunk_overlap not below its chunk_tokens (invalid_chunking). A whole number "
     "written with a fraction or exponent (2.0, 2e0) is the integer it equals, as JSON Schema "
     "reads it. Bodies over 16 MiB are refused."
 )

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, request_chunks
 from app.query_likelihood import LikelihoodTemplate, likelihood_prompts, likelihood_relevance
 from app.schema import RerankRequest
 from app.templates import template_from_pairs
@@ -83,6 +84,7 @@ class RerankWork:
     request: RerankRequest
     work: ScoreWork | PromptWork
     prompt_tokens: int
+    chunks: Chunks  # the texts scored: the documents, or their chunks (app.chunks)
 
 
 @dataclass(frozen=True)
@@ -112,14 +114,15 @@ class Reranker:
             return "query_likelihood"
         return "head" if self.labels == (0,) else "yes_no"
 
-    def prepare(self, payload: Any, info: ModelInfo) -> RerankWork:
-        """Validate and tokenize."""
+    def prepare(
+        self, payload: Any, info: ModelInfo, defaults: ChunkOptions = NO_CHUNKING
+    ) -> RerankWork:
+        """Validate, chunk (``defaults``: the config's chunking) and tokenize."""
         request = validate_body(payload, RerankRequest)
         adapter = check_model_name(request.model, info)
-        texts = [doc if isinstance(doc, str) else doc.text for doc in request.documents]
-        check_item_count(len(texts), info)
-        if request.max_tokens_per_doc is not None:
-            texts = cut_texts(self.tokenizer, texts, request.max_tokens_per_doc)
+        check_item_count(len(request.documents), info)
+        chunks = request_chunks(self.tokenizer, request, defaults, info)
+        texts = list(chunks.texts)
         for param, text in (("query", request.query), *(("documents", t) for t in texts)):
             if not _encodable(text):
                 raise ScoringError(
@@ -129,7 +132,7 @@ class Reranker:
             work = likelihood_prompts(self.template, self.tokenizer, request.query, texts)
             work = dataclasses.replace(work, adapter=adapter)
             _check(work, info)
-            return RerankWork(request, work, sum(len(prompt) for prompt in work.prompts))
+            return RerankWork(request, work, sum(len(p) for p in work.prompts), chunks)
         template = self.template
         query = template.query.format(
             instruction=request.instruction or template.instruction, query=request.query
@@ -142,19 +145,18 @@ class Reranker:
         tokenized = encode_text(self.tokenizer, query, items)
         work = ScoreWork(tokenized.query_ids, tokenized.item_ids, self.labels, adapter=adapter)
         _check(work, info)
-        return RerankWork(request, work, tokenized.prompt_tokens)
+        return RerankWork(request, work, tokenized.prompt_tokens, chunks)
 
     def relevance(self, prepared: RerankWork, answer: Any) -> np.ndarray:
-        """Each document's relevance in [0, 1] from the replica's answer: P(yes) / (P(yes) +
-        P(no)) from the label log-probs (yes_no), the sigmoid of a one-label head's logit
-        (head), or the query's per-token likelihood (query_likelihood)."""
+        """Each scored text's (document's or chunk's) relevance in [0, 1] from the replica's
+        answer: P(yes) / (P(yes) + P(no)) from the label log-probs (yes_no), the sigmoid of
+        a one-label head's logit (head), or the query's per-token likelihood (query_likelihood)."""
         return work_relevance(prepared.work, answer)
 
-    def body(
-        self, request: RerankRequest, relevance: np.ndarray, prompt_tokens: int, model: str
-    ) -> dict[str, Any]:
-        """``rerank_body``."""
-        return rerank_body(request, relevance, prompt_tokens, model)
+    def body(self, prepared: RerankWork, relevance: np.ndarray, model: str) -> dict[str, Any]:
+        """``rerank_body`` of the texts' relevance."""
+        request, tokens = prepared.request, prepared.prompt_tokens
+        return rerank_body(request, relevance, tokens, model, prepared.chunks)
 
 
 def work_relevance(work: ScoreWork | PromptWork, answer: Any) -> np.ndarray:
@@ -234,10 +236,18 @@ def _encodable(text: str) -> bool:
 
 
 def rerank_body(
-    request: RerankRequest, relevance: np.ndarray, prompt_tokens: int, model: str
+    request: RerankRequest,
+    relevance: np.ndarray,
+    prompt_tokens: int,
+    model: str,
+    chunks: Chunks | None = None,
 ) -> dict[str, Any]:
     """Cohere's response shape (Jina's and TEI's fields are a subset): results by
-    relevance, best first, ``top_n`` of them."""
+    relevance, best first, ``top_n`` of them. ``relevance``: one per scored text, folded
+    into one per document by ``chunks`` (None: the texts are the documents)."""
+    spans = None
+    if chunks is not None:
+        relevance, spans = chunks.fold(relevance)
     order = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))
     results = []
     for index in order[: request.top_n or len(order)]:
@@ -246,26 +256,17 @@ def rerank_body(
             document = request.documents[index]
             text = document if isinstance(document, str) else document.text
             result["document"] = {"text": text}
+        if spans is not None:
+            result["relevant_spans"] = spans[index]
         results.append(result)
+    units = chunks.search_units if chunks is not None else 1
     return {
         "id": uuid.uuid4().hex,
         "model": model,
         "results": results,
         "meta": {
-            "billed_units": {"search_units": 1},
+            "billed_units": {"search_units": units},
             "tokens": {"input_tokens": prompt_tokens},
         },
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
     }
-
-
-def cut_texts(tokenizer: Any, texts: list[str], limit: int) -> list[str]:
-    """Each text cut to its first ``limit`` tokens (decoded back to text): the rerank
-    request's ``max_tokens_per_doc``."""
-    if not texts or not all(_encodable(text) for text in texts):
-        return texts  # the route refuses text that cannot be encoded
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return [
-        text if len(ids) <= limit else tokenizer.decode(ids[:limit])
-        for text, ids in zip(texts, encoded, strict=True)
-    ]

@@ -73,6 +73,22 @@ class RerankDocument(BaseModel):
     text: StrictStr
 
 
+class RelevantSpans(BaseModel):
+    """Cohere v2's ``relevant_spans``: return each document's chunks that scored at least
+    ``threshold`` (asking turns chunking on for the request)."""
+
+    model_config = _STRICT
+
+    mode: Literal["enabled", "disabled"] = Field(description="enabled: spans in each result.")
+    threshold: Annotated[float, Field(ge=-1.0, le=1.0)] | None = Field(
+        default=None,
+        description="The least score a span needs (default 0.1; a cosine runs from -1).",
+    )
+    max_spans: PositiveInt | None = Field(
+        default=None, description="The most spans per document, best first (default: all)."
+    )
+
+
 class RerankRequest(BaseModel):
     """POST /v1/rerank (also /rerank, /v2/rerank): Cohere's and Jina's request shape."""
 
@@ -94,6 +110,27 @@ class RerankRequest(BaseModel):
     max_tokens_per_doc: PositiveInt | None = Field(
         default=None, description="Cut each document to its first max_tokens_per_doc tokens."
     )
+    max_chunks_per_doc: PositiveInt | None = Field(
+        default=None,
+        description=(
+            "Cut a document longer than chunk_tokens into at most this many chunks, each "
+            "scored as an item; the document ranks by its chunks (default: the server's, "
+            "shipped 1 = chunking off)."
+        ),
+    )
+    chunk_tokens: PositiveInt | None = Field(
+        default=None, description="Document tokens per chunk (default: the server's, 512)."
+    )
+    chunk_overlap: Annotated[int, Field(ge=0), BeforeValidator(_whole_number)] | None = Field(
+        default=None,
+        description="Tokens a chunk repeats of the one before, below chunk_tokens (default 0).",
+    )
+    chunk_aggregation: Literal["max", "mean"] | None = Field(
+        default=None, description="A document's score: its best chunk's or their mean."
+    )
+    relevant_spans: RelevantSpans | None = Field(
+        default=None, description="Return the chunks scoring at least threshold per result."
+    )
     priority: WholeInt | None = Field(
         default=None, description="Accepted for Cohere's SDK and ignored (requests run in order)."
     )
@@ -102,12 +139,24 @@ class RerankRequest(BaseModel):
     )
 
 
+class RelevantSpan(BaseModel):
+    model_config = _STRICT
+
+    start: int = Field(description="The chunk's first codepoint in the document.")
+    end: int = Field(description="Just past its last codepoint: document[start:end].")
+    score: float = Field(description="The chunk's relevance.")
+
+
 class RerankResult(BaseModel):
     model_config = _STRICT
 
     index: int = Field(description="The document's position in the request.")
     relevance_score: float = Field(description="P(yes) / (P(yes) + P(no)) after the document.")
     document: RerankDocument | None = Field(default=None, description="With return_documents.")
+    relevant_spans: list[RelevantSpan] | None = Field(
+        default=None,
+        description="With relevant_spans enabled: [start, end) in codepoints, best first.",
+    )
 
 
 class RerankResponse(BaseModel):

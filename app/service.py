@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from app.chunks import NO_CHUNKING, ChunkOptions
 from app.classify import classify_body, head_card, prepare_classify, refuse_score_head
 from app.completions import Completions
 from app.cross_encoder import cross_encoded
@@ -63,6 +64,7 @@ class ScoringService:
     clock: Callable[[], float] = field(default=time.time)
     reranker: Reranker | None = None  # /v1/rerank; None: the model has no rerank template
     completions: Completions | None = None  # /v1/completions and the tokenizer routes
+    chunking: ChunkOptions = NO_CHUNKING  # /v1/rerank's chunking defaults (app.chunks)
 
     @classmethod
     def from_settings(
@@ -100,6 +102,7 @@ class ScoringService:
             # an embedding model ranks by cosine (app.embed_scores), not by a template
             reranker=reranker_for(settings.http, tokenizer, info.head) if ranks else None,
             completions=Completions(tokenizer, info),
+            chunking=ChunkOptions.from_settings(settings.http),
         )
 
     @property
@@ -175,7 +178,7 @@ class ScoringService:
                 status_code=404,
             )
         start = time.perf_counter()
-        prepared = self.reranker.prepare(payload, self.info)
+        prepared = self.reranker.prepare(payload, self.info, self.chunking)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         relevance = np.zeros((0,), np.float64)
         if isinstance(prepared.work, PromptWork) and prepared.work.num_items:
@@ -185,7 +188,7 @@ class ScoringService:
             logprobs, timings = await self._scored(prepared.work, backend, timings)
             relevance = self.reranker.relevance(prepared, logprobs)
         model = prepared.work.adapter or self.info.name
-        body = self.reranker.body(prepared.request, relevance, prepared.prompt_tokens, model)
+        body = self.reranker.body(prepared, relevance, model)
         return body, timings
 
     async def complete_timed(
@@ -257,19 +260,22 @@ class ScoringService:
         self, payload: Any, backend: Backend
     ) -> tuple[dict[str, Any], Timings]:
         start = time.perf_counter()
-        request, cosine = cosine_rerank_work(self.embedder, payload)
+        request, cosine, chunks = cosine_rerank_work(self.embedder, payload, self.chunking)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         relevance, tokens = np.zeros((0,), np.float64), 0
         if cosine is not None:
             vectors, timings = await self._embedded(cosine.work, backend, timings)
             relevance, tokens = cosines(vectors[0], vectors[1:]), cosine.prompt_tokens
-        return rerank_body(request, relevance, tokens, request.model or self.info.name), timings
+        model = request.model or self.info.name
+        return rerank_body(request, relevance, tokens, model, chunks), timings
 
     async def _cross_encoded(
         self, payload: Any, route: str, backend: Backend
     ) -> tuple[dict[str, Any], Timings]:
         """/v1/score, /v1/rerank or /v1/classify on a cross-encoder (app.cross_encoder)."""
-        return await cross_encoded(self.tokenizer, self.info, payload, route, backend, self.clock)
+        return await cross_encoded(
+            self.tokenizer, self.info, payload, route, backend, self.clock, self.chunking
+        )
 
     async def _embedded(
         self, work: EmbedWork, backend: Backend, timings: Timings

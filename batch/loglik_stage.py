@@ -86,7 +86,7 @@ def loglik_columns(
     """``logprob`` and ``is_greedy`` of each scored row (null: refused)."""
     counts = batch.column(CONTINUATION).to_pylist()
     found = [
-        None if answer is None else continuation_answer(work, count, answer)  # type: ignore[arg-type]
+        None if answer is None else continuation_answer(work, count, answer[0])  # type: ignore[arg-type]
         for work, count, answer in zip(works, counts, answers, strict=True)
     ]
     return {

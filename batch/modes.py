@@ -25,7 +25,7 @@ from batch.embed_stage import IDS as EMBED_IDS
 from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedPrepare, ServeEmbed, embed_dimensions
 from batch.grouping import GroupBy
 from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
-from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
+from batch.rerank_stage import RerankColumns, RerankPrepare, RerankResults
 from batch.rows import ScoreColumns
 from batch.score_stage import EngineScore, Tokenize, finish_scores
 from batch.serve_stage import ServeScore, ServeWorks
@@ -117,7 +117,18 @@ def _score_columns(args: argparse.Namespace, adapter: str | None) -> ScoreColumn
 
 
 def _rerank_columns(args: argparse.Namespace, adapter: str | None) -> RerankColumns:
-    return RerankColumns(args.query_column, args.document_column, args.id_column)
+    return RerankColumns(
+        args.query_column,
+        args.document_column,
+        args.id_column,
+        args.max_chunks_per_doc,
+        args.chunk_tokens,
+        args.chunk_aggregation,
+    )
+
+
+def _rerank_results(settings: ReplicaSettings, columns: RerankColumns) -> RerankResults:
+    return RerankResults(columns.chunk_aggregation or settings.http.chunk_aggregation)
 
 
 def _loglik_columns(args: argparse.Namespace, adapter: str | None) -> LoglikColumns:
@@ -169,12 +180,15 @@ MODES: tuple[BatchMode, ...] = (
         arguments=(
             argument("--query-column", default="query"),
             argument("--document-column", default="document"),
+            argument("--max-chunks-per-doc", type=int, help="chunks per document (config's)"),
+            argument("--chunk-tokens", type=int, help="document tokens per chunk (config's)"),
+            argument("--chunk-aggregation", choices=("max", "mean"), help="(config's)"),
         ),
         columns=_rerank_columns,
         prepare=RerankPrepare,
         engine=EngineWorks,
         serve=ServeWorks,
-        payload=_results(relevance_columns),
+        payload=_rerank_results,
         outputs=("relevance",),
         group=GroupBy("query"),
         helpers=WORK_COLUMNS,

@@ -112,7 +112,8 @@ def row_answers(
     multi_item: bool,
     call: Callable[[list[Work]], list[Any]],
 ) -> list[Any]:
-    """Each row's own answer (``[1, labels]`` log-probs, or its one PromptLogprobs), None for
+    """Each row's own answer (``[items, labels]`` log-probs, or its prompts' PromptLogprobs
+    as a list: one per prompt, several for a chunked rerank row), None for
     a refused row; ``call`` scores a list of works (an engine's ``score_batch``, or calls
     through a Serve handle) and answers them in order."""
     scoring = [w if isinstance(w, ScoreWork) and w.num_items else None for w in works]
@@ -124,8 +125,10 @@ def row_answers(
         if scoring[row] is not None:
             out[row] = answer
     for (_, rows), answer in zip(prompt_packs, answers[len(score_packs) :], strict=True):
-        for at, row in enumerate(rows):
-            out[row] = answer[at]
+        at = 0
+        for row in rows:
+            count = works[row].num_items  # type: ignore[union-attr]
+            out[row], at = list(answer[at : at + count]), at + count
     return out
 
 

@@ -59,7 +59,15 @@ JSON = {"content-type": "application/json"}
 # may still get these 400s.
 CLIENT_TIMEOUT_S = 300  # the shipped proxy's request_timeout_s: the server answers by then
 UNSTATED = frozenset(
-    {"empty_query", "empty_input", "delimiter_in_content", "sequence_too_long", "too_many_tokens"}
+    {
+        "empty_query",
+        "empty_input",
+        "delimiter_in_content",
+        "sequence_too_long",
+        "too_many_tokens",
+        "too_many_chunks",
+        "invalid_chunking",
+    }
 )
 SAMPLES = 5  # offending bodies kept per generator, for the report
 

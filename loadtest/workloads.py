@@ -28,6 +28,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "families": ("bench_engine", "RFC-008 on a Gemma-3-1B-shaped random model: multi-item, "
                  "single-item, transformers"),
     "rerank": ("bench_rerank", "/v1/rerank documents/s over HTTP at 10 and 100 documents"),
+    "long_rerank": ("bench_long_rerank", "long documents ranked by their chunks: one chunked "
+                    "/v1/rerank, pre-cut chunks as documents, a request per chunk"),
     "lora": ("bench_lora", "LoRA adapters mixed in one step (dense, grouped) beside the base "
              "model and one adapter a step"),
     "gpu": ("bench_gpu", "RFC-008 on a Qwen3-0.6B-shaped model in bf16 on a GPU: multi-item, "

@@ -31,6 +31,8 @@ class Reason(StrEnum):
     MIXED_INPUT_TYPES = "mixed_input_types"
     EMPTY_QUERY = "empty_query"
     TOO_MANY_ITEMS = "too_many_items"
+    TOO_MANY_CHUNKS = "too_many_chunks"  # a chunked rerank's chunks over max_items_per_request
+    INVALID_CHUNKING = "invalid_chunking"  # chunk_overlap not below chunk_tokens
     SEQUENCE_TOO_LONG = "sequence_too_long"
     TOO_MANY_LABELS = "too_many_labels"
     TOO_MANY_TOKENS = "too_many_tokens"

@@ -111,6 +111,14 @@ def smollm2_loaded():
 
 
 @pytest.fixture(scope="session")
+def smollm2_tokenizer() -> Any:
+    """SmolLM2-135M-Instruct's (fast) tokenizer, loaded once per session."""
+    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
+
+    return load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct"))
+
+
+@pytest.fixture(scope="session")
 def smollm2_transformers():
     """transformers fp32 on the same packaged GGUF (``loadtest.bench_common.load_hf_model``),
     once per session: the modules that compare SmolLM2 with transformers share one load."""

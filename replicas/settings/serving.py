@@ -10,6 +10,7 @@ from replicas.contract import DEFAULT_MAX_ITEMS_PER_REQUEST, DEFAULT_MAX_MULTI_I
 from replicas.settings.common import SettingsError, check_choice
 
 RERANK_METHODS = ("yes_no", "query_likelihood", "head")
+CHUNK_AGGREGATIONS = ("max", "mean")
 MAX_ITEMS_PER_REQUEST = 4096
 
 
@@ -70,6 +71,17 @@ class HttpSettings:
     """The method's prompt parts: yes_no {query, document, yes, no, instruction}, unset
     Qwen3-Reranker's; query_likelihood {document, query}, unset "{document}\\nQuestion:" then
     " {query}" (measured best of four on SmolLM2, docs/serving.md)."""
+    max_chunks_per_doc: int = 1
+    """/v1/rerank's default for Cohere v1's ``max_chunks_per_doc``: a document longer than
+    ``chunk_tokens`` (after ``max_tokens_per_doc``) is cut into at most this many chunks,
+    each an item behind the query, and ranks by its chunks' scores; 1: chunking off (a
+    request may still ask)."""
+    chunk_tokens: int = 512
+    """The default chunk size in document tokens (Cohere v1's chunks are ~500)."""
+    chunk_overlap: int = 0
+    """Tokens a chunk repeats of the one before it, in [0, chunk_tokens)."""
+    chunk_aggregation: str = "max"
+    """A chunked document's relevance: its best chunk's (max) or the chunks' mean."""
     api_keys_env: str | None = None
     """API keys (semantics 13), never in the config: the name of an environment variable
     holding them (comma/space/line separated); none of the two set = no auth."""
@@ -78,6 +90,19 @@ class HttpSettings:
 
     def __post_init__(self) -> None:
         check_choice("rerank_method", self.rerank_method, RERANK_METHODS)
+        check_choice("chunk_aggregation", self.chunk_aggregation, CHUNK_AGGREGATIONS)
+        if self.max_chunks_per_doc < 1:
+            raise SettingsError(
+                "max_chunks_per_doc: must be >= 1 (1 = chunking off), "
+                f"got {self.max_chunks_per_doc}"
+            )
+        if self.chunk_tokens < 1:
+            raise SettingsError(f"chunk_tokens: must be >= 1, got {self.chunk_tokens}")
+        if not 0 <= self.chunk_overlap < self.chunk_tokens:
+            raise SettingsError(
+                f"chunk_overlap: must be in [0, chunk_tokens={self.chunk_tokens}), "
+                f"got {self.chunk_overlap}"
+            )
         if not 1 <= self.max_items_per_request <= MAX_ITEMS_PER_REQUEST:
             raise SettingsError(
                 f"max_items_per_request: must be in [1, {MAX_ITEMS_PER_REQUEST}], "

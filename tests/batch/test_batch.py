@@ -304,7 +304,7 @@ DOCUMENTS = ("Paris is in France.", "Bees make honey.", "", "The sky is blue ove
 @pytest.mark.parametrize("method", ["query_likelihood", "yes_no"])
 def test_rerank_rows_equal_what_v1_rerank_answers(config_file: Path, method: str) -> None:
     """``rerank``'s stage in this process, two calls of shuffled rows, against the route."""
-    from batch.rerank_stage import RerankColumns, RerankPrepare, relevance_columns
+    from batch.rerank_stage import RerankColumns, RerankPrepare, RerankResults, relevance_columns
     from replicas.engine.scoring_engine import ScoringEngine
 
     settings = settings_from_config(config_file).replace(rerank_method=method)
@@ -330,8 +330,17 @@ def test_rerank_rows_equal_what_v1_rerank_answers(config_file: Path, method: str
     async def backend(work: Any) -> Any:
         return engine.score_batch([work])[0]
 
-    for row, source in zip(out, rows, strict=True):
-        payload = {"query": source["query"], "documents": [source["document"]]}
+    # chunked (semantics 24): each row's chunks are items (prompts), folded by the mean
+    chunking = {"max_chunks_per_doc": 4, "chunk_tokens": 3, "chunk_aggregation": "mean"}
+    chunked = in_process(
+        RerankPrepare.around(service, RerankColumns(**chunking)),  # type: ignore[arg-type]
+        engine, RerankResults("mean"), "relevance",
+    )(table).to_pylist()  # fmt: skip
+    for row, source, fields in [
+        *((row, source, {}) for row, source in zip(out, rows, strict=True)),
+        *((row, source, chunking) for row, source in zip(chunked, rows, strict=True)),
+    ]:
+        payload = {"query": source["query"], "documents": [source["document"]], **fields}
         try:
             body, _ = asyncio.run(service.rerank_timed(payload, backend))
         except ScoringError as error:

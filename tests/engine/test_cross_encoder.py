@@ -225,3 +225,19 @@ def test_no_batch_mode_takes_a_cross_encoder(served) -> None:
         refused = rf"is a cross-encoder; python -m batch {mode.name} "
         with pytest.raises(SettingsError, match=refused):
             mode_dataset(None, settings, mode, None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("served", ["bert"], indirect=True)
+def test_rerank_chunks_score_as_predict_on_each_chunk(served) -> None:
+    """Semantics 24 on a cross-encoder: a chunked document ranks by its best chunk, each
+    chunk scored as ``predict((query, chunk))``."""
+    directory, service, backend = served
+    query, (document,) = "what is the blue river", sentences(9, 1, longest=80)
+    body = {"query": query, "documents": [document], "chunk_tokens": 8, "max_chunks_per_doc": 6,
+            "relevant_spans": {"mode": "enabled", "threshold": 0.0}}  # fmt: skip
+    (result,) = asyncio.run(service.rerank_timed(body, backend))[0]["results"]
+    spans = result["relevant_spans"]
+    assert len(spans) >= 2
+    reference = predicted(directory, [(query, document[s["start"] : s["end"]]) for s in spans])
+    np.testing.assert_allclose([s["score"] for s in spans], reference, atol=TOL, rtol=0)
+    np.testing.assert_allclose(result["relevance_score"], reference.max(), atol=TOL, rtol=0)

@@ -195,6 +195,26 @@ def test_score_and_rerank_are_cosines_with_the_query_embedded_once(served) -> No
     )
 
 
+def test_a_chunked_rerank_ranks_by_the_mean_of_its_chunks_cosines(served) -> None:
+    """Semantics 24 on an embedding model: each chunk's cosine with the query."""
+    api, directory = served
+    query, document = "alpha river", "blue cloud seven gamma. alpha river stone and more words"
+    spans_asked: dict[str, Any] = {"mode": "enabled", "threshold": -2}
+    body = {"query": query, "documents": [document], "chunk_tokens": 4, "max_chunks_per_doc": 4,
+            "chunk_aggregation": "mean", "relevant_spans": spans_asked}  # fmt: skip
+    reply = post(api, "/v1/rerank", body)
+    assert reply.status == 400 and reply.body["param"].startswith("relevant_spans")  # [-1, 1]
+    spans_asked["threshold"] = -1.0
+    (result,) = post(api, "/v1/rerank", body).body["results"]
+    spans = sorted(result["relevant_spans"], key=lambda s: s["start"])
+    chunks = [document[s["start"] : s["end"]] for s in spans]
+    q = reference_vectors(directory, [query], prompt_name="query")[0]
+    d = reference_vectors(directory, chunks)
+    expected = d @ q / (np.linalg.norm(d, axis=1) * np.linalg.norm(q))
+    assert len(chunks) >= 2 and [s["score"] for s in spans] == pytest.approx(expected, abs=TOL)
+    assert result["relevance_score"] == pytest.approx(expected.mean(), abs=TOL)
+
+
 def test_models_say_the_kind_and_other_routes_are_refused_by_name(served) -> None:
     api, _ = served
     models = ask(api, "GET", "/v1/models").body

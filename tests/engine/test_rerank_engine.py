@@ -75,3 +75,25 @@ def test_the_order_of_the_documents_does_not_change_their_scores(served) -> None
     shuffled = relevance(served, [DOCS[i] for i in order])
     together = relevance(served, DOCS)
     assert_fp32_close(shuffled, [together[i] for i in order])
+
+
+def test_a_chunk_scores_as_its_text_sent_alone(served) -> None:
+    """Semantics 24: a long document's chunks are items behind the query; each chunk's span
+    score equals its text ranked as a document of its own, and the document's relevance is
+    its best chunk's."""
+    service, engine = served
+
+    async def backend(work: ScoreWork | PromptWork) -> Any:
+        return engine.score_batch([work])[0]
+
+    document = " ".join(DOCS)
+    spans = {"mode": "enabled", "threshold": 0.0}
+    body = {"query": QUERY, "documents": [DOCS[1], document], "max_chunks_per_doc": 8,
+            "chunk_tokens": 12, "relevant_spans": spans}  # fmt: skip
+    answer, _ = asyncio.run(service.rerank_timed(body, backend))
+    results = {r["index"]: r for r in answer["results"]}
+    listed = results[1]["relevant_spans"]
+    assert len(listed) >= 3 and results[0]["relevant_spans"][0]["end"] == len(DOCS[1])
+    alone = relevance(served, [document[s["start"] : s["end"]] for s in listed])
+    assert_fp32_close([s["score"] for s in listed], alone)
+    assert results[1]["relevance_score"] == max(s["score"] for s in listed)

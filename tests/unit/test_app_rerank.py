@@ -24,10 +24,8 @@ DOCS = ["Paris is the capital of France.", "Bananas are yellow.", "France: Paris
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
-
-    return load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct"))
+def tokenizer(smollm2_tokenizer: Any) -> Any:
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")
