@@ -28,7 +28,7 @@ from typing import Any
 from cluster.tpu_topology import GIB, TopologyError, prepare_environment
 from planning.layouts import Layout, parse_mesh
 from planning.planner import Planner, layout_row
-from planning.tpu_check import add_lora_arguments
+from planning.tpu_check import add_lora_arguments, add_quantization_argument
 
 RFC_008 = (300, 10, 10)
 
@@ -148,6 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--emit", help="write a RayService manifest for the winner here")
     parser.add_argument("--emit-serve", help="write a serve config for the winner here")
     parser.add_argument("--served-model", help="the model arg written (default /models/MODEL)")
+    add_quantization_argument(parser)
     add_lora_arguments(parser)
     options = parser.parse_args(argv)
     if options.slices < 1:

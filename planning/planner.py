@@ -17,7 +17,7 @@ from cluster.tpu_topology import GIB, TopologyError
 from planning.compile_times import CompileTimes
 from planning.layouts import Layout, enumerate_layouts, replica_devices, replica_shape
 from planning.serve_args import base_args
-from planning.tpu_check import lora_slots
+from planning.tpu_check import lora_slots, quantized_args
 
 
 def layout_settings(args: dict[str, Any], model: str, layout: Layout) -> Any:
@@ -68,8 +68,10 @@ class Planner:
         self.devices = topology_devices(options.topology)
         self.chip = chip_spec(self.devices)
         self.hosts = host_count(self.devices)
-        self.args = base_args(Path(options.config) if options.config else None)
-        self.config = model_config(options.model)
+        args = base_args(Path(options.config) if options.config else None)
+        self.args = quantized_args(args, getattr(options, "quantization", None))
+        quantization = self.args.get("quantization", "none")  # weights' bytes as placed
+        self.config = model_config(options.model).replace(quantization=quantization)
         self.dtype = jnp.dtype(DTYPES[self.args.get("dtype", "bfloat16")])
         query, items, item_tokens = options.workload
         self.workload = (query, items, item_tokens, 2)

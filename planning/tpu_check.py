@@ -67,7 +67,7 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
     from replicas.settings import ReplicaSettings
 
     config = Path(args.config) if args.config else None
-    values = base_args(config)
+    values = quantized_args(base_args(config), getattr(args, "quantization", None))
     if args.mesh:
         mesh = tuple(int(n) for n in args.mesh.split(","))
     elif config and math.prod(values.get("mesh_shape") or [0]) == len(devices):
@@ -82,8 +82,6 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
         attention=args.attention,
     )
     values.setdefault("dtype", "bfloat16")
-    if getattr(args, "quantization", None):  # int8: the layers' weights in half the bytes
-        values["quantization"] = args.quantization
     if args.signatures != "all":  # one batch size: the largest, or the smallest
         sizes = values.get("warmup_batch_sizes", [1])
         values["warmup_batch_sizes"] = [max(sizes) if args.signatures == "largest" else min(sizes)]
@@ -314,10 +312,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mesh", help="data,model (default: the config's, else hosts,chips)")
     parser.add_argument("--signatures", choices=("all", "largest", "smallest"), default="all")
     parser.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
-    parser.add_argument(
-        "--quantization", choices=("none", "int8", "int8_smooth", "int8_weight", "fp8"),
-        help="the layers' projections (default: the config's, else none; docs/quantization.md)",
-    )  # fmt: skip
+    add_quantization_argument(parser)
     parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")
     parser.add_argument("--json", help="write the plan as JSON here")
     add_lora_arguments(parser)
@@ -348,6 +343,20 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of requests, at least 1")
     return int(text)
+
+
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    from replicas.settings.model import QUANTIZATIONS
+
+    parser.add_argument(
+        "--quantization", choices=QUANTIZATIONS,
+        help="the layers' projections (default: the config's, else none; docs/quantization.md)",
+    )  # fmt: skip
+
+
+def quantized_args(args: dict[str, Any], quantization: str | None) -> dict[str, Any]:
+    """The app's args with ``--quantization`` over the config's ``quantization``."""
+    return args | {"quantization": quantization} if quantization else args
 
 
 def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
