@@ -51,6 +51,7 @@ class TensorMapping:
     hf_name: str
     gguf_name: str
     layout: str
+    first: int = 0  # the first stacked layer the file holds (earlier ones: zeros, unread)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -68,7 +69,7 @@ class TensorMapping:
             return [(self.hf_name, self.gguf_name)]
         return [
             (self.hf_name.format(layer=i), self.gguf_name.format(layer=i))
-            for i in range(num_layers)
+            for i in range(self.first, num_layers)
         ]
 
 
@@ -182,8 +183,39 @@ _ROBERTA_HEAD = (  # XLMRobertaForSequenceClassification: the same math, its own
 )
 
 
+def _mb(path: tuple[str, ...], hf: str, layout: str, first: int = 0) -> TensorMapping:
+    """A ModernBertModel tensor (``model.`` in ModernBertForSequenceClassification)."""
+    return TensorMapping(path, hf, "mb." + hf, layout, first)
+
+
+def _mb_norm(config: ModelConfig, path: tuple[str, ...], hf: str, first: int = 0) -> tuple:
+    parts = ("scale", "weight"), ("bias", "bias")
+    return tuple(
+        _mb((*path, ours), f"{hf}.{name}", SAME, first)
+        for ours, name in parts[: 2 if config.norm_bias else 1]
+    )
+
+
+def modernbert_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
+    """ModernBertModel's names; layer 0 has no ``attn_norm`` (read from layer 1 on)."""
+    layer = f"model.layers.{LAYER}."  # text_tower_name prefixes a base model's layers
+    return (
+        _mb(("embed",), "embeddings.tok_embeddings.weight", SAME),
+        *_mb_norm(config, ("embed_norm",), "embeddings.norm"),
+        *_mb_norm(config, ("final_norm",), "final_norm"),
+        *_mb_norm(config, ("layers", "attn_norm"), layer + "attn_norm", first=1),
+        _mb(("layers", "attn", "qkv"), layer + "attn.Wqkv.weight", TRANSPOSE),
+        _mb(("layers", "attn", "o"), layer + "attn.Wo.weight", TRANSPOSE),
+        *_mb_norm(config, ("layers", "mlp_norm"), layer + "mlp_norm"),
+        _mb(("layers", "mlp", "wi"), layer + "mlp.Wi.weight", TRANSPOSE),
+        _mb(("layers", "mlp", "down"), layer + "mlp.Wo.weight", TRANSPOSE),
+    )
+
+
 def encoder_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
     """Every leaf of an encoder's tree (``replicas.model.encoder_params``)."""
+    if config.rotary:
+        return modernbert_mappings(config)
     if config.head is None:
         return _BERT
     return _BERT + (_ROBERTA_HEAD if config.family == "xlm_roberta" else _BERT_HEAD)

@@ -16,8 +16,37 @@ _NORM = {"scale": ("norm",), "bias": ("norm",)}
 _LAYER_NORM = {"scale": ("layers", "norm"), "bias": ("layers", "norm")}
 
 
+def _norm(config: ModelConfig, layer: bool) -> dict[str, Any]:
+    axes = ("layers", "norm") if layer else ("norm",)
+    return {"scale": axes, "bias": axes} if config.norm_bias else {"scale": axes}
+
+
+def modernbert_logical_axes(config: ModelConfig) -> dict[str, Any]:
+    """ModernBERT: fused q/k/v and GeGLU input projections, no biases, no positions; layer
+    0's ``attn_norm`` is held but not read (its attention reads its input unnormed)."""
+    return {
+        "embed": ("vocab", "embed"),  # [V, D]
+        "embed_norm": _norm(config, layer=False),
+        "final_norm": _norm(config, layer=False),
+        "layers": {
+            "attn_norm": _norm(config, layer=True),
+            "attn": {
+                "qkv": ("layers", "embed", "qkv"),  # [L, D, 3 * H * Dh]
+                "o": ("layers", "heads_flat", "embed"),  # [L, H * Dh, D]
+            },
+            "mlp_norm": _norm(config, layer=True),
+            "mlp": {
+                "wi": ("layers", "embed", "mlp2"),  # [L, D, 2F]: input, then gate
+                "down": ("layers", "mlp", "embed"),  # [L, F, D]
+            },
+        },
+    }
+
+
 def encoder_logical_axes(config: ModelConfig) -> dict[str, Any]:
     """Logical axes of every parameter of an encoder (a cross-encoder's head too)."""
+    if config.rotary:
+        return modernbert_logical_axes(config)
     head = {} if config.head is None else {"head": head_logical_axes(config.head)}
     return head | {
         "embed": ("vocab", "embed"),  # [V, D]
