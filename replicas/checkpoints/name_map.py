@@ -196,10 +196,26 @@ def _mb_norm(config: ModelConfig, path: tuple[str, ...], hf: str, first: int = 0
     )
 
 
+def _modernbert_head(config: ModelConfig) -> tuple[TensorMapping, ...]:
+    """ModernBertForSequenceClassification's head (names outside its ``model.``)."""
+    if config.head is None:
+        return ()
+    optional = (("dense_bias", "head.dense.bias", config.classifier_bias),)
+    optional += (("norm_bias", "head.norm.bias", config.norm_bias),)
+    return (
+        _mb(("head", "dense"), "head.dense.weight", TRANSPOSE),
+        _mb(("head", "norm"), "head.norm.weight", SAME),
+        _mb(("head", "score"), "classifier.weight", TRANSPOSE),
+        _mb(("head", "score_bias"), "classifier.bias", SAME),
+        *(_mb(("head", ours), hf, SAME) for ours, hf, held in optional if held),
+    )
+
+
 def modernbert_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
     """ModernBertModel's names; layer 0 has no ``attn_norm`` (read from layer 1 on)."""
     layer = f"model.layers.{LAYER}."  # text_tower_name prefixes a base model's layers
     return (
+        *_modernbert_head(config),
         _mb(("embed",), "embeddings.tok_embeddings.weight", SAME),
         *_mb_norm(config, ("embed_norm",), "embeddings.norm"),
         *_mb_norm(config, ("final_norm",), "final_norm"),
@@ -246,6 +262,8 @@ _TEXT_TOWERS += (("language_model.lm_head.", "lm_head."),)
 # BertForSequenceClassification's and XLMRobertaForSequenceClassification's encoders: the
 # base model's names
 _TEXT_TOWERS += (("bert.", ""), ("roberta.", ""))
+# ModernBertForSequenceClassification's: ModernBertModel's names (its layers keep ``model.``)
+_TEXT_TOWERS += (("model.embeddings.", "embeddings."), ("model.final_norm.", "final_norm."))
 _VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
 _BASE_PARTS = ("embed_tokens.", "layers.", "norm.")
 

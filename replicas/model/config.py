@@ -72,6 +72,7 @@ class ModelConfig:
     type_vocab_size: int = 0
     position_offset: int = 0  # added to every position before its embedding (XLM-R: pad + 1)
     norm_bias: bool = True  # the encoder's LayerNorms have biases (ModernBERT: norm_bias)
+    classifier_bias: bool = False  # ModernBERT's head dense has a bias
     # How the layers' projections run (the ``quantization`` setting, replicas.model.quant):
     # none, int8 (W8A8, per-token activation scales), int8_smooth (int8 on SmoothQuant-rescaled
     # weights, model.smooth), int8_weight or fp8.

@@ -179,6 +179,7 @@ def _modernbert(hf: Any) -> dict[str, Any]:
         "max_position_embeddings": int(hf.max_position_embeddings),
         "hidden_act": "gelu",
         "norm_bias": bool(hf.norm_bias),
+        "classifier_bias": bool(getattr(hf, "classifier_bias", False)),
         "sliding_window": int(hf.local_attention) // 2,
         "sliding_layers": _sliding_layers(hf),
         **_gemma3_rope(hf),

@@ -149,8 +149,9 @@ def sentences(seed: int, count: int, longest: int = 100) -> list[str]:
 
 
 def save_bert_cross_encoder(
-    directory: Path, num_labels: int = 1, seed: int = 1, family: str = "bert"
-) -> Path:
+    directory: Path, num_labels: int = 1, seed: int = 1, family: str = "bert",
+    pooling: str = "cls",
+) -> Path:  # fmt: skip
     """A tiny random ``BertForSequenceClassification`` (``XLMRobertaFor...``) saved by
     sentence-transformers' ``CrossEncoder`` (its default activation: sigmoid for one label)."""
     import transformers
@@ -158,7 +159,8 @@ def save_bert_cross_encoder(
 
     config, _, classifier, save_tokens = FAMILIES[family]
     hf_dir = directory.parent / f"{directory.name}-hf"
-    model = getattr(transformers, classifier)(config(num_labels=num_labels))
+    extra = {"classifier_bias": True, "classifier_pooling": pooling} if family == "modernbert" else {}
+    model = getattr(transformers, classifier)(config(num_labels=num_labels, **extra))
     randomize_bert_(model, seed)
     model.save_pretrained(hf_dir, safe_serialization=True)
     save_tokens(hf_dir)
