@@ -3,7 +3,9 @@
 token types, positions from pad + 1, its classifier's own names) answers /v1/rerank and
 /v1/score (no labels) as ``CrossEncoder.predict`` scores each (query, document) pair, and
 /v1/classify as it scores each single text (three labels: softmaxed, as ``apply_softmax``),
-float32 within 1e-5, however the pairs of a step are packed; /v1/models says
+float32 within 1e-5, however the pairs of a step are packed (a
+``ModernBertForSequenceClassification`` too: 3 layers, global and local, a window of +-4
+positions, mean pooling); /v1/models says
 ``cross_encoder`` and the routes it cannot serve answer a 400 naming the route and the kind
 (tests/support/encoder_helpers.py).
 """
@@ -27,14 +29,17 @@ from tests.support.encoder_helpers import save_bert_cross_encoder, sentences
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=["bert", "xlm_roberta"])
+@pytest.fixture(scope="module", params=["bert", "xlm_roberta", "modernbert"])
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, ScoringService, Any]:
     from replicas.engine.scoring_engine import ScoringEngine
 
     root = tmp_path_factory.mktemp("ce")
-    directory = save_bert_cross_encoder(root / request.param, family=request.param)
+    pooling = "mean" if request.param == "modernbert" else "cls"  # ModernBERT: mean pooling
+    directory = save_bert_cross_encoder(
+        root / request.param, family=request.param, pooling=pooling
+    )
     settings = embed_settings(
         directory, token_buckets=(256,), item_token_buckets=(64, 256), item_tokens_per_step=256,
     )  # fmt: skip
