@@ -159,7 +159,8 @@ def save_bert_cross_encoder(
 
     config, _, classifier, save_tokens = FAMILIES[family]
     hf_dir = directory.parent / f"{directory.name}-hf"
-    extra = {"classifier_bias": True, "classifier_pooling": pooling} if family == "modernbert" else {}
+    extra = {"classifier_bias": True, "classifier_pooling": pooling}
+    extra = extra if family == "modernbert" else {}
     model = getattr(transformers, classifier)(config(num_labels=num_labels, **extra))
     randomize_bert_(model, seed)
     model.save_pretrained(hf_dir, safe_serialization=True)

@@ -1,5 +1,5 @@
-"""Encoder configs (BERT, XLM-RoBERTa, ModernBERT) read into ModelConfig, heads and pooling limits; what
-is not supported is refused naming the field (jax-free)."""
+"""Encoder configs (BERT, XLM-RoBERTa, ModernBERT) read into ModelConfig, heads and pooling
+limits; what is not supported is refused naming the field (jax-free)."""
 
 from __future__ import annotations
 
