@@ -77,7 +77,8 @@ def classified(service: ScoringService, backend: Any, body: dict[str, Any]) -> n
     return np.asarray([entry["probs"] for entry in data])
 
 
-def test_classify_equals_cross_encoder_predict_on_single_texts(served) -> None:
+@pytest.mark.parametrize("served", ["bert", "xlm_roberta"], indirect=True)  # suite budget
+def test_classify_equals_cross_encoder_predict_on_single_texts_and_pairs(served) -> None:
     import torch
 
     directory, service, backend = served
