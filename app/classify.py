@@ -66,6 +66,13 @@ def prepare_classify(payload: Any, info: ModelInfo, tokenizer: TextTokenizer) ->
     head = head_of(info)
     texts = [request.input] if isinstance(request.input, str) else list(request.input)
     check_item_count(len(texts), info)
+    if any(not isinstance(text, str) for text in texts):
+        raise ScoringError(
+            Reason.INVALID_REQUEST,
+            f"/v1/classify: a pair [text, text_pair] is scored by a cross_encoder model; "
+            f"model {info.name!r} is a {info.kind} (send single texts)",
+            "input",
+        )
     for text in texts:
         check_unicode(text, "input")
     encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []

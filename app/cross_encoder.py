@@ -13,8 +13,8 @@ the directory saved another).
   ``CrossEncoder.predict(text)`` scores it: with ``activation`` (the default) one label is
   the head's output through the model's activation, more labels are softmaxed as on a
   score-head model (``problem_type``: sigmoid per label for multi-label, none for
-  regression); without, the raw logits. ClassifyRequest takes texts only, so pairs go
-  through /v1/score.
+  regression); without, the raw logits. An entry ``[text, text_pair]`` (TEI's /predict
+  shape) is scored as ``CrossEncoder.predict((text, text_pair))``.
 
 The pairs (texts) of a request go to the replica as one EmbedWork (``second_starts``: where
 each pair's type-1 tokens start); the replica answers the logits ``[pairs, num_labels]``.
@@ -243,9 +243,27 @@ def prepare_texts(tokenizer: Any, info: ModelInfo, payload: Any) -> Texts:
     """A /v1/classify body on a cross-encoder: every rule, then its texts' tokens."""
     request = validate_body(payload, ClassifyRequest)
     adapter = check_model_name(request.model, info)
-    texts = [request.input] if isinstance(request.input, str) else list(request.input)
-    check_item_count(len(texts), info)
-    for text in texts:
-        check_unicode(text, "input")
-    work = encode_texts(tokenizer, info, texts) if texts else EmbedWork(())
-    return Texts(request, EmbedWork(work.inputs, adapter=adapter))
+    entries = [request.input] if isinstance(request.input, str) else list(request.input)
+    check_item_count(len(entries), info)
+    for entry in entries:
+        for text in (entry,) if isinstance(entry, str) else entry:
+            check_unicode(text, "input")
+    work = encode_entries(tokenizer, info, entries)
+    return Texts(request, EmbedWork(work.inputs, adapter=adapter, second_starts=work.second_starts))
+
+
+def encode_entries(tokenizer: Any, info: ModelInfo, entries: list[Any]) -> EmbedWork:
+    """/v1/classify's inputs in order: a text as ``predict(text)``, a pair as
+    ``predict((text, text_pair))`` tokenize them (a text has no type-1 tokens)."""
+    singles = [i for i, e in enumerate(entries) if isinstance(e, str)]
+    pairs = [i for i, e in enumerate(entries) if not isinstance(e, str)]
+    texts = encode_texts(tokenizer, info, [entries[i] for i in singles]) if singles else None
+    both = encode_pairs(tokenizer, info, [tuple(entries[i]) for i in pairs]) if pairs else None
+    inputs: list[tuple[int, ...]] = [()] * len(entries)
+    starts = [0] * len(entries)
+    for i, ids in zip(singles, texts.inputs if texts else (), strict=True):
+        inputs[i], starts[i] = ids, len(ids)
+    for j, i in enumerate(pairs):
+        assert both is not None
+        inputs[i], starts[i] = both.inputs[j], both.second_starts[j]
+    return EmbedWork(tuple(inputs), second_starts=tuple(starts))

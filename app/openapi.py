@@ -338,13 +338,18 @@ def completion_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict
 
 def classify_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any]:
     """ClassifyRequest with the route's rules: at most ``max_items_per_request`` inputs, the
-    served model name, and (where the tokenizer turns "" into no tokens) no empty text."""
+    served model name, (where the tokenizer turns "" into no tokens) no empty text, and pairs
+    [text, text_pair] on a cross-encoder only."""
     schema = ClassifyRequest.model_json_schema(ref_template=_REF)
     props = schema["properties"]
     text: dict[str, Any] = {"type": "string"}
     if text_min_length:
         text["minLength"] = text_min_length
-    texts = {"type": "array", "items": text, "maxItems": info.limits.max_items_per_request}
+    entry: dict[str, Any] = text
+    if info.kind == "cross_encoder":  # [text, text_pair]
+        pair = {"type": "array", "items": text, "minItems": 2, "maxItems": 2}
+        entry = {"anyOf": [text, pair]}
+    texts = {"type": "array", "items": entry, "maxItems": info.limits.max_items_per_request}
     props["input"]["anyOf"] = [text, texts]
     props["model"] = model_name_schema(info)
     return schema

@@ -285,13 +285,19 @@ class CompletionRequest(BaseModel):
     user: StrictStr | None = Field(default=None, description="Accepted and ignored.")
 
 
+# /v1/classify's [text, text_pair] (a JSON array of two texts; strict mode takes no tuple)
+TextPair = Annotated[list[StrictStr], Field(min_length=2, max_length=2)]
+
+
 class ClassifyRequest(BaseModel):
     """POST /v1/classify (vLLM's and SGLang's shape) on a score-head model."""
 
     model_config = _STRICT
 
-    input: StrictStr | list[StrictStr] = Field(
-        description="A text or texts, each encoded with the tokenizer's special tokens."
+    input: StrictStr | list[StrictStr | TextPair] = Field(
+        description="A text or texts, each encoded with the tokenizer's special tokens; on a "
+        "cross-encoder an entry may be a pair [text, text_pair], scored as "
+        "CrossEncoder.predict scores the pair (TEI's /predict shape)."
     )
     model: StrictStr | None = Field(default=None, description="Served model name; optional.")
     activation: StrictBool = Field(

@@ -29,6 +29,11 @@ LOGICAL_AXIS_RULES: Mapping[str, str | None] = {
     "head_hidden": "model",  # a reward head's inner width, split like the MLP's
     "positions": None,  # an encoder's learned position and token-type embeddings (small)
     "token_types": None,
+    # ModernBERT's fused q/k/v [D, 3 * H * Dh] and GeGLU input [D, 2F] are whole on every
+    # device (their halves are not contiguous per shard), its Wo input [H * Dh, D] too.
+    "qkv": None,
+    "heads_flat": None,
+    "mlp2": None,
     # LoRA adapter stacks (replicas.model.lora): A [layers, slots, *in, rank] and
     # B [layers, slots, rank, *out] split on the model axis where their base matrix is
     # (heads, kv_heads, mlp); slots and rank are small and whole on every device.

@@ -166,7 +166,10 @@ class ScoreHead:
     ``cross_encoder``: an encoder's (``BertForSequenceClassification``) pooler (D -> D, tanh)
     and classifier (D -> num_labels) on the [CLS] token of a (query, document) pair, which
     runs as an EmbedWork; ``activation``: what ``CrossEncoder.predict`` applies to the
-    logits, ``max_length``: the most tokens of a pair (its position embeddings)."""
+    logits, ``max_length``: the most tokens of a pair (its position embeddings).
+    ModernBERT's cross-encoder (``ModernBertForSequenceClassification``): ``norm_eps`` set,
+    its head is dense, GELU, LayerNorm (that eps) then the classifier, on the pair's [CLS]
+    token or its tokens' mean (``pooling``: its ``classifier_pooling``)."""
 
     kind: str
     num_labels: int
@@ -174,6 +177,8 @@ class ScoreHead:
     problem_type: str | None = None
     activation: str | None = None
     max_length: int | None = None
+    pooling: str = "cls"
+    norm_eps: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
@@ -184,6 +189,8 @@ class ScoreHead:
             raise ValueError(f"problem_type: {self.problem_type!r} not in {PROBLEM_TYPES}")
         if self.activation is not None and self.activation not in HEAD_ACTIVATIONS:
             raise ValueError(f"activation: {self.activation!r} not in {HEAD_ACTIVATIONS}")
+        if self.pooling not in ("cls", "mean"):
+            raise ValueError(f"classifier_pooling: {self.pooling!r} not in ('cls', 'mean')")
 
     @property
     def label_ids(self) -> tuple[int, ...]:

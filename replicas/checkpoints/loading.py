@@ -278,8 +278,8 @@ def assemble_params(
             used.update(names[tensors.name_kind] for names in mapping.names(config.num_layers))
             continue
         per_layer = full[1:] if mapping.per_layer else full
-        host = np.empty(full, dtype)  # [layers, ...] or unstacked
-        for i, names in enumerate(mapping.names(config.num_layers)):
+        host = np.zeros(full, dtype)  # [layers, ...] or unstacked
+        for i, names in enumerate(mapping.names(config.num_layers), start=mapping.first):
             name = names[tensors.name_kind]
             value = to_our_layout(mapping.layout, tensors.read(name), per_layer)
             value = value.astype(host.dtype)

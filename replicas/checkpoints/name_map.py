@@ -51,6 +51,7 @@ class TensorMapping:
     hf_name: str
     gguf_name: str
     layout: str
+    first: int = 0  # the first stacked layer the file holds (earlier ones: zeros, unread)
 
     def __post_init__(self) -> None:
         if self.layout not in LAYOUTS:
@@ -68,7 +69,7 @@ class TensorMapping:
             return [(self.hf_name, self.gguf_name)]
         return [
             (self.hf_name.format(layer=i), self.gguf_name.format(layer=i))
-            for i in range(num_layers)
+            for i in range(self.first, num_layers)
         ]
 
 
@@ -182,8 +183,55 @@ _ROBERTA_HEAD = (  # XLMRobertaForSequenceClassification: the same math, its own
 )
 
 
+def _mb(path: tuple[str, ...], hf: str, layout: str, first: int = 0) -> TensorMapping:
+    """A ModernBertModel tensor (``model.`` in ModernBertForSequenceClassification)."""
+    return TensorMapping(path, hf, "mb." + hf, layout, first)
+
+
+def _mb_norm(config: ModelConfig, path: tuple[str, ...], hf: str, first: int = 0) -> tuple:
+    parts = ("scale", "weight"), ("bias", "bias")
+    return tuple(
+        _mb((*path, ours), f"{hf}.{name}", SAME, first)
+        for ours, name in parts[: 2 if config.norm_bias else 1]
+    )
+
+
+def _modernbert_head(config: ModelConfig) -> tuple[TensorMapping, ...]:
+    """ModernBertForSequenceClassification's head (names outside its ``model.``)."""
+    if config.head is None:
+        return ()
+    optional = (("dense_bias", "head.dense.bias", config.classifier_bias),)
+    optional += (("norm_bias", "head.norm.bias", config.norm_bias),)
+    return (
+        _mb(("head", "dense"), "head.dense.weight", TRANSPOSE),
+        _mb(("head", "norm"), "head.norm.weight", SAME),
+        _mb(("head", "score"), "classifier.weight", TRANSPOSE),
+        _mb(("head", "score_bias"), "classifier.bias", SAME),
+        *(_mb(("head", ours), hf, SAME) for ours, hf, held in optional if held),
+    )
+
+
+def modernbert_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
+    """ModernBertModel's names; layer 0 has no ``attn_norm`` (read from layer 1 on)."""
+    layer = f"model.layers.{LAYER}."  # text_tower_name prefixes a base model's layers
+    return (
+        *_modernbert_head(config),
+        _mb(("embed",), "embeddings.tok_embeddings.weight", SAME),
+        *_mb_norm(config, ("embed_norm",), "embeddings.norm"),
+        *_mb_norm(config, ("final_norm",), "final_norm"),
+        *_mb_norm(config, ("layers", "attn_norm"), layer + "attn_norm", first=1),
+        _mb(("layers", "attn", "qkv"), layer + "attn.Wqkv.weight", TRANSPOSE),
+        _mb(("layers", "attn", "o"), layer + "attn.Wo.weight", TRANSPOSE),
+        *_mb_norm(config, ("layers", "mlp_norm"), layer + "mlp_norm"),
+        _mb(("layers", "mlp", "wi"), layer + "mlp.Wi.weight", TRANSPOSE),
+        _mb(("layers", "mlp", "down"), layer + "mlp.Wo.weight", TRANSPOSE),
+    )
+
+
 def encoder_mappings(config: ModelConfig) -> tuple[TensorMapping, ...]:
     """Every leaf of an encoder's tree (``replicas.model.encoder_params``)."""
+    if config.rotary:
+        return modernbert_mappings(config)
     if config.head is None:
         return _BERT
     return _BERT + (_ROBERTA_HEAD if config.family == "xlm_roberta" else _BERT_HEAD)
@@ -214,6 +262,8 @@ _TEXT_TOWERS += (("language_model.lm_head.", "lm_head."),)
 # BertForSequenceClassification's and XLMRobertaForSequenceClassification's encoders: the
 # base model's names
 _TEXT_TOWERS += (("bert.", ""), ("roberta.", ""))
+# ModernBertForSequenceClassification's: ModernBertModel's names (its layers keep ``model.``)
+_TEXT_TOWERS += (("model.embeddings.", "embeddings."), ("model.final_norm.", "final_norm."))
 _VISION_PARTS = ("vision_tower.", "multi_modal_projector.")
 _BASE_PARTS = ("embed_tokens.", "layers.", "norm.")
 

@@ -71,6 +71,8 @@ class ModelConfig:
     # (``rms_norm_eps`` is its eps), post-norm blocks; see replicas.model.encoder.
     type_vocab_size: int = 0
     position_offset: int = 0  # added to every position before its embedding (XLM-R: pad + 1)
+    norm_bias: bool = True  # the encoder's LayerNorms have biases (ModernBERT: norm_bias)
+    classifier_bias: bool = False  # ModernBERT's head dense has a bias
     # How the layers' projections run (the ``quantization`` setting, replicas.model.quant):
     # none, int8 (W8A8, per-token activation scales), int8_smooth (int8 on SmoothQuant-rescaled
     # weights, model.smooth), int8_weight or fp8.
@@ -84,7 +86,7 @@ class ModelConfig:
                 f"num_key_value_heads: {self.num_kv_heads} does not divide "
                 f"num_attention_heads {self.num_heads}"
             )
-        if self.head_dim % 2 and not self.encoder:
+        if self.head_dim % 2 and (self.rotary or not self.encoder):
             raise UnsupportedModelError(f"head_dim: must be even for RoPE, got {self.head_dim}")
         acts = ("silu", "gelu_tanh") + (("gelu",) if self.encoder else ())  # exact: encoders
         if self.hidden_act not in acts:
@@ -109,6 +111,11 @@ class ModelConfig:
     def encoder(self) -> bool:
         """A bidirectional encoder (BERT): ``replicas.model.encoder`` runs it."""
         return self.family in ENCODER_FAMILIES
+
+    @property
+    def rotary(self) -> bool:
+        """An encoder with RoPE, pre-norm blocks and a GeGLU MLP (ModernBERT)."""
+        return self.family == "modernbert"
 
     @property
     def windowed(self) -> bool:
@@ -153,11 +160,12 @@ OPTION_FAMILIES = {
     "Gemma3ForConditionalGeneration": "gemma3",  # its text tower
     "BertModel": "bert",
     "XLMRobertaModel": "xlm_roberta",
+    "ModernBertModel": "modernbert",
 }
 _ARCH_TO_FAMILY.update(OPTION_FAMILIES)
 _MODEL_TYPE_TO_FAMILY.update(
     {"mistral": "mistral", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
-    | {"bert": "bert", "xlm-roberta": "xlm_roberta"}
+    | {"bert": "bert", "xlm-roberta": "xlm_roberta", "modernbert": "modernbert"}
 )
 
 

@@ -14,6 +14,11 @@ BERT: ``LayerNorm(word + position + token type embeddings)``, then per layer
 projection. Parameters (``replicas.model.encoder_params``) are a plain pytree, layer leaves
 stacked on a leading ``layers`` axis and scanned. LayerNorm, softmax and the MLP's GELU run
 in float32.
+
+ModernBERT (``config.rotary``): ``LN(word embeddings)``, then per layer
+``x += Wo Attn(LN(x))`` (layer 0: of x) with RoPE on q and k (local layers: their own base,
+keys within +-``sliding_window`` positions), ``x += Wo(gelu(in) * gate)`` of ``Wi LN(x)``,
+then a final LayerNorm; no biases, LayerNorm biases only with ``norm_bias``.
 """
 
 from __future__ import annotations
@@ -26,30 +31,47 @@ import jax
 import jax.numpy as jnp
 
 from replicas.model.causal_lm import ItemStreamSpec, masked_attention
-from replicas.model.config import ModelConfig
-from replicas.model.layers import NEG_INF, QUERY_BLOCK, attend_item_stream
-from replicas.model.masks import lookback, neighbor_blocks, segment_block_mask
+from replicas.model.config import NO_WINDOW, ModelConfig
+from replicas.model.layers import (
+    NEG_INF,
+    QUERY_BLOCK,
+    apply_rope,
+    attend_item_stream,
+    rope_inv_freq,
+)
+from replicas.model.masks import (
+    lookback,
+    neighbor_blocks,
+    segment_block_mask,
+    window_block_mask,
+)
 
 Array = jax.Array
 Params = dict[str, Any]
 
 
 def layer_norm(p: Params, x: Array, eps: float) -> Array:
-    """LayerNorm with scale and bias over the last axis, computed in float32."""
+    """LayerNorm with scale (and bias, where the tree has one) over the last axis, in
+    float32."""
     x32 = x.astype(jnp.float32)
     mean = jnp.mean(x32, axis=-1, keepdims=True)
     var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
     normed = (x32 - mean) * jax.lax.rsqrt(var + eps)
-    out = normed * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)
-    return out.astype(x.dtype)
+    out = normed * p["scale"].astype(jnp.float32)
+    return (out + p["bias"].astype(jnp.float32) if "bias" in p else out).astype(x.dtype)
 
 
-def attend_segments(q: Array, k: Array, v: Array, item_ids: Array, window: int) -> Array:
+def attend_segments(
+    q: Array, k: Array, v: Array, item_ids: Array, window: int,
+    local: tuple[Array, Array, int] | None = None,
+) -> Array:  # fmt: skip
     """Bidirectional attention within each packed sequence.
 
     q, k, v: [B, S, H, Dh]; item_ids: [B, S] (-1 padding) -> [B, S, H, Dh]. Queries run in
     blocks of ``min(window, QUERY_BLOCK)``, each reading the blocks before and after it that
     a sequence of ``window`` tokens can reach (exact when none is longer than ``window``).
+    ``local``: (positions [B, S], is_local [] bool, half): where is_local, a key also has to
+    be within ``half`` positions of its query (ModernBERT's local layers).
     """
     batch, length, heads, head_dim = q.shape
     block = min(window, QUERY_BLOCK)
@@ -61,6 +83,10 @@ def attend_segments(q: Array, k: Array, v: Array, item_ids: Array, window: int) 
     kb = neighbor_blocks(jnp.pad(k, pad + [(0, 0)] * 2), block, reach)  # [B, nb, C, H, Dh]
     vb = neighbor_blocks(jnp.pad(v, pad + [(0, 0)] * 2), block, reach)
     mask = segment_block_mask(jnp.pad(item_ids, pad, constant_values=-1), block, reach)
+    if local is not None:
+        positions, is_local, half = local
+        near = window_block_mask(jnp.pad(positions, pad), block, reach, half)
+        mask = mask & (near | ~is_local)  # [B, nb, W, C]
     logits = jnp.einsum("bnwhd,bnchd->bnhwc", qb, kb).astype(jnp.float32) * head_dim**-0.5
     logits = jnp.where(mask[:, :, None], logits, NEG_INF)  # [B, nb, H, W, C]
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
@@ -89,6 +115,35 @@ def encoder_layer(c: ModelConfig, p: Params, x: Array, item_ids: Array, window: 
     eps = c.rms_norm_eps
     h = layer_norm(p["attn_norm"], x + _attention(c, p["attn"], x, item_ids, window), eps)
     return layer_norm(p["mlp_norm"], h + _mlp(p["mlp"], h), eps)
+
+
+def _rotary_attention(
+    c: ModelConfig, p: Params, x: Array, positions: Array, item_ids: Array, window: int,
+    is_local: Array,
+) -> Array:  # fmt: skip
+    """ModernBERT's attention: fused q/k/v, RoPE (the local or global base), no biases."""
+    heads, dh = c.num_heads, c.head_dim
+    qkv = (x @ p["qkv"]).reshape(*x.shape[:2], 3, heads, dh)  # [B, S, 3, H, Dh]
+    inv = jnp.where(is_local, rope_inv_freq(c, local=True), rope_inv_freq(c))  # [Dh/2]
+    q, k = (apply_rope(qkv[:, :, i], positions, inv) for i in (0, 1))
+    local = (positions, is_local, c.sliding_window or NO_WINDOW)
+    attended = attend_segments(q, k, qkv[:, :, 2], item_ids, window, local)
+    return attended.reshape(*x.shape[:2], heads * dh) @ p["o"]
+
+
+def rotary_layer(
+    c: ModelConfig, p: Params, x: Array, positions: Array, item_ids: Array, window: int,
+    index: Array,
+) -> Array:  # fmt: skip
+    """One pre-norm ModernBERT layer (layer ``index``; layer 0 reads x unnormed):
+    x [B, S, D] -> [B, S, D]; the MLP is GeGLU, ``Wo(gelu(input) * gate)``."""
+    eps = c.rms_norm_eps
+    is_local = jnp.asarray(c.sliding_layers or (False,) * c.num_layers)[index]
+    normed = jnp.where(index == 0, x, layer_norm(p["attn_norm"], x, eps))
+    x = x + _rotary_attention(c, p["attn"], normed, positions, item_ids, window, is_local)
+    inner = layer_norm(p["mlp_norm"], x, eps) @ p["mlp"]["wi"]  # [B, S, 2F]
+    up, gate = jnp.split(inner.astype(jnp.float32), 2, axis=-1)
+    return x + (jax.nn.gelu(up, approximate=False) * gate).astype(x.dtype) @ p["mlp"]["down"]
 
 
 def _random(rng: Array, shape: tuple[int, ...], path: str, dtype: Any) -> Array:
@@ -142,6 +197,8 @@ class Encoder:
         """Packed sequences [B, S] (``item_ids`` -1 padding, each sequence's positions from
         0, none longer than ``window``) -> last hidden states [B, S, D]."""
         c = self.config
+        if c.rotary:
+            return self._encode_rotary(params, tokens, positions, item_ids, window)
         types = jnp.zeros_like(tokens) if token_types is None else token_types
 
         def step(h: Array, layer_params: Params) -> tuple[Array, None]:
@@ -149,6 +206,21 @@ class Encoder:
 
         x, _ = jax.lax.scan(step, self.embed(params, tokens, positions, types), params["layers"])
         return x
+
+    def _encode_rotary(
+        self, params: Params, tokens: Array, positions: Array, item_ids: Array, window: int
+    ) -> Array:
+        """ModernBERT: normed token embeddings, the layers, the final norm -> [B, S, D]."""
+        c = self.config
+        x = jnp.take(params["embed"], tokens, axis=0, mode="clip").astype(self.dtype)
+        x = layer_norm(params["embed_norm"], x, c.rms_norm_eps)
+
+        def step(h: Array, xs: tuple[Params, Array]) -> tuple[Array, None]:
+            return rotary_layer(c, xs[0], h, positions, item_ids, window, xs[1]), None
+
+        layers = (params["layers"], jnp.arange(c.num_layers))
+        x, _ = jax.lax.scan(step, x, layers)
+        return layer_norm(params["final_norm"], x, c.rms_norm_eps)
 
     def stream_hidden(
         self, params: Params, tokens: Array, positions: Array, spec: ItemStreamSpec,
@@ -167,4 +239,6 @@ def model_for(config: ModelConfig, dtype: Any) -> Any:
     return Encoder(config, dtype) if config.encoder else CausalLM(config, dtype)
 
 
-__all__ = ["Encoder", "attend_segments", "encoder_layer", "layer_norm", "model_for"]
+__all__ = [
+    "Encoder", "attend_segments", "encoder_layer", "layer_norm", "model_for", "rotary_layer",
+]  # fmt: skip

@@ -16,8 +16,54 @@ _NORM = {"scale": ("norm",), "bias": ("norm",)}
 _LAYER_NORM = {"scale": ("layers", "norm"), "bias": ("layers", "norm")}
 
 
+def _norm(config: ModelConfig, layer: bool) -> dict[str, Any]:
+    axes = ("layers", "norm") if layer else ("norm",)
+    return {"scale": axes, "bias": axes} if config.norm_bias else {"scale": axes}
+
+
+def _modernbert_head_axes(config: ModelConfig) -> dict[str, Any]:
+    """ModernBertForSequenceClassification's head: dense (its bias with classifier_bias),
+    LayerNorm (its bias with norm_bias), classifier [D -> L] with its bias."""
+    axes: dict[str, Any] = {
+        "dense": ("embed", "head_hidden"),  # [D, D]
+        "norm": ("head_hidden",),
+        "score": ("head_hidden", "labels"),  # [D, L]
+        "score_bias": ("labels",),
+    }
+    if config.classifier_bias:
+        axes["dense_bias"] = ("head_hidden",)
+    if config.norm_bias:
+        axes["norm_bias"] = ("head_hidden",)
+    return axes
+
+
+def modernbert_logical_axes(config: ModelConfig) -> dict[str, Any]:
+    """ModernBERT: fused q/k/v and GeGLU input projections, no biases, no positions; layer
+    0's ``attn_norm`` is held but not read (its attention reads its input unnormed)."""
+    head = {} if config.head is None else {"head": _modernbert_head_axes(config)}
+    return head | {
+        "embed": ("vocab", "embed"),  # [V, D]
+        "embed_norm": _norm(config, layer=False),
+        "final_norm": _norm(config, layer=False),
+        "layers": {
+            "attn_norm": _norm(config, layer=True),
+            "attn": {
+                "qkv": ("layers", "embed", "qkv"),  # [L, D, 3 * H * Dh]
+                "o": ("layers", "heads_flat", "embed"),  # [L, H * Dh, D]
+            },
+            "mlp_norm": _norm(config, layer=True),
+            "mlp": {
+                "wi": ("layers", "embed", "mlp2"),  # [L, D, 2F]: input, then gate
+                "down": ("layers", "mlp", "embed"),  # [L, F, D]
+            },
+        },
+    }
+
+
 def encoder_logical_axes(config: ModelConfig) -> dict[str, Any]:
     """Logical axes of every parameter of an encoder (a cross-encoder's head too)."""
+    if config.rotary:
+        return modernbert_logical_axes(config)
     head = {} if config.head is None else {"head": head_logical_axes(config.head)}
     return head | {
         "embed": ("vocab", "embed"),  # [V, D]

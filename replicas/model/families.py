@@ -13,6 +13,10 @@ What each family turns on, read from its transformers config:
 - BERT (an encoder, run by ``replicas.model.encoder``): LayerNorm (``layer_norm_eps``) after
   each block, exact GELU, learned positions and token types. XLM-RoBERTa: BERT with its
   positions counted from ``pad_token_id + 1`` (``position_offset``).
+- ModernBERT (an encoder too): pre-norm LayerNorm blocks (``norm_bias``; the first layer's
+  attention reads its input unnormed), a final LayerNorm, GeGLU MLP, no biases, no position
+  embeddings but RoPE (``rope_parameters``: full_attention on the global layers,
+  sliding_attention on the local ones, which read +-``local_attention // 2`` positions).
 
 Errors name the config field that is not supported.
 """
@@ -25,7 +29,11 @@ from replicas.model.errors import UnsupportedModelError
 from replicas.model.head_config import position_offset
 
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
-ENCODER_FAMILIES = ("bert", "xlm_roberta")  # bidirectional encoders (replicas.model.encoder)
+ENCODER_FAMILIES = (
+    "bert",
+    "xlm_roberta",
+    "modernbert",
+)  # bidirectional encoders (replicas.model.encoder)
 
 
 def text_config(hf: Any) -> Any:
@@ -148,8 +156,41 @@ def _bert(hf: Any, family: str) -> dict[str, Any]:
     }
 
 
+def _modernbert(hf: Any) -> dict[str, Any]:
+    """ModernBERT: ``sliding_window`` is the half window (``local_attention // 2``)."""
+    for flag in ("attention_bias", "mlp_bias"):
+        if getattr(hf, flag, False):
+            raise UnsupportedModelError(f"{flag}: ModernBERT's biases are not supported")
+    act = getattr(hf, "hidden_activation", None)
+    if act not in GELU_EXACT:
+        raise UnsupportedModelError(f"hidden_activation: {act!r} not in {GELU_EXACT}")
+    heads = int(hf.num_attention_heads)
+    return {
+        "family": "modernbert",
+        "vocab_size": int(hf.vocab_size),
+        "hidden_size": int(hf.hidden_size),
+        "intermediate_size": int(hf.intermediate_size),
+        "num_layers": int(hf.num_hidden_layers),
+        "num_heads": heads,
+        "num_kv_heads": heads,
+        "head_dim": int(hf.hidden_size) // heads,
+        "rms_norm_eps": float(hf.norm_eps),
+        "tie_word_embeddings": False,
+        "max_position_embeddings": int(hf.max_position_embeddings),
+        "hidden_act": "gelu",
+        "norm_bias": bool(hf.norm_bias),
+        "classifier_bias": bool(getattr(hf, "classifier_bias", False)),
+        "sliding_window": int(hf.local_attention) // 2,
+        "sliding_layers": _sliding_layers(hf),
+        **_gemma3_rope(hf),
+    }
+
+
 def family_fields(hf: Any, family: str) -> dict[str, Any]:
-    """ModelConfig keyword arguments of a Mistral, Gemma 2, Gemma 3 (text) or BERT config."""
+    """ModelConfig keyword arguments of a Mistral, Gemma 2, Gemma 3 (text), BERT or
+    ModernBERT config."""
+    if family == "modernbert":
+        return _modernbert(hf)
     if family in ENCODER_FAMILIES:
         return _bert(hf, family)
     if family == "mistral":

@@ -26,6 +26,7 @@ HEAD_ARCHITECTURES = {
     "Gemma3TextForSequenceClassification": ("gemma3", "linear"),
     "BertForSequenceClassification": ("bert", "cross_encoder"),
     "XLMRobertaForSequenceClassification": ("xlm_roberta", "cross_encoder"),
+    "ModernBertForSequenceClassification": ("modernbert", "cross_encoder"),
 }
 # CrossEncoder's ``activation_fn`` (config_sentence_transformers.json, else config.json's
 # ``sentence_transformers``) -> ScoreHead.activation
@@ -72,7 +73,21 @@ def score_head_from_hf(hf: Any) -> ScoreHead | None:
         kind, num_labels, _id2label(hf, num_labels), problem_type,
         activation=_activation(saved, num_labels, "config.json"),
         max_length=int(hf.max_position_embeddings) - position_offset(hf),
+        **_modernbert_head(hf, arch),
     )  # fmt: skip
+
+
+def _modernbert_head(hf: Any, arch: str) -> dict[str, Any]:
+    """ModernBERT's head: its pooling and LayerNorm eps (its activation must be GELU)."""
+    if arch != "ModernBertForSequenceClassification":
+        return {}
+    act = getattr(hf, "classifier_activation", "gelu")
+    if act != "gelu":
+        raise UnsupportedHeadError(f"classifier_activation: {act!r} (only gelu)")
+    pooling = getattr(hf, "classifier_pooling", "cls")
+    if pooling not in ("cls", "mean"):
+        raise UnsupportedHeadError(f"classifier_pooling: {pooling!r} not in ('cls', 'mean')")
+    return {"pooling": pooling, "norm_eps": float(hf.norm_eps)}
 
 
 def position_offset(hf: Any) -> int:

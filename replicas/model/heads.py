@@ -58,6 +58,14 @@ def head_outputs(head: ScoreHead, params: Params, hidden: Array) -> Array:
     p = jax.tree_util.tree_map(lambda leaf: leaf.astype(jnp.float32), params)
     if head.kind == "linear":
         return x @ p["score"]
+    if head.kind == "cross_encoder" and head.norm_eps is not None:  # ModernBERT's head
+        inner = x @ p["dense"] + p.get("dense_bias", 0.0)
+        inner = jax.nn.gelu(inner, approximate=False)  # [..., D]
+        mean = jnp.mean(inner, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(inner - mean), axis=-1, keepdims=True)
+        normed = (inner - mean) * jax.lax.rsqrt(var + head.norm_eps) * p["norm"]
+        normed = normed + p.get("norm_bias", 0.0)
+        return normed @ p["score"] + p["score_bias"]
     if head.kind == "cross_encoder":  # BERT's pooler (on [CLS]) then its classifier
         return jnp.tanh(x @ p["pooler"] + p["pooler_bias"]) @ p["score"] + p["score_bias"]
     inner = jax.nn.relu(x @ p["dense"] + p["dense_bias"])  # [..., D]

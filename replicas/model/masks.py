@@ -7,7 +7,8 @@ back in one row, the fused layout) and the item stream's own-item part
 (``own_item_mask``: blocks of stream tokens reading their block and the blocks before it
 that an item of at most the window's length can reach), and the encoders' bidirectional
 segments (``bidirectional_mask``; ``segment_block_mask`` in blocks reading the blocks on both
-sides that a sequence of at most the window's length can reach).
+sides that a sequence of at most the window's length can reach; ``bidirectional_window_mask``
+and ``window_block_mask`` add a local layer's +-half window of positions).
 
 Segment ids of a token row (``segments``): ``0`` query, ``i + 1`` item i, ``DELIMITER`` a
 delimiter, ``PAD`` padding. From them one rule gives every dense layout:
@@ -90,6 +91,14 @@ def bidirectional_mask(item_ids: Array) -> Array:
     return same & (item_ids[:, :, None] >= 0)
 
 
+def bidirectional_window_mask(item_ids: Array, positions: Array, half: int) -> Array:
+    """[B, S] sequence ids (-1 padding) and positions (from 0 in each sequence) -> [B, S, S]:
+    ``bidirectional_mask`` where the two positions are at most ``half`` apart (ModernBERT's
+    local layers: +-``local_attention // 2`` inside its own sequence)."""
+    near = jnp.abs(positions[:, :, None] - positions[:, None, :]) <= half
+    return bidirectional_mask(item_ids) & near
+
+
 def neighbor_blocks(x: Array, block: int, reach: int, fill: int = 0) -> Array:
     """[B, S', ...] in blocks of ``block`` -> [B, S'/block, (2 * reach + 1) * block, ...]:
     each block with the ``reach`` blocks before and after it, in stream order (``fill``
@@ -109,3 +118,12 @@ def segment_block_mask(item_ids: Array, block: int, reach: int) -> Array:
     queries = item_ids.reshape(batch, length // block, block)  # [B, nb, block]
     keys = neighbor_blocks(jnp.where(item_ids < 0, -2, item_ids), block, reach, fill=-2)
     return (queries[..., :, None] == keys[..., None, :]) & (queries[..., :, None] >= 0)
+
+
+def window_block_mask(positions: Array, block: int, reach: int, half: int) -> Array:
+    """[B, S'] positions, S' a multiple of ``block`` -> [B, S'/block, block, C]: key c is at
+    most ``half`` positions from query i (``segment_block_mask``'s layout; AND them)."""
+    batch, length = positions.shape
+    queries = positions.reshape(batch, length // block, block)  # [B, nb, block]
+    keys = neighbor_blocks(positions, block, reach)  # [B, nb, C]
+    return jnp.abs(queries[..., :, None] - keys[..., None, :]) <= half

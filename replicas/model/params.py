@@ -75,6 +75,9 @@ _SIZES = {
     "labels": lambda c: c.head.num_labels,
     "positions": lambda c: c.max_position_embeddings,
     "token_types": lambda c: c.type_vocab_size,
+    "qkv": lambda c: 3 * c.num_heads * c.head_dim,  # ModernBERT's fused projections
+    "heads_flat": lambda c: c.num_heads * c.head_dim,
+    "mlp2": lambda c: 2 * c.intermediate_size,
 }
 
 

@@ -37,6 +37,7 @@ BASE_ARCHITECTURES = {
     "Gemma3TextModel": "gemma3",
     "BertModel": "bert",
     "XLMRobertaModel": "xlm_roberta",
+    "ModernBertModel": "modernbert",
 }
 ACTIVATIONS = {
     "torch.nn.modules.activation.Tanh": "tanh",

@@ -2,8 +2,11 @@
 ``CrossEncoder``, one label, sigmoid; and an ``XLMRobertaForSequenceClassification``: no
 token types, positions from pad + 1, its classifier's own names) answers /v1/rerank and
 /v1/score (no labels) as ``CrossEncoder.predict`` scores each (query, document) pair, and
-/v1/classify as it scores each single text (three labels: softmaxed, as ``apply_softmax``),
-float32 within 1e-5, however the pairs of a step are packed; /v1/models says
+/v1/classify as it scores each single text and each pair [text, text_pair] (three labels:
+softmaxed, as ``apply_softmax``),
+float32 within 1e-5, however the pairs of a step are packed (a
+``ModernBertForSequenceClassification`` too: 3 layers, global and local, a window of +-4
+positions, mean pooling); /v1/models says
 ``cross_encoder`` and the routes it cannot serve answer a 400 naming the route and the kind
 (tests/support/encoder_helpers.py).
 """
@@ -27,14 +30,15 @@ from tests.support.encoder_helpers import save_bert_cross_encoder, sentences
 TOL = 1e-5
 
 
-@pytest.fixture(scope="module", params=["bert", "xlm_roberta"])
+@pytest.fixture(scope="module", params=["bert", "xlm_roberta", "modernbert"])
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, ScoringService, Any]:
     from replicas.engine.scoring_engine import ScoringEngine
 
     root = tmp_path_factory.mktemp("ce")
-    directory = save_bert_cross_encoder(root / request.param, family=request.param)
+    pooling = "mean" if request.param == "modernbert" else "cls"  # ModernBERT: mean pooling
+    directory = save_bert_cross_encoder(root / request.param, family=request.param, pooling=pooling)
     settings = embed_settings(
         directory, token_buckets=(256,), item_token_buckets=(64, 256), item_tokens_per_step=256,
     )  # fmt: skip
@@ -73,7 +77,8 @@ def classified(service: ScoringService, backend: Any, body: dict[str, Any]) -> n
     return np.asarray([entry["probs"] for entry in data])
 
 
-def test_classify_equals_cross_encoder_predict_on_single_texts(served) -> None:
+@pytest.mark.parametrize("served", ["bert", "xlm_roberta"], indirect=True)  # suite budget
+def test_classify_equals_cross_encoder_predict_on_single_texts_and_pairs(served) -> None:
     import torch
 
     directory, service, backend = served
@@ -93,6 +98,10 @@ def test_classify_equals_cross_encoder_predict_on_single_texts(served) -> None:
     logits = predicted_texts(directory, texts, activation_fn=torch.nn.Identity())
     np.testing.assert_allclose(raw, logits, atol=TOL, rtol=0)
     assert asyncio.run(service.classify_timed({"input": []}, backend))[0]["data"] == []
+    pairs = [("what is blue", texts[3]), (texts[4], "red stone")]  # pairs mixed with texts
+    mixed = classified(service, backend, {"input": [texts[2], *map(list, pairs), texts[5]]})
+    np.testing.assert_allclose(mixed[[0, 3]], reference[[2, 5]], atol=TOL, rtol=0)
+    np.testing.assert_allclose(mixed[1:3, 0], predicted(directory, pairs), atol=TOL, rtol=0)
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +215,17 @@ def test_http_routes_models_and_openapi_of_a_cross_encoder(served) -> None:
     (entry,) = reply.body["data"]
     reference = predicted_texts(directory, ["blue river"])[0]
     np.testing.assert_allclose(entry["probs"], reference, atol=TOL, rtol=0)
+    pair = {"input": [["what is blue", "blue river"]]}
+    reply = ask(api, "POST", "/v1/classify", json.dumps(pair).encode())
+    assert reply.status == 200, reply.body
+    reference = predicted(directory, [("what is blue", "blue river")])
+    np.testing.assert_allclose(reply.body["data"][0]["probs"], reference, atol=TOL, rtol=0)
+    for bad in ([["a"]], [["a", "b", "c"]], [["a", 1]]):  # a pair is two texts
+        reply = ask(api, "POST", "/v1/classify", json.dumps({"input": bad}).encode())
+        assert reply.status == 400, reply.body
+    schema = ask(api, "GET", "/openapi.json").body["components"]["schemas"]["ClassifyRequest"]
+    pair_schema = schema["properties"]["input"]["anyOf"][1]["items"]["anyOf"][1]
+    assert (pair_schema["minItems"], pair_schema["maxItems"]) == (2, 2)
     refused = ask(api, "POST", "/v1/embeddings", json.dumps({"input": "a"}).encode())
     assert refused.status == 400 and refused.body["reason"] == "unsupported_for_model"
     assert (

@@ -1,7 +1,9 @@
 """A BERT embedder (a ``BertModel`` saved by sentence-transformers, CLS or mean pooling,
 Normalize; and an ``XLMRobertaModel``, mean: positions from pad + 1) in the engine equals
 sentence-transformers' ``encode`` in float32 within 1e-5, alone and packed with other
-sequences of other lengths in one step, and a vector does not depend on what shares its step
+sequences of other lengths in one step, and a vector does not depend on what shares its step;
+a ``ModernBertModel`` (3 layers, global then local, a +-4 window far shorter than most
+sequences, LayerNorm biases, RoPE bases off their defaults) the same
 (tests/support/encoder_helpers.py: random LayerNorms and biases). One engine per variant,
 rows of 64 and 256 tokens, so a step packs many sequences and the blocked attention reads
 blocks on both sides.
@@ -32,8 +34,8 @@ def bert_settings(directory: Path) -> Any:
 
 @pytest.fixture(
     scope="module",
-    params=[("bert", "cls"), ("bert", "mean"), ("xlm_roberta", "mean")],
-    ids=["bert-cls", "bert-mean", "xlmr-mean"],
+    params=[("bert", "cls"), ("bert", "mean"), ("xlm_roberta", "mean"), ("modernbert", "mean")],
+    ids=["bert-cls", "bert-mean", "xlmr-mean", "modernbert-mean"],
 )
 def bert(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     from replicas.engine.scoring_engine import ScoringEngine
@@ -51,7 +53,7 @@ def test_vectors_equal_sentence_transformers_alone_and_packed(bert) -> None:
     texts = sentences(1, 24)
     reference = reference_vectors(directory, texts)
     work = embedder.text_work(texts, None)
-    first, last = (2, 3) if engine.model.config.family == "bert" else (0, 2)  # [CLS]/<s> ...
+    first, last = (0, 2) if engine.model.config.family == "xlm_roberta" else (2, 3)  # [CLS]...
     assert work.inputs[0][0] == first and work.inputs[0][-1] == last
     assert len({t for ids in work.inputs for t in ids}) > 10  # words, not [UNK]
     (together,) = engine.score_batch([work])

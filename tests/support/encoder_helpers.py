@@ -59,7 +59,7 @@ def randomize_bert_(model: Any, seed: int) -> None:
     with torch.no_grad():
         for name, param in model.named_parameters():
             noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
-            if "LayerNorm.weight" in name:
+            if "LayerNorm.weight" in name or "norm.weight" in name:
                 param.copy_(1.0 + 0.2 * noise)
             elif name.endswith(".bias"):
                 param.copy_(0.2 * noise)
@@ -84,12 +84,31 @@ def xlmr_config(**changes: Any) -> Any:
     return XLMRobertaConfig(**{**shape, "vocab_size": vocab, "pad_token_id": 1, **changes})
 
 
+def modernbert_config(**changes: Any) -> Any:
+    """Three layers (global, local, local: every 3rd global), a window of +-4 positions (far
+    shorter than the test sequences), LayerNorm biases on, RoPE bases off their defaults."""
+    from transformers import ModernBertConfig
+
+    shape = {k: TINY_BERT[k] for k in TINY_BERT if k not in ("type_vocab_size",)}
+    fields = {
+        **shape, "num_hidden_layers": 3, "global_attn_every_n_layers": 3, "local_attention": 8,
+        "norm_bias": True, "global_rope_theta": 5000.0, "local_rope_theta": 300.0,
+        "vocab_size": len(SPECIALS + WORDS), "pad_token_id": 0, "cls_token_id": 2,
+        "sep_token_id": 3, "bos_token_id": 2, "eos_token_id": 3, "norm_eps": 1e-5,
+    }  # fmt: skip
+    return ModernBertConfig(**{**fields, **changes})
+
+
 # family -> (its config, base model class, sequence classifier class, tokenizer saver)
 FAMILIES = {
     "bert": (bert_config, "BertModel", "BertForSequenceClassification", save_tokenizer),
     "xlm_roberta": (
         xlmr_config, "XLMRobertaModel", "XLMRobertaForSequenceClassification",
         save_xlmr_tokenizer,
+    ),
+    "modernbert": (
+        modernbert_config, "ModernBertModel", "ModernBertForSequenceClassification",
+        save_tokenizer,
     ),
 }  # fmt: skip
 
@@ -109,7 +128,8 @@ def save_bert_embedder(directory: Path, pooling: str, seed: int = 0, family: str
     config, base_class, _, save_tokens = FAMILIES[family]
     torch.manual_seed(seed)
     hf_dir = directory.parent / f"{directory.name}-hf"
-    base = getattr(transformers, base_class)(config(), add_pooling_layer=False)
+    pooler = {} if family == "modernbert" else {"add_pooling_layer": False}
+    base = getattr(transformers, base_class)(config(), **pooler)
     randomize_bert_(base, seed)
     base.save_pretrained(hf_dir, safe_serialization=True)
     save_tokens(hf_dir)
@@ -129,8 +149,9 @@ def sentences(seed: int, count: int, longest: int = 100) -> list[str]:
 
 
 def save_bert_cross_encoder(
-    directory: Path, num_labels: int = 1, seed: int = 1, family: str = "bert"
-) -> Path:
+    directory: Path, num_labels: int = 1, seed: int = 1, family: str = "bert",
+    pooling: str = "cls",
+) -> Path:  # fmt: skip
     """A tiny random ``BertForSequenceClassification`` (``XLMRobertaFor...``) saved by
     sentence-transformers' ``CrossEncoder`` (its default activation: sigmoid for one label)."""
     import transformers
@@ -138,7 +159,9 @@ def save_bert_cross_encoder(
 
     config, _, classifier, save_tokens = FAMILIES[family]
     hf_dir = directory.parent / f"{directory.name}-hf"
-    model = getattr(transformers, classifier)(config(num_labels=num_labels))
+    extra = {"classifier_bias": True, "classifier_pooling": pooling}
+    extra = extra if family == "modernbert" else {}
+    model = getattr(transformers, classifier)(config(num_labels=num_labels, **extra))
     randomize_bert_(model, seed)
     model.save_pretrained(hf_dir, safe_serialization=True)
     save_tokens(hf_dir)

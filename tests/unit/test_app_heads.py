@@ -128,6 +128,7 @@ def test_classify_applies_the_configs_activation(tokenizer: Any, problem_type, a
         (THREE, {"input": 3}, "invalid_request"),
         (THREE, {"input": ["x"], "extra": 1}, "invalid_request"),
         (THREE, {"input": ["x"] * 9}, "too_many_items"),
+        (THREE, {"input": ["x", ["a", "b"]]}, "invalid_request"),  # pairs: cross-encoders only
         (THREE, {"input": "x " * 300}, "sequence_too_long"),
     ],
 )
@@ -208,6 +209,7 @@ def test_the_openapi_document_lists_only_the_routes_the_models_kind_serves(token
         assert "/v1/score" in document["paths"]
     classify = document["components"]["schemas"]["ClassifyRequest"]["properties"]
     assert classify["input"]["anyOf"][1]["maxItems"] == 8  # ScoringLimits(8, ...)
+    assert classify["input"]["anyOf"][1]["items"]["type"] == "string"  # no pairs here
     assert classify["model"]["anyOf"][0] == {"const": "heads"}
 
 

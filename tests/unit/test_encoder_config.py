@@ -1,5 +1,5 @@
-"""Encoder configs (BERT, XLM-RoBERTa) read into ModelConfig, heads and pooling limits; what
-is not supported is refused naming the field (jax-free)."""
+"""Encoder configs (BERT, XLM-RoBERTa, ModernBERT) read into ModelConfig, heads and pooling
+limits; what is not supported is refused naming the field (jax-free)."""
 
 from __future__ import annotations
 
@@ -79,3 +79,49 @@ def test_a_quantized_encoder_is_refused_naming_the_setting() -> None:
     assert bert.replace(quantization="none").quantization == "none"
     with pytest.raises(UnsupportedModelError, match=r"^quantization: 'int8' runs the decoder"):
         bert.replace(quantization="int8")
+
+
+MODERNBERT = {
+    "model_type": "modernbert",
+    "architectures": ["ModernBertForSequenceClassification"],
+    "vocab_size": 30,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 256,
+    "global_attn_every_n_layers": 2,
+    "local_attention": 16,
+    "global_rope_theta": 5000.0,
+    "local_rope_theta": 300.0,
+    "norm_eps": 1e-6,
+    "classifier_pooling": "mean",
+    "num_labels": 1,
+}
+
+
+def test_modernbert_reads_its_windows_rope_bases_norm_biases_and_head() -> None:
+    config = config_from_hf(hf_config(MODERNBERT))
+    assert (config.family, config.encoder, config.rotary, config.norm_bias) == (
+        "modernbert", True, True, False,
+    )  # fmt: skip
+    assert config.sliding_window == 8  # +-local_attention / 2
+    assert config.sliding_layers == (False, True, False, True)  # global every 2nd from 0
+    assert (config.rope_theta, config.local_rope_theta, config.rms_norm_eps) == (5e3, 300, 1e-6)
+    head = config.head
+    assert (head.kind, head.pooling, head.norm_eps, head.activation) == (
+        "cross_encoder", "mean", 1e-6, "sigmoid",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"mlp_bias": True}, "mlp_bias"),
+        ({"hidden_activation": "silu"}, "hidden_activation"),
+        ({"classifier_activation": "tanh"}, "classifier_activation"),
+    ],
+)
+def test_what_modernbert_cannot_run_is_refused_by_name(change: dict, field: str) -> None:
+    with pytest.raises((UnsupportedModelError, UnsupportedHeadError), match=field):
+        config_from_hf(hf_config({**MODERNBERT, **change}))

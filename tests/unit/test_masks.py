@@ -8,12 +8,14 @@ from replicas.model.masks import (
     PAD,
     QUERY,
     bidirectional_mask,
+    bidirectional_window_mask,
     key_blocks,
     lookback,
     neighbor_blocks,
     own_item_mask,
     segment_block_mask,
     segment_mask,
+    window_block_mask,
     work_segment_mask,
 )
 
@@ -159,3 +161,35 @@ def test_segment_block_mask_reads_a_straddling_sequence_forward_and_back():
         [[0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]],  # stream 4..5, padding: reads nothing
     ]
     np.testing.assert_array_equal(mask, np.array(expected, dtype=bool))
+
+
+def test_a_local_layer_reads_half_a_window_each_way_inside_its_own_packed_sequence():
+    # seq0(5) seq1(2) pad, positions restarting at 0 in each; half window 1 (local_attention 2)
+    ids = jnp.array([[0, 0, 0, 0, 0, 1, 1, -1]])
+    positions = jnp.array([[0, 1, 2, 3, 4, 0, 1, 0]])
+    mask = np.asarray(bidirectional_window_mask(ids, positions, 1))[0]
+    expected = [
+        [1, 1, 0, 0, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0, 0, 0],
+        [0, 1, 1, 1, 0, 0, 0, 0],
+        [0, 0, 1, 1, 1, 0, 0, 0],
+        [0, 0, 0, 1, 1, 0, 0, 0],
+        [0, 0, 0, 0, 0, 1, 1, 0],  # position 0 of seq1: near seq0's 4 by stream, not read
+        [0, 0, 0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 0, 0, 0, 0],  # padding reads nothing
+    ]
+    np.testing.assert_array_equal(mask, np.array(expected, dtype=bool))
+
+
+def test_window_block_mask_keeps_keys_within_half_a_window_of_each_query():
+    # positions of seq0(4) in blocks of 2, reach 1, half window 1; ANDed with the segments'
+    positions = jnp.array([[0, 1, 2, 3]])
+    near = np.asarray(window_block_mask(positions, 2, 1, 1))[0]
+    expected = [  # [2 blocks, 2 queries, 6 keys]; the fill (position 0) is near position 0
+        [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]],  # keys: fill fill 0 1 2 3
+        [[0, 1, 1, 1, 0, 0], [0, 0, 1, 1, 0, 0]],  # keys: 0 1 2 3 fill fill
+    ]
+    np.testing.assert_array_equal(near, np.array(expected, dtype=bool))
+    segments = np.asarray(segment_block_mask(jnp.array([[0, 0, 0, 0]]), 2, 1))[0]
+    both = (near & segments).astype(int)  # the segments drop the fill
+    assert both[0, 1].tolist() == [0, 0, 1, 1, 1, 0] and both[1, 1].tolist() == [0, 0, 1, 1, 0, 0]

@@ -110,12 +110,17 @@ def embed_step(
     typed = {"token_types": types} if model.config.encoder else {}
     hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty, **typed)
     hidden = hidden.astype(jnp.float32)  # [B, S, D]
-    if model.config.head is not None:  # a cross-encoder: pooling is cls
-        first = jnp.take_along_axis(hidden, pick[..., None], axis=1)  # [B, M, D]
-        return head_outputs(model.config.head, params["head"], first)  # [B, M, L]
+    pooled = _pool(hidden, pooling, pick, segments, counts)  # [B, M, D]
+    if model.config.head is not None:  # a cross-encoder: its head on the pooled pair
+        return head_outputs(model.config.head, params["head"], pooled)  # [B, M, L]
+    return pooled
+
+
+def _pool(hidden: Array, pooling: str, pick: Array, segments: Array, counts: Array) -> Array:
+    """hidden [B, S, D] -> [B, M, D]: each slot's picked token, or its tokens' mean."""
     if pooling != "mean":
-        return jnp.take_along_axis(hidden, pick[..., None], axis=1)  # [B, M, D]
-    m = pick.shape[1]
+        return jnp.take_along_axis(hidden, pick[..., None], axis=1)
+    batch, m = pick.shape
     ids = jnp.where(segments < m, segments + m * jnp.arange(batch)[:, None], batch * m)
     sums = jax.ops.segment_sum(
         hidden.reshape(-1, hidden.shape[-1]), ids.reshape(-1), num_segments=batch * m
@@ -124,11 +129,12 @@ def embed_step(
 
 
 def cross_encoder_pooling(head: ScoreHead | None) -> PoolingHead | None:
-    """How the layout runs a cross-encoder: each pair's [CLS] token through the head, its
+    """How the layout runs a cross-encoder: each pair's [CLS] token (ModernBERT's mean
+    pooling: its tokens' mean) through the head, its
     logits returned as they are (no Dense, no normalization); None for other heads."""
     if head is None or head.kind != "cross_encoder":
         return None
-    return PoolingHead(pooling="cls", normalize=False, dimension=head.num_labels)
+    return PoolingHead(pooling=head.pooling, normalize=False, dimension=head.num_labels)
 
 
 def finish(vectors: np.ndarray, head: PoolingHead, dense: Sequence[Any]) -> np.ndarray:
