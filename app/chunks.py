@@ -165,7 +165,7 @@ def chunk_documents(
 ) -> Chunks:
     """The chunks of ``texts`` (``max_tokens``: the request's ``max_tokens_per_doc``). With
     chunking off, one text per document: cut as ``cut_texts`` cuts it."""
-    if not options.on or not all(_encodable(text) for text in texts):
+    if not options.on or not all(encodable(text) for text in texts):
         cut = cut_texts(tokenizer, list(texts), max_tokens) if max_tokens else list(texts)
         bounds = tuple((0, len(text)) for text in cut)
         return Chunks(tuple(cut), tuple(range(len(texts))), bounds, len(texts), options)
@@ -218,7 +218,7 @@ def _windows(
 def cut_texts(tokenizer: Any, texts: list[str], limit: int) -> list[str]:
     """Each text cut to its first ``limit`` tokens (decoded back to text): the rerank
     request's ``max_tokens_per_doc`` without chunking."""
-    if not texts or not all(_encodable(text) for text in texts):
+    if not texts or not all(encodable(text) for text in texts):
         return texts  # the route refuses text that cannot be encoded
     encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
     return [
@@ -227,7 +227,8 @@ def cut_texts(tokenizer: Any, texts: list[str], limit: int) -> list[str]:
     ]
 
 
-def _encodable(text: str) -> bool:
+def encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no lone surrogates) a tokenizer can take."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, request_chunks
+from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, encodable, request_chunks
 from app.query_likelihood import LikelihoodTemplate, likelihood_prompts, likelihood_relevance
 from app.schema import RerankRequest
 from app.templates import template_from_pairs
@@ -124,7 +124,7 @@ class Reranker:
         chunks = request_chunks(self.tokenizer, request, defaults, info)
         texts = list(chunks.texts)
         for param, text in (("query", request.query), *(("documents", t) for t in texts)):
-            if not _encodable(text):
+            if not encodable(text):
                 raise ScoringError(
                     Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
                 )
@@ -137,7 +137,7 @@ class Reranker:
         query = template.query.format(
             instruction=request.instruction or template.instruction, query=request.query
         )
-        if not _encodable(query):
+        if not encodable(query):
             raise ScoringError(
                 Reason.INVALID_REQUEST, "instruction: text is not valid Unicode", "instruction"
             )
@@ -225,14 +225,6 @@ def _check(work: ScoreWork | PromptWork, info: ModelInfo) -> None:
     except ScoringError as error:
         param = "documents" if error.param == "items" else error.param
         raise ScoringError(error.reason, error.message, param, error.status_code) from None
-
-
-def _encodable(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def rerank_body(

@@ -127,15 +127,8 @@ def _rope_theta(hf: Any) -> float:
 GELU_EXACT = ("gelu",)
 
 
-def _bert(hf: Any, family: str) -> dict[str, Any]:
-    """BERT: post-norm LayerNorm blocks with biases, exact-GELU MLP (not gated), learned
-    absolute positions and token types; no RoPE (``rope_theta`` is unused)."""
-    act = getattr(hf, "hidden_act", None)
-    if act not in GELU_EXACT:
-        raise UnsupportedModelError(f"hidden_act: {act!r} not in {GELU_EXACT}")
-    kind = getattr(hf, "position_embedding_type", "absolute")
-    if kind != "absolute":
-        raise UnsupportedModelError(f"position_embedding_type: {kind!r} (only absolute)")
+def _encoder_dims(hf: Any, family: str, norm_eps: float) -> dict[str, Any]:
+    """What BERT-like encoders share: full multi-head attention, untied, exact GELU."""
     heads = int(hf.num_attention_heads)
     return {
         "family": family,
@@ -146,11 +139,25 @@ def _bert(hf: Any, family: str) -> dict[str, Any]:
         "num_heads": heads,
         "num_kv_heads": heads,
         "head_dim": int(hf.hidden_size) // heads,
-        "rms_norm_eps": float(hf.layer_norm_eps),
-        "rope_theta": 0.0,
+        "rms_norm_eps": norm_eps,
         "tie_word_embeddings": False,
         "max_position_embeddings": int(hf.max_position_embeddings),
         "hidden_act": "gelu",
+    }
+
+
+def _bert(hf: Any, family: str) -> dict[str, Any]:
+    """BERT: post-norm LayerNorm blocks with biases, exact-GELU MLP (not gated), learned
+    absolute positions and token types; no RoPE (``rope_theta`` is unused)."""
+    act = getattr(hf, "hidden_act", None)
+    if act not in GELU_EXACT:
+        raise UnsupportedModelError(f"hidden_act: {act!r} not in {GELU_EXACT}")
+    kind = getattr(hf, "position_embedding_type", "absolute")
+    if kind != "absolute":
+        raise UnsupportedModelError(f"position_embedding_type: {kind!r} (only absolute)")
+    return {
+        **_encoder_dims(hf, family, float(hf.layer_norm_eps)),
+        "rope_theta": 0.0,
         "type_vocab_size": int(hf.type_vocab_size),
         "position_offset": position_offset(hf),
     }
@@ -164,20 +171,8 @@ def _modernbert(hf: Any) -> dict[str, Any]:
     act = getattr(hf, "hidden_activation", None)
     if act not in GELU_EXACT:
         raise UnsupportedModelError(f"hidden_activation: {act!r} not in {GELU_EXACT}")
-    heads = int(hf.num_attention_heads)
     return {
-        "family": "modernbert",
-        "vocab_size": int(hf.vocab_size),
-        "hidden_size": int(hf.hidden_size),
-        "intermediate_size": int(hf.intermediate_size),
-        "num_layers": int(hf.num_hidden_layers),
-        "num_heads": heads,
-        "num_kv_heads": heads,
-        "head_dim": int(hf.hidden_size) // heads,
-        "rms_norm_eps": float(hf.norm_eps),
-        "tie_word_embeddings": False,
-        "max_position_embeddings": int(hf.max_position_embeddings),
-        "hidden_act": "gelu",
+        **_encoder_dims(hf, "modernbert", float(hf.norm_eps)),
         "norm_bias": bool(hf.norm_bias),
         "classifier_bias": bool(getattr(hf, "classifier_bias", False)),
         "sliding_window": int(hf.local_attention) // 2,
