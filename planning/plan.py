@@ -13,7 +13,10 @@ the layouts ranked by projected items/s per slice (refusals last, with their rea
 checks the winner with every warm-up signature compiled. ``--emit`` writes a RayService
 manifest for the winner (``--emit-serve``: a serve config), its header naming the command
 and the projected figures. Projections are bounds from published chip figures, not
-measurements. Exits 1 when no layout fits, 2 on a bad option.
+measurements. ``--quantization`` (else the config's ``quantization``) plans the quantized
+model: its weights counted as placed (``int8``: int8 values and float32 scales, about half
+of bfloat16's bytes), its steps compiled with the quantized projections; the emitted
+manifest carries the form. Exits 1 when no layout fits, 2 on a bad option.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 from cluster.tpu_topology import GIB, TopologyError, prepare_environment
 from planning.layouts import Layout, parse_mesh
 from planning.planner import Planner, layout_row
-from planning.tpu_check import add_lora_arguments
+from planning.tpu_check import add_lora_arguments, add_quantization_argument
 
 RFC_008 = (300, 10, 10)
 
@@ -148,6 +151,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--emit", help="write a RayService manifest for the winner here")
     parser.add_argument("--emit-serve", help="write a serve config for the winner here")
     parser.add_argument("--served-model", help="the model arg written (default /models/MODEL)")
+    add_quantization_argument(parser)
     add_lora_arguments(parser)
     options = parser.parse_args(argv)
     if options.slices < 1:

@@ -82,13 +82,33 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
         attention=args.attention,
     )
     values.setdefault("dtype", "bfloat16")
-    if getattr(args, "quantization", None):  # int8: the layers' weights in half the bytes
-        values["quantization"] = args.quantization
+    values = with_quantization(values, args)  # int8: the layers' weights in half the bytes
     if args.signatures != "all":  # one batch size: the largest, or the smallest
         sizes = values.get("warmup_batch_sizes", [1])
         values["warmup_batch_sizes"] = [max(sizes) if args.signatures == "largest" else min(sizes)]
         values["limit_to_warmup"] = False  # a subset of the warm-up is checked, not served
     return ReplicaSettings.from_mapping(values)
+
+
+def served_model(name: str, dtype: str, quantization: str) -> Any:
+    """The model a replica of these settings serves: the catalog's (or a ``config.json``'s)
+    config with the ``quantization`` setting, in ``dtype``. ``abstract_params`` of it counts
+    the weights as a replica places them (int8 values and float32 scales for ``int8``); the
+    planner and ``tpu_check`` both take the model from here."""
+    import jax.numpy as jnp
+
+    from replicas.checkpoints.loading import DTYPES
+    from replicas.model.catalog import model_config
+    from replicas.model.causal_lm import CausalLM
+
+    config = model_config(name).replace(quantization=quantization)
+    return CausalLM(config, jnp.dtype(DTYPES[dtype]))
+
+
+def with_quantization(values: dict[str, Any], options: argparse.Namespace) -> dict[str, Any]:
+    """A config's args with ``--quantization`` over them, when given."""
+    chosen = getattr(options, "quantization", None)
+    return values | {"quantization": chosen} if chosen else values
 
 
 def abstract_params(model: Any, mesh: Any, lora: tuple[int, int] | None = None) -> tuple[Any, int]:
@@ -233,24 +253,18 @@ def format_step(row: dict[str, Any], hbm: int) -> str:
 
 
 def check(args: argparse.Namespace) -> Plan:
-    import jax.numpy as jnp
-
     from cluster.mesh import build_mesh
     from cluster.tpu_topology import axes_crossing_hosts, chip_spec, topology_devices
     from planning.compile_times import CompileTimes
     from planning.tpu_projection import project
-    from replicas.checkpoints.loading import DTYPES
     from replicas.engine.scoring_engine import ScoringEngine
-    from replicas.model.catalog import model_config
-    from replicas.model.causal_lm import CausalLM
 
     devices = topology_devices(args.topology)
     chip = chip_spec(devices)
     settings = replica_settings(args, devices)
     placement = settings.placement
     mesh = build_mesh(placement.mesh_shape, devices)  # as a host group builds it
-    config = model_config(args.model).replace(quantization=settings.model.quantization)
-    model = CausalLM(config, jnp.dtype(DTYPES[settings.model.dtype]))
+    model = served_model(args.model, settings.model.dtype, settings.model.quantization)
     lora = lora_slots(args) or config_slots(settings)
     settings = settings.replace(max_loras=0, lora_adapters=())  # the slots ride in params
     params, param_bytes = abstract_params(model, mesh, lora)
@@ -314,10 +328,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mesh", help="data,model (default: the config's, else hosts,chips)")
     parser.add_argument("--signatures", choices=("all", "largest", "smallest"), default="all")
     parser.add_argument("--attention", choices=("auto", "xla", "pallas"), default="auto")
-    parser.add_argument(
-        "--quantization", choices=("none", "int8", "int8_smooth", "int8_weight", "fp8"),
-        help="the layers' projections (default: the config's, else none; docs/quantization.md)",
-    )  # fmt: skip
+    add_quantization_argument(parser)
     parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")
     parser.add_argument("--json", help="write the plan as JSON here")
     add_lora_arguments(parser)
@@ -348,6 +359,15 @@ def positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a whole number of requests, at least 1")
     return int(text)
+
+
+def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
+    from replicas.settings.model import QUANTIZATIONS
+
+    parser.add_argument(
+        "--quantization", choices=QUANTIZATIONS,
+        help="the layers' projections (default: the config's, else none; docs/quantization.md)",
+    )  # fmt: skip
 
 
 def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
