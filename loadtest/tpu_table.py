@@ -65,7 +65,8 @@ def table_row(plan: dict[str, Any]) -> tuple:
 
 
 COLUMNS = (
-    col("model", left=True), col("quantization", left=True), col("topology", left=True), col("mesh [data, model]", left=True),
+    col("model", left=True), col("quantization", left=True), col("topology", left=True),
+    col("mesh [data, model]", left=True),
     col("axis across hosts", left=True), col("fits", left=True),
     col("parameters GiB/chip", ".2f"), col("needed GiB/chip of HBM"),
     col("projected items/s, 1 / 16 requests per step (query cached)"),

@@ -201,14 +201,13 @@ def test_the_int8_share_is_the_projections_part_of_a_layers_flops() -> None:
     # Qwen3-0.6B's shapes; a prefix step of 16 x 320 tokens
     c = SimpleNamespace(hidden_size=1024, num_heads=16, num_kv_heads=8, head_dim=128,
                         intermediate_size=3072, num_layers=28, quantization="none")  # fmt: skip
-    c.replace = lambda **changes: SimpleNamespace(**(vars(c) | changes))
     dims = SimpleNamespace(batch=16, tokens=320)
     assert int8_share(c, "prefix", dims) == 0.0  # quantization: none
     # per token: 2 x (q, k, v, o and the MLP's weights) against QK^T and PV over 320 keys
     per_layer = (1024 * (16 + 2 * 8) * 128 + 16 * 128 * 1024 + 3 * 1024 * 3072) * 2
     attention = 4 * 320 * 16 * 128
     expected = per_layer / (per_layer + attention)
-    q8 = c.replace(quantization="int8")
+    q8 = SimpleNamespace(**(vars(c) | {"quantization": "int8"}))
     assert int8_share(q8, "prefix", dims) == pytest.approx(expected, rel=1e-12)
 
 
