@@ -30,17 +30,24 @@ class ChipSpec:
     peak_flops: float
     hbm_bandwidth: float
     ici_bandwidth: float
+    int8_peak_flops: float = 0.0
+    """Dense int8 OP/s of the MXU (s8 x s8 -> s32); 0: no faster than ``peak_flops``."""
+
+    @property
+    def int8_peak(self) -> float:
+        return max(self.int8_peak_flops, self.peak_flops)
 
 
 # Keyed by the device_kind libtpu reports. Peaks: Google Cloud's TPU pages (v6e 918 bf16
 # TFLOP/s, 1640 GB/s; v5e 197 TFLOP/s, 819 GB/s; v5p 459 TFLOP/s, 2765 GB/s; v4 275 TFLOP/s,
 # 1228 GB/s). ICI, the same pages' "bidirectional inter-chip interconnect bandwidth (per
 # chip)": v6e 800 GB/s, v5e 400 GB/s, v5p 1200 GB/s; v4 states none per chip, its pod's
-# all-reduce bandwidth (1.1 PB/s over 4096 chips) gives 268 GB/s.
+# all-reduce bandwidth (1.1 PB/s over 4096 chips) gives 268 GB/s. int8, the same pages:
+# v6e 1836 TOP/s, v5e 394 TOP/s, v5p 918 TOP/s (twice bf16); v4 none faster than bf16.
 CHIPS: dict[str, ChipSpec] = {
-    "TPU v6 lite": ChipSpec("v6e", 32 * GIB, 918e12, 1640e9, 800e9),
-    "TPU v5 lite": ChipSpec("v5e", 16 * GIB, 197e12, 819e9, 400e9),
-    "TPU v5": ChipSpec("v5p", 95 * GIB, 459e12, 2765e9, 1200e9),
+    "TPU v6 lite": ChipSpec("v6e", 32 * GIB, 918e12, 1640e9, 800e9, 1836e12),
+    "TPU v5 lite": ChipSpec("v5e", 16 * GIB, 197e12, 819e9, 400e9, 394e12),
+    "TPU v5": ChipSpec("v5p", 95 * GIB, 459e12, 2765e9, 1200e9, 918e12),
     "TPU v4": ChipSpec("v4", 32 * GIB, 275e12, 1228e9, 268e9),
 }
 

@@ -7,6 +7,11 @@ roofline-projected items/s at RFC-008's workload; its result renders into docs/t
 expensive ones (the memory peak; much slower).
 
     python -m loadtest run tpu_table [--models A,B] [--topologies v6e:2x2,...] [--signatures S]
+        [--quantizations none,int8] [--mesh D,M]
+
+``--quantizations`` other than ``none`` alone: one row per form, the table rendered into
+docs/tpu.md and docs/quantization.md as the quantized projection (int8's s8 x s8 dots at the
+chip's int8 peak, ``planning.tpu_projection.int8_share``).
 """
 
 from __future__ import annotations
@@ -27,15 +32,18 @@ TOPOLOGIES = ("v6e:2x2", "v6e:4x4", "v5e:2x2", "v5e:4x4")
 GIB = 1024**3
 
 
-def run_check(topology: str, model: str, signatures: str) -> dict[str, Any]:
+def run_check(
+    topology: str, model: str, signatures: str, quantization: str = "none", mesh: str = ""
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "plan.json"
         command = [sys.executable, "-m", "planning.tpu_check", "--topology", topology]
         command += ["--model", model, "--signatures", signatures, "--json", str(out)]
+        command += ["--quantization", quantization] + (["--mesh", mesh] if mesh else [])
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if not out.exists():
             raise RuntimeError(f"{topology} {model}: {done.stderr[-2000:]}")
-        return json.loads(out.read_text())
+        return json.loads(out.read_text()) | {"quantization": quantization}
 
 
 def table_row(plan: dict[str, Any]) -> tuple:
@@ -49,7 +57,7 @@ def table_row(plan: dict[str, Any]) -> tuple:
     )
     ranking = [row for row in plan["projection"] if row["shape"][1] == 1000]
     return (
-        plan["model"], plan["topology"], str(list(plan["mesh"])),
+        plan["model"], plan.get("quantization", "none"), plan["topology"], str(list(plan["mesh"])),
         ", ".join(plan["crossing"]) or None, "yes" if plan["fits"] else "**no**",
         plan["param_bytes"] / GIB, f"{need / GIB:.2f} of {plan['hbm_bytes'] / GIB:.0f}",
         rates or None, ranking[0]["latency_s"] * 1e3 if ranking else None,
@@ -57,7 +65,8 @@ def table_row(plan: dict[str, Any]) -> tuple:
 
 
 COLUMNS = (
-    col("model", left=True), col("topology", left=True), col("mesh [data, model]", left=True),
+    col("model", left=True), col("quantization", left=True), col("topology", left=True),
+    col("mesh [data, model]", left=True),
     col("axis across hosts", left=True), col("fits", left=True),
     col("parameters GiB/chip", ".2f"), col("needed GiB/chip of HBM"),
     col("projected items/s, 1 / 16 requests per step (query cached)"),
@@ -69,20 +78,38 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     rows = []
     for model in o.models.split(","):
         for topology in o.topologies.split(","):
-            rows.append(table_row(run_check(topology, model, o.signatures)))
-            run.say(str(rows[-1]))
+            for form in o.quantizations.split(","):
+                plan = run_check(topology, model, o.signatures, form, o.mesh)
+                rows.append(table_row(plan))
+                run.say(str(rows[-1]))
     notes = (
         f"compiled signatures: {o.signatures} per step kind of the shipped warm-up; one "
         "`planning.tpu_check` process per row (libtpu's environment is set before jax loads)",
     )
     tables = [table(COLUMNS, rows)]
-    return [run.result("Projection table", tables, key="tpu-table", doc="docs/tpu.md", notes=notes)]
+    if o.quantizations == "none" and not o.mesh:
+        key = "tpu-table"
+        return [run.result("Projection table", tables, key=key, doc="docs/tpu.md", notes=notes)]
+    notes += (QUANTIZED_NOTE,)
+    title = "Quantized projection table (from compiled executables)"
+    return [
+        run.result(title, tables, key=key, doc=doc, notes=notes)
+        for key, doc in (("tpu-table-quant", "docs/tpu.md"), ("quant-tpu", "docs/quantization.md"))
+    ]
+
+
+QUANTIZED_NOTE = (
+    "a projection from compiled executables (deviceless), not a measurement: int8 W8A8's "
+    "projections compile to s8 x s8 -> s32 convolutions (checked in the TPU HLO) and their "
+    "FLOPs run at the chip's int8 peak (v6e 1836 TOP/s, twice bf16), the rest at bf16's"
+)
 
 
 WORKLOAD = Workload(
     options=(
         Option("--models", ",".join(MODELS)), Option("--topologies", ",".join(TOPOLOGIES)),
         Option("--signatures", "smallest", choices=("smallest", "largest")),
+        Option("--quantizations", "none"), Option("--mesh", ""),
     ),
     measure=measure,
 )  # fmt: skip

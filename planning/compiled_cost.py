@@ -47,12 +47,15 @@ class ChipCost:
     flops: float
     hbm_bytes: float
     ici_bytes: float
+    int8_flops: float = 0.0  # of ``flops``: the s8 x s8 -> s32 dots (quantization: int8)
 
     def seconds(self, chip: ChipSpec) -> float:
         """Roofline plus collectives: ``max(FLOPs / peak, bytes / HBM bandwidth)`` and the
         collectives' bytes over the chip's ICI bandwidth, not overlapped (a bound, not a
-        measurement)."""
-        compute = max(self.flops / chip.peak_flops, self.hbm_bytes / chip.hbm_bandwidth)
+        measurement). The int8 dots' FLOPs run at the chip's int8 peak."""
+        matmul = (self.flops - self.int8_flops) / chip.peak_flops
+        matmul += self.int8_flops / chip.int8_peak
+        compute = max(matmul, self.hbm_bytes / chip.hbm_bandwidth)
         return compute + self.ici_bytes / chip.ici_bandwidth
 
     def collective_seconds(self, chip: ChipSpec) -> float:
@@ -134,14 +137,16 @@ def moved_bytes(compiled: Any) -> float:
     )
 
 
-def every_layer(served: ChipCost, bare: ChipCost, layers: int) -> ChipCost:
+def every_layer(served: ChipCost, bare: ChipCost, layers: int, int8_share: float = 0.0) -> ChipCost:
     """The step of ``layers`` layers from its served compile (the loop body, one layer,
     counted once) and its compile with no layers: FLOPs and collectives ``bare + layers *
     (served - bare)``; HBM bytes the served executable's own (its arguments hold every
-    layer's parameters already)."""
+    layer's parameters already). ``int8_share``: the part of a layer's FLOPs its int8
+    projections are (``quantization: int8``; the heads outside the layers stay bf16)."""
 
     def scale(with_one: float, without: float) -> float:
         return without + layers * max(with_one - without, 0.0)
 
     flops = scale(served.flops, bare.flops)
-    return ChipCost(flops, served.hbm_bytes, scale(served.ici_bytes, bare.ici_bytes))
+    int8 = layers * max(served.flops - bare.flops, 0.0) * int8_share
+    return ChipCost(flops, served.hbm_bytes, scale(served.ici_bytes, bare.ici_bytes), int8)

@@ -13,7 +13,10 @@ the layouts ranked by projected items/s per slice (refusals last, with their rea
 checks the winner with every warm-up signature compiled. ``--emit`` writes a RayService
 manifest for the winner (``--emit-serve``: a serve config), its header naming the command
 and the projected figures. Projections are bounds from published chip figures, not
-measurements. Exits 1 when no layout fits, 2 on a bad option.
+measurements. ``--quantization`` (else the config's ``quantization``) plans the quantized
+model: its weights counted as placed (``int8``: int8 values and float32 scales, about half
+of bfloat16's bytes), its steps compiled with the quantized projections; the emitted
+manifest carries the form. Exits 1 when no layout fits, 2 on a bad option.
 """
 
 from __future__ import annotations

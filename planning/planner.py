@@ -17,7 +17,7 @@ from cluster.tpu_topology import GIB, TopologyError
 from planning.compile_times import CompileTimes
 from planning.layouts import Layout, enumerate_layouts, replica_devices, replica_shape
 from planning.serve_args import base_args
-from planning.tpu_check import lora_slots, quantized_args
+from planning.tpu_check import lora_slots
 
 
 def layout_settings(args: dict[str, Any], model: str, layout: Layout) -> Any:
@@ -58,21 +58,20 @@ class Planner:
     """What every layout of one slice and model shares: devices, chip, model, settings."""
 
     def __init__(self, options: argparse.Namespace) -> None:
-        import jax.numpy as jnp
-
         from cluster.tpu_topology import chip_spec, host_count, topology_devices
-        from replicas.checkpoints.loading import DTYPES
-        from replicas.model.catalog import model_config
+        from planning.tpu_check import served_model, with_quantization
 
         self.options = options
         self.devices = topology_devices(options.topology)
         self.chip = chip_spec(self.devices)
         self.hosts = host_count(self.devices)
-        args = base_args(Path(options.config) if options.config else None)
-        self.args = quantized_args(args, getattr(options, "quantization", None))
-        quantization = self.args.get("quantization", "none")  # weights' bytes as placed
-        self.config = model_config(options.model).replace(quantization=quantization)
-        self.dtype = jnp.dtype(DTYPES[self.args.get("dtype", "bfloat16")])
+        self.args = with_quantization(
+            base_args(Path(options.config) if options.config else None), options
+        )
+        quantization = self.args.get("quantization", "none")
+        self.model = served_model(options.model, self.args.get("dtype", "bfloat16"), quantization)
+        self.config = self.model.config
+        self.dtype_name = str(self.args.get("dtype", "bfloat16"))
         query, items, item_tokens = options.workload
         self.workload = (query, items, item_tokens, 2)
         self.lora = lora_slots(options)  # adapter slots every step holds, or None
@@ -110,14 +109,12 @@ class Planner:
         from cluster.mesh import build_mesh
         from planning.tpu_check import abstract_params
         from replicas.engine.scoring_engine import ScoringEngine
-        from replicas.model.causal_lm import CausalLM
 
         settings = layout_settings(self.args, self.options.model, layout)
         mesh = build_mesh(layout.mesh, replica_devices(self.replica_hosts(layout), layout))
-        model = CausalLM(self.config, self.dtype)
-        params, param_bytes = abstract_params(model, mesh, self.lora)
+        params, param_bytes = abstract_params(self.model, mesh, self.lora)
         settings = settings.replace(max_loras=0, lora_adapters=())  # the slots ride in params
-        engine = ScoringEngine(model, params, mesh, settings, name=self.options.model)
+        engine = ScoringEngine(self.model, params, mesh, settings, name=self.options.model)
         return engine, mesh, param_bytes, settings.engine
 
     def evaluate(self, layout: Layout) -> dict[str, Any]:
@@ -131,8 +128,7 @@ class Planner:
         cache = engine_settings.query_cache_bytes
         row |= {"param_bytes_per_chip": param_bytes, "cache_bytes_per_chip": cache}
         if param_bytes + cache > self.chip.hbm_bytes:
-            need = (param_bytes + cache) / GIB
-            return refusal(row, f"parameters + query cache {need:.1f} GiB per chip > HBM")
+            return refusal(row, self.weights_refusal(param_bytes, cache))
         try:
             row = self.fit(engine, row, "largest", times)
             if row["fits"]:
@@ -144,6 +140,17 @@ class Planner:
         plan_s = round(time.perf_counter() - start, 1)
         spent = {"compile_s": times.totals(), "compile_cpu_s": times.totals("cpu_seconds")}
         return row | {"plan_s": plan_s} | spent
+
+    def weights_refusal(self, param_bytes: int, cache: int) -> str:
+        """Why a layout cannot hold the weights, with the numbers: the bytes per chip of the
+        parameters in their ``quantization`` form and of the query cache against HBM."""
+        form = self.config.quantization
+        return (
+            f"parameters + query cache {(param_bytes + cache) / GIB:.1f} GiB per chip > HBM "
+            f"{self.chip.hbm_bytes / GIB:.1f} GiB (parameters {param_bytes / GIB:.1f} GiB in "
+            f"{self.dtype_name if form == 'none' else form}, query cache "
+            f"{cache / GIB:.1f} GiB)"
+        )
 
     def fit(
         self, engine: Any, row: dict[str, Any], signatures: str, times: CompileTimes

@@ -18,9 +18,10 @@ TPU_ARGS = {
     "batch_buckets": [1, 2, 4, 8, 16],
     "warmup_batch_sizes": [1, 16],
     "max_request_tokens": 1048576,  # tokens one request may ask for (CPU ships 32768)
-    # bfloat16 weights: int8 (W8A8) misses the quality gate (docs/quantization.md); a model
-    # no layout holds in bfloat16 plans with --quantization int8_weight (half the bytes,
-    # meets the gate) or int8 (the MXU's int8 rate) and says so in its manifest
+    # none (bfloat16): int8 (W8A8, the MXU's int8 rate) misses the quality gate on SmolLM2
+    # and no gate has run on the catalog's TPU models yet (docs/quantization.md). int8 where
+    # bfloat16 does not fit: `python -m planning.plan --quantization int8` (Llama-3.1-70B on
+    # a v6e:2x2), after `python -m loadtest run quant_quality --model ...` passes.
     "quantization": "none",
 }
 # Shipped args a TPU replica leaves at their defaults: completions are not warmed on TPU yet

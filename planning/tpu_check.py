@@ -67,7 +67,7 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
     from replicas.settings import ReplicaSettings
 
     config = Path(args.config) if args.config else None
-    values = quantized_args(base_args(config), getattr(args, "quantization", None))
+    values = base_args(config)
     if args.mesh:
         mesh = tuple(int(n) for n in args.mesh.split(","))
     elif config and math.prod(values.get("mesh_shape") or [0]) == len(devices):
@@ -82,11 +82,33 @@ def replica_settings(args: argparse.Namespace, devices: list[Any]) -> Any:
         attention=args.attention,
     )
     values.setdefault("dtype", "bfloat16")
+    values = with_quantization(values, args)  # int8: the layers' weights in half the bytes
     if args.signatures != "all":  # one batch size: the largest, or the smallest
         sizes = values.get("warmup_batch_sizes", [1])
         values["warmup_batch_sizes"] = [max(sizes) if args.signatures == "largest" else min(sizes)]
         values["limit_to_warmup"] = False  # a subset of the warm-up is checked, not served
     return ReplicaSettings.from_mapping(values)
+
+
+def served_model(name: str, dtype: str, quantization: str) -> Any:
+    """The model a replica of these settings serves: the catalog's (or a ``config.json``'s)
+    config with the ``quantization`` setting, in ``dtype``. ``abstract_params`` of it counts
+    the weights as a replica places them (int8 values and float32 scales for ``int8``); the
+    planner and ``tpu_check`` both take the model from here."""
+    import jax.numpy as jnp
+
+    from replicas.checkpoints.loading import DTYPES
+    from replicas.model.catalog import model_config
+    from replicas.model.causal_lm import CausalLM
+
+    config = model_config(name).replace(quantization=quantization)
+    return CausalLM(config, jnp.dtype(DTYPES[dtype]))
+
+
+def with_quantization(values: dict[str, Any], options: argparse.Namespace) -> dict[str, Any]:
+    """A config's args with ``--quantization`` over them, when given."""
+    chosen = getattr(options, "quantization", None)
+    return values | {"quantization": chosen} if chosen else values
 
 
 def abstract_params(model: Any, mesh: Any, lora: tuple[int, int] | None = None) -> tuple[Any, int]:
@@ -231,24 +253,18 @@ def format_step(row: dict[str, Any], hbm: int) -> str:
 
 
 def check(args: argparse.Namespace) -> Plan:
-    import jax.numpy as jnp
-
     from cluster.mesh import build_mesh
     from cluster.tpu_topology import axes_crossing_hosts, chip_spec, topology_devices
     from planning.compile_times import CompileTimes
     from planning.tpu_projection import project
-    from replicas.checkpoints.loading import DTYPES
     from replicas.engine.scoring_engine import ScoringEngine
-    from replicas.model.catalog import model_config
-    from replicas.model.causal_lm import CausalLM
 
     devices = topology_devices(args.topology)
     chip = chip_spec(devices)
     settings = replica_settings(args, devices)
     placement = settings.placement
     mesh = build_mesh(placement.mesh_shape, devices)  # as a host group builds it
-    config = model_config(args.model).replace(quantization=settings.model.quantization)
-    model = CausalLM(config, jnp.dtype(DTYPES[settings.model.dtype]))
+    model = served_model(args.model, settings.model.dtype, settings.model.quantization)
     lora = lora_slots(args) or config_slots(settings)
     settings = settings.replace(max_loras=0, lora_adapters=())  # the slots ride in params
     params, param_bytes = abstract_params(model, mesh, lora)
@@ -352,11 +368,6 @@ def add_quantization_argument(parser: argparse.ArgumentParser) -> None:
         "--quantization", choices=QUANTIZATIONS,
         help="the layers' projections (default: the config's, else none; docs/quantization.md)",
     )  # fmt: skip
-
-
-def quantized_args(args: dict[str, Any], quantization: str | None) -> dict[str, Any]:
-    """The app's args with ``--quantization`` over the config's ``quantization``."""
-    return args | {"quantization": quantization} if quantization else args
 
 
 def add_lora_arguments(parser: argparse.ArgumentParser) -> None:

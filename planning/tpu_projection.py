@@ -63,7 +63,21 @@ def step_cost(bare: Any, serving: Any, key: tuple[str, Any], times: CompileTimes
     times.compile(bare, [key], "cost no layers")
     served = executable_cost(serving.executables()[key])
     without = executable_cost(bare.executables()[key])
-    return every_layer(served, without, serving.model.config.num_layers)
+    c = serving.model.config
+    return every_layer(served, without, c.num_layers, int8_share(c, *key))
+
+
+INT8_DOTS = ("int8", "int8_smooth")  # W8A8: the projections compile to s8 x s8 -> s32
+
+
+def int8_share(c: ModelConfig, kind: str, dims: Any) -> float:
+    """The part of a layer's FLOPs in step ``kind`` its seven projections are, when they run
+    as int8 dots (docs/tpu.md: the compiled HLO's s32 convolutions of s8 operands); 0 else.
+    Analytic, from ``step_flops`` without the LM head: XLA's count has no per-dtype split."""
+    if c.quantization not in INT8_DOTS:
+        return 0.0
+    tokens = dims.rows * dims.tokens if kind == "rows" else dims.batch * dims.tokens
+    return tokens * 2 * matmul_params_per_token(c) / step_flops(c, kind, dims, 0)
 
 
 def step_row(key: tuple[str, Any], cost: ChipCost, chip: ChipSpec, runs: int) -> dict[str, Any]:

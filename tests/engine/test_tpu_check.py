@@ -188,6 +188,27 @@ def test_a_step_of_every_layer_is_the_bare_step_plus_each_layer() -> None:
     chip = ChipSpec("x", 16 * GIB, peak_flops=1e12, hbm_bandwidth=1e12, ici_bandwidth=1e11)
     cost = ChipCost(2e12, 1e12, 1e10)
     assert cost.seconds(chip) == max(2.0, 1.0) + 0.1
+    # int8 (W8A8): a layer's projection FLOPs run at the int8 peak, the rest at bf16's
+    assert every_layer(served, bare, 28, 0.75) == ChipCost(178, 130, 60, 28 * 6 * 0.75)
+    int8_chip = ChipSpec("x", 16 * GIB, 1e12, 1e12, 1e11, int8_peak_flops=2e12)
+    assert ChipCost(2e12, 1e12, 1e10, 1e12).seconds(int8_chip) == 1.0 + 0.5 + 0.1
+    assert ChipCost(2e12, 1e12, 1e10, 1e12).seconds(chip) == 2.0 + 0.1  # no int8 MXU
+
+
+def test_the_int8_share_is_the_projections_part_of_a_layers_flops() -> None:
+    from planning.tpu_projection import int8_share
+
+    # Qwen3-0.6B's shapes; a prefix step of 16 x 320 tokens
+    c = SimpleNamespace(hidden_size=1024, num_heads=16, num_kv_heads=8, head_dim=128,
+                        intermediate_size=3072, num_layers=28, quantization="none")  # fmt: skip
+    dims = SimpleNamespace(batch=16, tokens=320)
+    assert int8_share(c, "prefix", dims) == 0.0  # quantization: none
+    # per token: 2 x (q, k, v, o and the MLP's weights) against QK^T and PV over 320 keys
+    per_layer = (1024 * (16 + 2 * 8) * 128 + 16 * 128 * 1024 + 3 * 1024 * 3072) * 2
+    attention = 4 * 320 * 16 * 128
+    expected = per_layer / (per_layer + attention)
+    q8 = SimpleNamespace(**(vars(c) | {"quantization": "int8"}))
+    assert int8_share(q8, "prefix", dims) == pytest.approx(expected, rel=1e-12)
 
 
 def steps_of(plan: dict, items: int, batch: int) -> dict[tuple[str, tuple[int, ...]], dict]:

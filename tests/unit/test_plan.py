@@ -97,35 +97,6 @@ def test_ranked_by_items_per_second_near_ties_by_latency_refusals_last() -> None
     assert "refused: parameters + query cache" in table.splitlines()[-1]
 
 
-def test_a_model_no_layout_holds_is_refused_before_compiling(tmp_path: Path) -> None:
-    # Llama-3.1-70B's bf16 weights are 141 GB: 35 GB per chip even on a v6e:2x2's 4 chips.
-    # In int8 (docs/quantization.md) the layers' weights take half the bytes: the planner
-    # counts them as placed, and on two chips they still do not fit. Both plans in one
-    # process (one start-up of jax and libtpu).
-    out, quantized = tmp_path / "plan.json", tmp_path / "int8.json"
-    plan_args = ["--topology", "v6e:2x2", "--model", "Llama-3.1-70B"]
-    runs = [
-        [*plan_args, "--json", str(out)],
-        [*plan_args, "--quantization", "int8", "--mesh", "1,2", "--json", str(quantized)],
-    ]
-    script = (  # the environment is prepared once, before jax is imported
-        "import sys; import planning.plan as p; first = p.main(%r); "
-        "p.prepare_environment = lambda *_: None; sys.exit(10 * first + p.main(%r))"
-    )
-    command = [sys.executable, "-c", script % tuple(runs)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 11, done.stdout + done.stderr  # both: no layout fits
-    plan = json.loads(out.read_text())
-    assert len(plan["rows"]) == 6 and not any(r["fits"] for r in plan["rows"])
-    assert all("parameters + query cache" in r["reason"] for r in plan["rows"])
-    assert "plan_s" not in plan["rows"][0]  # refused before any compile
-    assert "no layout fits" in done.stderr
-    (bf16,) = [r for r in plan["rows"] if r["mesh"] == [1, 2]]
-    (int8,) = json.loads(quantized.read_text())["rows"]
-    assert 0.45 < int8["param_bytes_per_chip"] / bf16["param_bytes_per_chip"] < 0.55
-    assert "parameters + query cache 34.1 GiB per chip > HBM" in int8["reason"]
-
-
 def test_a_bad_option_names_itself(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "planning.plan", "--topology", "v6e:2x2", "--model"]
     done = subprocess.run(
@@ -205,3 +176,64 @@ def test_compile_times_record_each_new_compile_by_purpose_and_the_refused_one() 
     with pytest.raises(RuntimeError, match="HBM"):
         times.compile(_Engine(refuse=prefix), [prefix], "fit")
     assert times.entries[-1]["kind"] == "prefix" and len(times.entries) == 3
+
+
+LLAMA_70B = """
+import json, sys
+from planning.layouts import Layout
+from planning.plan import main, parse_args
+from planning.planner import Planner
+# bfloat16: every layout refused; then int8's weights on the one replica of all 4 chips
+code = main(["--topology", "v6e:2x2", "--model", "Llama-3.1-70B", "--json", sys.argv[1]])
+options = parse_args(["--topology", "v6e:2x2", "--model", "Llama-3.1-70B",
+                      "--quantization", "int8"])
+planner = Planner(options)
+_, _, params, engine = planner.engine(Layout(4, 1, (1, 4), 1))
+print(json.dumps({"code": code, "params": params, "cache": engine.query_cache_bytes}))
+"""
+
+
+def test_llama_70b_on_a_v6e_2x2_is_refused_in_bfloat16_before_compiling_and_fits_in_int8(
+    tmp_path: Path,
+) -> None:
+    # Llama-3.1-70B's bf16 weights are 141 GB: 35 GB per chip even on a v6e:2x2's 4 chips;
+    # in int8 (values + float32 scales; embeddings and LM head stay bfloat16) about half.
+    # One process: the planner's CLI, then its weight count (abstract_params) for int8.
+    out = tmp_path / "plan.json"
+    command = [sys.executable, "-c", LLAMA_70B, str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    int8 = json.loads(done.stdout.splitlines()[-1])
+    assert int8["code"] == 1 and "no layout fits" in done.stderr
+    plan = json.loads(out.read_text())
+    assert len(plan["rows"]) == 6 and not any(r["fits"] for r in plan["rows"])
+    assert all("parameters + query cache" in r["reason"] for r in plan["rows"])
+    assert "plan_s" not in plan["rows"][0]  # refused before any compile
+    (bf16,) = [r for r in plan["rows"] if r["mesh"] == [1, 4]]
+    hbm = bf16["hbm_bytes_per_chip"]
+    assert f"> HBM {hbm / 2**30:.1f} GiB (parameters" in bf16["reason"]
+    assert "in bfloat16" in bf16["reason"]
+    assert bf16["param_bytes_per_chip"] + bf16["cache_bytes_per_chip"] > hbm
+    assert int8["params"] + int8["cache"] < hbm / 1.8
+    assert 0.5 < int8["params"] / bf16["param_bytes_per_chip"] < 0.53
+
+
+def test_the_quantization_option_reaches_the_emitted_manifest() -> None:
+    from planning.emit import documents
+    from planning.plan import parse_args
+    from planning.serve_args import base_args
+    from planning.tpu_check import with_quantization
+
+    options = parse_args(["--topology", "v6e:2x2", "--model", "Llama-3.1-70B",
+                          "--quantization", "int8"])  # fmt: skip
+    meta = {"topology": "v6e:2x2", "model": "Llama-3.1-70B", "slices": 1, "hosts": 1,
+            "chips": 4, "workload": [300, 10, 10], "command": "plan"}  # fmt: skip
+    row = {"chips_per_replica": 4, "hosts_per_replica": 1, "mesh": [1, 4],
+           "replicas_per_slice": 1, "items_per_s_per_slice": 1.0, "step_latency_s": 0.1,
+           "requests_per_step": 16}  # fmt: skip
+    for args, form in (
+        (base_args(None), "none"),
+        (with_quantization(base_args(None), options), "int8"),
+    ):
+        serve, manifest = documents(meta, row, args)
+        assert f"quantization: {form}\n" in serve and f"quantization: {form}\n" in manifest
