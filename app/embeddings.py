@@ -12,7 +12,6 @@ NumPy.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,13 @@ import numpy as np
 
 from app.embed_inputs import encode_inputs
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
+from app.embed_types import (
+    NO_CALIBRATION,
+    Calibration,
+    base64_of,
+    matryoshka,
+    typed_embeddings,
+)
 from app.tokenization import TextTokenizer
 from app.validation import (
     check_item_count,
@@ -50,12 +56,14 @@ INPUT_TYPES = {
 @dataclass(frozen=True)
 class EmbedPrepared:
     """A validated embedding request: its work, Matryoshka ``dimensions`` (None: whole
-    vectors), whether the answer is base64, and the tokens it holds."""
+    vectors), whether the answer is base64, the tokens it holds, and the embedding types
+    asked for (app.embed_types; /v1/embeddings: none unless its extension field asks)."""
 
     work: EmbedWork
     dimensions: int | None
     base64: bool
     prompt_tokens: int
+    types: tuple[str, ...] = ()
 
 
 def refuse_kind(
@@ -117,6 +125,7 @@ class Embedder:
 
     info: ModelInfo
     tokenizer: TextTokenizer
+    calibration: Calibration = NO_CALIBRATION  # int8/uint8 ranges (app.embed_types)
 
     def text_work(
         self, texts: Sequence[str], prompt: str | None, keep: int | None = None
@@ -197,7 +206,9 @@ class Embedder:
             _check_work(work, self.info)
         tokens = sum(len(ids) for ids in work.inputs)
         work = dataclasses.replace(work, adapter=adapter)
-        return EmbedPrepared(work, request.dimensions, request.encoding_format == "base64", tokens)
+        as_base64 = request.encoding_format == "base64"
+        types = tuple(request.embedding_types or ())
+        return EmbedPrepared(work, request.dimensions, as_base64, tokens, types)
 
     def prepare_cohere(self, payload: Any) -> tuple[EmbedPrepared, list[str]]:
         """/v2/embed: its texts behind the prompt ``input_type`` names."""
@@ -216,17 +227,9 @@ class Embedder:
         keep = None if request.truncate == "NONE" else input_limit(self.info)
         work = dataclasses.replace(self.text_work(request.texts, prompt, keep), adapter=adapter)
         tokens = sum(len(ids) for ids in work.inputs)
-        return EmbedPrepared(work, request.output_dimension, False, tokens), list(request.texts)
-
-
-def matryoshka(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """The first ``dimensions`` components, L2-normalized (float32); None: as they are."""
-    vectors = np.asarray(vectors, np.float32)
-    if dimensions is None:
-        return vectors
-    cut = vectors[:, :dimensions]
-    norms = np.sqrt(np.sum(cut * cut, axis=-1, keepdims=True, dtype=np.float32))
-    return (cut / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+        types = tuple(request.embedding_types)
+        prepared = EmbedPrepared(work, request.output_dimension, False, tokens, types)
+        return prepared, list(request.texts)
 
 
 def cosines(query: np.ndarray, items: np.ndarray) -> np.ndarray:
@@ -240,16 +243,27 @@ def cosines(query: np.ndarray, items: np.ndarray) -> np.ndarray:
 def encode_vector(vector: np.ndarray, as_base64: bool) -> Any:
     """A vector as JSON numbers, or as base64 of its little-endian float32 bytes."""
     if as_base64:
-        return base64.b64encode(np.asarray(vector, "<f4").tobytes()).decode("ascii")
+        return base64_of(vector)
     return np.asarray(vector, np.float32).tolist()
 
 
-def openai_body(prepared: EmbedPrepared, vectors: np.ndarray, model: str) -> dict[str, Any]:
+def openai_body(
+    prepared: EmbedPrepared,
+    vectors: np.ndarray,
+    model: str,
+    calibration: Calibration = NO_CALIBRATION,
+) -> dict[str, Any]:
+    """OpenAI's list; with ``embedding_types`` (scorejax's extension) each item also carries
+    ``embeddings: {type: value}`` as /v2/embed gives them."""
     out = matryoshka(vectors, prepared.dimensions)
     data = [
         {"object": "embedding", "index": i, "embedding": encode_vector(v, prepared.base64)}
         for i, v in enumerate(out)
     ]
+    if prepared.types:
+        typed = typed_embeddings(out, prepared.types, calibration, prepared.dimensions)
+        for i, item in enumerate(data):
+            item["embeddings"] = {kind: values[i] for kind, values in typed.items()}
     tokens = prepared.prompt_tokens
     return {
         "object": "list",
@@ -260,12 +274,17 @@ def openai_body(prepared: EmbedPrepared, vectors: np.ndarray, model: str) -> dic
 
 
 def cohere_body(
-    prepared: EmbedPrepared, vectors: np.ndarray, texts: list[str], request_id: str
+    prepared: EmbedPrepared,
+    vectors: np.ndarray,
+    texts: list[str],
+    request_id: str,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> dict[str, Any]:
+    """Cohere v2's embeddings_by_type: ``embeddings: {type: [a value per text]}``."""
     out = matryoshka(vectors, prepared.dimensions)
     return {
         "id": request_id,
-        "embeddings": {"float": [np.asarray(v, np.float32).tolist() for v in out]},
+        "embeddings": typed_embeddings(out, prepared.types, calibration, prepared.dimensions),
         "texts": texts,
         "meta": {
             "api_version": {"version": "2"},
