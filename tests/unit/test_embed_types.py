@@ -12,9 +12,10 @@ import pytest
 from safetensors.numpy import save_file
 from sentence_transformers.util.quantization import quantize_embeddings
 
+from app.embed_openapi import cohere_embed_request_schema, embedding_request_schema
 from app.embed_types import load_calibration, matryoshka, quantize, typed_embeddings
 from app.embeddings import EmbedPrepared, cohere_body, openai_body
-from replicas.contract import EmbedWork
+from replicas.contract import EmbedWork, ModelInfo, PoolingHead, ScoringLimits
 from replicas.settings.common import SettingsError
 
 DIMENSION = 37  # not a multiple of 8: packbits pads the last byte
@@ -52,9 +53,9 @@ def test_a_calibration_file_gives_sentence_transformers_ranges_after_the_cut(
             matryoshka(v, cut), kind, calibration_embeddings=matryoshka(calibration_vectors, cut)
         )
         np.testing.assert_array_equal(np.asarray(typed[kind]), expected)
-    with pytest.raises(SettingsError, match="embedding_calibration.*16-dimensional"):
+    with pytest.raises(SettingsError, match=r"embedding_calibration.*16-dimensional"):
         load_calibration(str(path), 16)
-    with pytest.raises(SettingsError, match="embedding_calibration.*not a file"):
+    with pytest.raises(SettingsError, match=r"embedding_calibration.*not a file"):
         load_calibration(str(tmp_path / "missing.safetensors"), DIMENSION)
 
 
@@ -76,3 +77,20 @@ def test_both_bodies_carry_every_type_once_of_the_cut_vector() -> None:
         {kind: values[i] for kind, values in embeddings.items()} for i in range(3)
     ]
     np.testing.assert_array_equal([item["embedding"] for item in data], short)
+
+
+def test_the_openapi_schemas_state_the_types_exactly() -> None:
+    """Any of the six types, at least one (duplicates answered once); nothing else."""
+    from jsonschema import Draft202012Validator
+
+    pooling = PoolingHead("mean", True, DIMENSION)
+    info = ModelInfo("m", 100, None, ScoringLimits(8, 256, 256), pooling=pooling)
+    every = ["float", "int8", "uint8", "binary", "ubinary", "base64", "int8"]
+    for schema, body in (
+        (cohere_embed_request_schema(info, pooling), {"texts": ["a"]}),
+        (embedding_request_schema(info, pooling), {"input": "a"}),
+    ):
+        types = Draft202012Validator(schema["properties"]["embedding_types"])
+        assert types.is_valid(every)
+        assert not any(types.is_valid(bad) for bad in ([], ["int4"], "int8", ["Float"]))
+        assert Draft202012Validator(schema).is_valid(body)
