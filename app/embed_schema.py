@@ -79,6 +79,11 @@ class CohereEmbedRequest(BaseModel):
     output_dimension: WholeInt | None = Field(
         default=None, description="Matryoshka: as /v1/embeddings' dimensions."
     )
-    truncate: Literal["NONE", "END"] | None = Field(
-        default=None, description="END keeps the first tokens the model takes; NONE: a 400."
+    truncate: Literal["NONE", "START", "END"] | None = Field(
+        default=None,
+        description=(
+            "A text past the model's limit: END (default) keeps its first tokens; START drops "
+            "its first tokens (at a token boundary) until it fits, prompt and special tokens "
+            "kept; NONE: a 400."
+        ),
     )

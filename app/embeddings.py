@@ -13,7 +13,7 @@ NumPy.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ import numpy as np
 
 from app.embed_inputs import encode_inputs
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
+from app.embed_truncate import cut_starts
 from app.embed_types import (
     NO_CALIBRATION,
     Calibration,
@@ -140,6 +141,16 @@ class Embedder:
         _check_work(work, self.info)
         return work
 
+    def _length(self, prompt: str | None) -> Callable[[str], int]:
+        """A text -> its input's tokens behind ``prompt`` (more than the limit: overflows)."""
+        head, limit = pooling_of(self.info, "/v2/embed"), input_limit(self.info)
+
+        def length(text: str) -> int:
+            encoded = encode_inputs(self.tokenizer, [text], prompt, head, limit, None)
+            return len(encoded.inputs[0])
+
+        return length
+
     def _prompt(self, name: str | None, instruction: str | None) -> str | None:
         head = pooling_of(self.info, "/v1/embeddings")
         if name is not None and instruction is not None:
@@ -224,8 +235,11 @@ class Embedder:
         if request.input_type is not None:
             names = INPUT_TYPES.get(request.input_type, (request.input_type,))
             prompt = next((head.prompt(n) for n in names if head.prompt(n) is not None), None)
-        keep = None if request.truncate == "NONE" else input_limit(self.info)
-        work = dataclasses.replace(self.text_work(request.texts, prompt, keep), adapter=adapter)
+        texts, limit = list(request.texts), input_limit(self.info)
+        keep = None if request.truncate in ("NONE", "START") else limit
+        if request.truncate == "START":
+            texts = cut_starts(self.tokenizer, texts, limit, self._length(prompt))
+        work = dataclasses.replace(self.text_work(texts, prompt, keep), adapter=adapter)
         tokens = sum(len(ids) for ids in work.inputs)
         types = tuple(request.embedding_types)
         prepared = EmbedPrepared(work, request.output_dimension, False, tokens, types)
