@@ -88,6 +88,7 @@ def cohere_bodies(served: Served, dimension: int) -> st.SearchStrategy[Body]:
         "input_type": st.sampled_from(["search_query", "search_document", "clustering"]),
         "embedding_types": EMBEDDING_TYPES,
         "output_dimension": st.integers(1, dimension),
+        "truncate": st.sampled_from(["NONE", "START", "END"]),
     }
     return st.fixed_dictionaries(
         {"texts": st.lists(TEXT, min_size=1, max_size=4)}, optional=optional
