@@ -9,6 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
 from app.schema import WholeInt
 
+EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
+_TYPES = (
+    "float: float32 numbers; int8/uint8: each dimension quantized to 256 levels of its "
+    "calibrated range ([-1, 1] unless the config names a calibration set); binary/ubinary: "
+    "the sign bits packed 8 per byte (int8/uint8); base64: the float32 little-endian bytes. "
+    "As sentence-transformers' quantize_embeddings, after the Matryoshka cut."
+)
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
@@ -42,10 +49,18 @@ class EmbeddingRequest(BaseModel):
         description="Keep each input's first k tokens; unset, a longer input is a 400.",
     )
     user: StrictStr | None = Field(default=None, description="Ignored (OpenAI's field).")
+    embedding_types: list[EmbeddingType] | None = Field(
+        default=None,
+        min_length=1,
+        description=(
+            "scorejax's extension (Cohere v2's embedding_types): each item also carries "
+            "embeddings: {type: value}. " + _TYPES
+        ),
+    )
 
 
 class CohereEmbedRequest(BaseModel):
-    """POST /v2/embed (Cohere's v2 shape): texts only, float embeddings."""
+    """POST /v2/embed (Cohere's v2 shape): texts only, any of Cohere's embedding types."""
 
     model_config = _STRICT
 
@@ -58,12 +73,17 @@ class CohereEmbedRequest(BaseModel):
             "prompt of that purpose (query, document, or the name itself), none if it has none."
         ),
     )
-    embedding_types: list[Literal["float"]] = Field(
-        default=["float"], description="Only float embeddings are served."
+    embedding_types: list[EmbeddingType] = Field(
+        default=["float"], min_length=1, description="The types to answer, each once. " + _TYPES
     )
     output_dimension: WholeInt | None = Field(
         default=None, description="Matryoshka: as /v1/embeddings' dimensions."
     )
-    truncate: Literal["NONE", "END"] | None = Field(
-        default=None, description="END keeps the first tokens the model takes; NONE: a 400."
+    truncate: Literal["NONE", "START", "END"] | None = Field(
+        default=None,
+        description=(
+            "A text past the model's limit: END (default) keeps its first tokens; START drops "
+            "its first tokens (at a token boundary) until it fits, prompt and special tokens "
+            "kept; NONE: a 400."
+        ),
     )

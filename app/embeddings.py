@@ -12,9 +12,8 @@ NumPy.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +21,14 @@ import numpy as np
 
 from app.embed_inputs import encode_inputs
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
+from app.embed_truncate import cut_starts
+from app.embed_types import (
+    NO_CALIBRATION,
+    Calibration,
+    base64_of,
+    matryoshka,
+    typed_embeddings,
+)
 from app.tokenization import TextTokenizer
 from app.validation import (
     check_item_count,
@@ -50,12 +57,14 @@ INPUT_TYPES = {
 @dataclass(frozen=True)
 class EmbedPrepared:
     """A validated embedding request: its work, Matryoshka ``dimensions`` (None: whole
-    vectors), whether the answer is base64, and the tokens it holds."""
+    vectors), whether the answer is base64, the tokens it holds, and the embedding types
+    asked for (app.embed_types; /v1/embeddings: none unless its extension field asks)."""
 
     work: EmbedWork
     dimensions: int | None
     base64: bool
     prompt_tokens: int
+    types: tuple[str, ...] = ()
 
 
 def refuse_kind(
@@ -117,6 +126,7 @@ class Embedder:
 
     info: ModelInfo
     tokenizer: TextTokenizer
+    calibration: Calibration = NO_CALIBRATION  # int8/uint8 ranges (app.embed_types)
 
     def text_work(
         self, texts: Sequence[str], prompt: str | None, keep: int | None = None
@@ -130,6 +140,16 @@ class Embedder:
         work = EmbedWork(inputs, (skip,) * len(inputs) if skip else ())
         _check_work(work, self.info)
         return work
+
+    def _length(self, prompt: str | None) -> Callable[[str], int]:
+        """A text -> its input's tokens behind ``prompt`` (more than the limit: overflows)."""
+        head, limit = pooling_of(self.info, "/v2/embed"), input_limit(self.info)
+
+        def length(text: str) -> int:
+            encoded = encode_inputs(self.tokenizer, [text], prompt, head, limit, None)
+            return len(encoded.inputs[0])
+
+        return length
 
     def _prompt(self, name: str | None, instruction: str | None) -> str | None:
         head = pooling_of(self.info, "/v1/embeddings")
@@ -197,7 +217,9 @@ class Embedder:
             _check_work(work, self.info)
         tokens = sum(len(ids) for ids in work.inputs)
         work = dataclasses.replace(work, adapter=adapter)
-        return EmbedPrepared(work, request.dimensions, request.encoding_format == "base64", tokens)
+        as_base64 = request.encoding_format == "base64"
+        types = tuple(request.embedding_types or ())
+        return EmbedPrepared(work, request.dimensions, as_base64, tokens, types)
 
     def prepare_cohere(self, payload: Any) -> tuple[EmbedPrepared, list[str]]:
         """/v2/embed: its texts behind the prompt ``input_type`` names."""
@@ -213,20 +235,15 @@ class Embedder:
         if request.input_type is not None:
             names = INPUT_TYPES.get(request.input_type, (request.input_type,))
             prompt = next((head.prompt(n) for n in names if head.prompt(n) is not None), None)
-        keep = None if request.truncate == "NONE" else input_limit(self.info)
-        work = dataclasses.replace(self.text_work(request.texts, prompt, keep), adapter=adapter)
+        texts, limit = list(request.texts), input_limit(self.info)
+        keep = None if request.truncate in ("NONE", "START") else limit
+        if request.truncate == "START":
+            texts = cut_starts(self.tokenizer, texts, limit, self._length(prompt))
+        work = dataclasses.replace(self.text_work(texts, prompt, keep), adapter=adapter)
         tokens = sum(len(ids) for ids in work.inputs)
-        return EmbedPrepared(work, request.output_dimension, False, tokens), list(request.texts)
-
-
-def matryoshka(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """The first ``dimensions`` components, L2-normalized (float32); None: as they are."""
-    vectors = np.asarray(vectors, np.float32)
-    if dimensions is None:
-        return vectors
-    cut = vectors[:, :dimensions]
-    norms = np.sqrt(np.sum(cut * cut, axis=-1, keepdims=True, dtype=np.float32))
-    return (cut / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+        types = tuple(request.embedding_types)
+        prepared = EmbedPrepared(work, request.output_dimension, False, tokens, types)
+        return prepared, list(request.texts)
 
 
 def cosines(query: np.ndarray, items: np.ndarray) -> np.ndarray:
@@ -240,16 +257,27 @@ def cosines(query: np.ndarray, items: np.ndarray) -> np.ndarray:
 def encode_vector(vector: np.ndarray, as_base64: bool) -> Any:
     """A vector as JSON numbers, or as base64 of its little-endian float32 bytes."""
     if as_base64:
-        return base64.b64encode(np.asarray(vector, "<f4").tobytes()).decode("ascii")
+        return base64_of(vector)
     return np.asarray(vector, np.float32).tolist()
 
 
-def openai_body(prepared: EmbedPrepared, vectors: np.ndarray, model: str) -> dict[str, Any]:
+def openai_body(
+    prepared: EmbedPrepared,
+    vectors: np.ndarray,
+    model: str,
+    calibration: Calibration = NO_CALIBRATION,
+) -> dict[str, Any]:
+    """OpenAI's list; with ``embedding_types`` (scorejax's extension) each item also carries
+    ``embeddings: {type: value}`` as /v2/embed gives them."""
     out = matryoshka(vectors, prepared.dimensions)
     data = [
         {"object": "embedding", "index": i, "embedding": encode_vector(v, prepared.base64)}
         for i, v in enumerate(out)
     ]
+    if prepared.types:
+        typed = typed_embeddings(out, prepared.types, calibration, prepared.dimensions)
+        for i, item in enumerate(data):
+            item["embeddings"] = {kind: values[i] for kind, values in typed.items()}
     tokens = prepared.prompt_tokens
     return {
         "object": "list",
@@ -260,12 +288,17 @@ def openai_body(prepared: EmbedPrepared, vectors: np.ndarray, model: str) -> dic
 
 
 def cohere_body(
-    prepared: EmbedPrepared, vectors: np.ndarray, texts: list[str], request_id: str
+    prepared: EmbedPrepared,
+    vectors: np.ndarray,
+    texts: list[str],
+    request_id: str,
+    calibration: Calibration = NO_CALIBRATION,
 ) -> dict[str, Any]:
+    """Cohere v2's embeddings_by_type: ``embeddings: {type: [a value per text]}``."""
     out = matryoshka(vectors, prepared.dimensions)
     return {
         "id": request_id,
-        "embeddings": {"float": [np.asarray(v, np.float32).tolist() for v in out]},
+        "embeddings": typed_embeddings(out, prepared.types, calibration, prepared.dimensions),
         "texts": texts,
         "meta": {
             "api_version": {"version": "2"},

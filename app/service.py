@@ -22,6 +22,7 @@ from app.classify import classify_body, head_card, prepare_classify, refuse_scor
 from app.completions import Completions
 from app.cross_encoder import cross_encoded
 from app.embed_scores import cosine_rerank_work, cosine_score_work
+from app.embed_types import NO_CALIBRATION, Calibration, load_calibration
 from app.embeddings import Embedder, cohere_body, cosines, openai_body, refuse_kind
 from app.kinds import kinds_of
 from app.rerank import Reranker, rerank_body, reranker_for
@@ -65,6 +66,7 @@ class ScoringService:
     reranker: Reranker | None = None  # /v1/rerank; None: the model has no rerank template
     completions: Completions | None = None  # /v1/completions and the tokenizer routes
     chunking: ChunkOptions = NO_CHUNKING  # /v1/rerank's chunking defaults (app.chunks)
+    calibration: Calibration = NO_CALIBRATION  # int8/uint8 embedding ranges (app.embed_types)
 
     @classmethod
     def from_settings(
@@ -103,11 +105,14 @@ class ScoringService:
             reranker=reranker_for(settings.http, tokenizer, info.head) if ranks else None,
             completions=Completions(tokenizer, info),
             chunking=ChunkOptions.from_settings(settings.http),
+            calibration=load_calibration(
+                settings.http.embedding_calibration, pooling.dimension if pooling else None
+            ),
         )
 
     @property
     def embedder(self) -> Embedder:
-        return Embedder(self.info, self.tokenizer)
+        return Embedder(self.info, self.tokenizer, self.calibration)
 
     def prepare(self, payload: Any) -> Prepared:
         """Every validation rule, in a fixed order; raises ScoringError on the first."""
@@ -236,8 +241,10 @@ class ScoringService:
         timings = Timings(tokenization_s=time.perf_counter() - start)
         vectors, timings = await self._embedded(prepared.work, backend, timings)
         if cohere:
-            return cohere_body(prepared, vectors, texts, uuid.uuid4().hex), timings
-        return openai_body(prepared, vectors, prepared.work.adapter or self.info.name), timings
+            body = cohere_body(prepared, vectors, texts, uuid.uuid4().hex, self.calibration)
+            return body, timings
+        model = prepared.work.adapter or self.info.name
+        return openai_body(prepared, vectors, model, self.calibration), timings
 
     async def _cosine_scores(
         self, payload: Any, backend: Backend

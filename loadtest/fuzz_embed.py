@@ -16,6 +16,8 @@ EMBED_FIELDS = (
     "output_dimension", "truncate", "query", "items", "documents", "top_n",
 )  # fmt: skip
 ROUTES = ("/v1/embeddings", "/embeddings", "/v2/embed", "/v1/score", "/v1/rerank")
+TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
+EMBEDDING_TYPES = st.lists(st.sampled_from(TYPES), min_size=1, max_size=len(TYPES))
 TEXT = st.text(min_size=1, max_size=30).filter(lambda t: t.strip() and t.isprintable())
 
 
@@ -36,6 +38,7 @@ def embedding_bodies(
         "encoding_format": st.sampled_from(["float", "base64"]),
         "truncate_prompt_tokens": st.integers(1, 8),
         "user": st.text(max_size=5),
+        "embedding_types": EMBEDDING_TYPES,
     }
     return st.fixed_dictionaries({"input": inputs}, optional=optional)
 
@@ -56,6 +59,7 @@ def _broken(served: Served, dimension: int) -> dict[str, st.SearchStrategy[objec
             lambda n: n not in ("query", "document")
         ),
         "truncate_prompt_tokens": st.integers(max_value=0) | st.just(True),
+        "embedding_types": st.just([]) | st.just(["int4"]) | st.just("int8"),
         "model": st.text(max_size=10).filter(lambda name: name != served.model),
     }
 
@@ -77,12 +81,14 @@ def near_valid_embeddings(served: Served, dimension: int) -> st.SearchStrategy[B
     return embedding_bodies(served, dimension).flatmap(break_one)
 
 
-def cohere_bodies(served: Served) -> st.SearchStrategy[Body]:
+def cohere_bodies(served: Served, dimension: int) -> st.SearchStrategy[Body]:
     """/v2/embed bodies every rule accepts."""
     optional = {
         "model": st.sampled_from([served.model, None]),
         "input_type": st.sampled_from(["search_query", "search_document", "clustering"]),
-        "embedding_types": st.just(["float"]),
+        "embedding_types": EMBEDDING_TYPES,
+        "output_dimension": st.integers(1, dimension),
+        "truncate": st.sampled_from(["NONE", "START", "END"]),
     }
     return st.fixed_dictionaries(
         {"texts": st.lists(TEXT, min_size=1, max_size=4)}, optional=optional
@@ -102,7 +108,7 @@ def cosine_bodies(served: Served) -> st.SearchStrategy[tuple[str, Body]]:
 def valid_routes(served: Served, dimension: int) -> st.SearchStrategy[tuple[str, bytes]]:
     """(route, body) that every rule accepts: all 200s on an embedding model."""
     openai = st.tuples(st.sampled_from(ROUTES[:2]), embedding_bodies(served, dimension).map(encode))
-    cohere = cohere_bodies(served).map(lambda body: ("/v2/embed", encode(body)))
+    cohere = cohere_bodies(served, dimension).map(lambda body: ("/v2/embed", encode(body)))
     cosine = cosine_bodies(served).map(lambda pair: (pair[0], encode(pair[1])))
     return openai | cohere | cosine
 

@@ -82,6 +82,11 @@ class HttpSettings:
     """Tokens a chunk repeats of the one before it, in [0, chunk_tokens)."""
     chunk_aggregation: str = "max"
     """A chunked document's relevance: its best chunk's (max) or the chunks' mean."""
+    embedding_calibration: str | None = None
+    """int8/uint8 embedding types (app.embed_types): a safetensors file whose ``embeddings``
+    tensor [N, D] holds the model's vectors of representative texts; each dimension's range
+    is their min and max (sentence-transformers' calibration_embeddings). None: [-1, 1],
+    the bounds of a normalized vector's components."""
     api_keys_env: str | None = None
     """API keys (semantics 13), never in the config: the name of an environment variable
     holding them (comma/space/line separated); none of the two set = no auth."""

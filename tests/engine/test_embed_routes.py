@@ -18,7 +18,13 @@ import pytest
 from app.http import build_api
 from app.schema import ModelList
 from app.service import ScoringService
-from tests.support.embed_helpers import QUERY_PROMPT, embed_settings, reference_vectors, texts_of
+from tests.support.embed_helpers import (
+    QUERY_PROMPT,
+    embed_settings,
+    reference_vectors,
+    st_model,
+    texts_of,
+)
 from tests.support.http_support import Reply, ask
 
 TOL = 1e-5
@@ -167,9 +173,40 @@ def test_cohere_v2_embed(served) -> None:
     query = reference_vectors(directory, texts, prompt_name="query")
     np.testing.assert_allclose(reply.body["embeddings"]["float"], query, atol=TOL, rtol=0)
     assert reply.body["response_type"] == "embeddings_by_type"
-    refused(
-        post(api, "/v2/embed", {"texts": texts, "embedding_types": ["int8"]}), "invalid_request"
+    for bad, reason in (
+        ({"embedding_types": ["int4"]}, "embedding_types.0"),
+        ({"embedding_types": []}, "embedding_types"),
+        ({"output_dimension": 10_000}, "output_dimension"),
+    ):
+        message = refused(
+            post(api, "/v2/embed", {"texts": texts, **bad}),
+            "invalid_" + ("dimensions" if "output_dimension" in bad else "request"),
+        )
+        assert reason in message, message
+
+
+def test_cohere_truncate_start_embeds_the_longest_tail_that_fits(served) -> None:
+    """START: the text from its first token start (ascending) whose input, the query prompt
+    in front and the special tokens, fits max_seq_length (sentence-transformers' tokenizer,
+    searched one offset at a time); END: sentence-transformers' own cut."""
+    api, directory = served
+    model = st_model(str(directory))
+    words = ("alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue")
+    text = " ".join(words[(n * n) % 9] for n in range(560))  # ~560 tokens, past the 512 limit
+    starts = model.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    tokens = model.tokenizer
+    fits = next(
+        start
+        for start, _ in starts["offset_mapping"]
+        if len(tokens(QUERY_PROMPT + text[start:])["input_ids"]) <= model.max_seq_length
     )
+    assert fits > 0, "the text must overflow"
+    references = reference_vectors(directory, [text[fits:], text], prompt_name="query")
+    for truncate, reference in zip(("START", "END"), references, strict=True):
+        body = {"texts": [text], "input_type": "search_query", "truncate": truncate}
+        reply = post(api, "/v2/embed", body)
+        assert reply.status == 200, reply.body
+        np.testing.assert_allclose(reply.body["embeddings"]["float"], [reference], atol=TOL, rtol=0)
 
 
 def test_score_and_rerank_are_cosines_with_the_query_embedded_once(served) -> None:

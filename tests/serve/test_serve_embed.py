@@ -7,6 +7,7 @@ for the module."""
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,10 +71,41 @@ def test_the_openai_and_cohere_sdks_embed_as_sentence_transformers(
     )
     query = reference_vectors(directory, texts, prompt_name="query")
     np.testing.assert_allclose(queried.embeddings.float_, query, atol=TOL, rtol=0)
+    assert_every_type_decodes(co, sdk, model, texts)
     scores = client.post("/v1/score", json={"query": texts[0], "items": texts[1:3]})
     assert scores.status_code == 200, scores.text
     cos = reference[1:3] @ query[0] / np.linalg.norm(reference[1:3], axis=1)
     np.testing.assert_allclose(np.asarray(scores.json()["scores"])[:, 0], cos, atol=TOL)
+
+
+def assert_every_type_decodes(co: Any, sdk: Any, model: str, texts: list[str]) -> None:
+    """The Cohere v2 SDK decodes every embedding type of one request (semantics 25), each as
+    sentence-transformers' quantize_embeddings makes it of the cut float vector (default
+    [-1, 1] ranges); the OpenAI SDK passes the extension through ``extra_body``."""
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    types = ["float", "int8", "uint8", "binary", "ubinary", "base64"]
+    got = co.embed(
+        texts=texts,
+        model=model,
+        input_type="clustering",
+        embedding_types=types,
+        output_dimension=16,
+    )
+    cut = np.asarray(got.embeddings.float_, np.float32)
+    assert cut.shape == (len(texts), 16)
+    ranges = np.stack([-np.ones(16), np.ones(16)])
+    for kind in types[1:5]:
+        expected = quantize_embeddings(cut, kind, ranges=ranges if "int8" in kind else None)
+        np.testing.assert_array_equal(getattr(got.embeddings, kind), expected, err_msg=kind)
+    decoded = [np.frombuffer(base64.b64decode(s), "<f4") for s in got.embeddings.base64]
+    np.testing.assert_array_equal(decoded, cut)
+    extended = sdk.embeddings.create(
+        model=model, input=texts, dimensions=16, extra_body={"embedding_types": ["ubinary"]}
+    )
+    assert [d.model_extra["embeddings"]["ubinary"] for d in extended.data] == (
+        got.embeddings.ubinary
+    )
 
 
 def embed_config(directory: Path, folder: Path) -> Path:

@@ -96,7 +96,7 @@ def embed_settings(model: Path, **changes: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=8)
-def _st_model(directory: str) -> Any:
+def st_model(directory: str) -> Any:
     """One loaded SentenceTransformer per directory (loading costs ~1 s)."""
     from sentence_transformers import SentenceTransformer
 
@@ -107,7 +107,7 @@ def reference_vectors(
     directory: Path, texts: list[str], prompt_name: str | None = None, **kwargs: Any
 ) -> np.ndarray:
     """sentence-transformers' ``encode`` of ``texts`` in float32 ``[n, dim]``."""
-    model = _st_model(str(directory))
+    model = st_model(str(directory))
     vectors = model.encode(texts, prompt_name=prompt_name, convert_to_numpy=True, **kwargs)
     return np.asarray(vectors, np.float32)
 
