@@ -7,9 +7,11 @@
 400. ``EmbedEngine`` (one engine per actor) or ``ServeEmbed`` (``--engine serve``: the
 ingress's ``score_work`` through its handle): the batch's rows packed by length into
 EmbedWorks within the request limits, so every engine call runs full rows of inputs end to
-end, then each row's vector (Matryoshka ``--dimensions``, the stages' payload, applied:
-``embed_dimensions`` checks it against the model). ``finish_embed`` tallies the rows and
-drops the helper columns.
+end, then each row's vector (Matryoshka ``--dimensions`` applied) and with
+``--embedding-types`` one ``embedding_<type>`` column per type, as /v2/embed's
+``embedding_types`` answers (``app.embed_types``; the stages' payload, ``EmbedOutput``, made
+by ``embed_output``, which checks it against the model). ``finish_embed`` tallies the rows
+and drops the helper columns.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from app.embed_types import NO_CALIBRATION, Calibration, load_calibration, typed_embeddings
 from app.embeddings import matryoshka
 from batch.rows import plain
 from batch.serve_stage import ServeStage
@@ -39,6 +42,25 @@ class EmbedColumns:
     id: str = "id"
     prompt_name: str | None = None
     dimensions: int | None = None
+    types: tuple[str, ...] = ()
+    """``--embedding-types``: each one's own ``embedding_<type>`` column."""
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The result columns: ``embedding``, then one per type."""
+        return ("embedding", *(f"embedding_{kind}" for kind in self.types))
+
+
+@dataclass(frozen=True, eq=False)
+class EmbedOutput:
+    """What the engine stages make of each row's vector."""
+
+    dimensions: int | None = None
+    """Matryoshka: the first ``dimensions`` components, normalized (None: all)."""
+    types: tuple[str, ...] = ()
+    """Embedding types written beside ``embedding``."""
+    calibration: Calibration = NO_CALIBRATION
+    """int8/uint8 ranges: the config's ``embedding_calibration``."""
 
 
 class EmbedPrepare(PrepareRows):
@@ -95,35 +117,57 @@ def _work(ids: list[Any], skips: list[Any], rows: list[int], adapter: str | None
     return EmbedWork(inputs, lengths if any(lengths) else (), adapter=adapter)
 
 
-def embedding_column(
+def vectors_of(
     rows: int, packs: Sequence[tuple[EmbedWork, list[int]]], answers: Sequence[Any], size: int,
     dimensions: int | None,
-) -> pa.Array:  # fmt: skip
-    """Each row's vector (Matryoshka-cut) as a fixed-size list of float32; null: refused."""
-    width = dimensions or size
-    values = np.zeros((rows, width), np.float32)
+) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Each row's vector ``[rows, d]`` float32 (Matryoshka-cut) and which rows have one."""
+    values = np.zeros((rows, dimensions or size), np.float32)
     valid = np.zeros(rows, bool)
     for (_, members), answer in zip(packs, answers, strict=True):
         values[members] = matryoshka(np.asarray(answer, np.float32), dimensions)
         valid[members] = True
+    return values, valid
+
+
+def output_columns(values: np.ndarray, valid: np.ndarray, output: EmbedOutput) -> dict[str, Any]:
+    """``embedding`` (a fixed-size list of float32) and one column per embedding type, as
+    /v2/embed answers them; null on a refused row."""
+    width = values.shape[1]
     flat = pa.array(values.reshape(-1), pa.float32())
-    array = pa.FixedSizeListArray.from_arrays(flat, width)
-    return pa.array(
-        [v if ok else None for v, ok in zip(array.to_pylist(), valid, strict=True)],
-        pa.list_(pa.float32(), width),
-    )
+    array = pa.FixedSizeListArray.from_arrays(flat, width).to_pylist()
+    columns: dict[str, Any] = {
+        "embedding": pa.array(
+            [v if ok else None for v, ok in zip(array, valid, strict=True)],
+            pa.list_(pa.float32(), width),
+        )
+    }
+    typed = typed_embeddings(values, output.types, output.calibration, output.dimensions)
+    for kind, answers in typed.items():
+        columns[f"embedding_{kind}"] = pa.array(
+            [a if ok else None for a, ok in zip(answers, valid, strict=True)], TYPE_ARROW[kind]
+        )
+    return columns
+
+
+TYPE_ARROW = {
+    "float": pa.list_(pa.float32()),
+    "int8": pa.list_(pa.int8()),
+    "uint8": pa.list_(pa.uint8()),
+    "binary": pa.list_(pa.int8()),
+    "ubinary": pa.list_(pa.uint8()),
+    "base64": pa.string(),
+}
 
 
 class EmbedEngine(EngineStage):
-    """The engine stage of ``embed`` (payload: ``--dimensions``, None: the model's)."""
+    """The engine stage of ``embed`` (payload: an ``EmbedOutput``)."""
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         info = self._engine.info
         packs = pack_rows(batch, info.limits, self._adapter)
         answers = self.call([w for w, _ in packs])
-        size = info.pooling.dimension
-        column = embedding_column(batch.num_rows, packs, answers, size, self._payload)
-        return with_columns(batch, {"embedding": column})
+        return with_columns(batch, answer_columns(batch, packs, answers, info, self._payload))
 
 
 class ServeEmbed(ServeStage):
@@ -134,20 +178,30 @@ class ServeEmbed(ServeStage):
         self,
         app_name: str,
         settings: ReplicaSettings,
-        dimensions: int | None,
+        output: EmbedOutput,
         tally: Any,
         max_in_flight: int = 4,
         adapter: str | None = None,
     ) -> None:
-        super().__init__(app_name, settings, dimensions, tally, max_in_flight, adapter)
+        super().__init__(app_name, settings, output, tally, max_in_flight, adapter)
         self._info = self._handle.describe.remote().result()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         packs = pack_rows(batch, self._info.limits, self._adapter)
         answers = self.send_all(self._handle.score_work.remote, [w for w, _ in packs])
-        size = self._info.pooling.dimension
-        column = embedding_column(batch.num_rows, packs, answers, size, self._payload)
-        return with_columns(batch, {"embedding": column})
+        return with_columns(batch, answer_columns(batch, packs, answers, self._info, self._payload))
+
+
+def answer_columns(
+    batch: pa.Table, packs: Sequence[tuple[EmbedWork, list[int]]], answers: Sequence[Any],
+    info: Any, output: EmbedOutput | None,
+) -> dict[str, Any]:  # fmt: skip
+    """The output columns of one batch's answered packs (``output`` None: the vectors as
+    they are)."""
+    output = output or EmbedOutput()
+    size = info.pooling.dimension
+    values, valid = vectors_of(batch.num_rows, packs, answers, size, output.dimensions)
+    return output_columns(values, valid, output)
 
 
 def finish_embed(batch: pa.Table, tally: Any) -> pa.Table:
@@ -155,10 +209,11 @@ def finish_embed(batch: pa.Table, tally: Any) -> pa.Table:
     return finish_rows(batch, "embedding", HELPERS, tally)
 
 
-def embed_dimensions(settings: ReplicaSettings, columns: EmbedColumns) -> int | None:
-    """``columns.dimensions``, checked against the configured model: a SettingsError when it
-    is not an embedding model or the dimensions are past its vector's (before the job reads
-    a row)."""
+def embed_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedOutput:
+    """The engine stages' payload: ``columns.dimensions`` and ``types`` checked against the
+    configured model, and the config's ``embedding_calibration``: a SettingsError when it is
+    not an embedding model or the dimensions are past its vector's (before the job reads a
+    row)."""
     from replicas.checkpoints.sources import load_hf_config, resolve_model_source
     from replicas.model.pooling_config import pooling_head_for
 
@@ -171,4 +226,7 @@ def embed_dimensions(settings: ReplicaSettings, columns: EmbedColumns) -> int | 
         raise SettingsError(f"model: {settings.model.name} is not an embedding model")
     if columns.dimensions is not None and not 1 <= columns.dimensions <= head.dimension:
         raise SettingsError(f"--dimensions: 1..{head.dimension}, got {columns.dimensions}")
-    return columns.dimensions
+    calibration = NO_CALIBRATION
+    if any(kind.endswith("int8") for kind in columns.types):
+        calibration = load_calibration(settings.http.embedding_calibration, head.dimension)
+    return EmbedOutput(columns.dimensions, columns.types, calibration)

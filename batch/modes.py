@@ -19,10 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.embed_types import EMBEDDING_TYPES
 from batch.classify_stage import ClassifyColumns, ClassifyPrepare, classify_results
 from batch.embed_stage import HELPERS as EMBED_HELPERS
 from batch.embed_stage import IDS as EMBED_IDS
-from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedPrepare, ServeEmbed, embed_dimensions
+from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedPrepare, ServeEmbed, embed_output
 from batch.grouping import GroupBy
 from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
 from batch.rerank_stage import RerankColumns, RerankPrepare, RerankResults
@@ -78,7 +79,8 @@ class BatchMode:
     payload: Payload
     """What the engine stages turn answers into output columns with."""
     outputs: tuple[str, ...]
-    """Its result columns (after the id and kept columns; then ``error``, ``error_message``)."""
+    """Its result columns (after the id and kept columns; then ``error``, ``error_message``);
+    columns with an ``outputs`` property name the job's own (``embed --embedding-types``)."""
     group: GroupBy
     """What brings its rows together (the token buckets are the job's settings')."""
     helpers: tuple[str, ...] = ()
@@ -86,6 +88,10 @@ class BatchMode:
     finish: Callable[..., Any] | None = None
     """Its finishing step ``finish(batch, columns, tally)``; None: ``batch.stages.finish_rows``
     on its first output and its helpers."""
+
+    def outputs_of(self, columns: Any) -> tuple[str, ...]:
+        """The job's result columns: its columns' ``outputs`` where they name them."""
+        return tuple(getattr(columns, "outputs", self.outputs))
 
     def group_by(self, settings: ReplicaSettings) -> GroupBy:
         """``group`` with the job's token buckets."""
@@ -140,7 +146,19 @@ def _classify_columns(args: argparse.Namespace, adapter: str | None) -> Classify
 
 
 def _embed_columns(args: argparse.Namespace, adapter: str | None) -> EmbedColumns:
-    return EmbedColumns(args.input_column, args.id_column, args.prompt_name, args.dimensions)
+    types = args.embedding_types or ()
+    return EmbedColumns(args.input_column, args.id_column, args.prompt_name, args.dimensions, types)
+
+
+def embedding_types(text: str) -> tuple[str, ...]:
+    """``--embedding-types``: names from ``app.embed_types.EMBEDDING_TYPES``, comma-separated."""
+    kinds = tuple(dict.fromkeys(kind.strip() for kind in text.split(",") if kind.strip()))
+    unknown = [kind for kind in kinds if kind not in EMBEDDING_TYPES]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"{unknown or text!r}: choose from {', '.join(EMBEDDING_TYPES)}"
+        )
+    return kinds
 
 
 def _columns_themselves(settings: ReplicaSettings, columns: Any) -> Any:
@@ -235,12 +253,18 @@ MODES: tuple[BatchMode, ...] = (
             argument("--input-column", default="text"),
             argument("--prompt-name", default=None, help="one of the model's prompts"),
             argument("--dimensions", type=int, default=None, help="Matryoshka: first d"),
+            argument(
+                "--embedding-types",
+                type=embedding_types,
+                default=None,
+                help="comma-separated embedding types, each its own embedding_<type> column",
+            ),
         ),
         columns=_embed_columns,
         prepare=EmbedPrepare,
         engine=EmbedEngine,
         serve=ServeEmbed,
-        payload=embed_dimensions,
+        payload=embed_output,
         outputs=("embedding",),
         group=GroupBy("length", ids_column=EMBED_IDS),
         helpers=EMBED_HELPERS,

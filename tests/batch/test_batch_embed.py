@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from app.service import ScoringService
-from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedPrepare, finish_embed
+from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedOutput, EmbedPrepare, finish_embed
 from tests.support.embed_helpers import embed_settings, texts_of
 
 VARIANT = "qwen3-last"
@@ -27,15 +27,19 @@ def local(embedding_dirs: dict, embedding_engine: Any) -> tuple[Any, ScoringServ
     return embedding_engine(VARIANT), ScoringService.from_settings(settings)
 
 
-@pytest.mark.parametrize(("prompt_name", "dimensions"), [(None, None), ("query", 16)])
-def test_embed_rows_equal_what_v1_embeddings_answers(local, prompt_name, dimensions) -> None:
+@pytest.mark.parametrize(
+    ("prompt_name", "dimensions", "types"),
+    [(None, None, ()), ("query", 16, ("int8", "ubinary", "binary", "uint8", "base64", "float"))],
+)
+def test_embed_rows_equal_what_v1_embeddings_answers(local, prompt_name, dimensions, types) -> None:
     engine, service = local
     texts = [*texts_of(31, 20, longest=300), "", "alpha river " * 400]
     rows = [{"id": f"t{n}", "text": text} for n, text in enumerate(texts)]
     random.Random(3).shuffle(rows)
-    columns = EmbedColumns(prompt_name=prompt_name, dimensions=dimensions)
+    columns = EmbedColumns(prompt_name=prompt_name, dimensions=dimensions, types=types)
     prepared = EmbedPrepare.around(service, columns)(pa.Table.from_pylist(rows))
-    table = finish_embed(EmbedEngine.around(engine, dimensions)(prepared), None)
+    output = EmbedOutput(dimensions, types)
+    table = finish_embed(EmbedEngine.around(engine, output)(prepared), None)
     width = dimensions or engine.info.pooling.dimension
     assert table.schema.field("embedding").type == pa.list_(pa.float32(), width)
     assert "_sj_embed_ids" not in table.column_names
@@ -56,6 +60,16 @@ def test_embed_rows_equal_what_v1_embeddings_answers(local, prompt_name, dimensi
     vectors = [entry["embedding"] for entry in body["data"]]
     np.testing.assert_allclose([row["embedding"] for row in served], vectors, atol=1e-5)
     assert all(row["error"] is None for row in served)
+    assert [c for c in table.column_names if c.startswith("embedding")] == list(columns.outputs)
+    if types:  # each type as sentence-transformers quantizes the row's own vector
+        from sentence_transformers.quantization import quantize_embeddings
+
+        mine = np.asarray([row["embedding"] for row in served], np.float32)
+        ranges = np.stack([np.full(16, -1.0), np.full(16, 1.0)]).astype(np.float32)
+        for kind in ("int8", "uint8", "binary", "ubinary"):
+            expected = quantize_embeddings(mine, kind, ranges=ranges)
+            np.testing.assert_array_equal([row[f"embedding_{kind}"] for row in served], expected)
+        assert all(row[f"embedding_{k}"] is None for row in out if row["error"] for k in types)
 
 
 def test_the_command_and_its_refusals(tiny_llama_dir, embedding_dirs: dict) -> None:
@@ -65,11 +79,14 @@ def test_the_command_and_its_refusals(tiny_llama_dir, embedding_dirs: dict) -> N
 
     args = parser().parse_args(
         ["embed", "--input", "t.jsonl", "--output", "out", "--prompt-name", "query",
-         "--dimensions", "16", "--input-column", "body"]
+         "--dimensions", "16", "--input-column", "body", "--embedding-types", "int8,binary"]
     )  # fmt: skip
     assert (args.mode, args.prompt_name, args.dimensions, args.input_column) == (
         "embed", "query", 16, "body",
     )  # fmt: skip
+    assert args.embedding_types == ("int8", "binary")
+    with pytest.raises(SystemExit):
+        parser().parse_args(["embed", "--input", "t", "--output", "o", "--embedding-types", "int4"])
     with pytest.raises(SettingsError, match="not an embedding model"):
         embed_dataset(None, ReplicaSettings.from_keys(model=str(tiny_llama_dir)), EmbedColumns())
     with pytest.raises(SettingsError, match="--dimensions"):
