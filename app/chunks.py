@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from app.schema import RerankRequest
+from app.tokenization import fast_offsets
 from replicas.contract import ModelInfo
 from replicas.errors import Reason, ScoringError
 from replicas.settings import HttpSettings
@@ -180,17 +181,7 @@ def chunk_documents(
 
 def _offsets(tokenizer: Any, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
     """Each text's tokens as [start, end) codepoint offsets (a fast tokenizer's mapping)."""
-    if not texts:
-        return []
-    try:
-        encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
-    except (NotImplementedError, TypeError, ValueError) as error:
-        raise ScoringError(
-            Reason.INVALID_REQUEST,
-            f"max_chunks_per_doc: chunking needs a fast tokenizer's offsets ({error})",
-            "max_chunks_per_doc",
-        ) from None
-    return [[(int(s), int(e)) for s, e in row] for row in encoded["offset_mapping"]]
+    return fast_offsets(tokenizer, texts, "max_chunks_per_doc")
 
 
 def _windows(

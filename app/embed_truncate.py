@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app.embed_inputs import CHARS_PER_TOKEN
+from app.tokenization import fast_offsets
 from replicas.errors import Reason, ScoringError
 
 Length = Callable[[str], int]  # a text -> its input's token count, as it would be embedded
@@ -21,15 +22,8 @@ Length = Callable[[str], int]  # a text -> its input's token count, as it would 
 
 def _token_starts(tokenizer: Any, text: str) -> list[int]:
     """The start offsets of ``text``'s tokens (no special tokens), ascending."""
-    try:
-        encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    except (NotImplementedError, TypeError, ValueError) as error:
-        raise ScoringError(
-            Reason.INVALID_REQUEST,
-            f"truncate: START needs a fast tokenizer's offsets ({error})",
-            "truncate",
-        ) from None
-    return sorted({int(start) for start, _ in encoded["offset_mapping"]})
+    (offsets,) = fast_offsets(tokenizer, [text], "truncate")
+    return sorted({start for start, _ in offsets})
 
 
 def cut_start(tokenizer: Any, text: str, limit: int, length: Length) -> str:

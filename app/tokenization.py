@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from replicas.errors import Reason, ScoringError
+
 
 class TextTokenizer(Protocol):
     """The part of a Hugging Face tokenizer the ingress uses."""
@@ -40,3 +42,17 @@ def encode_text(tokenizer: TextTokenizer, query: str, items: Sequence[str]) -> T
 
 def pass_tokens(query: Sequence[int], items: Sequence[Sequence[int]]) -> Tokenized:
     return Tokenized(tuple(query), tuple(tuple(item) for item in items))
+
+
+def fast_offsets(tokenizer: Any, texts: Sequence[str], param: str) -> list[list[tuple[int, int]]]:
+    """Each text's tokens (no special tokens) as [start, end) codepoint offsets, from a fast
+    tokenizer's offset mapping; a 400 naming ``param`` (what asked for them) without one."""
+    if not texts:
+        return []
+    try:
+        encoded = tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+    except (NotImplementedError, TypeError, ValueError) as error:
+        raise ScoringError(
+            Reason.INVALID_REQUEST, f"{param}: needs a fast tokenizer's offsets ({error})", param
+        ) from None
+    return [[(int(s), int(e)) for s, e in row] for row in encoded["offset_mapping"]]
