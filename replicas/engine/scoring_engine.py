@@ -55,6 +55,7 @@ from replicas.engine.work_checks import validate_work
 from replicas.errors import Reason, ScoringError
 from replicas.model.attention import with_attention
 from replicas.model.causal_lm import CausalLM, Params
+from replicas.model.layer_loop import unstack_layers
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 __all__ = ["ScoringEngine", "configure_compilation_cache"]
@@ -88,6 +89,8 @@ class ScoringEngine:
         self._lora = start_slots(model, params, mesh, settings.adapters, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}
+        if settings.engine.layer_loop == "unrolled" and not model.config.encoder:
+            params = unstack_layers(params)
         self._model, self._params, self._settings = model, params, settings
         delimiter, head = settings.model.multi_item_scoring_delimiter, model.config.head
         pooling = model.config.pooling

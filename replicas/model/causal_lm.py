@@ -5,7 +5,9 @@ layer's keys and values), and an item-stream one whose tokens read those keys an
 shared prefix plus their own item (``ItemStreamSpec``). Positions are always explicit.
 Parameters are a plain pytree whose layer leaves are stacked on a leading ``layers`` axis, so
 the stack compiles once; what differs between layers (a sliding window, Gemma 3's local RoPE
-base) is scanned beside them as ``LayerKind``.
+base) is scanned beside them as ``LayerKind``. With ``layer_loop: unrolled`` an engine holds
+the layers as one tree per layer instead and the loop runs unrolled over them
+(``replicas.model.layer_loop``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import numpy as np
 
 from replicas.model.config import ModelConfig
 from replicas.model.heads import head_outputs, init_head_params
+from replicas.model.layer_loop import loop_layers
 from replicas.model.layers import (
     MLP,
     Attention,
@@ -272,8 +275,10 @@ class CausalLM:
             h, k, v = layer.apply({"params": layer_params}, h, positions, spec, kind, lora_in)
             return h, (k, v)
 
-        scanned = (params["layers"], self.layer_kinds(), stacks)
-        x, (keys, values) = jax.lax.scan(step, self._embed(params, tokens), scanned)
+        embedded = self._embed(params, tokens)
+        x, (keys, values) = loop_layers(
+            step, embedded, params["layers"], self.layer_kinds(), stacks
+        )
         return self._final_norm(params, x), keys, values
 
     def hidden_states(
@@ -321,8 +326,11 @@ class CausalLM:
             )  # fmt: skip
             return out, (own_k, own_v)
 
-        scanned = (params["layers"], prefix_k, prefix_v, self.layer_kinds(), stacks)
-        x, (keys, values) = jax.lax.scan(step, self._embed(params, tokens), scanned)
+        embedded = self._embed(params, tokens)
+        x, (keys, values) = loop_layers(
+            step, embedded, params["layers"], prefix_k, prefix_v,
+            self.layer_kinds(), stacks,
+        )  # fmt: skip
         return self._final_norm(params, x), keys, values
 
     def logits(self, params: Params, hidden: Array) -> Array:

@@ -9,6 +9,7 @@ from replicas.settings.common import SettingsError, bucket_ladder, check_buckets
 
 LAYOUTS = ("shared_prefix", "packed_reference")
 ATTENTION = ("auto", "xla", "pallas", "cudnn")
+LAYER_LOOPS = ("scan", "unrolled")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,12 @@ class EngineSettings:
     """Attention kernels (replicas.model.attention): auto picks Pallas item-stream kernels on
     TPU, cuDNN flash attention for causal rows on GPU in bf16/fp16, XLA otherwise; or forced.
     Pallas off TPU runs in interpret mode (slow; for tests)."""
+    layer_loop: str = "scan"
+    """How a decoder's steps loop over its layers (replicas.model.layer_loop): scan (the
+    layer compiled once, over weights stacked on a leading axis) or unrolled (one array per
+    layer, every layer's ops in each step: no per-step copy of each layer's weights out of the
+    stack, which XLA:CPU makes; the same results; each step compiles every layer's ops, so
+    warm-up takes several times longer, cached like any). Encoders always scan."""
     token_buckets: tuple[int, ...] = bucket_ladder(16, 8192)
     """Token rows: query (prefix) lengths T, single-item rows' length L (``query + item``),
     packed reference and fused rows: a geometric ladder, ~1.125x apart."""
@@ -67,6 +74,7 @@ class EngineSettings:
     def __post_init__(self) -> None:
         check_choice("layout", self.layout, LAYOUTS)
         check_choice("attention", self.attention, ATTENTION)
+        check_choice("layer_loop", self.layer_loop, LAYER_LOOPS)
         for name in ("token_buckets", "item_token_buckets", "batch_buckets"):
             check_buckets(name, getattr(self, name))
         if self.item_tokens_per_step < self.item_token_buckets[0]:

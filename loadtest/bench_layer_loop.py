@@ -1,0 +1,69 @@
+"""Benchmark: the decoder's layer loop, ``layer_loop: scan`` against ``unrolled`` (issue 61).
+
+    python -m loadtest run layer_loop [--repeats 16]
+
+SmolLM2-135M-Instruct on the shipped serve_config.yaml settings (float32, this CPU), one engine
+per loop over the same loaded weights: each engine's warm-up (the shipped warm-up shapes,
+compiled from an empty cache in this process), then fused steps of one work filling 16..256
+tokens (the small request's 16), both engines in turn each round (shuffled), and whether
+their scores are bit-identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import numpy as np
+
+from loadtest.harness import Option, Result, Run, Workload, col, table, timed_together
+
+WIDTHS = (16, 32, 64, 128, 256)
+LOOPS = ("scan", "unrolled")
+
+
+def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    from loadtest.bench_small import engine_for, shipped_small
+    from loadtest.harness import LABELS
+    from replicas.contract import ScoreWork
+
+    settings, loaded, small = shipped_small()
+    engines, warm = {}, {}
+    for loop in LOOPS:
+        run.say(f"warm-up, layer_loop: {loop}")
+        start = time.perf_counter()
+        engines[loop] = engine_for(loaded, settings.replace(layer_loop=loop))
+        engines[loop].warmup()
+        warm[loop] = (time.perf_counter() - start, engines[loop].compile_count)
+    rows, identical = [], True
+    for width in WIDTHS:
+        run.say(f"fused steps of {width} tokens")
+        work = small if width == 16 else ScoreWork((100,) * (width - 2), ((200,), (300,)), LABELS)
+        last: dict[str, Any] = {}
+        calls = {loop: (lambda e=engines[loop], w=work: e.score_batch([w])) for loop in LOOPS}
+        times = timed_together(calls, o.repeats, warm=2, last=last, shuffle=True)
+        identical &= all(np.array_equal(a, b) for a, b in zip(*last.values(), strict=True))
+        rows.append((width, times["scan"], times["unrolled"], times["scan"] / times["unrolled"]))
+    columns = [col("fused step tokens"), col("scan s", ".4f"), col("unrolled s", ".4f"),
+               col("scan / unrolled", ".2f", "x")]  # fmt: skip
+    warm_rows = [(loop, seconds, count) for loop, (seconds, count) in warm.items()]
+    tables = [
+        table(columns, rows, title="Steps, medians in turn"),
+        table(
+            [col("layer_loop", left=True), col("warm-up s", ".1f"), col("executables")],
+            warm_rows,
+            title="Warm-up from an empty cache",
+        ),
+    ]
+    notes = [
+        f"shipped serve_config.yaml settings (SmolLM2-135M-Instruct, float32), `layer_loop` "
+        f"the only difference; medians of {o.repeats} shuffled rounds",
+        "scores bit-identical between the loops: " + ("yes" if identical else "**no**"),
+    ]
+    figures = {"steps": rows, "warmup": warm, "identical": identical}
+    title = "The layer loop: scanned stack against one array per layer (issue 61)"
+    return [run.result(title, tables, key="layer-loop", notes=notes, figures=figures)]
+
+
+WORKLOAD = Workload(options=(Option("--repeats", 16),), measure=measure)
