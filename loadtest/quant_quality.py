@@ -124,11 +124,7 @@ def measure_form(model: str, form: str, judged: Sequence[Judged], run: Run) -> d
     run.say(f"{form}: {len(works)} requests of {len(works[0].label_ids)} labels")
     dists = np.concatenate([engine.score_batch([w])[0] for w in works])  # [items, V]
     run.say(f"{form}: distributions done; rerank and embeddings")
-
-    async def backend(work: Any) -> Any:
-        return engine.score_batch([work])[0]
-
-    reranked = rerank_scores(service, backend, judged)
+    reranked = rerank_scores(service, engine.score_batch, judged)
     texts = [item for w in works for item in w.item_ids]
     return {"dists": dists, "rerank": reranked, "embed": _embed(settings, texts)}
 

@@ -18,7 +18,7 @@ import asyncio
 import itertools
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,28 +89,50 @@ def quality(judged: Sequence[Judged], scores: Sequence[Sequence[float]]) -> dict
     }
 
 
-def rerank_scores(service: Any, backend: Any, judged: Sequence[Judged]) -> list[list[float]]:
-    """Each query's relevance by document index, through ``service.rerank_timed``."""
+def rerank_scores(
+    service: Any, score_batch: Callable[[list], list], judged: Sequence[Judged]
+) -> list[list[float]]:
+    """Each query's relevance by document index, through ``service.rerank_timed``: every
+    query's request at once, their works scored together by ``score_batch`` (an engine's:
+    as concurrent requests share steps; an answer never depends on its step's other works)."""
+    payloads = [{"query": item.query, "documents": list(item.documents)} for item in judged]
+    bodies = asyncio.run(_together(service, score_batch, payloads))
     out = []
-    for item in judged:
-        payload = {"query": item.query, "documents": list(item.documents)}
-        body, _ = asyncio.run(service.rerank_timed(payload, backend))
+    for item, body in zip(judged, bodies, strict=True):
         by_index = {r["index"]: r["relevance_score"] for r in body["results"]}
         out.append([by_index[i] for i in range(len(item.documents))])
     return out
 
 
+async def _together(service: Any, score_batch: Callable[[list], list], payloads: list) -> list:
+    """``service.rerank_timed`` of every payload concurrently; whenever every request waits on
+    its backend call, the waiting works run as one ``score_batch``."""
+    waiting: list[tuple[Any, asyncio.Future]] = []
+
+    async def backend(work: Any) -> Any:
+        answer = asyncio.get_running_loop().create_future()
+        waiting.append((work, answer))
+        return await answer
+
+    tasks = [asyncio.ensure_future(service.rerank_timed(p, backend)) for p in payloads]
+    while not all(task.done() for task in tasks):
+        await asyncio.sleep(0)  # each request runs up to its backend call (no I/O between)
+        if waiting:
+            batch, waiting[:] = list(waiting), []
+            answers = score_batch([work for work, _ in batch])
+            for (_, future), answer in zip(batch, answers, strict=True):
+                future.set_result(answer)
+    return [task.result()[0] for task in tasks]
+
+
 def engine_service(settings: Any) -> tuple[Any, Any]:
-    """The ingress's ScoringService and an in-process engine backend for ``settings``."""
+    """The ingress's ScoringService and an in-process engine's ``score_batch`` for
+    ``settings``."""
     from app.service import ScoringService
     from replicas.engine.scoring_engine import ScoringEngine
 
     engine = ScoringEngine.from_settings(settings, warm=False)
-
-    async def backend(work: Any) -> Any:
-        return engine.score_batch([work])[0]
-
-    return ScoringService.from_settings(settings), backend
+    return ScoringService.from_settings(settings), engine.score_batch
 
 
 def chance(judged: Sequence[Judged]) -> dict[str, float]:
@@ -149,8 +171,8 @@ def measure(
         )
     results = {}
     for label, settings in rows.items():
-        service, backend = engine_service(settings)
-        results[label] = quality(judged, rerank_scores(service, backend, judged))
+        service, score_batch = engine_service(settings)
+        results[label] = quality(judged, rerank_scores(service, score_batch, judged))
     results["chance (a random order)"] = chance(judged)
     return results
 

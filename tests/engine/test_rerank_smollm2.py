@@ -34,6 +34,16 @@ def shipped_rerank_args() -> dict[str, Any]:
     return {k: v for k, v in app["args"].items() if k.startswith("rerank_")}
 
 
+class Backend:
+    """The ingress's backend call on an in-process engine; its ``score_batch`` beside it."""
+
+    def __init__(self, engine: ScoringEngine) -> None:
+        self.score_batch = engine.score_batch
+
+    async def __call__(self, work: Any) -> Any:
+        return self.score_batch([work])[0]
+
+
 @pytest.fixture(scope="module")
 def served(smollm2_loaded: Any) -> dict[str, tuple[ScoringService, Any]]:
     """(service, backend) per rerank method, both on the session's loaded SmolLM2."""
@@ -45,10 +55,7 @@ def served(smollm2_loaded: Any) -> dict[str, tuple[ScoringService, Any]]:
         )
         engine = ScoringEngine(loaded.model, loaded.params, mesh, settings, MODEL)
 
-        async def backend(work: Any, engine: ScoringEngine = engine) -> Any:
-            return engine.score_batch([work])[0]
-
-        out[method] = (ScoringService.from_settings(settings), backend)
+        out[method] = (ScoringService.from_settings(settings), Backend(engine))
     return out
 
 
@@ -124,6 +131,6 @@ def test_the_shipped_default_ranks_the_relevance_set(served) -> None:
     judged = relevance_set()
     assert len(judged) >= 30
     service, backend = served[shipped["rerank_method"]]
-    figures = quality(judged, rerank_scores(service, backend, judged))
+    figures = quality(judged, rerank_scores(service, backend.score_batch, judged))
     print(f"\n[rerank] shipped default on the relevance set: {figures}")
     assert figures["top1"] >= 0.8 and figures["pairwise"] >= 0.9 and figures["ndcg4"] >= 0.9
