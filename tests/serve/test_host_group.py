@@ -69,9 +69,10 @@ def _result(process: subprocess.Popen) -> dict[str, Any]:
 def test_two_hosts_of_two_devices_score_like_one_host_of_four(tiny_llama_dir: Path) -> None:
     port = free_port()
     group = [_check(p, 2, port, tiny_llama_dir, 2) for p in (1, 0)]
+    alone = _check(0, 1, 0, tiny_llama_dir, 4)  # beside the group: each waits on its own
     two = _result(group[1])
     group[0].communicate(timeout=60)
-    one = _result(_check(0, 1, 0, tiny_llama_dir, 4))
+    one = _result(alone)
     assert (two["devices"], two["processes"]) == (4, 2)
     assert "mesh_shape: [1, 2] holds 2 devices" in two["refused"]  # start-up names both
     assert "hosts_per_replica: 2 hosts x 2 devices per host = 4" in two["refused"]
