@@ -102,9 +102,11 @@ def group_config(**args: Any) -> dict[str, Any]:
     ``python -m cluster.config_variant`` prints), with a small warm-up for CI."""
     config = host_group_variant(2, (1, 4), host_cpus=0.5, cpu_devices=2)
     (app,) = config["applications"]
-    # No warm-up: the first request compiles its two steps (the suite's time budget).
+    # No warm-up, of scoring or completions (11 steps of up to 2064 tokens compiled across
+    # the two processes): the first request compiles its two steps (the suite's time budget).
     app["args"].update(
         warmup_shapes=[],
+        completion_warmup_shapes=[],
         limit_to_warmup=False,
         compilation_cache_dir=None,
         host_timeout_s=60,
