@@ -89,8 +89,8 @@ def test_each_device_computes_half_of_every_step(result: dict) -> None:
     costs = result["costs"]
     assert {cost["kind"] for cost in costs} == {"prefix", "items", "rows", "dense"}
     for cost in costs:
-        loop = cost["score_loop_flops"]
-        ratio = (cost["flops"] - loop) / (cost["flops_data_1"] - loop)
+        loop, loop_1 = cost["score_loop_flops"], cost["score_loop_flops_data_1"]
+        ratio = (cost["flops"] - loop) / (cost["flops_data_1"] - loop_1)
         step = f"{cost['layout']} {cost['mesh']} {cost['kind']} {cost['dims']}"
         print(f"[data axis] {step}: per-device FLOPs {ratio:.3f} of data = 1")
         assert 0 < ratio <= 1.1 / 2, cost

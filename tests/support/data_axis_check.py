@@ -76,21 +76,23 @@ def cache_bytes_per_device(engine: Any) -> int:
     return max(per_device.values(), default=0)
 
 
-def score_chunk_flops(loaded: Any, labels: int) -> float:
-    """Per-device FLOPs XLA counts for one chunk of the LM head loop (``SCORE_CHUNK`` rows per
-    data shard on either mesh). XLA counts a loop body once, whatever its trip count (the
-    real rows of the fullest shard, a run-time value that the data axis divides), so the
-    comparison leaves this constant out of both sides."""
+def score_chunk_flops(loaded: Any, labels: int, compiled: Any) -> float:
+    """Per-device FLOPs XLA counts for one chunk of the LM head loop of ``compiled`` (its
+    ``score_chunk`` rows per data shard, from its output ``[G, Rg, C]``). XLA counts a loop
+    body once, whatever its trip count (the real rows of the fullest shard, a run-time value
+    that the data axis divides), so the comparison leaves this constant out of each side."""
     import jax
     import jax.numpy as jnp
 
-    from replicas.engine.layouts.common import SCORE_CHUNK
+    from replicas.engine.layouts.common import score_chunk
 
+    scores = next(out for out in jax.tree.leaves(compiled.out_info) if len(out.shape) == 3)
+    rows = score_chunk(scores.shape[1])
     mesh = loaded.params["embed"].sharding.mesh
     whole = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     width = loaded.config.hidden_size
-    hidden = jax.ShapeDtypeStruct((SCORE_CHUNK, width), jnp.float32, sharding=whole)
-    ids = jax.ShapeDtypeStruct((SCORE_CHUNK, labels), jnp.int32, sharding=whole)
+    hidden = jax.ShapeDtypeStruct((rows, width), jnp.float32, sharding=whole)
+    ids = jax.ShapeDtypeStruct((rows, labels), jnp.int32, sharding=whole)
     step = jax.jit(loaded.model.label_logprobs)
     return flops(step.lower(loaded.params, hidden, ids).compile())
 
@@ -132,7 +134,11 @@ def run(directory: Path) -> dict[str, Any]:
             for key, compiled in engines[split].executables().items():
                 engines[whole].compile_keys([key])
                 scored = key[0] != "prefix"  # every other step ends in the LM head loop
-                loop = score_chunk_flops(loaded[whole], key[1].labels) if scored else 0.0
+                one = engines[whole].executables()[key]
+                loop = loop_1 = 0.0
+                if scored:
+                    loop = score_chunk_flops(loaded[whole], key[1].labels, compiled)
+                    loop_1 = score_chunk_flops(loaded[whole], key[1].labels, one)
                 costs.append(
                     {
                         "layout": name,
@@ -140,10 +146,11 @@ def run(directory: Path) -> dict[str, Any]:
                         "kind": key[0],
                         "dims": list(key[1].astuple()),
                         "flops": flops(compiled),
-                        "flops_data_1": flops(engines[whole].executables()[key]),
+                        "flops_data_1": flops(one),
                         "score_loop_flops": loop,
+                        "score_loop_flops_data_1": loop_1,
                         "output_bytes": output_bytes(compiled),
-                        "output_bytes_data_1": output_bytes(engines[whole].executables()[key]),
+                        "output_bytes_data_1": output_bytes(one),
                     }
                 )
     return {

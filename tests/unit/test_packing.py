@@ -8,6 +8,8 @@ from replicas.engine.layouts.common import (
     BucketOverflowError,
     bucket_for,
     label_bucket,
+    score_capacity,
+    score_chunk,
     step_capacity,
 )
 from replicas.engine.layouts.packed_reference import split_rows
@@ -55,7 +57,8 @@ def test_item_stream_runs_items_end_to_end_with_positions_after_the_query():
     # Score rows: item 0 at stream 1, empty item 1 at the prefix's last hidden state
     # (after the B * S stream states, slot 0), item 2 at stream 2.
     np.testing.assert_array_equal(batch.rows[0, :3], [1, 2 * 8 + 0, 2])
-    assert batch.count == 3 and batch.rows.shape == (1, 32)  # one group, one LM-head chunk
+    # One group of 2 rows x 8 stream states: 16 score rows, one LM-head chunk of 16.
+    assert batch.count == 3 and batch.rows.shape == (1, 16)
     np.testing.assert_array_equal(batch.labels[0, :3], [[5, 6, 7, 0]] * 3)
     assert batch.useful_tokens == 3 and len(batch.prefixes) == 2
 
@@ -70,8 +73,9 @@ def test_a_data_axis_gives_each_shard_its_own_rows_and_score_indices():
     np.testing.assert_array_equal(batch.tokens, [[21, 22, 31, 0, 0, 0, 0, 0], [41] + [0] * 7])
     np.testing.assert_array_equal(batch.rows[0, :3], [1, 8 + 0, 2])
     np.testing.assert_array_equal(batch.rows[1, :1], [0])
-    assert batch.rows.shape == (2, 32) and batch.count == 3  # the fuller group: 3 rows
-    assert [slot.first_row for slot in batch.slots] == [0, 32]  # flat rows: g * Rg + r
+    # Each group's 8 stream states: 8 score rows (one chunk); the fuller group holds 3.
+    assert batch.rows.shape == (2, 8) and batch.count == 3
+    assert [slot.first_row for slot in batch.slots] == [0, 8]  # flat rows: g * Rg + r
 
 
 def test_a_request_spreads_over_at_least_the_data_axis_behind_one_query():
@@ -123,3 +127,8 @@ def test_packed_reference_rows_split_when_longer_than_the_largest_bucket():
     # query + <d> + 5 * (item + <d>) = 2 + 1 + 25 = 28 > 16: rows of 2 items (2 + 1 + 10 = 13)
     rows = split_rows(work, 0, max_length=16)
     assert [(r.first, r.count) for r in rows] == [(0, 2), (2, 2), (4, 1)]
+
+
+def test_a_step_holding_fewer_than_32_score_rows_takes_them_as_one_chunk():
+    assert [score_chunk(n) for n in (1, 2, 5, 16, 17, 32, 33, 64)] == [1, 2, 8, 16, 32, 32, 32, 32]
+    assert [score_capacity(n) for n in (1, 5, 16, 17, 32, 33, 64)] == [1, 8, 16, 32, 32, 64, 64]

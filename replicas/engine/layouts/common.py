@@ -2,8 +2,9 @@
 
 A step's hidden states are flattened to ``[X, D]``; ``rows[r]`` names the hidden state whose
 next-token distribution is score row r. The LM head runs in a loop over chunks of
-``SCORE_CHUNK`` rows whose trip count is a traced scalar, so the number of items is not part
-of any compiled shape and the LM head costs what the real rows need, never the padding.
+``SCORE_CHUNK`` rows (``score_chunk``: fewer in a step that holds fewer) whose trip count is a
+traced scalar, so the number of items is not part of any compiled shape and the LM head costs
+what the real rows need, never the padding.
 """
 
 from __future__ import annotations
@@ -51,9 +52,19 @@ def step_capacity(engine: EngineSettings) -> int:
     return fitting[-1] if fitting else engine.item_tokens_per_step
 
 
+def score_chunk(rows: int) -> int:
+    """Rows the LM head takes at once in a step that holds ``rows`` score rows (per data
+    shard): ``SCORE_CHUNK``, or the power of two >= ``rows`` below it. A chunk of a step's
+    whole capacity is computed once, whatever its trip count, so a small step's head computes
+    the rows it can hold, not 32 (a 16-token fused row: 16; the head's matmul is
+    compute-bound at these widths on a CPU, docs/engine.md)."""
+    return min(SCORE_CHUNK, 1 << (max(rows, 1) - 1).bit_length())
+
+
 def score_capacity(rows: int) -> int:
-    """Score rows a step can hold: ``rows`` rounded up to whole chunks."""
-    return -(-max(rows, 1) // SCORE_CHUNK) * SCORE_CHUNK
+    """Score rows a step can hold: ``rows`` rounded up to whole chunks (``score_chunk``)."""
+    chunk = score_chunk(rows)
+    return -(-max(rows, 1) // chunk) * chunk
 
 
 def data_multiple(size: int, groups: int) -> int:
@@ -83,26 +94,26 @@ def score_rows(
     model: CausalLM,
     params: Params,
     hidden: Array,  # [G, X, D]: G = data shards, each group's own hidden states
-    rows: Array,  # [G, Rg] int32 indices into each group's X, Rg a multiple of SCORE_CHUNK
+    rows: Array,  # [G, Rg] int32 indices into each group's X, Rg a score_capacity
     labels: Array,  # [G, Rg, C] int32
     count: Array,  # [] int32: real rows in the fullest group, the rest is padding
 ) -> Array:
     """Label log-probabilities ``[G, Rg, C]`` float32 of the first ``count`` rows of every
     group (rest zeros). Each group reads only its own hidden states, so with G sharded over
     ``data`` the LM head runs on every shard at once with no gather across shards."""
-    groups = hidden.shape[0]
+    groups, size = hidden.shape[0], score_chunk(rows.shape[1])
 
     def chunk(i: Array, out: Array) -> Array:
-        start = i * SCORE_CHUNK
-        index = jax.lax.dynamic_slice_in_dim(rows, start, SCORE_CHUNK, axis=1)  # [G, CH]
-        chunk_labels = jax.lax.dynamic_slice_in_dim(labels, start, SCORE_CHUNK, axis=1)
+        start = i * size
+        index = jax.lax.dynamic_slice_in_dim(rows, start, size, axis=1)  # [G, CH]
+        chunk_labels = jax.lax.dynamic_slice_in_dim(labels, start, size, axis=1)
         picked = jnp.take_along_axis(hidden, index[..., None], axis=1)  # [G, CH, D]
-        flat = picked.reshape(groups * SCORE_CHUNK, -1)  # [G * CH, D]
+        flat = picked.reshape(groups * size, -1)  # [G * CH, D]
         scores = model.label_logprobs(params, flat, chunk_labels.reshape(flat.shape[0], -1))
-        scores = scores.reshape(groups, SCORE_CHUNK, -1)  # [G, CH, C]
+        scores = scores.reshape(groups, size, -1)  # [G, CH, C]
         return jax.lax.dynamic_update_slice_in_dim(out, scores, start, axis=1)
 
-    trips = (count + SCORE_CHUNK - 1) // SCORE_CHUNK
+    trips = (count + size - 1) // size
     return jax.lax.fori_loop(0, trips, chunk, jnp.zeros(labels.shape, jnp.float32))
 
 

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.engine.layouts.common import SCORE_CHUNK, Spec, score_capacity
+from replicas.engine.layouts.common import Spec, score_capacity, score_chunk
 from replicas.engine.layouts.prefix_blocks import KV_AXES, LAST_AXES
 from replicas.engine.prefix_index import PREFIX_BLOCK as PREFIX_BLOCK  # re-exported
 from replicas.model.causal_lm import CausalLM, Params
@@ -34,27 +34,27 @@ def score_tokens(
     model: CausalLM,
     params: Params,
     states: Array,  # [G, X, D]: each data shard's own hidden states
-    rows: Array,  # [G, Rg] int32 indices into X, Rg a multiple of SCORE_CHUNK
+    rows: Array,  # [G, Rg] int32 indices into X, Rg a score_capacity
     targets: Array,  # [G, Rg] int32: the token each row's log-prob is taken for
     count: Array,  # [] int32: real rows in the fullest group
     top_k: int,
 ) -> tuple[Array, Array, Array]:
     """Each row's target log-prob ``[G, Rg]`` and its ``top_k`` best log-probs and token
     ids ``[G, Rg, k]`` (rows past ``count``: zeros)."""
-    groups = states.shape[0]
+    groups, size = states.shape[0], score_chunk(rows.shape[1])
 
     def chunk(i: Array, out: tuple[Array, Array, Array]) -> tuple[Array, Array, Array]:
-        start = i * SCORE_CHUNK
-        index = jax.lax.dynamic_slice_in_dim(rows, start, SCORE_CHUNK, axis=1)  # [G, CH]
-        target = jax.lax.dynamic_slice_in_dim(targets, start, SCORE_CHUNK, axis=1)
+        start = i * size
+        index = jax.lax.dynamic_slice_in_dim(rows, start, size, axis=1)  # [G, CH]
+        target = jax.lax.dynamic_slice_in_dim(targets, start, size, axis=1)
         picked = jnp.take_along_axis(states, index[..., None], axis=1)  # [G, CH, D]
-        flat = picked.reshape(groups * SCORE_CHUNK, -1)  # [G * CH, D]
+        flat = picked.reshape(groups * size, -1)  # [G * CH, D]
         logprobs = jax.nn.log_softmax(model.logits(params, flat), axis=-1)  # [G * CH, V]
         target = untag(params, target, model.config.vocab_size)  # adapter-tagged ids
         own = jnp.take_along_axis(logprobs, target.reshape(-1, 1), axis=-1)  # [G * CH, 1]
         best, ids = jax.lax.top_k(logprobs, top_k)  # [G * CH, k]
-        parts = (own.reshape(groups, SCORE_CHUNK), best, ids.astype(jnp.int32))
-        parts = (parts[0], *(p.reshape(groups, SCORE_CHUNK, top_k) for p in parts[1:]))
+        parts = (own.reshape(groups, size), best, ids.astype(jnp.int32))
+        parts = (parts[0], *(p.reshape(groups, size, top_k) for p in parts[1:]))
         return tuple(
             jax.lax.dynamic_update_slice_in_dim(o, p, start, axis=1)
             for o, p in zip(out, parts, strict=True)
@@ -66,7 +66,7 @@ def score_tokens(
         jnp.zeros((g, r, top_k), jnp.float32),
         jnp.zeros((g, r, top_k), jnp.int32),
     )
-    trips = (count + SCORE_CHUNK - 1) // SCORE_CHUNK
+    trips = (count + size - 1) // size
     return jax.lax.fori_loop(0, trips, chunk, zeros)
 
 
