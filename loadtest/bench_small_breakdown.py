@@ -14,7 +14,7 @@ fused step of 16 tokens. Three views, all in this process:
    already placed, each op's exclusive time by kind (loadtest.xla_profile); beside it the
    executable's untraced median, since tracing adds a little to every op.
 3. Pieces jitted alone, timed in turn with the executable: the 30-layer stack (and 1 layer:
-   what a layer costs), the LM head as the step runs it (one chunk of 32 score rows) and
+   what a layer costs), the LM head as the step runs it (one chunk of the step's 16 score rows) and
    over the 2 real rows only.
 """
 

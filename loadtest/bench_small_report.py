@@ -179,7 +179,7 @@ def breakdown_tables(figures: dict[str, Any], args: Any) -> tuple[tuple[str, ...
         ("the decoder stack alone (embedding, 30 layers, final norm)", ms(parts["stack"])),
         ("the same with 1 layer", ms(parts["stack_1"])),
         ("one layer (the difference over 29)", ms(layer)),
-        ("the LM head as the step runs it (one chunk of 32 score rows)", ms(parts["head"])),
+        ("the LM head as the step runs it (one chunk of its 16 score rows)", ms(parts["head"])),
         ("the LM head over the 2 real rows only", ms(parts["head_real"])),
         ("the executable less the stack and the head", ms(rest)),
     ]
