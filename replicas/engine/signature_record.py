@@ -35,8 +35,7 @@ RECORD_PREFIX = "scorejax-signatures-"  # then the fingerprint, then .json
 # Settings that change what a signature compiles to (or which kinds exist) beyond the model.
 COMPILE_SETTINGS = (
     "dtype", "quantization", "mesh_shape", "layout", "attention", "layer_loop", "max_loras",
-    "max_lora_rank",
-    "hosts_per_replica", "pooling", "normalize",
+    "max_lora_rank", "hosts_per_replica", "pooling", "normalize",
 )  # fmt: skip
 
 
