@@ -23,6 +23,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
               "floor of a weight pass and the step costs"),
     "small_breakdown": ("bench_small_breakdown", "where a small request's step goes: the host's "
                         "phases, the executable's ops by kind (a trace), pieces jitted alone"),
+    "hop": ("bench_hop", "a small request between client and engine: routes, its timing "
+            "headers' parts, Ray Serve's own floor, the ingress in process (--url)"),
     "layer_loop": ("bench_layer_loop", "the decoder's layer loop, scan against unrolled: "
                    "fused steps of 16..256 tokens and the warm-up, shipped settings"),
     "heads": ("bench_heads", "best-of-N reward scoring with a score head: multi-item, each "

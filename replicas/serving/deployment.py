@@ -225,9 +225,6 @@ class ScoringReplica:
 
     async def _score_many(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
         """The @serve.batch target: concurrent score_timed() calls arrive here as one list."""
-        self._batches += 1
-        self._works += len(works)
-        self._largest_batch = max(self._largest_batch, len(works))
         now = time.time()
         alive = [work.deadline is None or work.deadline > now for work in works]
         if not all(alive):
@@ -257,8 +254,12 @@ class ScoringReplica:
                 settings.batching.max_call_tokens,
                 tokens,
             )
+            called = [work for works, _ in taken for work in works]
+            self._batches += 1  # one engine call: the batch the engine sees
+            self._works += len(called)
+            self._largest_batch = max(self._largest_batch, len(called))
             try:
-                results = await self._run_engine([work for works, _ in taken for work in works])
+                results = await self._run_engine(called)
             except BaseException as error:  # cancelled (the replica stops): tell every waiter
                 for _, future in [*taken, *self._waiting]:
                     if not future.done():
