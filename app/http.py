@@ -21,8 +21,10 @@ from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.access import check_access
 from app.adapters import AdapterAdmin
@@ -133,7 +135,7 @@ def build_api(
     api.openapi = lambda: served_openapi(api, service, workloads)  # type: ignore[method-assign]
     api.add_exception_handler(ScoringError, _scoring_error)
     api.add_exception_handler(HTTPException, _routing_error)
-    api.middleware("http")(_Frame(keys, recorder, set_request_id))
+    api.add_middleware(_Frame, keys=keys, recorder=recorder, set_request_id=set_request_id)
     known = adapters.know if adapters is not None else _known_already
     api.include_router(_routes(service, backend, health, stats, known, workloads))
     api.include_router(_adapter_routes(adapters))
@@ -298,42 +300,67 @@ async def _routing_error(request: Request, error: Exception) -> Response:
     return error_response(ScoringError(reason, message, None, status), request)
 
 
-@dataclass(frozen=True)
 class _Frame:
     """The middleware every request passes: id, keys, envelope, total time, log, metrics.
-    Never raises: an unexpected error is a 500 envelope (and logged with its traceback)."""
+    Never raises before the answer starts: an unexpected error is a 500 envelope (and logged
+    with its traceback). Plain ASGI (Starlette's ``BaseHTTPMiddleware`` runs the app in a task
+    of its own behind memory streams: 1 ms a request inside a Serve replica,
+    docs/benchmarks.md); the answer's status line is where the frame adds its headers, logs
+    and records."""
 
-    keys: frozenset[str]
-    recorder: Recorder | None
-    set_request_id: bool
+    def __init__(
+        self, app: ASGIApp, keys: frozenset[str], recorder: Recorder | None, set_request_id: bool
+    ) -> None:
+        self.app, self.keys, self.recorder = app, keys, recorder
+        self.set_request_id = set_request_id
 
-    async def __call__(
-        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
-    ) -> Response:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         start = time.perf_counter()
+        request = Request(scope)
         request_id = request_id_for(request.headers.get("x-request-id"))
-        path = relative_path(request.url.path, request.scope.get("root_path", ""))
+        path = relative_path(scope["path"], scope.get("root_path", ""))
+        started = False
+
+        async def framed(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                self._finish(message, request, request_id, path, time.perf_counter() - start)
+            await send(message)
+
         try:
             check_access(path, request.headers.get("authorization"), self.keys)
-            response = await call_next(request)
-        except ScoringError as error:
-            response = error_response(error, request)
+            await self.app(scope, receive, framed)
+        except ScoringError as error:  # the frame's own (keys); the routes' reach their handler
+            await error_response(error, request)(scope, receive, framed)
         except Exception:
             logger.exception("request %s: unexpected error answering %s", request_id, path)
+            if started:
+                raise
             request.state.reason = str(Reason.INTERNAL)
-            response = JSONResponse(error_body(Reason.INTERNAL, "internal error", None, 500), 500)
-        elapsed_s = time.perf_counter() - start
-        reason = getattr(request.state, "reason", "") if response.status_code != 200 else ""
+            body = error_body(Reason.INTERNAL, "internal error", None, 500)
+            await JSONResponse(body, 500)(scope, receive, framed)
+
+    def _finish(
+        self, start: Message, request: Request, request_id: str, path: str, elapsed_s: float
+    ) -> None:
+        """The answer's status line: its log line, ``x-total-time`` (and ``x-request-id``)
+        added to its headers, its metrics record."""
+        status = start["status"]
+        reason = getattr(request.state, "reason", "") if status != 200 else ""
+        headers = MutableHeaders(scope=start)
         access_log.info(
-            "request %s %s %s -> %d %s %.1f ms%s", request_id, request.method, path,
-            response.status_code, reason, elapsed_s * 1e3, _timing_note(response.headers),
+            "request %s %s %s -> %d %s %.1f ms%s", request_id, request.method, path, status,
+            reason, elapsed_s * 1e3, _timing_note(headers),
         )  # fmt: skip
-        response.headers["x-total-time"] = f"{elapsed_s * 1e3:.0f}"
+        headers["x-total-time"] = f"{elapsed_s * 1e3:.0f}"
         if self.set_request_id:
-            response.headers["x-request-id"] = request_id
+            headers["x-request-id"] = request_id
         if self.recorder is not None:
-            self.recorder(_outcome(request, path, response.status_code, reason, elapsed_s))
-        return response
+            self.recorder(_outcome(request, path, status, reason, elapsed_s))
 
 
 def _outcome(request: Request, path: str, status: int, reason: str, total_s: float) -> Outcome:
