@@ -16,6 +16,14 @@ _TYPES = (
     "the sign bits packed 8 per byte (int8/uint8); base64: the float32 little-endian bytes. "
     "As sentence-transformers' quantize_embeddings, after the Matryoshka cut."
 )
+Truncate = Literal["NONE", "START", "END", "CHUNK"]
+_TRUNCATE = (
+    "An input past the model's limit: END keeps its first tokens; START drops its first "
+    "tokens (at a token boundary) until it fits, prompt and special tokens kept; CHUNK "
+    "(scorejax's) embeds it as chunks of at most the limit in the same pass, their vectors "
+    "folded into one (mean pooling: weighted by their tokens) before normalization; NONE: a "
+    "400."
+)
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
@@ -48,6 +56,13 @@ class EmbeddingRequest(BaseModel):
         default=None,
         description="Keep each input's first k tokens; unset, a longer input is a 400.",
     )
+    truncate: Truncate | None = Field(
+        default=None,
+        description=(
+            "scorejax's extension, as /v2/embed's truncate (unset: NONE; with "
+            "truncate_prompt_tokens no input is past the limit). " + _TRUNCATE
+        ),
+    )
     user: StrictStr | None = Field(default=None, description="Ignored (OpenAI's field).")
     embedding_types: list[EmbeddingType] | None = Field(
         default=None,
@@ -79,11 +94,4 @@ class CohereEmbedRequest(BaseModel):
     output_dimension: WholeInt | None = Field(
         default=None, description="Matryoshka: as /v1/embeddings' dimensions."
     )
-    truncate: Literal["NONE", "START", "END"] | None = Field(
-        default=None,
-        description=(
-            "A text past the model's limit: END (default) keeps its first tokens; START drops "
-            "its first tokens (at a token boundary) until it fits, prompt and special tokens "
-            "kept; NONE: a 400."
-        ),
-    )
+    truncate: Truncate | None = Field(default=None, description="Unset: END. " + _TRUNCATE)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.embed_contract import l2_normalized
 from replicas.settings.common import SettingsError
 
 EMBEDDING_TYPES = ("float", "int8", "uint8", "binary", "ubinary", "base64")
@@ -35,9 +36,7 @@ def matryoshka(vectors: np.ndarray, dimensions: int | None) -> np.ndarray:
     vectors = np.asarray(vectors, np.float32)
     if dimensions is None:
         return vectors
-    cut = vectors[:, :dimensions]
-    norms = np.sqrt(np.sum(cut * cut, axis=-1, keepdims=True, dtype=np.float32))
-    return (cut / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+    return l2_normalized(vectors[:, :dimensions])
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from app.embed_chunks import Chunking, chunk_work
 from app.embed_inputs import encode_inputs
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
 from app.embed_truncate import cut_starts
@@ -65,6 +66,11 @@ class EmbedPrepared:
     base64: bool
     prompt_tokens: int
     types: tuple[str, ...] = ()
+    chunking: Chunking | None = None  # truncate: CHUNK with an input past the limit
+
+    def fold(self, vectors: np.ndarray) -> np.ndarray:
+        """The replica's vectors -> one per input (the chunks of each folded into one)."""
+        return self.chunking.fold(vectors) if self.chunking is not None else vectors
 
 
 def refuse_kind(
@@ -141,6 +147,44 @@ class Embedder:
         _check_work(work, self.info)
         return work
 
+    def chunked_work(
+        self, texts: Sequence[str] | None, prompt: str | None, ids: Sequence[tuple[int, ...]] = ()
+    ) -> tuple[EmbedWork, Chunking | None]:
+        """``texts`` (else the token-id inputs ``ids``) with every input past the limit cut
+        into chunks (``app.embed_chunks``), checked against the limits: chunks count as
+        inputs. Text is tokenized up to the most tokens a request may hold."""
+        head, limit = pooling_of(self.info, "/v1/embeddings"), input_limit(self.info)
+        skip, inputs = 0, tuple(ids)
+        if texts is not None:
+            limits = self.info.limits
+            most = limits.max_items_per_request * limit
+            most = min(most, limits.max_request_tokens or most)
+            encoded = encode_inputs(self.tokenizer, texts, prompt, head, most, None)
+            skip, inputs = encoded.skip, encoded.inputs
+        work, chunking = chunk_work(inputs, skip, head, limit)
+        most_items = self.info.limits.max_items_per_request
+        if chunking is not None and work.num_items > most_items:
+            raise ScoringError(
+                Reason.TOO_MANY_ITEMS,
+                f"input: {work.num_items} chunks of at most {limit} tokens exceed "
+                f"max_items_per_request={most_items} (truncate: CHUNK counts each chunk)",
+                "input",
+            )
+        _check_work(work, self.info)
+        return work, chunking
+
+    def _text_work(
+        self, texts: Sequence[str], prompt: str | None, truncate: str | None, keep: int | None
+    ) -> tuple[EmbedWork, Chunking | None]:
+        """``texts``' work as ``truncate`` (or ``keep``) handles inputs past the limit."""
+        if truncate == "CHUNK":
+            return self.chunked_work(texts, prompt)
+        limit = input_limit(self.info)
+        if truncate == "START":
+            texts = cut_starts(self.tokenizer, texts, limit, self._length(prompt))
+        keep = limit if truncate == "END" else keep
+        return self.text_work(texts, prompt, keep), None
+
     def _length(self, prompt: str | None) -> Callable[[str], int]:
         """A text -> its input's tokens behind ``prompt`` (more than the limit: overflows)."""
         head, limit = pooling_of(self.info, "/v2/embed"), input_limit(self.info)
@@ -188,6 +232,9 @@ class Embedder:
                 f"truncate_prompt_tokens: {keep} is outside 1..{limit} (the model's limit)",
                 "truncate_prompt_tokens",
             )
+        # truncate_prompt_tokens (1..limit) leaves no input past the limit: truncate then
+        # has nothing to do
+        truncate = None if keep is not None else request.truncate
         raw = request.input
         if isinstance(raw, str):
             raw = [raw]
@@ -198,7 +245,7 @@ class Embedder:
             texts = [str(text) for text in raw]
             _check_text(texts)
             prompt = self._prompt(request.prompt_name, request.instruction)
-            work = self.text_work(texts, prompt, keep)
+            work, chunking = self._text_work(texts, prompt, truncate, keep)
         else:
             if request.prompt_name is not None or request.instruction is not None:
                 raise ScoringError(
@@ -207,19 +254,32 @@ class Embedder:
                     "input",
                 )
             lists = [raw] if isinstance(raw[0], int) else raw
-            inputs = []
-            for ids in lists:
-                if not ids:
-                    raise ScoringError(Reason.EMPTY_INPUT, "input: an empty token list", "input")
-                check_token_ids(ids, self.info.vocab_size, "input")
-                inputs.append(tuple(ids[:keep] if keep else ids))
-            work = EmbedWork(tuple(inputs))
-            _check_work(work, self.info)
+            work, chunking = self._ids_work(lists, truncate, keep)
         tokens = sum(len(ids) for ids in work.inputs)
         work = dataclasses.replace(work, adapter=adapter)
         as_base64 = request.encoding_format == "base64"
         types = tuple(request.embedding_types or ())
-        return EmbedPrepared(work, request.dimensions, as_base64, tokens, types)
+        return EmbedPrepared(work, request.dimensions, as_base64, tokens, types, chunking)
+
+    def _ids_work(
+        self, lists: Sequence[Sequence[int]], truncate: str | None, keep: int | None
+    ) -> tuple[EmbedWork, Chunking | None]:
+        """Token-id inputs as ``truncate`` (or ``keep``) handles those past the limit."""
+        inputs = []
+        for ids in lists:
+            if not ids:
+                raise ScoringError(Reason.EMPTY_INPUT, "input: an empty token list", "input")
+            check_token_ids(ids, self.info.vocab_size, "input")
+            inputs.append(tuple(ids))
+        if truncate == "CHUNK":
+            return self.chunked_work(None, None, inputs)
+        limit = input_limit(self.info)
+        keep = limit if truncate in ("END", "START") else keep
+        if keep is not None:  # START keeps the last tokens of token ids
+            inputs = [ids[-keep:] if truncate == "START" else ids[:keep] for ids in inputs]
+        work = EmbedWork(tuple(inputs))
+        _check_work(work, self.info)
+        return work, None
 
     def prepare_cohere(self, payload: Any) -> tuple[EmbedPrepared, list[str]]:
         """/v2/embed: its texts behind the prompt ``input_type`` names."""
@@ -235,14 +295,12 @@ class Embedder:
         if request.input_type is not None:
             names = INPUT_TYPES.get(request.input_type, (request.input_type,))
             prompt = next((head.prompt(n) for n in names if head.prompt(n) is not None), None)
-        texts, limit = list(request.texts), input_limit(self.info)
-        keep = None if request.truncate in ("NONE", "START") else limit
-        if request.truncate == "START":
-            texts = cut_starts(self.tokenizer, texts, limit, self._length(prompt))
-        work = dataclasses.replace(self.text_work(texts, prompt, keep), adapter=adapter)
+        truncate = request.truncate or "END"  # Cohere's default
+        work, chunking = self._text_work(list(request.texts), prompt, truncate, None)
+        work = dataclasses.replace(work, adapter=adapter)
         tokens = sum(len(ids) for ids in work.inputs)
         types = tuple(request.embedding_types)
-        prepared = EmbedPrepared(work, request.output_dimension, False, tokens, types)
+        prepared = EmbedPrepared(work, request.output_dimension, False, tokens, types, chunking)
         return prepared, list(request.texts)
 
 

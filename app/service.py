@@ -240,6 +240,7 @@ class ScoringService:
             prepared = self.embedder.prepare(payload)
         timings = Timings(tokenization_s=time.perf_counter() - start)
         vectors, timings = await self._embedded(prepared.work, backend, timings)
+        vectors = prepared.fold(vectors)
         if cohere:
             body = cohere_body(prepared, vectors, texts, uuid.uuid4().hex, self.calibration)
             return body, timings

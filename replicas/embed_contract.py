@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 POOLINGS = ("lasttoken", "mean", "cls")
 INPUT_FORMATS = ("text", "chat_template")
 MESSAGE_FORMATS = ("flat", "structured")
@@ -95,6 +97,9 @@ class EmbedWork:
     deadline: float | None = None
     adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
     second_starts: tuple[int, ...] = ()  # a pair's second text's first token; (): none
+    # False: vectors before the model's L2 normalization (Dense applied), for the ingress to
+    # fold chunks of one long input into one vector first (app.embed_chunks)
+    normalize: bool = True
 
     @property
     def num_items(self) -> int:
@@ -106,3 +111,10 @@ class EmbedWork:
 
     def prompt_length(self, i: int) -> int:
         return self.prompt_lengths[i] if self.prompt_lengths else 0
+
+
+def l2_normalized(vectors: np.ndarray) -> np.ndarray:
+    """Each row of ``vectors [N, D]`` over its L2 norm, float32 (torch's ``normalize``)."""
+    out = np.asarray(vectors, np.float32)
+    norms = np.sqrt(np.sum(out * out, axis=-1, keepdims=True, dtype=np.float32))
+    return (out / np.maximum(norms, np.float32(1e-12))).astype(np.float32)

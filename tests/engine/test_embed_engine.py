@@ -19,7 +19,12 @@ import pytest
 from app.embeddings import Embedder, matryoshka
 from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 from replicas.contract import EmbedWork
-from tests.support.embed_helpers import QUERY_PROMPT, reference_vectors, texts_of
+from tests.support.embed_helpers import (
+    QUERY_PROMPT,
+    chunk_reference,
+    reference_vectors,
+    texts_of,
+)
 
 TOL = 1e-5  # tiny models: docs/semantics.md, "The float32 floor"
 
@@ -68,6 +73,27 @@ def test_the_query_prompt_applies_as_sentence_transformers_applies_it(family) ->
     assert engine.info.pooling.prompt("query") == QUERY_PROMPT
     (vectors,) = engine.score_batch([embedder.text_work(texts, QUERY_PROMPT)])
     np.testing.assert_allclose(vectors, reference, atol=TOL, rtol=0)
+
+
+def test_a_long_input_is_embedded_as_its_chunks_folded(family) -> None:
+    """truncate: CHUNK (app.embed_chunks): an input past max_seq_length (512) runs as chunks
+    of 512 tokens in the same steps as the other inputs, folded into one vector."""
+    directory, engine, embedder = family
+    long_text = " ".join(["river stone cloud seven blue"] * 260)  # 1300 words
+    texts = [long_text, "alpha beta", long_text[:900]]
+    work, chunking = embedder.chunked_work(texts, None)
+    assert chunking is not None and chunking.starts == (0, 3, 4, 5)
+    assert [len(ids) for ids in work.inputs[:3]] == [512, 512, len(work.inputs[2])]
+    (raw,) = engine.score_batch([work])
+    folded = chunking.fold(raw)
+    pooling = engine.info.pooling.pooling
+    expected = chunk_reference(directory, list(work.inputs[:3]), pooling)
+    np.testing.assert_allclose(folded[0], expected, atol=TOL, rtol=0)
+    reference = reference_vectors(directory, texts[1:])  # within the limit: encode's vectors
+    np.testing.assert_allclose(folded[1:], reference, atol=TOL, rtol=0)
+    assert engine.stats()["request_path_compiles"] == 0
+    plain, none = embedder.chunked_work(texts[1:], None)  # all fit: the plain work
+    assert none is None and plain == embedder.text_work(texts[1:], None)
 
 
 def test_a_vector_does_not_depend_on_its_step(embedding_dirs, embedding_engine) -> None:

@@ -20,6 +20,7 @@ from app.schema import ModelList
 from app.service import ScoringService
 from tests.support.embed_helpers import (
     QUERY_PROMPT,
+    chunk_reference,
     embed_settings,
     reference_vectors,
     st_model,
@@ -115,6 +116,9 @@ def test_prompts_dimensions_and_token_ids(served) -> None:
         ({"input": [1, 2], "prompt_name": "query"}, "invalid_request"),
         ({"input": [[1] * 600]}, "sequence_too_long"),
         ({"input": "a", "truncate_prompt_tokens": 0}, "invalid_request"),
+        ({"input": "a", "truncate": "MIDDLE"}, "invalid_request"),
+        ({"input": [[1] * 600], "truncate": "NONE"}, "sequence_too_long"),
+        ({"input": [[1] * 512 * 64 + [1]], "truncate": "CHUNK"}, "too_many_items"),
         ({"input": ["a"] * 65}, "too_many_items"),
         ([1, 2], "invalid_request"),
     ],
@@ -207,6 +211,35 @@ def test_cohere_truncate_start_embeds_the_longest_tail_that_fits(served) -> None
         reply = post(api, "/v2/embed", body)
         assert reply.status == 200, reply.body
         np.testing.assert_allclose(reply.body["embeddings"]["float"], [reference], atol=TOL, rtol=0)
+
+
+def test_truncate_chunk_folds_a_long_input_on_both_routes(served) -> None:
+    """CHUNK (scorejax's truncate value, app.embed_chunks): the long text as the engine
+    embeds its chunks, folded (the last chunk's vector: last-token pooling); the short one
+    as encode embeds it; the same on /v2/embed, for token ids, and usage counts every token."""
+    api, directory = served
+    words = ("alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue")
+    long_text = " ".join(words[(n * n) % 9] for n in range(1200))
+    texts = [long_text, "seven blue clouds"]
+    reply = post(api, "/v1/embeddings", {"input": texts, "truncate": "CHUNK"})
+    vectors = vectors_of(reply)
+    model = st_model(str(directory))
+    ids = model.tokenizer(long_text)["input_ids"]
+    chunks = [tuple(ids[i : i + 512]) for i in range(0, len(ids), 512)]
+    last = chunk_reference(directory, chunks, "lasttoken")
+    np.testing.assert_allclose(vectors[0], last, atol=TOL, rtol=0)
+    np.testing.assert_allclose(vectors[1], reference_vectors(directory, texts[1:])[0], atol=TOL)
+    assert reply.body["usage"]["prompt_tokens"] == len(ids) + len(
+        model.tokenizer(texts[1]).input_ids
+    )
+    cohere = post(api, "/v2/embed", {"texts": texts, "truncate": "CHUNK"})
+    assert cohere.status == 200, cohere.body
+    np.testing.assert_allclose(cohere.body["embeddings"]["float"], vectors, atol=TOL, rtol=0)
+    as_ids = vectors_of(post(api, "/v1/embeddings", {"input": ids, "truncate": "CHUNK"}))
+    np.testing.assert_allclose(as_ids[0], vectors[0], atol=TOL, rtol=0)
+    refused(post(api, "/v1/embeddings", {"input": texts}), "sequence_too_long")
+    both = {"input": [long_text], "truncate": "CHUNK", "truncate_prompt_tokens": 8}
+    assert post(api, "/v1/embeddings", both).body["usage"]["prompt_tokens"] == 8  # kept: fits
 
 
 def test_score_and_rerank_are_cosines_with_the_query_embedded_once(served) -> None:

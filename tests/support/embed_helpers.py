@@ -112,6 +112,27 @@ def reference_vectors(
     return np.asarray(vectors, np.float32)
 
 
+def chunk_reference(directory: Path, chunks: list[tuple[int, ...]], pooling: str) -> np.ndarray:
+    """sentence-transformers' modules but Normalize run on each chunk's token ids alone, the
+    chunks folded as vLLM's chunked processing folds them (mean pooling: weighted by their
+    tokens), then L2-normalized: one vector ``[D]``."""
+    import torch
+
+    modules = list(st_model(str(directory)))[:-1]  # Transformer, Pooling(, Dense); Normalize
+    vectors = []
+    for ids in chunks:
+        features = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids))}
+        with torch.no_grad():
+            for module in modules:
+                features = module(features)
+        vectors.append(features["sentence_embedding"][0].double().numpy())
+    if pooling == "mean":
+        folded = np.average(vectors, axis=0, weights=[len(ids) for ids in chunks])
+    else:
+        folded = vectors[0] if pooling == "cls" else vectors[-1]
+    return (folded / np.linalg.norm(folded)).astype(np.float32)
+
+
 def texts_of(seed: int, count: int, longest: int = 512) -> list[str]:
     """Texts of about 1..``longest`` tokens (SmolLM2's tokenizer: ~1 token per word)."""
     rng = np.random.default_rng(seed)

@@ -37,6 +37,7 @@ from replicas.contract import (
     ScoreHead,
     check_embed_limits,
 )
+from replicas.embed_contract import l2_normalized
 from replicas.engine.layouts.common import BucketDims, bucket_for, data_buckets, step_capacity
 from replicas.engine.layouts.prefix_blocks import KV_AXES
 from replicas.engine.layouts.runner import Runner
@@ -83,6 +84,7 @@ class Piece:
     tokens: tuple[int, ...]
     skip: int  # leading tokens left out of the pooling (the prompt without include_prompt)
     second: int = 0  # a cross-encoder pair's first token of type 1 (its length: none)
+    normalize: bool = True  # its work's EmbedWork.normalize
 
 
 def embed_step(
@@ -137,14 +139,16 @@ def cross_encoder_pooling(head: ScoreHead | None) -> PoolingHead | None:
     return PoolingHead(pooling=head.pooling, normalize=False, dimension=head.num_labels)
 
 
-def finish(vectors: np.ndarray, head: PoolingHead, dense: Sequence[Any]) -> np.ndarray:
-    """Dense layers then L2 normalization (as torch's ``normalize``), float32, per row."""
+def finish(
+    vectors: np.ndarray, head: PoolingHead, dense: Sequence[Any], normalize: np.ndarray
+) -> np.ndarray:
+    """Dense layers then L2 normalization (as torch's ``normalize``), float32, per row;
+    ``normalize [N]`` bool: rows whose work asks for it (``EmbedWork.normalize``)."""
     out = np.asarray(vectors, np.float32)
     for layer in dense:
         out = np.asarray(layer(out), np.float32)
     if head.normalize:
-        norms = np.sqrt(np.sum(out * out, axis=-1, keepdims=True, dtype=np.float32))
-        out = out / np.maximum(norms, np.float32(1e-12))
+        out = np.where(normalize[:, None], l2_normalized(out), out)
     return out.astype(np.float32)
 
 
@@ -197,6 +201,7 @@ class EmbedLayout:
                 tuple(tokens),
                 0 if include else works[w].prompt_length(i),
                 works[w].second_start(i),
+                works[w].normalize,
             )
             for w in indices
             for i, tokens in enumerate(works[w].inputs)
@@ -306,7 +311,8 @@ class EmbedLayout:
         )
         pooled = np.asarray(runner.run_device("embed", dims, args))  # [B, M, D]
         for r, row in enumerate(chunk):
-            vectors = finish(pooled[r, : len(row)], self._head, self._dense)
+            normalize = np.asarray([piece.normalize for piece in row])
+            vectors = finish(pooled[r, : len(row)], self._head, self._dense, normalize)
             for n, piece in enumerate(row):
                 results[piece.work][piece.index] = vectors[n]
 
