@@ -203,6 +203,18 @@ class ErrorResponse(BaseModel):
     reason: str = Field(description="Machine-readable cause, e.g. token_id_exceeds_vocab.")
 
 
+class RerankChunking(BaseModel):
+    """/v1/rerank's chunking defaults: the config's ``max_chunks_per_doc`` (1: off),
+    ``chunk_tokens``, ``chunk_overlap`` and ``chunk_aggregation``."""
+
+    model_config = _STRICT
+
+    max_chunks_per_doc: int
+    chunk_tokens: int
+    chunk_overlap: int
+    chunk_aggregation: Literal["max", "mean"]
+
+
 class ModelCard(BaseModel):
     model_config = _STRICT
 
@@ -228,7 +240,7 @@ class ModelCard(BaseModel):
     )
     num_labels: int | None = Field(description="A score head's outputs (null: no head).")
     id2label: dict[str, str] | None = Field(description="A score head's label names.")
-    kind: Literal["causal_lm", "score_head", "embedding"] = Field(
+    kind: Literal["causal_lm", "score_head", "embedding", "cross_encoder"] = Field(
         description="What the model is, and so which routes it answers."
     )
     pooling: Literal["lasttoken", "mean", "cls"] | None = Field(
@@ -243,6 +255,18 @@ class ModelCard(BaseModel):
             "tokenizer's chat template, the prompt as a system message); null: not an "
             "embedding model."
         ),
+    )
+    max_input_tokens: int | None = Field(
+        default=None,
+        description=(
+            "An embedding model's most tokens per input: longer ones are a 400 unless the "
+            "request's truncate cuts them to it (END, START) or chunks them by it (CHUNK)."
+        ),
+    )
+    rerank_chunking: RerankChunking | None = Field(
+        default=None,
+        description="/v1/rerank's chunking defaults, which a request's own fields override "
+        "(null: no rerank route).",
     )
     parent: str | None = Field(
         default=None, description="A LoRA adapter's base model (vLLM's shape); absent: a base."

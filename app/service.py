@@ -8,7 +8,6 @@ fake in unit tests) and returns the response body, or raises ScoringError.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -18,13 +17,20 @@ from typing import Any
 import numpy as np
 
 from app.chunks import NO_CHUNKING, ChunkOptions
-from app.classify import classify_body, head_card, prepare_classify, refuse_score_head
+from app.classify import classify_body, prepare_classify, refuse_score_head
 from app.completions import Completions
 from app.cross_encoder import cross_encoded
 from app.embed_scores import cosine_rerank_work, cosine_score_work
 from app.embed_types import NO_CALIBRATION, Calibration, load_calibration
-from app.embeddings import Embedder, cohere_body, cosines, openai_body, refuse_kind
+from app.embeddings import (
+    Embedder,
+    cohere_body,
+    cosines,
+    openai_body,
+    refuse_kind,
+)
 from app.kinds import kinds_of
+from app.model_card import models_body
 from app.rerank import Reranker, rerank_body, reranker_for
 from app.schema import ScoreRequest
 from app.scores import head_scores, to_scores
@@ -345,33 +351,6 @@ class ScoringService:
         return 0 if len(self.tokenizer("", add_special_tokens=True)["input_ids"]) else 1
 
     def models_body(self) -> dict[str, Any]:
-        """The base model's card, then one per LoRA adapter: the base's card under the
-        adapter's name with the base as its ``parent`` (vLLM's shape)."""
-        base = self._base_card()
-        adapters = [{**base, "id": name, "parent": base["id"]} for name in self.info.adapters]
-        return {"object": "list", "data": [base, *adapters]}
-
-    def _base_card(self) -> dict[str, Any]:
-        info = self.info
-        return {
-            "id": info.name,
-            "object": "model",
-            "created": int(self.clock()),
-            "owned_by": "scorejax",
-            "vocab_size": info.vocab_size,
-            "multi_item_scoring_delimiter": info.multi_item_scoring_delimiter,
-            "max_items_per_request": info.limits.max_items_per_request,
-            "max_multi_item_seq_len": info.limits.max_multi_item_seq_len,
-            # limit_to_warmup: a request fits one (query, longest item, labels).
-            "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
-            # /v1/rerank's method (None: no rerank route for this model).
-            "rerank_method": self.reranker.method if self.reranker else None,
-            **head_card(info.head),
-            **({"rerank_method": "cosine", "scoring": "cosine"} if info.pooling else {}),
-            # causal_lm, score_head or embedding; an embedding model's pooling and size
-            "kind": info.kind,
-            "pooling": info.pooling.pooling if info.pooling else None,
-            "dimension": info.pooling.dimension if info.pooling else None,
-            # how an embedding model's text becomes tokens: as it is, or its chat template's render
-            "input_format": info.pooling.inputs.kind if info.pooling else None,
-        }
+        """/v1/models (app.model_card)."""
+        method = self.reranker.method if self.reranker else None
+        return models_body(self.info, method, self.chunking, int(self.clock()))

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.schema import ModelList
 from app.service import ScoringService
 from replicas.errors import ScoringError
 from tests.support.embed_helpers import embed_settings
@@ -206,7 +207,10 @@ def test_http_routes_models_and_openapi_of_a_cross_encoder(served) -> None:
     )
     got = {r["index"]: r["relevance_score"] for r in reply.body["results"]}
     np.testing.assert_allclose([got[0], got[1]], reference, atol=TOL, rtol=0)
-    assert ask(api, "GET", "/v1/models").body["data"][0]["kind"] == "cross_encoder"
+    models = ask(api, "GET", "/v1/models").body
+    ModelList.model_validate(models)  # the published card holds a cross-encoder's too
+    assert models["data"][0]["kind"] == "cross_encoder"
+    assert models["data"][0]["rerank_chunking"]["max_chunks_per_doc"] == 1
     paths = ask(api, "GET", "/openapi.json").body["paths"]
     assert "/v1/rerank" in paths and "/v1/score" in paths and "/v1/classify" in paths
     assert not {"/v1/embeddings", "/v1/completions"} & set(paths)

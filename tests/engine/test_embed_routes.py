@@ -292,7 +292,9 @@ def test_models_say_the_kind_and_other_routes_are_refused_by_name(served) -> Non
     (card,) = models["data"]
     assert (card["scoring"], card["rerank_method"]) == ("cosine", "cosine")
     assert (card["kind"], card["pooling"], card["dimension"]) == ("embedding", "lasttoken", 64)
-    assert card["input_format"] == "text"
+    assert card["input_format"] == "text" and card["max_input_tokens"] == 512
+    chunking = {"max_chunks_per_doc": 1, "chunk_tokens": 512, "chunk_overlap": 0}
+    assert card["rerank_chunking"] == {**chunking, "chunk_aggregation": "max"}
     message = refused(
         post(api, "/v1/completions", {"prompt": "x", "echo": True}), "unsupported_for_model"
     )

@@ -121,6 +121,7 @@ def test_models_route_describes_the_model() -> None:
     assert card["id"] == "m"
     assert card["vocab_size"] == 2000
     assert card["max_items_per_request"] == 4
+    assert card["rerank_chunking"] is None and card["max_input_tokens"] is None  # no reranker
     ModelList.model_validate(reply.body)  # strict: the published fields, no other
 
 

@@ -1,0 +1,63 @@
+"""``/v1/models``: the served model's card (app.schema.ModelCard), then one per LoRA adapter
+(the base's card under the adapter's name with the base as its ``parent``, vLLM's shape)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from app.chunks import ChunkOptions
+from app.classify import head_card
+from app.embeddings import input_limit
+from replicas.contract import ModelInfo
+
+
+def models_body(
+    info: ModelInfo, rerank_method: str | None, chunking: ChunkOptions, created: int
+) -> dict[str, Any]:
+    """The list body; ``rerank_method``: the decoder reranker's (None: none)."""
+    base = base_card(info, rerank_method, chunking, created)
+    adapters = [{**base, "id": name, "parent": base["id"]} for name in info.adapters]
+    return {"object": "list", "data": [base, *adapters]}
+
+
+def base_card(
+    info: ModelInfo, rerank_method: str | None, chunking: ChunkOptions, created: int
+) -> dict[str, Any]:
+    pooling = info.pooling
+    reranks = rerank_method is not None or pooling is not None or info.kind == "cross_encoder"
+    return {
+        "id": info.name,
+        "object": "model",
+        "created": created,
+        "owned_by": "scorejax",
+        "vocab_size": info.vocab_size,
+        "multi_item_scoring_delimiter": info.multi_item_scoring_delimiter,
+        "max_items_per_request": info.limits.max_items_per_request,
+        "max_multi_item_seq_len": info.limits.max_multi_item_seq_len,
+        # limit_to_warmup: a request fits one (query, longest item, labels).
+        "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
+        # /v1/rerank's method (None: no rerank route for this model).
+        "rerank_method": rerank_method,
+        **head_card(info.head),
+        **({"rerank_method": "cosine", "scoring": "cosine"} if pooling else {}),
+        # causal_lm, score_head, embedding or cross_encoder; an embedding model's pooling, size
+        "kind": info.kind,
+        "pooling": pooling.pooling if pooling else None,
+        "dimension": pooling.dimension if pooling else None,
+        # how an embedding model's text becomes tokens: as it is, or its chat template's render
+        "input_format": pooling.inputs.kind if pooling else None,
+        # an embedding input's most tokens (truncate: END/START cut to it, CHUNK by it)
+        "max_input_tokens": input_limit(info) if pooling else None,
+        # /v1/rerank's chunking defaults (a request's own fields override them)
+        "rerank_chunking": chunking_card(chunking) if reranks else None,
+    }
+
+
+def chunking_card(options: ChunkOptions) -> dict[str, Any]:
+    return {
+        "max_chunks_per_doc": options.max_chunks,
+        "chunk_tokens": options.chunk_tokens,
+        "chunk_overlap": options.overlap,
+        "chunk_aggregation": options.aggregation,
+    }
