@@ -39,13 +39,23 @@ class Chunking:
         return l2_normalized(out) if self.normalize else out
 
     def _one(self, vectors: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        if hi - lo == 1 or self.pooling == "cls":
-            return vectors[lo]
-        if self.pooling == "lasttoken":
-            return vectors[hi - 1]
-        weights = np.asarray(self.weights[lo:hi], np.float64)[:, None]
-        mean = np.sum(vectors[lo:hi].astype(np.float64) * weights, axis=0) / weights.sum()
-        return mean.astype(np.float32)
+        return fold_chunks(vectors[lo:hi], self.weights[lo:hi], self.pooling)
+
+
+def fold_chunks(vectors: np.ndarray, weights: Sequence[int], pooling: str) -> np.ndarray:
+    """One input's chunk vectors ``[n, D]`` (not normalized) -> its vector ``[D]``."""
+    if len(vectors) == 1 or pooling == "cls":
+        return vectors[0]
+    if pooling == "lasttoken":
+        return vectors[-1]
+    w = np.asarray(weights, np.float64)[:, None]
+    return (np.sum(vectors.astype(np.float64) * w, axis=0) / w.sum()).astype(np.float32)
+
+
+def chunk_weights(lengths: Sequence[int], skip: int) -> list[int]:
+    """The tokens each chunk pools: its length, less the prompt's in the first chunk (capped
+    as the engine caps it: at least one token pooled)."""
+    return [n - (min(skip, n - 1) if i == 0 else 0) for i, n in enumerate(lengths)]
 
 
 def chunk_work(
@@ -61,12 +71,10 @@ def chunk_work(
     weights: list[int] = []
     starts = [0]
     for ids in inputs:
-        for start in range(0, len(ids), limit):
-            chunk = tuple(ids[start : start + limit])
-            prompt = min(skip, len(chunk) - 1) if start == 0 else 0  # as the engine caps it
-            chunks.append(chunk)
-            prompts.append(prompt)
-            weights.append(len(chunk) - prompt)
+        pieces = [tuple(ids[start : start + limit]) for start in range(0, len(ids), limit)]
+        chunks += pieces
+        prompts += [min(skip, len(pieces[0]) - 1)] + [0] * (len(pieces) - 1)
+        weights += chunk_weights([len(piece) for piece in pieces], skip)
         starts.append(len(chunks))
     work = EmbedWork(tuple(chunks), tuple(prompts) if skip else (), normalize=False)
     return work, Chunking(tuple(starts), tuple(weights), head.pooling, head.normalize)

@@ -16,6 +16,7 @@ and drops the helper columns.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,17 +24,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from app.embed_chunks import chunk_weights, fold_chunks
 from app.embed_types import NO_CALIBRATION, Calibration, load_calibration, typed_embeddings
 from app.embeddings import matryoshka
 from batch.rows import plain
 from batch.serve_stage import ServeStage
 from batch.stages import EngineStage, PrepareRows, finish_rows, with_columns
-from replicas.contract import EmbedWork, ScoringLimits
+from replicas.contract import EmbedWork, PoolingHead, ScoringLimits
+from replicas.embed_contract import l2_normalized
 from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 
-IDS, SKIP = "_sj_embed_ids", "_sj_embed_skip"
-HELPERS = (IDS, SKIP)
+IDS, SKIP, CHUNKS = "_sj_embed_ids", "_sj_embed_skip", "_sj_embed_chunks"
+HELPERS = (IDS, SKIP, CHUNKS)
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,8 @@ class EmbedColumns:
     dimensions: int | None = None
     types: tuple[str, ...] = ()
     """``--embedding-types``: each one's own ``embedding_<type>`` column."""
+    truncate: str | None = None
+    """``--truncate``: /v1/embeddings' ``truncate`` (NONE, START, END, CHUNK; None: NONE)."""
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -61,6 +66,8 @@ class EmbedOutput:
     """Embedding types written beside ``embedding``."""
     calibration: Calibration = NO_CALIBRATION
     """int8/uint8 ranges: the config's ``embedding_calibration``."""
+    chunked: bool = False
+    """``--truncate CHUNK``: a row's chunks folded into its vector (app.embed_chunks)."""
 
 
 class EmbedPrepare(PrepareRows):
@@ -74,6 +81,8 @@ class EmbedPrepare(PrepareRows):
         payload: dict[str, Any] = {"input": text}
         if self._columns.prompt_name is not None:
             payload["prompt_name"] = self._columns.prompt_name
+        if self._columns.truncate is not None:
+            payload["truncate"] = self._columns.truncate
         try:
             return self._service.embedder.prepare(payload).work
         except ScoringError as error:
@@ -81,52 +90,96 @@ class EmbedPrepare(PrepareRows):
 
     def helper_columns(self, prepared: list[Any]) -> dict[str, pa.Array]:
         works: list[EmbedWork | None] = prepared
+        ids = [[t for chunk in w.inputs for t in chunk] if w else None for w in works]
         return {
-            IDS: pa.array([list(w.inputs[0]) if w else None for w in works], pa.list_(pa.int32())),
+            IDS: pa.array(ids, pa.list_(pa.int32())),
             SKIP: pa.array([w.prompt_length(0) if w else None for w in works], pa.int32()),
+            CHUNKS: pa.array(
+                [[len(c) for c in w.inputs] if w else None for w in works], pa.list_(pa.int32())
+            ),
         }
 
 
+@dataclass(frozen=True)
+class Pack:
+    """One engine call's EmbedWork and its ``rows``; ``chunks[k]``: how many of its inputs
+    row k's are (1 unless ``--truncate CHUNK`` cut it)."""
+
+    work: EmbedWork
+    rows: list[int]
+    chunks: list[int]
+
+
 def pack_rows(
-    batch: pa.Table, limits: ScoringLimits, adapter: str | None = None
-) -> list[tuple[EmbedWork, list[int]]]:
+    batch: pa.Table, limits: ScoringLimits, adapter: str | None = None, chunked: bool = False
+) -> list[Pack]:
     """The batch's prepared rows, longest first, in EmbedWorks of at most
-    ``max_items_per_request`` inputs and ``max_request_tokens`` tokens, each run with
-    ``adapter`` (``--model``; None: the base); with each one's rows."""
+    ``max_items_per_request`` inputs (a row's chunks each count) and ``max_request_tokens``
+    tokens, each run with ``adapter`` (``--model``; None: the base), not normalized when
+    ``chunked`` (the rows' chunks are folded first)."""
     ids, skips = batch.column(IDS).to_pylist(), batch.column(SKIP).to_pylist()
+    chunks = batch.column(CHUNKS).to_pylist()
     rows = sorted((r for r, i in enumerate(ids) if i is not None), key=lambda r: -len(ids[r]))
-    packs: list[tuple[EmbedWork, list[int]]] = []
+    packs: list[Pack] = []
     current: list[int] = []
-    tokens = 0
+    tokens = items = 0
     budget = limits.max_request_tokens or 1 << 62
     for row in rows:
-        length = len(ids[row])
-        if current and (len(current) >= limits.max_items_per_request or tokens + length > budget):
-            packs.append((_work(ids, skips, current, adapter), current))
-            current, tokens = [], 0
+        length, count = len(ids[row]), len(chunks[row])
+        full = items + count > limits.max_items_per_request or tokens + length > budget
+        if current and full:
+            packs.append(_pack(ids, skips, chunks, current, adapter, chunked))
+            current, tokens, items = [], 0, 0
         current.append(row)
         tokens += length
+        items += count
     if current:
-        packs.append((_work(ids, skips, current, adapter), current))
+        packs.append(_pack(ids, skips, chunks, current, adapter, chunked))
     return packs
 
 
-def _work(ids: list[Any], skips: list[Any], rows: list[int], adapter: str | None) -> EmbedWork:
-    lengths = tuple(int(skips[r] or 0) for r in rows)
-    inputs = tuple(tuple(ids[r]) for r in rows)
-    return EmbedWork(inputs, lengths if any(lengths) else (), adapter=adapter)
+def _pack(
+    ids: list[Any], skips: list[Any], chunks: list[Any], rows: list[int], adapter: str | None,
+    chunked: bool,
+) -> Pack:  # fmt: skip
+    inputs: list[tuple[int, ...]] = []
+    lengths: list[int] = []
+    for r in rows:
+        cuts = np.cumsum([0, *chunks[r]])
+        inputs += [tuple(ids[r][lo:hi]) for lo, hi in itertools.pairwise(cuts)]
+        lengths += [int(skips[r] or 0)] + [0] * (len(chunks[r]) - 1)
+    prompts = tuple(lengths) if any(lengths) else ()
+    work = EmbedWork(tuple(inputs), prompts, adapter=adapter, normalize=not chunked)
+    return Pack(work, rows, [len(chunks[r]) for r in rows])
+
+
+def row_vectors(pack: Pack, answer: Any, head: PoolingHead, chunked: bool) -> np.ndarray:
+    """A pack's answer ``[inputs, D]`` -> one vector per row ``[rows, D]``: each row's chunks
+    folded, then normalized as the model normalizes (``chunked``), else as they are."""
+    vectors = np.asarray(answer, np.float32)
+    if not chunked:
+        return vectors
+    folded, start = [], 0
+    for count in pack.chunks:
+        lengths = [len(ids) for ids in pack.work.inputs[start : start + count]]
+        weights = chunk_weights(lengths, pack.work.prompt_length(start))
+        folded.append(fold_chunks(vectors[start : start + count], weights, head.pooling))
+        start += count
+    out = np.stack(folded).astype(np.float32)
+    return l2_normalized(out) if head.normalize else out
 
 
 def vectors_of(
-    rows: int, packs: Sequence[tuple[EmbedWork, list[int]]], answers: Sequence[Any], size: int,
-    dimensions: int | None,
+    rows: int, packs: Sequence[Pack], answers: Sequence[Any], head: PoolingHead,
+    output: EmbedOutput,
 ) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Each row's vector ``[rows, d]`` float32 (Matryoshka-cut) and which rows have one."""
-    values = np.zeros((rows, dimensions or size), np.float32)
+    values = np.zeros((rows, output.dimensions or head.dimension), np.float32)
     valid = np.zeros(rows, bool)
-    for (_, members), answer in zip(packs, answers, strict=True):
-        values[members] = matryoshka(np.asarray(answer, np.float32), dimensions)
-        valid[members] = True
+    for pack, answer in zip(packs, answers, strict=True):
+        vectors = row_vectors(pack, answer, head, output.chunked)
+        values[pack.rows] = matryoshka(vectors, output.dimensions)
+        valid[pack.rows] = True
     return values, valid
 
 
@@ -165,8 +218,8 @@ class EmbedEngine(EngineStage):
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         info = self._engine.info
-        packs = pack_rows(batch, info.limits, self._adapter)
-        answers = self.call([w for w, _ in packs])
+        packs = pack_rows(batch, info.limits, self._adapter, chunked(self._payload))
+        answers = self.call([pack.work for pack in packs])
         return with_columns(batch, answer_columns(batch, packs, answers, info, self._payload))
 
 
@@ -187,20 +240,24 @@ class ServeEmbed(ServeStage):
         self._info = self._handle.describe.remote().result()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        packs = pack_rows(batch, self._info.limits, self._adapter)
-        answers = self.send_all(self._handle.score_work.remote, [w for w, _ in packs])
+        packs = pack_rows(batch, self._info.limits, self._adapter, chunked(self._payload))
+        answers = self.send_all(self._handle.score_work.remote, [pack.work for pack in packs])
         return with_columns(batch, answer_columns(batch, packs, answers, self._info, self._payload))
 
 
+def chunked(output: EmbedOutput | None) -> bool:
+    """Whether the job folds chunks (``--truncate CHUNK``; no payload: no)."""
+    return output is not None and output.chunked
+
+
 def answer_columns(
-    batch: pa.Table, packs: Sequence[tuple[EmbedWork, list[int]]], answers: Sequence[Any],
-    info: Any, output: EmbedOutput | None,
+    batch: pa.Table, packs: Sequence[Pack], answers: Sequence[Any], info: Any,
+    output: EmbedOutput | None,
 ) -> dict[str, Any]:  # fmt: skip
     """The output columns of one batch's answered packs (``output`` None: the vectors as
     they are)."""
     output = output or EmbedOutput()
-    size = info.pooling.dimension
-    values, valid = vectors_of(batch.num_rows, packs, answers, size, output.dimensions)
+    values, valid = vectors_of(batch.num_rows, packs, answers, info.pooling, output)
     return output_columns(values, valid, output)
 
 
@@ -229,4 +286,4 @@ def embed_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedOutpu
     calibration = NO_CALIBRATION
     if any(kind.endswith("int8") for kind in columns.types):
         calibration = load_calibration(settings.http.embedding_calibration, head.dimension)
-    return EmbedOutput(columns.dimensions, columns.types, calibration)
+    return EmbedOutput(columns.dimensions, columns.types, calibration, columns.truncate == "CHUNK")

@@ -147,7 +147,9 @@ def _classify_columns(args: argparse.Namespace, adapter: str | None) -> Classify
 
 def _embed_columns(args: argparse.Namespace, adapter: str | None) -> EmbedColumns:
     types = args.embedding_types or ()
-    return EmbedColumns(args.input_column, args.id_column, args.prompt_name, args.dimensions, types)
+    return EmbedColumns(
+        args.input_column, args.id_column, args.prompt_name, args.dimensions, types, args.truncate
+    )
 
 
 def embedding_types(text: str) -> tuple[str, ...]:
@@ -258,6 +260,13 @@ MODES: tuple[BatchMode, ...] = (
                 type=embedding_types,
                 default=None,
                 help="comma-separated embedding types, each its own embedding_<type> column",
+            ),
+            argument(
+                "--truncate",
+                choices=("NONE", "START", "END", "CHUNK"),
+                default=None,
+                help="a text past the model's limit, as /v1/embeddings' truncate (default: an "
+                "error row); CHUNK: its chunks' vectors folded into one",
             ),
         ),
         columns=_embed_columns,

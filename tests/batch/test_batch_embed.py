@@ -72,6 +72,28 @@ def test_embed_rows_equal_what_v1_embeddings_answers(local, prompt_name, dimensi
         assert all(row[f"embedding_{k}"] is None for row in out if row["error"] for k in types)
 
 
+@pytest.mark.parametrize("truncate", ["CHUNK", "START"])
+def test_truncate_rows_equal_what_v1_embeddings_answers(local, truncate) -> None:
+    """``--truncate``: a row past the limit (512) cut or chunked as the route cuts or chunks
+    it; CHUNK rows packed with their chunks among other rows."""
+    engine, service = local
+    texts = [*texts_of(32, 6, longest=200), "alpha river " * 700, "seven blue " * 400]
+    rows = [{"id": f"t{n}", "text": text} for n, text in enumerate(texts)]
+    columns = EmbedColumns(truncate=truncate)
+    prepared = EmbedPrepare.around(service, columns)(pa.Table.from_pylist(rows))
+    output = EmbedOutput(chunked=truncate == "CHUNK")
+    table = finish_embed(EmbedEngine.around(engine, output)(prepared), None).to_pylist()
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    body, _ = asyncio.run(service.embed_timed({"input": texts, "truncate": truncate}, backend))
+    vectors = {text: entry["embedding"] for text, entry in zip(texts, body["data"], strict=True)}
+    assert all(row["error"] is None for row in table)
+    for row in table:
+        np.testing.assert_allclose(row["embedding"], vectors[row["text"]], atol=1e-5, rtol=0)
+
+
 def test_the_command_and_its_refusals(tiny_llama_dir, embedding_dirs: dict) -> None:
     from batch.__main__ import parser
     from batch.pipeline import embed_dataset
@@ -79,12 +101,13 @@ def test_the_command_and_its_refusals(tiny_llama_dir, embedding_dirs: dict) -> N
 
     args = parser().parse_args(
         ["embed", "--input", "t.jsonl", "--output", "out", "--prompt-name", "query",
-         "--dimensions", "16", "--input-column", "body", "--embedding-types", "int8,binary"]
+         "--dimensions", "16", "--input-column", "body", "--embedding-types", "int8,binary",
+         "--truncate", "CHUNK"]
     )  # fmt: skip
     assert (args.mode, args.prompt_name, args.dimensions, args.input_column) == (
         "embed", "query", 16, "body",
     )  # fmt: skip
-    assert args.embedding_types == ("int8", "binary")
+    assert (args.embedding_types, args.truncate) == (("int8", "binary"), "CHUNK")
     with pytest.raises(SystemExit):
         parser().parse_args(["embed", "--input", "t", "--output", "o", "--embedding-types", "int4"])
     with pytest.raises(SettingsError, match="not an embedding model"):
