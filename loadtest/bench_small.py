@@ -35,7 +35,7 @@ import numpy as np
 from loadtest import bench_llamacpp
 from loadtest.bench_common import load_hf_model, make_work, shipped_settings, timed_steady
 from loadtest.bench_small_report import report, step_tables
-from loadtest.harness import LABELS, Option, Result, Run, Workload, counts, timed
+from loadtest.harness import LABELS, Option, Result, Run, Workload, counts, timed, timed_together
 
 QUERY = "Is Paris the capital of France? Answer:"  # 9 tokens (SmolLM2 adds no BOS)
 ITEMS = ["", " not"]
@@ -195,9 +195,12 @@ def small_rows() -> tuple[list[int], list[list[int]]]:
     return tokenizer(QUERY)["input_ids"], items
 
 
-def small_peers(work: Any, engine: Any, hf: Any, llama: Any, repeats: int) -> dict[str, Any]:
+def small_peers(
+    work: Any, engine: Any, hf: Any, llama: Any, repeats: int, served: Any = None
+) -> dict[str, Any]:
     """The small request in this process: the engine, transformers and llama.cpp on the
-    same token ids; their times and the labels' log-probs each gives."""
+    same token ids, and ``served`` (the request over HTTP) when given, every one once a round
+    in a shuffled order; their times and the labels' log-probs each gives."""
     import torch
 
     query, items = list(work.query_ids), [list(i) for i in work.item_ids]
@@ -216,18 +219,22 @@ def small_peers(work: Any, engine: Any, hf: Any, llama: Any, repeats: int) -> di
         with torch.inference_mode():
             hf(padded, attention_mask=mask).logits[torch.arange(len(rows)), last]
 
+    calls = {
+        "engine": lambda: engine.score_batch([work]),
+        "hf_rows": hf_rows,
+        "hf_batched": hf_batched,
+    }
+    if llama is not None:
+        calls["llama_rows"] = lambda: llama.rows(query, items, LABELS)
+        calls["llama_shared"] = lambda: llama.shared(query, items, LABELS)
+    if served is not None:
+        calls["served"] = served
     out: dict[str, Any] = {
         "query_tokens": len(query),
-        "times": {
-            "engine": timed(lambda: engine.score_batch([work]), repeats),
-            "hf_rows": timed(hf_rows, repeats),
-            "hf_batched": timed(hf_batched, repeats),
-        },
+        "times": timed_together(calls, repeats, warm=2, shuffle=True),
         "logprobs": {"engine": engine.score_batch([work])[0], "hf": hf_rows()},
     }
     if llama is not None:
-        out["times"]["llama_rows"] = timed(lambda: llama.rows(query, items, LABELS), repeats)
-        out["times"]["llama_shared"] = timed(lambda: llama.shared(query, items, LABELS), repeats)
         out["logprobs"]["llama"] = llama.shared(query, items, LABELS)
         out["logprobs"]["llama_rows"] = llama.rows(query, items, LABELS)
     return out
@@ -249,13 +256,10 @@ def multi_items(engine: Any, llama: Any, counts: tuple[int, ...], repeats: int) 
     return out
 
 
-def http_small(url: str, repeats: int) -> float:
-    """Median seconds of the small request over HTTP."""
-    import httpx
-
+def http_small(client: Any) -> Any:
+    """The small request over HTTP, through ``client`` (an ``httpx.Client`` at the server)."""
     body = {"query": QUERY, "items": ITEMS, "label_token_ids": list(LABELS)}
-    with httpx.Client(base_url=url, timeout=60) as client:
-        return timed(lambda: client.post("/v1/score", json=body).raise_for_status(), repeats)
+    return lambda: client.post("/v1/score", json=body).raise_for_status()
 
 
 def shipped_small() -> tuple[Any, Any, Any]:
@@ -274,15 +278,19 @@ def shipped_small() -> tuple[Any, Any, Any]:
 
 
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
+    import httpx
+
     settings, loaded, work = shipped_small()
-    served = http_small(o.url, o.repeats) if o.url else None
     llama = bench_llamacpp.scorer()
     engine = engine_for(loaded, settings)
     run.say("the small request")
+    with httpx.Client(base_url=o.url or "http://unused", timeout=60) as client:
+        served = http_small(client) if o.url else None
+        small = small_peers(work, engine, load_hf_model(), llama, o.repeats, served)
     results = {
-        "served_s": served,
+        "served_s": small["times"].pop("served", None),
         "llama": llama is not None,
-        "small": small_peers(work, engine, load_hf_model(), llama, o.repeats),
+        "small": small,
         "multi": multi_items(engine, llama, tuple(counts(o.items)), o.multi_repeats),
         "floor": floor_parts(engine, loaded, work, o.repeats),
         "costs": None if not o.steps else step_costs(loaded, settings, o.repeats),

@@ -23,8 +23,9 @@ def report(results: dict[str, Any], args: Any) -> tuple[tuple[str, ...], list[Ta
     times, base = small["times"], small["times"]["hf_rows"]
     rows = dict(times, **({"served": served} if served else {}))
     notes = [
-        f"shipped serve_config.yaml settings, float32; medians of {args.repeats}, "
-        f"{args.multi_repeats} for the multi-item rows",
+        f"shipped serve_config.yaml settings, float32; medians of {args.repeats} rounds "
+        f"running every row of the small request's table once each in a shuffled order (the "
+        f"served row against the running server), {args.multi_repeats} for the multi-item rows",
         f"engine / transformers' two rows: **{times['engine'] / base:.2f}x** (target <= 0.6x)"
         + (f"; served: **{served / base:.2f}x**" if served else "")
         + (
