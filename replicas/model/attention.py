@@ -5,8 +5,10 @@ for the item stream) are the reference everywhere and what CPUs run.
 
 - TPU (``auto`` or ``pallas``): the item stream's two parts run as Pallas kernels
   (``pallas_attention.item_stream_attention``) inside ``shard_map``: each device attends its
-  own heads (and batch rows), laid out by the one sharding table. Pallas on another platform
-  runs in interpret mode, which is how the tests check it on CPU.
+  own heads (and batch rows), laid out by the one sharding table. An encoder's packed
+  sequences (BERT, XLM-RoBERTa) attend bidirectionally within each sequence through the same
+  kernel (``pallas_attention.segment_attention``; ModernBERT keeps the XLA reference).
+  Pallas on another platform runs in interpret mode, which is how the tests check it on CPU.
 - GPU (``auto`` in bfloat16/float16, or ``cudnn``): causal dense rows (the query's prefix
   step, single-item rows) run cuDNN's fused flash attention, which skips the masked half;
   masked rows (the packed reference) stay on XLA.
@@ -27,8 +29,9 @@ from jax.sharding import Mesh, PartitionSpec
 from cluster.sharding import partition_spec
 from replicas.model.causal_lm import CausalLM, CausalSpec, DenseSpec, masked_attention
 from replicas.model.config import ModelConfig
+from replicas.model.encoder import Encoder
 from replicas.model.layers import attend_item_stream
-from replicas.model.pallas_attention import item_stream_attention
+from replicas.model.pallas_attention import item_stream_attention, segment_attention
 from replicas.settings import SettingsError
 
 Array = jax.Array
@@ -74,12 +77,19 @@ def with_attention(model: CausalLM, choice: str, mesh: Mesh) -> CausalLM:
         )  # fmt: skip
         cudnn = False
     dense = cudnn_dense_attention if cudnn else masked_attention
+    interpret = mesh_platform(mesh) != "tpu"
     if not uses_pallas(choice, mesh):
         stream: Callable[..., Array] = attend_item_stream
     else:
-        interpret = mesh_platform(mesh) != "tpu"
         stream = partial(sharded_stream_attention, mesh=mesh, interpret=interpret)
-    return dataclasses.replace(model, stream_attention=stream, dense_attention=dense)
+    model = dataclasses.replace(model, stream_attention=stream, dense_attention=dense)
+    if isinstance(model, Encoder) and uses_pallas(choice, mesh):
+        if model.config.rotary:  # ModernBERT: its local layers' windows are two-sided
+            logger.warning("attention: ModernBERT's layers run the XLA reference, not Pallas")
+            return model
+        segments = partial(sharded_segment_attention, mesh=mesh, interpret=interpret)
+        return dataclasses.replace(model, segment_attention=segments)
+    return model
 
 
 def cudnn_dense_attention(q: Array, k: Array, v: Array, spec: DenseSpec) -> Array:
@@ -100,6 +110,32 @@ def _specs(q: Array, k: Array, mesh: Mesh) -> tuple[PartitionSpec, PartitionSpec
         q_spec = PartitionSpec(q_spec[0], None, None, None)
         kv_spec = PartitionSpec(kv_spec[0], None, None, None)
     return q_spec, kv_spec, PartitionSpec(q_spec[0], None)
+
+
+def sharded_segment_attention(
+    q: Array,  # [B, S, H, Dh]
+    k: Array,  # [B, S, H, Dh]
+    v: Array,
+    item_ids: Array,  # [B, S]
+    window: int,
+    *,
+    mesh: Mesh,
+    interpret: bool,
+) -> Array:
+    """``encoder.attend_segments``' contract through the Pallas kernel, per device (each
+    device its own heads and batch rows); ``window`` is the XLA reference's block reach, which
+    the kernel does not need."""
+    del window
+    q_spec, kv_spec, rows = _specs(q, k, mesh)
+
+    def kernel(q: Array, k: Array, v: Array, item_ids: Array) -> Array:
+        return segment_attention(q, k, v, item_ids, interpret=interpret)
+
+    sharded = jax.shard_map(
+        kernel, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec, rows), out_specs=q_spec,
+        check_vma=False,
+    )  # fmt: skip
+    return sharded(q, k, v, item_ids)
 
 
 def sharded_stream_attention(

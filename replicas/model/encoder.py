@@ -94,12 +94,19 @@ def attend_segments(
     return out.reshape(batch, padded, heads, head_dim)[:, :length]
 
 
-def _attention(c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int) -> Array:
+# (q, k, v [B, S, H, Dh], item_ids [B, S], window) -> [B, S, H, Dh]: attend_segments, or
+# the Pallas kernel the engine picks on TPU (replicas.model.attention.with_attention)
+SegmentAttention = Callable[[Array, Array, Array, Array, int], Array]
+
+
+def _attention(
+    c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int, attend: SegmentAttention
+) -> Array:
     """x: [B, S, D] -> the attention block's output [B, S, D] (before its residual)."""
     q = jnp.einsum("bsd,dhk->bshk", x, p["q"]) + p["q_bias"]  # [B, S, H, Dh]
     k = jnp.einsum("bsd,dhk->bshk", x, p["k"]) + p["k_bias"]
     v = jnp.einsum("bsd,dhk->bshk", x, p["v"]) + p["v_bias"]
-    attended = attend_segments(q, k, v, item_ids, window)
+    attended = attend(q, k, v, item_ids, window)
     return jnp.einsum("bshk,hkd->bsd", attended, p["o"]) + p["o_bias"]
 
 
@@ -110,10 +117,14 @@ def _mlp(p: Params, x: Array) -> Array:
     return inner @ p["down"] + p["down_bias"]
 
 
-def encoder_layer(c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int) -> Array:
+def encoder_layer(
+    c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int,
+    attend: SegmentAttention = attend_segments,
+) -> Array:  # fmt: skip
     """One post-norm encoder layer: x [B, S, D] -> [B, S, D]."""
     eps = c.rms_norm_eps
-    h = layer_norm(p["attn_norm"], x + _attention(c, p["attn"], x, item_ids, window), eps)
+    attended = _attention(c, p["attn"], x, item_ids, window, attend)
+    h = layer_norm(p["attn_norm"], x + attended, eps)
     return layer_norm(p["mlp_norm"], h + _mlp(p["mlp"], h), eps)
 
 
@@ -158,12 +169,14 @@ def _random(rng: Array, shape: tuple[int, ...], path: str, dtype: Any) -> Array:
 class Encoder:
     """Functional wrapper: all state is in ``params``; methods are jit-friendly. The
     attention fields are ``CausalLM``'s (the engine sets them for every model); an encoder
-    runs ``attend_segments`` whatever they are."""
+    runs ``segment_attention`` (None: ``attend_segments``, the XLA reference; ModernBERT's
+    rotary layers always run it, their local windows being two-sided) whatever they are."""
 
     config: ModelConfig
     dtype: Any = jnp.float32
     stream_attention: Callable[..., Array] = attend_item_stream
     dense_attention: Callable[..., Array] = masked_attention
+    segment_attention: SegmentAttention | None = None
     lora_groups: int = 1
     lora_update: str = "auto"
 
@@ -201,8 +214,10 @@ class Encoder:
             return self._encode_rotary(params, tokens, positions, item_ids, window)
         types = jnp.zeros_like(tokens) if token_types is None else token_types
 
+        attend = self.segment_attention or attend_segments
+
         def step(h: Array, layer_params: Params) -> tuple[Array, None]:
-            return encoder_layer(c, layer_params, h, item_ids, window), None
+            return encoder_layer(c, layer_params, h, item_ids, window, attend), None
 
         x, _ = jax.lax.scan(step, self.embed(params, tokens, positions, types), params["layers"])
         return x

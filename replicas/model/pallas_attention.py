@@ -288,3 +288,16 @@ def item_stream_attention(
     )  # fmt: skip
     own = part(q, k, v, item_ids, item_ids, causal=True, window=window, sliding=own_sliding)
     return merge_parts([prefix, own]).astype(q.dtype)
+
+
+def segment_attention(
+    q: Array, k: Array, v: Array, item_ids: Array, *, interpret: bool, block: int = 128
+) -> Array:
+    """An encoder's attention through one Pallas part: each query attends bidirectionally to
+    the keys of its own sequence (``encoder.attend_segments``' contract without a local
+    window). q, k, v: [B, S, H, Dh] (H query and key heads alike); item_ids: [B, S] (-1
+    padding, whose rows come out 0) -> [B, S, H, Dh] in q's dtype."""
+    out, _ = attention_part(
+        q, k, v, item_ids, item_ids, causal=False, window=None, interpret=interpret, block=block
+    )
+    return out.astype(q.dtype)

@@ -77,3 +77,25 @@ def test_a_vector_does_not_depend_on_its_step(bert) -> None:
     (other,) = engine.score_batch([changed])
     np.testing.assert_array_equal(other[0], base[0])
     np.testing.assert_array_equal(other[2:], base[2:])
+
+
+def test_the_pallas_segment_kernel_embeds_as_sentence_transformers(tmp_path: Path) -> None:
+    """``attention: pallas`` (the TPU default; interpret mode on this CPU): an XLM-RoBERTa
+    embedder's packed sequences attend through ``pallas_attention.segment_attention`` and
+    the vectors still equal ``encode``, packed and alone."""
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    directory = save_bert_embedder(tmp_path / "xlmr", "mean", family="xlm_roberta")
+    settings = embed_settings(
+        directory, token_buckets=(64,), item_token_buckets=(64,), item_tokens_per_step=64,
+        attention="pallas",
+    )  # fmt: skip
+    engine = ScoringEngine.from_settings(settings, warm=True)
+    assert engine.model.segment_attention is not None  # the kernel, not attend_segments
+    embedder = Embedder(engine.info, load_tokenizer(resolve_model_source(directory)))
+    texts = sentences(7, 9, longest=20)
+    work = embedder.text_work(texts, None)
+    (together,) = engine.score_batch([work])
+    np.testing.assert_allclose(together, reference_vectors(directory, texts), atol=TOL, rtol=0)
+    (alone,) = engine.score_batch([EmbedWork((work.inputs[3],))])
+    np.testing.assert_allclose(alone[0], together[3], atol=TOL, rtol=0)

@@ -15,8 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from replicas.model.encoder import attend_segments
 from replicas.model.layers import attend_item_stream
-from replicas.model.pallas_attention import attention_part, item_stream_attention, merge_parts
+from replicas.model.pallas_attention import (
+    attention_part,
+    item_stream_attention,
+    merge_parts,
+    segment_attention,
+)
 
 reference = jax.jit(attend_item_stream, static_argnames="window")
 LIBTPU = Path(sys.prefix) / "libtpu" / "libtpu" / "libtpu.so"
@@ -162,6 +168,18 @@ def test_merge_parts_is_exact_and_zero_when_every_part_is_empty():
     merged = np.asarray(merge_parts([(out_a, lse_a), (out_b, lse_b)]))
     np.testing.assert_allclose(merged[0, 0, 0], [(2 + 3 * 5) / 4] * 2, atol=1e-6)
     np.testing.assert_array_equal(merged[0, 1, 0], [0.0, 0.0])
+
+
+def test_segment_attention_is_attend_segments_within_each_sequence():
+    """The encoder's kernel: every query sees exactly its own sequence's keys, both ways
+    (literal segments: sequences of 10, 17 and 5 tokens then padding; one of 40)."""
+    ids = np.array([[0] * 10 + [1] * 17 + [2] * 5 + [-1] * 8, [0] * 40], np.int32)
+    q, k, v = (jax.random.normal(jax.random.key(n), (2, 40, 2, 16), jnp.float32) for n in (1, 2, 3))
+    got = segment_attention(q, k, v, jnp.asarray(ids), interpret=True, block=16)
+    want = attend_segments(q, k, v, jnp.asarray(ids), 40)
+    real = ids >= 0
+    np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=0)
+    assert not np.asarray(got)[~real].any()  # padding attends to nothing: zeros
 
 
 def test_tpu_blocks_must_be_lane_multiples():
