@@ -99,10 +99,10 @@ def served_model(name: str, dtype: str, quantization: str) -> Any:
 
     from replicas.checkpoints.loading import DTYPES
     from replicas.model.catalog import model_config
-    from replicas.model.causal_lm import CausalLM
+    from replicas.model.encoder import model_for
 
     config = model_config(name).replace(quantization=quantization)
-    return CausalLM(config, jnp.dtype(DTYPES[dtype]))
+    return model_for(config, jnp.dtype(DTYPES[dtype]))  # an Encoder for BERT-like configs
 
 
 def with_quantization(values: dict[str, Any], options: argparse.Namespace) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """A score-head model's steps compiled for a TPU slice here, with compile-only libtpu
 (``planning.tpu_check``): a small ``Qwen3ForSequenceClassification`` config on v6e:2x2,
-mesh [1, 4], the smallest signature of each step kind. One background process at nice 19
-(tests/support/background.py), a small model, so it adds little to the suite."""
+mesh [1, 4], the smallest signature of each step kind; and a small ``XLMRobertaModel``
+embedder's (its packed sequences through the Pallas segment kernel, the TPU default). One
+background process each at nice 19 (tests/support/background.py), small models, so they add
+little to the suite."""
 
 from __future__ import annotations
 
@@ -31,12 +33,32 @@ CONFIG = {  # config.json values, as save_pretrained writes them
 }
 
 
+ENCODER_KEY = "tpu_check v6e:2x2 xlm-roberta embedder"
+ENCODER = {  # bge-m3's architecture, small
+    "model_type": "xlm-roberta",
+    "architectures": ["XLMRobertaModel"],
+    "vocab_size": 1024,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "max_position_embeddings": 514,
+    "type_vocab_size": 1,
+    "pad_token_id": 1,
+    "layer_norm_eps": 1e-05,
+}
+
+
 def background_commands(folder: Path) -> dict[str, Command]:
-    (folder / "config.json").write_text(json.dumps(CONFIG))
-    out = folder / "head-plan.json"
-    args = [sys.executable, "-m", "planning.tpu_check", "--topology", "v6e:2x2"]
-    args += ["--model", str(folder), "--signatures", "smallest", "--no-projection"]
-    return {KEY: Command((*args, "--json", str(out)), out, niceness=19)}
+    commands = {}
+    for key, config, name in ((KEY, CONFIG, "head"), (ENCODER_KEY, ENCODER, "encoder")):
+        (folder / name).mkdir(exist_ok=True)
+        (folder / name / "config.json").write_text(json.dumps(config))
+        out = folder / f"{name}-plan.json"
+        args = [sys.executable, "-m", "planning.tpu_check", "--topology", "v6e:2x2"]
+        args += ["--model", str(folder / name), "--signatures", "smallest", "--no-projection"]
+        commands[key] = Command((*args, "--json", str(out)), out, niceness=19)
+    return commands
 
 
 def test_a_head_models_steps_compile_for_a_v6e_slice(background: dict) -> None:
@@ -47,6 +69,15 @@ def test_a_head_models_steps_compile_for_a_v6e_slice(background: dict) -> None:
     assert {step["kind"] for step in plan["steps"]} == {"prefix", "items", "rows"}
     for step in plan["steps"]:
         assert step["xla_flops"] > 0
+
+
+def test_an_encoders_steps_compile_for_a_v6e_slice_with_the_pallas_kernel(background) -> None:
+    done = background[ENCODER_KEY].result(timeout_s=900)
+    assert done.returncode == 0, done.stdout
+    plan = json.loads(done.out.read_text())
+    assert plan["fits"] and tuple(plan["mesh"]) == (1, 4)
+    assert {step["kind"] for step in plan["steps"]} == {"embed"}
+    assert all(step["xla_flops"] > 0 for step in plan["steps"])
 
 
 def test_head_parameters_take_their_axes_from_the_one_table() -> None:
