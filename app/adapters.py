@@ -90,10 +90,15 @@ class AdapterAdmin:
         scoring replica checks it against a fresh view before its step."""
         name = payload.get("model") if isinstance(payload, dict) else None
         if isinstance(name, str) and name != self._base and name not in self.names:
-            try:
-                await self.refresh()
-            except Exception as error:  # the registry restarting: judge by the last names
-                logger.warning("lora adapter registry unavailable: %s", error)
+            await self.current()
+
+    async def current(self) -> None:
+        """Read-your-writes for ``/v1/models``: the names refreshed first (a load or unload
+        through another ingress is listed at once); the registry restarting: the last names."""
+        try:
+            await self.refresh()
+        except Exception as error:
+            logger.warning("lora adapter registry unavailable: %s", error)
 
     async def refresh(self) -> None:
         _, paths = await self._registry.snapshot.remote()

@@ -137,7 +137,8 @@ def build_api(
     api.add_exception_handler(HTTPException, _routing_error)
     api.add_middleware(_Frame, keys=keys, recorder=recorder, set_request_id=set_request_id)
     known = adapters.know if adapters is not None else _known_already
-    api.include_router(_routes(service, backend, health, stats, known, workloads))
+    listed = adapters.current if adapters is not None else _listed_already
+    api.include_router(_routes(service, backend, health, stats, (known, listed), workloads))
     api.include_router(_adapter_routes(adapters))
     if adapters is not None:  # the other ingress replicas' loads and unloads, followed
         api.router.on_startup.append(adapters.start_following)
@@ -184,10 +185,11 @@ def _routes(
     backend: Backend,
     health: HealthCheck,
     stats: StatsSource | None,
-    known: Callable[[Any], Awaitable[None]],
+    adapter_names: tuple[Callable[[Any], Awaitable[None]], Callable[[], Awaitable[None]]],
     workloads: Sequence[Workload],
 ) -> APIRouter:
     router = APIRouter()
+    known, listed = adapter_names
 
     async def payload_of(request: Request) -> Any:
         """The body, with the adapter names current for the ``model`` it names."""
@@ -224,6 +226,7 @@ def _routes(
 
     @router.get("/v1/models", summary="The served model", responses={200: {"model": ModelList}})
     async def models() -> Response:
+        await listed()  # read-your-writes: the adapters loaded or unloaded anywhere
         return JSONResponse(service.models_body())
 
     @router.get("/health", summary="200 once the replicas answer and agree with the ingress")
@@ -266,6 +269,10 @@ def _workload_routes(
             responses=RESPONSES | workload.responses,
             operation_id=workload.operation_id(path),
         )
+
+
+async def _listed_already() -> None:
+    """No adapters load at run time: the model list never changes."""
 
 
 async def _known_already(payload: Any) -> None:

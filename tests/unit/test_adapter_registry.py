@@ -128,3 +128,35 @@ def test_a_follower_keeps_its_view_while_the_registry_is_away() -> None:
     follower = AdapterFollower(Away(), {"a": "/a"}, apply)
     asyncio.run(follower.follow("b"))  # asked, unavailable: no change, no error
     assert follower.names == ("a",) and applied == []
+
+
+class Remote:
+    """A handle method's ``.remote(...)`` over a plain function of the book."""
+
+    def __init__(self, fn: Any) -> None:
+        self._fn = fn
+
+    async def remote(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+
+def test_the_model_list_of_every_ingress_follows_a_load_and_an_unload_at_once() -> None:
+    """Read-your-writes on ``/v1/models``: an adapter unloaded through one ingress is gone
+    from the other's list in its next answer, not after the follower's next refresh."""
+    from types import SimpleNamespace
+
+    from app.adapters import AdapterAdmin, LiveNames
+
+    book = AdapterBook(max_loras=2, paths={"ranker": "/r"})
+    registry = SimpleNamespace(
+        snapshot=Remote(book.snapshot), add=Remote(book.add), remove=Remote(book.remove)
+    )
+    replica = SimpleNamespace(load_adapter=Remote(lambda name, path: None))
+    one, other = (AdapterAdmin("base", LiveNames(["ranker"]), replica, registry) for _ in "ab")
+    asyncio.run(one.unload({"lora_name": "ranker"}))
+    assert list(other.names) == ["ranker"]  # its follower has not run yet
+    asyncio.run(other.current())  # what /v1/models awaits first
+    assert list(other.names) == []
+    asyncio.run(one.load({"lora_name": "ranker", "lora_path": "/r2"}))
+    asyncio.run(other.current())
+    assert list(other.names) == ["ranker"]
