@@ -24,14 +24,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from app.embed_chunks import chunk_weights, fold_chunks
+from app.embed_chunks import Chunking, chunk_weights
 from app.embed_types import NO_CALIBRATION, Calibration, load_calibration, typed_embeddings
 from app.embeddings import matryoshka
 from batch.rows import plain
 from batch.serve_stage import ServeStage
 from batch.stages import EngineStage, PrepareRows, finish_rows, with_columns
 from replicas.contract import EmbedWork, PoolingHead, ScoringLimits
-from replicas.embed_contract import l2_normalized
 from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 
@@ -155,18 +154,15 @@ def _pack(
 
 def row_vectors(pack: Pack, answer: Any, head: PoolingHead, chunked: bool) -> np.ndarray:
     """A pack's answer ``[inputs, D]`` -> one vector per row ``[rows, D]``: each row's chunks
-    folded, then normalized as the model normalizes (``chunked``), else as they are."""
-    vectors = np.asarray(answer, np.float32)
+    folded as the route folds them (``app.embed_chunks.Chunking``) when ``chunked``."""
     if not chunked:
-        return vectors
-    folded, start = [], 0
-    for count in pack.chunks:
-        lengths = [len(ids) for ids in pack.work.inputs[start : start + count]]
-        weights = chunk_weights(lengths, pack.work.prompt_length(start))
-        folded.append(fold_chunks(vectors[start : start + count], weights, head.pooling))
-        start += count
-    out = np.stack(folded).astype(np.float32)
-    return l2_normalized(out) if head.normalize else out
+        return np.asarray(answer, np.float32)
+    starts = [0, *itertools.accumulate(pack.chunks)]
+    weights: list[int] = []
+    for lo, hi in itertools.pairwise(starts):
+        lengths = [len(ids) for ids in pack.work.inputs[lo:hi]]
+        weights += chunk_weights(lengths, pack.work.prompt_length(lo))
+    return Chunking(tuple(starts), tuple(weights), head.pooling, head.normalize).fold(answer)
 
 
 def vectors_of(
