@@ -78,6 +78,16 @@ bench-llamacpp: $(STAMP)
 	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) $(PY) -m pip install -q -e '.[llamacpp]'
 	$(MAKE) bench
 
+# `make bench-infinity`: the encoder benchmark (a bge-m3-shaped XLM-RoBERTa embedder and
+# cross-encoder: engine, batch, served app, sentence-transformers) with Infinity beside them,
+# installed in a venv of its own (it pins numpy < 2 and sentence-transformers < 4).
+.PHONY: bench-infinity
+bench-infinity: $(STAMP)
+	test -x .venv-infinity/bin/python || $(PYTHON) -m venv .venv-infinity
+	.venv-infinity/bin/python -m pip install -q 'infinity-emb[torch]==0.0.78' torch==2.13.0
+	$(PY) -m loadtest run encoder
+	$(PY) -m loadtest render
+
 # `make loadtest URL=...`: an open-loop sweep of a running server on this machine: Poisson
 # arrivals at each of RATES requests/s for DURATION s in turn (SGLang bench_score's workload:
 # 120-token query, 10 items of 20 tokens); stores its result (docs/results/sweep.json), writes

@@ -19,6 +19,9 @@ REGISTRY: dict[str, tuple[str, str]] = {
               "(local, serve), HTTP per row and per group, transformers"),
     "embed": ("bench_embed", "embeddings of a mixed-length corpus: engine, batch stages, "
               "served app, sentence-transformers"),
+    "encoder": ("bench_encoder", "encoders (a bge-m3-shaped XLM-RoBERTa): embed and "
+                "cross-encoder rerank through engine, batch, served app, sentence-transformers, "
+                "Infinity"),
     "small": ("bench_small", "a small request: engine, served, transformers, llama.cpp; the "
               "floor of a weight pass and the step costs"),
     "small_breakdown": ("bench_small_breakdown", "where a small request's step goes: the host's "

@@ -226,6 +226,14 @@ def compile_steps(engine: Any, keys: list[tuple[str, Any]], plan: Plan) -> None:
 
 
 def format_projection(row: dict[str, Any]) -> str:
+    if row["kind"] == "embed":
+        (step,) = row["steps"]
+        return (
+            f"  projected, an embed step {tuple(step['dims'])} (batch, tokens, window): "
+            f"{row['tokens_per_s']:.0f} tokens/s, {step['ms']:.3f} ms a step "
+            f"({step['flops_per_chip']:.3g} FLOP, {step['hbm_bytes_per_chip']:.3g} B, "
+            f"collectives {step['collective_ms']:.3f} ms per chip)"
+        )
     query, items, item_tokens, _ = row["shape"]
     steps = ", ".join(
         f"{step['runs']}x {step['kind']} {tuple(step['dims'])} {step['ms']:.3f} ms "
@@ -256,7 +264,7 @@ def check(args: argparse.Namespace) -> Plan:
     from cluster.mesh import build_mesh
     from cluster.tpu_topology import axes_crossing_hosts, chip_spec, topology_devices
     from planning.compile_times import CompileTimes
-    from planning.tpu_projection import project
+    from planning.tpu_projection import project, project_embed
     from replicas.engine.scoring_engine import ScoringEngine
 
     devices = topology_devices(args.topology)
@@ -278,12 +286,15 @@ def check(args: argparse.Namespace) -> Plan:
         return plan
     engine = ScoringEngine(model, params, mesh, settings, name=args.model)
     compile_steps(engine, chosen_keys(engine, args.signatures), plan)
-    if args.projection and model.config.pooling is None:  # score workloads: not an embedder's
+    if args.projection:
         times = CompileTimes()
         with_slots = partial(abstract_params, lora=lora)
-        plan.projection = project(
-            engine, mesh, chip, with_slots, times, args.workloads, args.batched
-        )
+        if model.config.pooling is not None or model.config.encoder:  # embed steps only
+            plan.projection = project_embed(engine, mesh, chip, with_slots, times)
+        else:
+            plan.projection = project(
+                engine, mesh, chip, with_slots, times, args.workloads, args.batched
+            )
         plan.projection_compile_s = times.totals()
     return plan
 

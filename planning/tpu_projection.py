@@ -35,6 +35,9 @@ def step_flops(c: ModelConfig, kind: str, dims: Any, rows: int) -> int:
     the prefix part over T and the own-item part over 2W keys, rows (R, L) dense; plus the
     LM head over ``rows`` scored rows."""
     dense = 2 * matmul_params_per_token(c)
+    if kind == "embed":  # B rows of T tokens, each over at most W keys of its own sequence
+        tokens = dims.batch * dims.tokens
+        return tokens * dense + attention_flops(c, tokens, dims.window)
     if kind == "prefix":
         tokens = dims.batch * dims.tokens
         return tokens * dense + attention_flops(c, tokens, dims.tokens)
@@ -130,6 +133,7 @@ def project_workload(
     warm = sum(costs[key].seconds(chip) * n for key, n in runs.items() if key[0] != "prefix")
     items = shape[1] * batch
     return {
+        "kind": "score",
         "shape": list(shape),
         "batch": batch,
         "steps": [step_row(key, costs[key], chip, n) for key, n in runs.items()],
@@ -160,3 +164,29 @@ def project(
     shapes = {"single": (WORKLOAD, 1), "batched": (WORKLOAD, many), "ranking": (RANKING, 1)}
     chosen = list(dict.fromkeys(shapes[w] for w in WORKLOADS if w in workloads))
     return [project_workload(bare, engine, chip, shape, b, times) for shape, b in chosen]
+
+
+def project_embed(
+    engine: Any, mesh: Any, chip: ChipSpec, abstract_params: Any, times: CompileTimes
+) -> list[dict]:
+    """An embedder's or cross-encoder's steps (every one an ``embed`` step): one full row
+    (a latency) and the fullest step (the largest batch bucket of full rows: throughput).
+    Tokens/s count the step's stream tokens as real: the packer's padding (computed / real
+    tokens, docs/benchmarks.md) divides it."""
+    bare = bare_engine(engine, mesh, abstract_params)
+    keys = [key for key in engine.warmup_keys() if key[0] == "embed"]
+    widest = max(key[1].tokens for key in keys)
+    full = [key for key in keys if key[1].tokens == widest]
+    rows = []
+    for key in sorted({min(full, key=_batch), max(full, key=_batch)}, key=_batch):
+        cost = step_cost(bare, engine, key, times)
+        tokens, seconds = key[1].batch * key[1].tokens, cost.seconds(chip)
+        rows.append({
+            "kind": "embed", "tokens": tokens, "latency_s": seconds,
+            "tokens_per_s": round(tokens / seconds, 1), "steps": [step_row(key, cost, chip, 1)],
+        })  # fmt: skip
+    return rows
+
+
+def _batch(key: tuple[str, Any]) -> int:
+    return key[1].batch

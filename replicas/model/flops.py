@@ -8,10 +8,12 @@ from replicas.model.config import ModelConfig
 
 
 def matmul_params_per_token(c: ModelConfig) -> int:
-    """Weights every token multiplies through (projections and MLP, all layers)."""
+    """Weights every token multiplies through (projections and MLP, all layers): a gated
+    MLP's three matrices (GeGLU's doubled input one counts as two), BERT's two."""
     attn = c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
     attn += c.num_heads * c.head_dim * c.hidden_size
-    mlp = 3 * c.hidden_size * c.intermediate_size
+    matrices = 2 if c.encoder and not c.rotary else 3
+    mlp = matrices * c.hidden_size * c.intermediate_size
     return c.num_layers * (attn + mlp)
 
 

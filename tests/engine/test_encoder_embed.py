@@ -5,8 +5,9 @@ sequences of other lengths in one step, and a vector does not depend on what sha
 a ``ModernBertModel`` (3 layers, global then local, a +-4 window far shorter than most
 sequences, LayerNorm biases, RoPE bases off their defaults) the same
 (tests/support/encoder_helpers.py: random LayerNorms and biases). One engine per variant,
-rows of 64 and 256 tokens, so a step packs many sequences and the blocked attention reads
-blocks on both sides.
+rows of 64 and 256 tokens, so a step packs many sequences, each attending within its own
+across the whole row (``attend_row``; the blocked form: tests/unit/test_encoder_attention.py).
+An encoder's rows hold about their longest input's window, not the step's capacity.
 """
 
 from __future__ import annotations
@@ -99,3 +100,23 @@ def test_the_pallas_segment_kernel_embeds_as_sentence_transformers(tmp_path: Pat
     np.testing.assert_allclose(together, reference_vectors(directory, texts), atol=TOL, rtol=0)
     (alone,) = engine.score_batch([EmbedWork((work.inputs[3],))])
     np.testing.assert_allclose(alone[0], together[3], atol=TOL, rtol=0)
+
+
+def test_an_encoders_rows_hold_about_their_longest_inputs_window(tmp_path: Path) -> None:
+    """Its attention reads the whole row, so rows stay near the window of their first
+    (longest) input, ``ENCODER_ROW`` tokens at least: one input of 100 tokens and 60 of 10
+    (700) make three rows of 256 tokens or fewer, not one row of 1024; each step's window is
+    its row."""
+    from replicas.engine.layouts.embed import ENCODER_ROW
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    directory = save_bert_embedder(tmp_path / "cls", "cls")
+    buckets = (64, 256, 512, 1024)
+    settings = embed_settings(directory, item_token_buckets=buckets, item_tokens_per_step=1024)
+    engine = ScoringEngine.from_settings(settings, warm=False)
+    work = EmbedWork(((2, *(7,) * 98, 3), *((2, *(7,) * 8, 3),) * 60))
+    steps = [dims for kind, dims in engine.plan([work]) if kind == "embed"]
+    assert ENCODER_ROW == 256 and all(dims.window == dims.tokens for dims in steps)
+    assert [dims.tokens for dims in steps] == [256, 256, 256]  # 100 + 15 x 10, 250, 200
+    (vectors,) = engine.score_batch([work])
+    assert vectors.shape == (61, 32) and np.isfinite(vectors).all()

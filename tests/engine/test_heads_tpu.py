@@ -1,7 +1,8 @@
 """A score-head model's steps compiled for a TPU slice here, with compile-only libtpu
 (``planning.tpu_check``): a small ``Qwen3ForSequenceClassification`` config on v6e:2x2,
-mesh [1, 4], the smallest signature of each step kind; and a small ``XLMRobertaModel``
-embedder's (its packed sequences through the Pallas segment kernel, the TPU default). One
+mesh [1, 4], the smallest signature of each step kind; and a small
+``XLMRobertaForSequenceClassification`` cross-encoder's (bge-reranker-v2-m3's architecture: its
+packed pairs through the Pallas segment kernel, the TPU default), with its projection. One
 background process each at nice 19 (tests/support/background.py), small models, so they add
 little to the suite."""
 
@@ -33,10 +34,11 @@ CONFIG = {  # config.json values, as save_pretrained writes them
 }
 
 
-ENCODER_KEY = "tpu_check v6e:2x2 xlm-roberta embedder"
-ENCODER = {  # bge-m3's architecture, small
+ENCODER_KEY = "tpu_check v6e:2x2 xlm-roberta cross-encoder"
+ENCODER = {  # bge-reranker-v2-m3's architecture, small
     "model_type": "xlm-roberta",
-    "architectures": ["XLMRobertaModel"],
+    "architectures": ["XLMRobertaForSequenceClassification"],
+    "num_labels": 1,
     "vocab_size": 1024,
     "hidden_size": 256,
     "intermediate_size": 512,
@@ -56,7 +58,8 @@ def background_commands(folder: Path) -> dict[str, Command]:
         (folder / name / "config.json").write_text(json.dumps(config))
         out = folder / f"{name}-plan.json"
         args = [sys.executable, "-m", "planning.tpu_check", "--topology", "v6e:2x2"]
-        args += ["--model", str(folder / name), "--signatures", "smallest", "--no-projection"]
+        args += ["--model", str(folder / name), "--signatures", "smallest"]
+        args += ["--projection"] if name == "encoder" else ["--no-projection"]
         commands[key] = Command((*args, "--json", str(out)), out, niceness=19)
     return commands
 
@@ -72,12 +75,26 @@ def test_a_head_models_steps_compile_for_a_v6e_slice(background: dict) -> None:
 
 
 def test_an_encoders_steps_compile_for_a_v6e_slice_with_the_pallas_kernel(background) -> None:
+    from planning.tpu_projection import step_flops
+    from replicas.engine.layouts.embed import EmbedDims
+    from replicas.model.catalog import model_config
+
     done = background[ENCODER_KEY].result(timeout_s=900)
     assert done.returncode == 0, done.stdout
     plan = json.loads(done.out.read_text())
     assert plan["fits"] and tuple(plan["mesh"]) == (1, 4)
     assert {step["kind"] for step in plan["steps"]} == {"embed"}
     assert all(step["xla_flops"] > 0 for step in plan["steps"])
+    # Projected: one full row and the fullest step, their compiled FLOPs (every layer, the
+    # kernel by its cost estimate) against BERT's analytic ones (two MLP matrices).
+    (one, fullest) = plan["projection"]
+    assert one["steps"][0]["dims"][0] == 1 < fullest["steps"][0]["dims"][0]
+    config = model_config(str(done.out.parent / "encoder" / "config.json"))
+    for row in plan["projection"]:
+        (step,) = row["steps"]
+        analytic = step_flops(config, "embed", EmbedDims(*step["dims"]), 0)
+        assert 0.95 <= step["flops_per_chip"] * 4 / analytic <= 1.15, step["dims"]
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["latency_s"], rel=1e-3)
 
 
 def test_head_parameters_take_their_axes_from_the_one_table() -> None:

@@ -121,10 +121,13 @@ def test_a_bert_embedder_starts_and_serves_on_the_shipped_config(tmp_path: Path)
     assert refused.value.status_code == 400 and "embedding" in refused.value.message
 
 
-def test_a_bert_cross_encoder_starts_and_serves_on_the_shipped_config(tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_an_encoder_cross_encoder_starts_and_serves_on_the_shipped_config(
+    family: str, tmp_path: Path
+) -> None:
     from tests.support.encoder_helpers import save_bert_cross_encoder
 
-    model = save_bert_cross_encoder(tmp_path / "bert-ce")
+    model = save_bert_cross_encoder(tmp_path / f"{family}-ce", family=family)
     service, backend = served(shipped_settings(model, tmp_path / "cache"))
     assert service.models_body()["data"][0]["kind"] == "cross_encoder"
     ranked = asyncio.run(service.rerank_timed({"query": "blue", "documents": ["a", "b"]}, backend))

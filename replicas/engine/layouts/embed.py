@@ -49,6 +49,10 @@ from replicas.model.heads import head_outputs
 Array = jax.Array
 EMPTY_PREFIX = 16  # width of the (never readable) prefix every row sits behind
 MIN_SLOTS = 16
+# An encoder's shortest row limit (``EmbedLayout._row_limit``): its attention reads the whole
+# row (``attend_row``), 256 keys a token costing a tenth of a layer's matmuls at BERT-base's
+# width, while shorter rows would add steps.
+ENCODER_ROW = 256
 
 
 def slots(tokens: int) -> int:
@@ -207,14 +211,15 @@ class EmbedLayout:
             for i, tokens in enumerate(works[w].inputs)
         ]
         pieces.sort(key=lambda p: -len(p.tokens))
-        capacity, buckets = self._capacity(), self._runner.settings.engine.item_token_buckets
+        buckets = self._runner.settings.engine.item_token_buckets
         rows: list[list[Piece]] = []
         used: list[int] = []
+        limits: list[int] = []  # each row's most tokens, set by its first (longest) input
         for piece in pieces:
             length = len(piece.tokens)
             for r, row in enumerate(rows):
                 total = used[r] + length
-                if total > capacity:
+                if total > limits[r]:
                     continue
                 if len(row) < slots(bucket_for(total, buckets, "item_token_buckets")):
                     row.append(piece)
@@ -223,7 +228,18 @@ class EmbedLayout:
             else:
                 rows.append([piece])
                 used.append(length)
+                limits.append(self._row_limit(length))
         return rows
+
+    def _row_limit(self, longest: int) -> int:
+        """The most tokens of a row whose longest input has ``longest``: the step's capacity
+        for a decoder (its items attend within their window wherever they sit); for an
+        encoder about its input's window, at least ``ENCODER_ROW`` (its attention reads the
+        whole row, so a row of short inputs stays short)."""
+        capacity = self._capacity()
+        if not self._model.config.encoder:
+            return capacity
+        return min(capacity, max(ENCODER_ROW, window_for(longest, capacity)))
 
     def _steps(self, rows: list[list[Piece]]) -> list[tuple[EmbedDims, list[list[Piece]]]]:
         engine, groups = self._runner.settings.engine, self._runner.placement.groups
@@ -235,7 +251,8 @@ class EmbedLayout:
             tokens = bucket_for(longest_row, engine.item_token_buckets, "item_token_buckets")
             longest = max(len(p.tokens) for row in chunk for p in row)
             batch = bucket_for(len(chunk), data_buckets(engine.batch_buckets, groups), "batch")
-            steps.append((EmbedDims(batch, tokens, embed_window(longest, tokens)), chunk))
+            window = tokens if self._model.config.encoder else embed_window(longest, tokens)
+            steps.append((EmbedDims(batch, tokens, window), chunk))
         return steps
 
     def select(self, works: Sequence[Any]) -> list[int]:
