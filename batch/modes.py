@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.embed_types import EMBEDDING_TYPES
-from batch.classify_stage import ClassifyColumns, ClassifyPrepare, classify_results
+from batch.classify_stage import ClassifyColumns, ClassifyPrepare, classify_results, model_head
 from batch.embed_stage import HELPERS as EMBED_HELPERS
 from batch.embed_stage import IDS as EMBED_IDS
 from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedPrepare, ServeEmbed, embed_output
@@ -134,7 +134,9 @@ def _rerank_columns(args: argparse.Namespace, adapter: str | None) -> RerankColu
 
 
 def _rerank_results(settings: ReplicaSettings, columns: RerankColumns) -> RerankResults:
-    return RerankResults(columns.chunk_aggregation or settings.http.chunk_aggregation)
+    head = model_head(settings)
+    activation = head.activation if head is not None and head.kind == "cross_encoder" else None
+    return RerankResults(columns.chunk_aggregation or settings.http.chunk_aggregation, activation)
 
 
 def _loglik_columns(args: argparse.Namespace, adapter: str | None) -> LoglikColumns:

@@ -102,17 +102,22 @@ def _check_local(settings: ReplicaSettings) -> None:
         )
 
 
+CROSS_ENCODER_MODES = ("rerank", "classify")  # the routes a cross-encoder serves, as jobs
+
+
 def _refuse_cross_encoder(settings: ReplicaSettings, mode: BatchMode) -> None:
-    """A SettingsError before any row is read when the model is a cross-encoder: no batch mode
-    runs one yet (its rows would be built as a decoder's works); its routes are served."""
+    """A SettingsError before any row is read when the model is a cross-encoder and the mode
+    is not one it runs (its rows would be built as a decoder's works)."""
     from replicas.checkpoints.sources import load_hf_config, resolve_model_source
     from replicas.model.head_config import is_cross_encoder
 
     source = resolve_model_source(settings.model.name)
-    if not source.is_gguf and is_cross_encoder(load_hf_config(source)):
+    if mode.name in CROSS_ENCODER_MODES or source.is_gguf:
+        return
+    if is_cross_encoder(load_hf_config(source)):
         raise SettingsError(
             f"model: {settings.model.name} is a cross-encoder; python -m batch {mode.name} "
-            "does not run cross-encoders yet (serve it: /v1/rerank, /v1/score, /v1/classify)"
+            f"does not run one (it runs {' and '.join(CROSS_ENCODER_MODES)})"
         )
 
 

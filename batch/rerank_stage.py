@@ -2,7 +2,9 @@
 
 ``RerankPrepare`` (CPU): each row prepared by the route's own ``Reranker`` (the configured
 ``rerank_method`` and template) -> a one-item ScoreWork (yes_no, head) or a one-prompt
-PromptWork (query_likelihood) as token ids, or the route's 400. The engine stage
+PromptWork (query_likelihood) as token ids, or the route's 400; on a cross-encoder by the
+route's ``prepare_pairs`` -> an EmbedWork of its (query, document) pairs (one per chunk),
+whose logits go through the model's activation (``CrossEncoder.predict``). The engine stage
 (``batch.works.EngineWorks``, or ``ServeWorks``) packs a batch's works (yes_no: rows
 that share a query as one multi-item work, as ``score`` packs; query_likelihood: every row's
 prompt in one prompt work, whose shared blocks the engine computes once) and
@@ -19,11 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from app.chunks import aggregate
+from app.cross_encoder import Pairs, activated, prepare_pairs
 from app.rerank import RerankWork, work_relevance
 from batch.works import PrepareWorks, Work
+from replicas.contract import EmbedWork
 from replicas.errors import ScoringError
 
 
@@ -45,17 +50,21 @@ class RerankColumns:
 class RerankPrepare(PrepareWorks):
     """The route's Reranker per CPU actor."""
 
-    def prepare(self, row: dict[str, Any]) -> RerankWork | ScoringError:
+    def prepare(self, row: dict[str, Any]) -> RerankWork | Pairs | ScoringError:
         payload = {
             "query": row.get(self._columns.query),
             "documents": [row.get(self._columns.document)],
             **self._columns.chunking(),
         }
-        reranker = self._service.reranker
-        if reranker is None:
+        service = self._service
+        reranker = service.reranker
+        if reranker is None and service.info.kind != "cross_encoder":
             raise ValueError("rerank: the model has no rerank template (setting rerank_template)")
         try:
-            return reranker.prepare(payload, self._service.info, self._service.chunking)
+            if reranker is None:  # a cross-encoder scores the pairs themselves
+                tokenizer, route = service.tokenizer, "/v1/rerank"
+                return prepare_pairs(tokenizer, service.info, payload, route, service.chunking)
+            return reranker.prepare(payload, service.info, service.chunking)
         except ScoringError as error:
             return error
 
@@ -63,18 +72,25 @@ class RerankPrepare(PrepareWorks):
 @dataclass(frozen=True)
 class RerankResults:
     """``relevance``: each scored row's relevance (null: refused), its chunks' scores
-    folded by ``aggregation`` (the job's or the config's ``chunk_aggregation``)."""
+    folded by ``aggregation`` (the job's or the config's ``chunk_aggregation``); a
+    cross-encoder's logits through its ``activation`` first."""
 
     aggregation: str = "max"
+    activation: str | None = None
 
     def __call__(
         self, batch: pa.Table, works: list[Work | None], answers: list[Any]
     ) -> dict[str, pa.Array]:
         relevance = [
-            None if answer is None else aggregate(work_relevance(work, answer), self.aggregation)  # type: ignore[arg-type]
+            None if answer is None else aggregate(self._scores(work, answer), self.aggregation)  # type: ignore[arg-type]
             for work, answer in zip(works, answers, strict=True)
         ]
         return {"relevance": pa.array(relevance, pa.float64())}
+
+    def _scores(self, work: Work, answer: Any) -> np.ndarray:
+        if isinstance(work, EmbedWork):  # [chunks, 1] logits, as the route scores them
+            return activated(np.asarray(answer, np.float32), self.activation)[:, 0]
+        return work_relevance(work, answer)
 
 
 relevance_columns = RerankResults()  # the shipped config's aggregation (max)

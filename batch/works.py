@@ -2,7 +2,8 @@
 stage), one engine call's answers for them, each row its own, and the two stages on them.
 
 A row's work is a one-item ScoreWork (rerank yes_no / head, classify) or a one-prompt
-PromptWork (rerank query_likelihood, loglik), or None (refused). ``PrepareWorks`` (CPU)
+PromptWork (rerank query_likelihood, loglik), on a cross-encoder an EmbedWork of its pairs
+(rerank: one per chunk) or its one text (classify), or None (refused). ``PrepareWorks`` (CPU)
 writes each prepared row's work as token-id columns (a subclass's ``prepare``: the route's
 own code). ``EngineWorks`` (one per accelerator host; token ids and answers only, no
 tokenizer) packs a batch's works (score works by query, ``batch.packing``; prompt works into
@@ -20,26 +21,26 @@ import pyarrow as pa
 
 from batch.packing import pack_works, unpack
 from batch.stages import EngineStage, PrepareRows, with_columns
-from replicas.contract import PromptWork, ScoreWork, ScoringLimits, check_limits
+from replicas.contract import EmbedWork, PromptWork, ScoreWork, ScoringLimits, check_limits
 from replicas.errors import ScoringError
 
-Work = ScoreWork | PromptWork
+Work = ScoreWork | PromptWork | EmbedWork
 QUERY, ITEMS, LABELS = "_sj_work_query", "_sj_work_items", "_sj_work_labels"
 TOP_K, TAIL, KEEP = "_sj_work_top_k", "_sj_work_tail", "_sj_work_keep"
-WORK_COLUMNS = (QUERY, ITEMS, LABELS, TOP_K, TAIL, KEEP)
+SECOND = "_sj_work_second"  # a cross-encoder's EmbedWork: where each input's type 1 starts
+WORK_COLUMNS = (QUERY, ITEMS, LABELS, TOP_K, TAIL, KEEP, SECOND)
 IDS = pa.list_(pa.int32())  # [tokens]
 # (the batch, each row's work, each row's answer) -> the mode's result columns
 Results = Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]]
 
 
 def work_columns(works: Sequence[Work | None]) -> dict[str, pa.Array]:
-    """Each row's work as token-id columns (``QUERY`` null: a prompt work; all null: none)."""
+    """Each row's work as token-id columns (``QUERY`` null: a prompt work, or with
+    ``SECOND`` set a cross-encoder's inputs; all null: none)."""
     scored = [w if isinstance(w, ScoreWork) else None for w in works]
     prompted = [w if isinstance(w, PromptWork) else None for w in works]
-    items = [
-        None if w is None else [list(i) for i in (w.item_ids if s else w.prompts)]  # type: ignore[union-attr]
-        for w, s in zip(works, scored, strict=True)
-    ]
+    paired = [w if isinstance(w, EmbedWork) else None for w in works]
+    items = [None if w is None else [list(i) for i in _inputs(w)] for w in works]
     return {
         QUERY: pa.array([list(w.query_ids) if w else None for w in scored], IDS),
         ITEMS: pa.array(items, pa.list_(IDS)),
@@ -47,7 +48,18 @@ def work_columns(works: Sequence[Work | None]) -> dict[str, pa.Array]:
         TOP_K: pa.array([w.top_k if w else None for w in prompted], pa.int32()),
         TAIL: pa.array([w.scored_tail if w else None for w in prompted], pa.int32()),
         KEEP: pa.array([w.keep_lone_prefixes if w else None for w in prompted], pa.bool_()),
+        SECOND: pa.array([_seconds(w) if w else None for w in paired], IDS),
     }
+
+
+def _inputs(work: Work) -> tuple[tuple[int, ...], ...]:
+    if isinstance(work, ScoreWork):
+        return work.item_ids
+    return work.prompts if isinstance(work, PromptWork) else work.inputs
+
+
+def _seconds(work: EmbedWork) -> list[int]:
+    return [work.second_start(i) for i in range(work.num_items)]
 
 
 def read_works(batch: pa.Table, adapter: str | None = None) -> list[Work | None]:
@@ -55,9 +67,12 @@ def read_works(batch: pa.Table, adapter: str | None = None) -> list[Work | None]
     ``--model``; None: the base model)."""
     columns = {name: batch.column(name).to_pylist() for name in WORK_COLUMNS}
     out: list[Work | None] = []
-    for query, items, labels, top_k, tail, keep in zip(*columns.values(), strict=True):
+    for query, items, labels, top_k, tail, keep, second in zip(*columns.values(), strict=True):
         if items is None:
             out.append(None)
+        elif second is not None:
+            inputs = tuple(map(tuple, items))
+            out.append(EmbedWork(inputs, adapter=adapter, second_starts=tuple(second)))
         elif query is not None:
             items = tuple(map(tuple, items))
             out.append(ScoreWork(tuple(query), items, tuple(labels), adapter=adapter))
@@ -106,6 +121,41 @@ def pack_prompts(
     return packs
 
 
+def pack_pairs(
+    works: Sequence[Work | None], limits: ScoringLimits
+) -> list[tuple[EmbedWork, list[int]]]:
+    """A cross-encoder's works (EmbedWork) merged in row order, one adapter each, cut where
+    the next row's inputs would pass ``max_items_per_request`` or ``max_request_tokens``."""
+    groups: dict[str | None, list[int]] = {}
+    for row, work in enumerate(works):
+        if isinstance(work, EmbedWork):
+            groups.setdefault(work.adapter, []).append(row)
+    packs: list[tuple[EmbedWork, list[int]]] = []
+    for adapter, rows in groups.items():
+        current: list[int] = []
+        for row in rows:
+            if current and not _pair_fits([*current, row], works, limits):
+                packs.append((_pairs(works, current, adapter), current))
+                current = []
+            current.append(row)
+        packs.append((_pairs(works, current, adapter), current))
+    return packs
+
+
+def _pair_fits(rows: list[int], works: Sequence[Work | None], limits: ScoringLimits) -> bool:
+    inputs = [ids for row in rows for ids in works[row].inputs]  # type: ignore[union-attr]
+    tokens = sum(len(ids) for ids in inputs)
+    most = limits.max_request_tokens
+    return len(inputs) <= limits.max_items_per_request and (most is None or tokens <= most)
+
+
+def _pairs(works: Sequence[Work | None], rows: list[int], adapter: str | None) -> EmbedWork:
+    picked = [works[row] for row in rows]
+    inputs = tuple(ids for work in picked for ids in work.inputs)  # type: ignore[union-attr]
+    seconds = tuple(s for work in picked for s in _seconds(work))  # type: ignore[arg-type]
+    return EmbedWork(inputs, adapter=adapter, second_starts=seconds)
+
+
 def row_answers(
     works: Sequence[Work | None],
     limits: ScoringLimits,
@@ -118,13 +168,13 @@ def row_answers(
     through a Serve handle) and answers them in order."""
     scoring = [w if isinstance(w, ScoreWork) and w.num_items else None for w in works]
     score_packs = pack_works(scoring, limits, multi_item)
-    prompt_packs = pack_prompts(works, limits)
-    answers = call([p.work for p in score_packs] + [w for w, _ in prompt_packs])
+    merged = pack_prompts(works, limits) + pack_pairs(works, limits)
+    answers = call([p.work for p in score_packs] + [w for w, _ in merged])
     out: list[Any] = [None] * len(works)
     for row, answer in enumerate(unpack(score_packs, answers[: len(score_packs)], len(works))):
         if scoring[row] is not None:
             out[row] = answer
-    for (_, rows), answer in zip(prompt_packs, answers[len(score_packs) :], strict=True):
+    for (_, rows), answer in zip(merged, answers[len(score_packs) :], strict=True):
         at = 0
         for row in rows:
             count = works[row].num_items  # type: ignore[union-attr]

@@ -34,7 +34,7 @@ TOL = 1e-5
 @pytest.fixture(scope="module", params=["bert", "xlm_roberta", "modernbert"])
 def served(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, ScoringService, Any]:
+) -> tuple[Path, ScoringService, Any, Any]:
     from replicas.engine.scoring_engine import ScoringEngine
 
     root = tmp_path_factory.mktemp("ce")
@@ -49,7 +49,7 @@ def served(
     async def backend(work: Any) -> Any:
         return engine.score_batch([work])[0]
 
-    return directory, service, backend
+    return directory, service, backend, engine
 
 
 @functools.lru_cache(maxsize=4)
@@ -82,7 +82,7 @@ def classified(service: ScoringService, backend: Any, body: dict[str, Any]) -> n
 def test_classify_equals_cross_encoder_predict_on_single_texts_and_pairs(served) -> None:
     import torch
 
-    directory, service, backend = served
+    directory, service, backend, _ = served
     texts = ["blue river", "", *sentences(3, 5, longest=60)]
     reference = predicted_texts(directory, texts)
     body = asyncio.run(service.classify_timed({"input": texts}, backend))[0]
@@ -106,7 +106,7 @@ def test_classify_equals_cross_encoder_predict_on_single_texts_and_pairs(served)
 
 
 @pytest.fixture(scope="module")
-def three_labels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScoringService, Any]:
+def three_labels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, ScoringService, Any, Any]:
     from replicas.engine.scoring_engine import ScoringEngine
 
     directory = save_bert_cross_encoder(tmp_path_factory.mktemp("ce3") / "bert3", num_labels=3)
@@ -136,7 +136,7 @@ def test_classify_on_three_labels_softmaxes_as_predict_apply_softmax(three_label
 
 
 def test_rerank_and_score_equal_cross_encoder_predict(served) -> None:
-    directory, service, backend = served
+    directory, service, backend, _ = served
     query, documents = "what is the blue river", sentences(5, 20, longest=80)
     reference = predicted(directory, [(query, doc) for doc in documents])
     body = asyncio.run(service.rerank_timed({"query": query, "documents": documents}, backend))[0]
@@ -157,7 +157,7 @@ def test_rerank_cuts_documents_to_max_tokens_per_doc_and_refuses_an_instruction(
     """``max_tokens_per_doc`` cuts each document as the decoder rerankers do (its first
     tokens, decoded), then the pair scores as ``predict`` scores the cut pair; an
     ``instruction`` has no meaning for a cross-encoder and is refused naming it."""
-    directory, service, backend = served
+    directory, service, backend, _ = served
     query, documents = "what is the blue river", sentences(6, 4, longest=60)
     tokenizer = service.tokenizer
     cut = [
@@ -175,7 +175,7 @@ def test_rerank_cuts_documents_to_max_tokens_per_doc_and_refuses_an_instruction(
 
 
 def test_the_kind_is_cross_encoder_and_other_routes_refuse_it(served) -> None:
-    _, service, backend = served
+    _, service, backend, _ = served
     assert service.models_body()["data"][0]["kind"] == "cross_encoder"
     for route, call in (
         ("/v1/embeddings", service.embed_timed({"input": ["a"]}, backend)),
@@ -193,7 +193,7 @@ def test_http_routes_models_and_openapi_of_a_cross_encoder(served) -> None:
     from app.http import build_api
     from tests.support.http_support import ask
 
-    directory, service, backend = served
+    directory, service, backend, _ = served
 
     async def health() -> None:
         return None
@@ -237,25 +237,54 @@ def test_http_routes_models_and_openapi_of_a_cross_encoder(served) -> None:
     )
 
 
-def test_no_batch_mode_takes_a_cross_encoder(served) -> None:
-    """Refused naming the model before a row is read (no Ray: the dataset is never touched)."""
-    from batch.modes import MODES
-    from batch.pipeline import mode_dataset
-    from replicas.settings import ReplicaSettings, SettingsError
+def test_batch_rerank_and_classify_rows_score_as_predict(served) -> None:
+    """``python -m batch rerank`` and ``classify``'s stages in this process (the route's own
+    preparation -> the engine stage on token ids only, every row's pairs in one EmbedWork ->
+    finish): a row's relevance is ``predict((query, document))`` (chunked: its best chunk,
+    as the route answers it), a classify row's probs ``predict(text)``; the modes a
+    cross-encoder does not run are refused naming the model before a row is read."""
+    import pyarrow as pa
 
-    directory = served[0]
+    from batch.classify_stage import ClassifyColumns, ClassifyPrepare
+    from batch.modes import MODES
+    from batch.pipeline import CROSS_ENCODER_MODES, mode_dataset
+    from batch.rerank_stage import RerankColumns, RerankPrepare
+    from replicas.settings import ReplicaSettings, SettingsError
+    from tests.batch.test_batch import in_process
+
+    directory, service, backend, engine = served
     settings = ReplicaSettings.from_keys(model=str(directory))
+    modes = {mode.name: mode for mode in MODES}
+    query, documents = "what is the blue river", [*sentences(11, 7, longest=60), ""]
+    rows = pa.Table.from_pylist([{"id": f"d{n}", "query": query, "document": d}
+                                 for n, d in enumerate(documents)])  # fmt: skip
+    for columns in (RerankColumns(), RerankColumns(max_chunks_per_doc=4, chunk_tokens=8)):
+        results = modes["rerank"].payload(settings, columns)
+        stage = in_process(RerankPrepare.around(service, columns), engine, results, "relevance")
+        relevance = [row["relevance"] for row in stage(rows).to_pylist()]
+        body = {"query": query, "documents": documents, **columns.chunking()}
+        answer = asyncio.run(service.rerank_timed(body, backend))[0]["results"]
+        by_route = [r["relevance_score"] for r in sorted(answer, key=lambda r: r["index"])]
+        np.testing.assert_allclose(relevance, by_route, atol=TOL, rtol=0)
+    np.testing.assert_allclose(relevance[-1], predicted(directory, [(query, "")])[0], atol=TOL)
+    texts = pa.Table.from_pylist([{"id": f"t{n}", "input": t} for n, t in enumerate(documents)])
+    columns = ClassifyColumns()
+    results = modes["classify"].payload(settings, columns)
+    stage = in_process(ClassifyPrepare.around(service, columns), engine, results, "probs")
+    probs = [row["probs"] for row in stage(texts).to_pylist()]
+    np.testing.assert_allclose(probs, predicted_texts(directory, documents), atol=TOL, rtol=0)
     for mode in MODES:
-        refused = rf"is a cross-encoder; python -m batch {mode.name} "
-        with pytest.raises(SettingsError, match=refused):
-            mode_dataset(None, settings, mode, None)  # type: ignore[arg-type]
+        if mode.name not in CROSS_ENCODER_MODES:
+            refused = rf"is a cross-encoder; python -m batch {mode.name} does not run one"
+            with pytest.raises(SettingsError, match=refused):
+                mode_dataset(None, settings, mode, None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("served", ["bert"], indirect=True)
 def test_rerank_chunks_score_as_predict_on_each_chunk(served) -> None:
     """Semantics 24 on a cross-encoder: a chunked document ranks by its best chunk, each
     chunk scored as ``predict((query, chunk))``."""
-    directory, service, backend = served
+    directory, service, backend, _ = served
     query, (document,) = "what is the blue river", sentences(9, 1, longest=80)
     body = {"query": query, "documents": [document], "chunk_tokens": 8, "max_chunks_per_doc": 6,
             "relevant_spans": {"mode": "enabled", "threshold": 0.0}}  # fmt: skip

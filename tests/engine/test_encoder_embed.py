@@ -105,8 +105,8 @@ def test_the_pallas_segment_kernel_embeds_as_sentence_transformers(tmp_path: Pat
 def test_an_encoders_rows_hold_about_their_longest_inputs_window(tmp_path: Path) -> None:
     """Its attention reads the whole row, so rows stay near the window of their first
     (longest) input, ``ENCODER_ROW`` tokens at least: one input of 100 tokens and 60 of 10
-    (700) make three rows of 256 tokens or fewer, not one row of 1024; each step's window is
-    its row."""
+    (700) make three rows of 256 tokens or fewer, not one row of 1024; rows of one limit
+    share a step up to its capacity; each step's window is its row."""
     from replicas.engine.layouts.embed import ENCODER_ROW
     from replicas.engine.scoring_engine import ScoringEngine
 
@@ -117,6 +117,8 @@ def test_an_encoders_rows_hold_about_their_longest_inputs_window(tmp_path: Path)
     work = EmbedWork(((2, *(7,) * 98, 3), *((2, *(7,) * 8, 3),) * 60))
     steps = [dims for kind, dims in engine.plan([work]) if kind == "embed"]
     assert ENCODER_ROW == 256 and all(dims.window == dims.tokens for dims in steps)
-    assert [dims.tokens for dims in steps] == [256, 256, 256]  # 100 + 15 x 10, 250, 200
+    # rows of 100 + 15 x 10, 250 and 200 tokens: two of them in one step (a step's weights
+    # read once for up to its capacity in tokens), the third alone
+    assert [(dims.batch, dims.tokens) for dims in steps] == [(2, 256), (1, 256)]
     (vectors,) = engine.score_batch([work])
     assert vectors.shape == (61, 32) and np.isfinite(vectors).all()

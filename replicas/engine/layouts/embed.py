@@ -231,6 +231,20 @@ class EmbedLayout:
                 limits.append(self._row_limit(length))
         return rows
 
+    def _encoder_full_rows(self, most: int) -> list[EmbedDims]:
+        """An encoder's steps of full rows (``_row_limit``: ``ENCODER_ROW`` doubled up to the
+        capacity), as many rows as ``_rows_per_step`` gives them: the signatures most of its
+        steps run."""
+        capacity, buckets = self._capacity(), self._runner.settings.engine.item_token_buckets
+        dims, limit = [], ENCODER_ROW
+        while limit < capacity:
+            tokens, batch = bucket_for(limit, buckets, "item_token_buckets"), most
+            while 2 * batch * tokens <= capacity:
+                batch *= 2
+            dims.append(EmbedDims(batch, tokens, tokens))
+            limit *= 2
+        return dims
+
     def _row_limit(self, longest: int) -> int:
         """The most tokens of a row whose longest input has ``longest``: the step's capacity
         for a decoder (its items attend within their window wherever they sit); for an
@@ -243,17 +257,43 @@ class EmbedLayout:
 
     def _steps(self, rows: list[list[Piece]]) -> list[tuple[EmbedDims, list[list[Piece]]]]:
         engine, groups = self._runner.settings.engine, self._runner.placement.groups
-        per_step = data_buckets(engine.batch_buckets, groups)[-1]
-        steps = []
-        for start in range(0, len(rows), per_step):
-            chunk = rows[start : start + per_step]
-            longest_row = max(sum(len(p.tokens) for p in row) for row in chunk)
-            tokens = bucket_for(longest_row, engine.item_token_buckets, "item_token_buckets")
+        sizes = data_buckets(engine.batch_buckets, groups)
+        steps, start = [], 0
+        while start < len(rows):
+            count, full = self._rows_per_step(rows, start, sizes[-1])
+            chunk = rows[start : start + count]
+            tokens = full or self._row_bucket(chunk)
             longest = max(len(p.tokens) for row in chunk for p in row)
-            batch = bucket_for(len(chunk), data_buckets(engine.batch_buckets, groups), "batch")
+            batch = count if full else bucket_for(len(chunk), sizes, "batch")
             window = tokens if self._model.config.encoder else embed_window(longest, tokens)
             steps.append((EmbedDims(batch, tokens, window), chunk))
+            start += count
         return steps
+
+    def _row_bucket(self, chunk: list[list[Piece]]) -> int:
+        longest_row = max(sum(len(p.tokens) for p in row) for row in chunk)
+        buckets = self._runner.settings.engine.item_token_buckets
+        return bucket_for(longest_row, buckets, "item_token_buckets")
+
+    def _rows_per_step(self, rows: list[list[Piece]], start: int, most: int) -> tuple[int, int]:
+        """Rows of the step from ``rows[start]``, and 0 or the row length they are padded to:
+        the largest batch bucket ``most``; an encoder's rows of one limit (``_row_limit``)
+        doubled from there while there are that many and they fill at most the step's
+        capacity, padded to their limit's bucket (the signatures ``_encoder_full_rows``
+        warms), so a step of short rows still reads the layer weights once for about a
+        full step's tokens (a CPU's one row a step, ``batch_buckets: [1]``, too)."""
+        count = most
+        if not self._model.config.encoder:
+            return count, 0
+        limit = self._row_limit(len(rows[start][0].tokens))  # its first input is its longest
+        buckets = self._runner.settings.engine.item_token_buckets
+        full = bucket_for(limit, buckets, "item_token_buckets")
+        same = start
+        while same < len(rows) and self._row_limit(len(rows[same][0].tokens)) == limit:
+            same += 1
+        while start + 2 * count <= same and 2 * count * full <= self._capacity():
+            count *= 2
+        return count, (full if count > most else 0)
 
     def select(self, works: Sequence[Any]) -> list[int]:
         """Every EmbedWork (an embedding model takes no other work)."""
@@ -264,17 +304,22 @@ class EmbedLayout:
 
     def warmup_keys(self) -> list[tuple[str, Any]]:
         """One row of each token bucket about four times the one before up to the step's
-        capacity (its window the whole row, so it covers every smaller input), and the
-        fullest step (the largest batch bucket of full rows)."""
+        capacity (its window the whole row, so it covers every smaller input), an encoder's
+        steps of full rows (``_encoder_full_rows``), and the fullest step (the largest batch
+        bucket of full rows)."""
         engine, groups = self._runner.settings.engine, self._runner.placement.groups
         capacity = self._capacity()
         smallest = data_buckets(engine.batch_buckets, groups)[0]
         keys, last = [], 0
         for tokens in engine.item_token_buckets:
-            if tokens <= capacity and (tokens >= 4 * last or tokens == capacity):
+            if tokens > capacity:
+                break
+            if tokens >= 4 * last or tokens == capacity:
                 keys.append(("embed", EmbedDims(smallest, tokens, window_for(tokens, tokens))))
                 last = tokens
         largest = data_buckets(engine.batch_buckets, groups)[-1]
+        if self._model.config.encoder:
+            keys += [("embed", dims) for dims in self._encoder_full_rows(largest)]
         full = EmbedDims(largest, capacity, window_for(capacity, capacity))
         return list(dict.fromkeys([*keys, ("embed", full)]))
 
