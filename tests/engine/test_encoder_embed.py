@@ -107,7 +107,7 @@ def test_an_encoders_rows_hold_about_their_longest_inputs_window(tmp_path: Path)
     (longest) input, ``ENCODER_ROW`` tokens at least: one input of 100 tokens and 60 of 10
     (700) make three rows of 256 tokens or fewer, not one row of 1024; rows of one limit
     share a step up to its capacity; each step's window is its row."""
-    from replicas.engine.layouts.embed import ENCODER_ROW
+    from replicas.engine.layouts.embed_packing import ENCODER_ROW
     from replicas.engine.scoring_engine import ScoringEngine
 
     directory = save_bert_embedder(tmp_path / "cls", "cls")

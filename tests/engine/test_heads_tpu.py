@@ -76,7 +76,7 @@ def test_a_head_models_steps_compile_for_a_v6e_slice(background: dict) -> None:
 
 def test_an_encoders_steps_compile_for_a_v6e_slice_with_the_pallas_kernel(background) -> None:
     from planning.tpu_projection import step_flops
-    from replicas.engine.layouts.embed import EmbedDims
+    from replicas.engine.layouts.embed_packing import EmbedDims
     from replicas.model.catalog import model_config
 
     done = background[ENCODER_KEY].result(timeout_s=900)

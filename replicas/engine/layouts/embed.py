@@ -3,9 +3,8 @@
 Every input is an "item" of an item stream behind an empty prefix (no prefix key is
 readable), so each attends causally to itself only, at positions 0..len-1, exactly as it
 would alone: the stream attention that multi-item scoring and lone prompts already run
-(``layers.attend_item_stream``), no attention path of its own. Rows are filled first-fit
-with the inputs sorted longest first (little padding on mixed lengths), up to the step's
-capacity; a step holds up to the largest batch bucket of rows.
+(``layers.attend_item_stream``), no attention path of its own. How inputs fill rows and
+rows fill steps: ``embed_packing``.
 
 The step pools on device in float32: ``lasttoken`` / ``cls`` gather one hidden state per
 input, ``mean`` sums an input's pooled tokens (segment sums, so no other input's token
@@ -14,14 +13,14 @@ float32, per vector. A step's signature is ``EmbedDims`` (rows, stream tokens, w
 pooled outputs per row are ``slots(tokens)``.
 
 An encoder (``replicas.model.encoder``) reads the same rows bidirectionally within each
-input, with token types (a cross-encoder's pair: 1 from ``EmbedWork.second_starts`` on); a
-cross-encoder's step returns its head's logits on each pair's [CLS] token.
+input, with token types (a cross-encoder's pair: 1 from ``EmbedWork.second_starts`` on), in
+rows near its inputs' length; a cross-encoder's step returns its head's logits on each
+pair's [CLS] token.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, ClassVar
 
@@ -38,7 +37,8 @@ from replicas.contract import (
     check_embed_limits,
 )
 from replicas.embed_contract import l2_normalized
-from replicas.engine.layouts.common import BucketDims, bucket_for, data_buckets, step_capacity
+from replicas.engine.layouts.common import data_buckets, step_capacity
+from replicas.engine.layouts.embed_packing import EmbedDims, EmbedPacking, Piece, slots
 from replicas.engine.layouts.prefix_blocks import KV_AXES
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import window_for
@@ -48,47 +48,6 @@ from replicas.model.heads import head_outputs
 
 Array = jax.Array
 EMPTY_PREFIX = 16  # width of the (never readable) prefix every row sits behind
-MIN_SLOTS = 16
-# An encoder's shortest row limit (``EmbedLayout._row_limit``): its attention reads the whole
-# row (``attend_row``), 256 keys a token costing a tenth of a layer's matmuls at BERT-base's
-# width, while shorter rows would add steps.
-ENCODER_ROW = 256
-
-
-def slots(tokens: int) -> int:
-    """Inputs one row of ``tokens`` stream tokens may hold (pooled outputs per row)."""
-    return max(MIN_SLOTS, tokens // 4)
-
-
-def embed_window(longest: int, tokens: int) -> int:
-    """The item window of a step of ``tokens``: the longest input's (``window_for``), at
-    least a quarter of the row, so a row length has at most three windows to compile."""
-    return max(window_for(longest, tokens), min(tokens, window_for(tokens // 4, tokens)))
-
-
-@dataclass(frozen=True, order=True)
-class EmbedDims(BucketDims):
-    """One embedding step: ``batch`` rows of ``tokens`` stream tokens, inputs <= ``window``."""
-
-    batch: int
-    tokens: int
-    window: int
-
-    @property
-    def cost(self) -> int:
-        return self.batch * self.tokens * 64 + self.window
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One input of one work: ``(work, index)`` and where its pooling starts."""
-
-    work: int
-    index: int
-    tokens: tuple[int, ...]
-    skip: int  # leading tokens left out of the pooling (the prompt without include_prompt)
-    second: int = 0  # a cross-encoder pair's first token of type 1 (its length: none)
-    normalize: bool = True  # its work's EmbedWork.normalize
 
 
 def embed_step(
@@ -167,6 +126,11 @@ class EmbedLayout:
             raise ValueError("EmbedLayout needs a model with a PoolingHead or a cross-encoder")
         self._model, self._runner, self._dense = model, runner, tuple(dense)
         self._head: PoolingHead = head
+        engine = runner.settings.engine
+        self._packing = EmbedPacking(
+            step_capacity(engine), tuple(engine.item_token_buckets),
+            data_buckets(engine.batch_buckets, runner.placement.groups), model.config.encoder,
+        )  # fmt: skip
 
     def compile(self, kind: str, dims: EmbedDims) -> Any:
         runner = self._runner
@@ -192,13 +156,9 @@ class EmbedLayout:
 
     # -- planning -----------------------------------------------------------------------
 
-    def _capacity(self) -> int:
-        return step_capacity(self._runner.settings.engine)
-
-    def _rows(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[list[Piece]]:
-        """Every input of ``works[indices]``, longest first, first-fit into rows."""
+    def _pieces(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[Piece]:
         include = self._head.include_prompt
-        pieces = [
+        return [
             Piece(
                 w,
                 i,
@@ -210,106 +170,24 @@ class EmbedLayout:
             for w in indices
             for i, tokens in enumerate(works[w].inputs)
         ]
-        pieces.sort(key=lambda p: -len(p.tokens))
-        buckets = self._runner.settings.engine.item_token_buckets
-        rows: list[list[Piece]] = []
-        used: list[int] = []
-        limits: list[int] = []  # each row's most tokens, set by its first (longest) input
-        for piece in pieces:
-            length = len(piece.tokens)
-            for r, row in enumerate(rows):
-                total = used[r] + length
-                if total > limits[r]:
-                    continue
-                if len(row) < slots(bucket_for(total, buckets, "item_token_buckets")):
-                    row.append(piece)
-                    used[r] = total
-                    break
-            else:
-                rows.append([piece])
-                used.append(length)
-                limits.append(self._row_limit(length))
-        return rows
 
-    def _encoder_full_rows(self, most: int) -> list[EmbedDims]:
-        """An encoder's steps of full rows (``_row_limit``: ``ENCODER_ROW`` doubled up to the
-        capacity), as many rows as ``_rows_per_step`` gives them: the signatures most of its
-        steps run."""
-        capacity, buckets = self._capacity(), self._runner.settings.engine.item_token_buckets
-        dims, limit = [], ENCODER_ROW
-        while limit < capacity:
-            tokens, batch = bucket_for(limit, buckets, "item_token_buckets"), most
-            while 2 * batch * tokens <= capacity:
-                batch *= 2
-            dims.append(EmbedDims(batch, tokens, tokens))
-            limit *= 2
-        return dims
-
-    def _row_limit(self, longest: int) -> int:
-        """The most tokens of a row whose longest input has ``longest``: the step's capacity
-        for a decoder (its items attend within their window wherever they sit); for an
-        encoder about its input's window, at least ``ENCODER_ROW`` (its attention reads the
-        whole row, so a row of short inputs stays short)."""
-        capacity = self._capacity()
-        if not self._model.config.encoder:
-            return capacity
-        return min(capacity, max(ENCODER_ROW, window_for(longest, capacity)))
-
-    def _steps(self, rows: list[list[Piece]]) -> list[tuple[EmbedDims, list[list[Piece]]]]:
-        engine, groups = self._runner.settings.engine, self._runner.placement.groups
-        sizes = data_buckets(engine.batch_buckets, groups)
-        steps, start = [], 0
-        while start < len(rows):
-            count, full = self._rows_per_step(rows, start, sizes[-1])
-            chunk = rows[start : start + count]
-            tokens = full or self._row_bucket(chunk)
-            longest = max(len(p.tokens) for row in chunk for p in row)
-            batch = count if full else bucket_for(len(chunk), sizes, "batch")
-            window = tokens if self._model.config.encoder else embed_window(longest, tokens)
-            steps.append((EmbedDims(batch, tokens, window), chunk))
-            start += count
-        return steps
-
-    def _row_bucket(self, chunk: list[list[Piece]]) -> int:
-        longest_row = max(sum(len(p.tokens) for p in row) for row in chunk)
-        buckets = self._runner.settings.engine.item_token_buckets
-        return bucket_for(longest_row, buckets, "item_token_buckets")
-
-    def _rows_per_step(self, rows: list[list[Piece]], start: int, most: int) -> tuple[int, int]:
-        """Rows of the step from ``rows[start]``, and 0 or the row length they are padded to:
-        the largest batch bucket ``most``; an encoder's rows of one limit (``_row_limit``)
-        doubled from there while there are that many and they fill at most the step's
-        capacity, padded to their limit's bucket (the signatures ``_encoder_full_rows``
-        warms), so a step of short rows still reads the layer weights once for about a
-        full step's tokens (a CPU's one row a step, ``batch_buckets: [1]``, too)."""
-        count = most
-        if not self._model.config.encoder:
-            return count, 0
-        limit = self._row_limit(len(rows[start][0].tokens))  # its first input is its longest
-        buckets = self._runner.settings.engine.item_token_buckets
-        full = bucket_for(limit, buckets, "item_token_buckets")
-        same = start
-        while same < len(rows) and self._row_limit(len(rows[same][0].tokens)) == limit:
-            same += 1
-        while start + 2 * count <= same and 2 * count * full <= self._capacity():
-            count *= 2
-        return count, (full if count > most else 0)
+    def _steps(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple]:
+        return self._packing.steps(self._packing.rows(self._pieces(works, indices)))
 
     def select(self, works: Sequence[Any]) -> list[int]:
         """Every EmbedWork (an embedding model takes no other work)."""
         return [i for i, work in enumerate(works) if isinstance(work, EmbedWork)]
 
     def plan(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
-        return [("embed", dims) for dims, _ in self._steps(self._rows(works, indices))]
+        return [("embed", dims) for dims, _ in self._steps(works, indices)]
 
     def warmup_keys(self) -> list[tuple[str, Any]]:
         """One row of each token bucket about four times the one before up to the step's
         capacity (its window the whole row, so it covers every smaller input), an encoder's
-        steps of full rows (``_encoder_full_rows``), and the fullest step (the largest batch
-        bucket of full rows)."""
-        engine, groups = self._runner.settings.engine, self._runner.placement.groups
-        capacity = self._capacity()
-        smallest = data_buckets(engine.batch_buckets, groups)[0]
+        steps of full rows (``EmbedPacking.full_row_steps``), and the fullest step (the
+        largest batch bucket of full rows)."""
+        engine, packing = self._runner.settings.engine, self._packing
+        capacity, smallest = packing.capacity, packing.batch_sizes[0]
         keys, last = [], 0
         for tokens in engine.item_token_buckets:
             if tokens > capacity:
@@ -317,17 +195,15 @@ class EmbedLayout:
             if tokens >= 4 * last or tokens == capacity:
                 keys.append(("embed", EmbedDims(smallest, tokens, window_for(tokens, tokens))))
                 last = tokens
-        largest = data_buckets(engine.batch_buckets, groups)[-1]
-        if self._model.config.encoder:
-            keys += [("embed", dims) for dims in self._encoder_full_rows(largest)]
-        full = EmbedDims(largest, capacity, window_for(capacity, capacity))
+        keys += [("embed", dims) for dims in packing.full_row_steps()]
+        full = EmbedDims(packing.batch_sizes[-1], capacity, window_for(capacity, capacity))
         return list(dict.fromkeys([*keys, ("embed", full)]))
 
     # -- running ------------------------------------------------------------------------
 
     def score(self, works: Sequence[EmbedWork], indices: Sequence[int], results: list) -> None:
         """Fill ``results[w]`` (float32 ``[inputs, dimension]``) for every work in indices."""
-        for exact, chunk in self._steps(self._rows(works, indices)):
+        for exact, chunk in self._steps(works, indices):
             self._run(exact, chunk, results)
 
     def _run(self, exact: EmbedDims, chunk: list[list[Piece]], results: list) -> None:
