@@ -122,3 +122,30 @@ def test_an_encoders_rows_hold_about_their_longest_inputs_window(tmp_path: Path)
     assert [(dims.batch, dims.tokens) for dims in steps] == [(2, 256), (1, 256)]
     (vectors,) = engine.score_batch([work])
     assert vectors.shape == (61, 32) and np.isfinite(vectors).all()
+
+
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_bfloat16_vectors_stay_within_the_bf16_bound(family: str, tmp_path: Path) -> None:
+    """``dtype: bfloat16`` (weights and activations; LayerNorm, softmax and GELU in float32):
+    every vector is as far from float32 ``encode`` as sentence-transformers' own model cast
+    to ``torch.bfloat16`` gets, within twice that plus one bfloat16 rounding of a unit
+    vector's entry (2^-8): the bf16 bound. (XLM-RoBERTa runs BERT's code.)"""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    directory = save_bert_embedder(tmp_path / family, "mean", family=family)
+    settings = embed_settings(
+        directory, token_buckets=(256,), item_token_buckets=(64, 256), item_tokens_per_step=256,
+        dtype="bfloat16",
+    )  # fmt: skip
+    engine = ScoringEngine.from_settings(settings, warm=False)
+    embedder = Embedder(engine.info, load_tokenizer(resolve_model_source(directory)))
+    texts = sentences(5, 16)
+    (ours,) = engine.score_batch([embedder.text_work(texts, None)])
+    exact = reference_vectors(directory, texts)
+    model = SentenceTransformer(str(directory), device="cpu", local_files_only=True)
+    theirs = model.to(torch.bfloat16).encode(texts, convert_to_tensor=True).float().numpy()
+    torch_error = float(np.abs(theirs - exact).max())
+    assert 0 < float(np.abs(ours - exact).max()) <= 2 * torch_error + 2**-8, torch_error
