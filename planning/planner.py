@@ -186,18 +186,46 @@ class Planner:
         from planning.tpu_check import abstract_params
         from planning.tpu_projection import bare_engine, project_workload
 
+        if self.config.pooling is not None or self.config.encoder:
+            return self.project_embed(engine, mesh, layout, times)
         batch = engine.settings.engine.batch_buckets[-1]
         bare = bare_engine(engine, mesh, partial(abstract_params, lora=self.lora))
         projected = project_workload(bare, engine, self.chip, self.workload, batch, times)
-        per_replica = projected["items_per_s"]
-        return {
-            "requests_per_step": batch,
-            "items_per_s_per_replica": per_replica,
-            "items_per_s_per_slice": round(per_replica * layout.replicas_per_slice, 1),
-            "items_per_s_per_replica_cached_query": projected["items_per_s_cached_query"],
-            "items_per_s_per_slice_cached_query": round(
-                projected["items_per_s_cached_query"] * layout.replicas_per_slice, 1
-            ),
+        cached = projected["items_per_s_cached_query"]
+        return per_slice(layout, batch, projected["items_per_s"], cached) | {
             "step_latency_s": projected["latency_s"],
             "steps": projected["steps"],
         }
+
+    def project_embed(
+        self, engine: Any, mesh: Any, layout: Layout, times: CompileTimes
+    ) -> dict[str, Any]:
+        """An embedder or cross-encoder: its fullest embed step's tokens/s (every token
+        counted real), as items of the workload's item tokens (a cross-encoder's: the query's
+        too, each item one (query, item) pair) per second; no query to cache."""
+        from planning.tpu_check import abstract_params
+        from planning.tpu_projection import project_embed
+
+        slots = partial(abstract_params, lora=self.lora)
+        fullest = project_embed(engine, mesh, self.chip, slots, times)[-1]
+        query, _, item_tokens, _ = self.workload
+        head = self.config.head
+        tokens = item_tokens + (query if head and head.kind == "cross_encoder" else 0)
+        items = round(fullest["tokens_per_s"] / tokens, 1)
+        batch = fullest["steps"][0]["dims"][0]
+        return per_slice(layout, batch, items, items) | {
+            "tokens_per_s_per_replica": fullest["tokens_per_s"],
+            "step_latency_s": fullest["latency_s"],
+            "steps": fullest["steps"],
+        }
+
+
+def per_slice(layout: Layout, batch: int, items: float, cached: float) -> dict[str, Any]:
+    """A replica's projected items/s (cold and with the query cached) and the slice's."""
+    return {
+        "requests_per_step": batch,
+        "items_per_s_per_replica": items,
+        "items_per_s_per_slice": round(items * layout.replicas_per_slice, 1),
+        "items_per_s_per_replica_cached_query": cached,
+        "items_per_s_per_slice_cached_query": round(cached * layout.replicas_per_slice, 1),
+    }

@@ -2,7 +2,7 @@
 (``planning.tpu_check``): a small ``Qwen3ForSequenceClassification`` config on v6e:2x2,
 mesh [1, 4], the smallest signature of each step kind; and a small
 ``XLMRobertaForSequenceClassification`` cross-encoder's (bge-reranker-v2-m3's architecture: its
-packed pairs through the Pallas segment kernel, the TPU default), with its projection. One
+packed pairs through the Pallas segment kernel, the TPU default) through the planner. One
 background process each at nice 19 (tests/support/background.py), small models, so they add
 little to the suite."""
 
@@ -57,10 +57,12 @@ def background_commands(folder: Path) -> dict[str, Command]:
         (folder / name).mkdir(exist_ok=True)
         (folder / name / "config.json").write_text(json.dumps(config))
         out = folder / f"{name}-plan.json"
-        args = [sys.executable, "-m", "planning.tpu_check", "--topology", "v6e:2x2"]
-        args += ["--model", str(folder / name), "--signatures", "smallest"]
-        args += ["--projection"] if name == "encoder" else ["--no-projection"]
-        commands[key] = Command((*args, "--json", str(out)), out, niceness=19)
+        model = ["--topology", "v6e:2x2", "--model", str(folder / name), "--json", str(out)]
+        if name == "encoder":  # the planner, one layout: its fit and projection
+            args = ["planning.plan", *model, "--mesh", "1,4", "--no-verify-winner"]
+        else:
+            args = ["planning.tpu_check", *model, "--signatures", "smallest", "--no-projection"]
+        commands[key] = Command((sys.executable, "-m", *args), out, niceness=19)
     return commands
 
 
@@ -74,7 +76,11 @@ def test_a_head_models_steps_compile_for_a_v6e_slice(background: dict) -> None:
         assert step["xla_flops"] > 0
 
 
-def test_an_encoders_steps_compile_for_a_v6e_slice_with_the_pallas_kernel(background) -> None:
+def test_the_planner_fits_and_projects_a_cross_encoder_on_a_v6e_slice(background) -> None:
+    """``planning.plan`` on the cross-encoder's ``config.json`` (layout [1, 4]): its fullest
+    embed step compiles (the Pallas segment kernel) and fits; the projection's compiled FLOPs
+    per chip (every layer, the kernel by its cost estimate) add up to BERT's analytic ones
+    (two MLP matrices), and its items/s are its tokens/s over a (query, item) pair's tokens."""
     from planning.tpu_projection import step_flops
     from replicas.engine.layouts.embed_packing import EmbedDims
     from replicas.model.catalog import model_config
@@ -82,19 +88,16 @@ def test_an_encoders_steps_compile_for_a_v6e_slice_with_the_pallas_kernel(backgr
     done = background[ENCODER_KEY].result(timeout_s=900)
     assert done.returncode == 0, done.stdout
     plan = json.loads(done.out.read_text())
-    assert plan["fits"] and tuple(plan["mesh"]) == (1, 4)
-    assert {step["kind"] for step in plan["steps"]} == {"embed"}
-    assert all(step["xla_flops"] > 0 for step in plan["steps"])
-    # Projected: one full row and the fullest step, their compiled FLOPs (every layer, the
-    # kernel by its cost estimate) against BERT's analytic ones (two MLP matrices).
-    (one, fullest) = plan["projection"]
-    assert one["steps"][0]["dims"][0] == 1 < fullest["steps"][0]["dims"][0]
+    (row,) = plan["rows"]
+    assert row["fits"] and row["mesh"] == [1, 4]
+    (step,) = row["steps"]
+    assert step["kind"] == "embed" and step["dims"][0] == row["requests_per_step"] > 1
     config = model_config(str(done.out.parent / "encoder" / "config.json"))
-    for row in plan["projection"]:
-        (step,) = row["steps"]
-        analytic = step_flops(config, "embed", EmbedDims(*step["dims"]), 0)
-        assert 0.95 <= step["flops_per_chip"] * 4 / analytic <= 1.15, step["dims"]
-        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["latency_s"], rel=1e-3)
+    analytic = step_flops(config, "embed", EmbedDims(*step["dims"]), 0)
+    assert 0.95 <= step["flops_per_chip"] * 4 / analytic <= 1.15
+    query, _, item_tokens = plan["workload"]
+    pairs_per_s = row["tokens_per_s_per_replica"] / (query + item_tokens)
+    assert row["items_per_s_per_slice"] == pytest.approx(pairs_per_s, rel=1e-3)
 
 
 def test_head_parameters_take_their_axes_from_the_one_table() -> None:

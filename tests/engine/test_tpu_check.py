@@ -200,7 +200,8 @@ def test_the_int8_share_is_the_projections_part_of_a_layers_flops() -> None:
 
     # Qwen3-0.6B's shapes; a prefix step of 16 x 320 tokens
     c = SimpleNamespace(hidden_size=1024, num_heads=16, num_kv_heads=8, head_dim=128,
-                        intermediate_size=3072, num_layers=28, quantization="none")  # fmt: skip
+                        intermediate_size=3072, num_layers=28, quantization="none",
+                        encoder=False, rotary=False)  # fmt: skip
     dims = SimpleNamespace(batch=16, tokens=320)
     assert int8_share(c, "prefix", dims) == 0.0  # quantization: none
     # per token: 2 x (q, k, v, o and the MLP's weights) against QK^T and PV over 320 keys
