@@ -186,7 +186,7 @@ class Planner:
         from planning.tpu_check import abstract_params
         from planning.tpu_projection import bare_engine, project_workload
 
-        if self.config.pooling is not None or self.config.encoder:
+        if self.config.embeds:
             return self.project_embed(engine, mesh, layout, times)
         batch = engine.settings.engine.batch_buckets[-1]
         bare = bare_engine(engine, mesh, partial(abstract_params, lora=self.lora))

@@ -289,7 +289,7 @@ def check(args: argparse.Namespace) -> Plan:
     if args.projection:
         times = CompileTimes()
         with_slots = partial(abstract_params, lora=lora)
-        if model.config.pooling is not None or model.config.encoder:  # embed steps only
+        if model.config.embeds:
             plan.projection = project_embed(engine, mesh, chip, with_slots, times)
         else:
             plan.projection = project(

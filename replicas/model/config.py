@@ -113,6 +113,12 @@ class ModelConfig:
         return self.family in ENCODER_FAMILIES
 
     @property
+    def embeds(self) -> bool:
+        """Its engine runs embed steps only: an embedding model (a pooling head) or an
+        encoder (a cross-encoder's pairs too)."""
+        return self.pooling is not None or self.encoder
+
+    @property
     def rotary(self) -> bool:
         """An encoder with RoPE, pre-norm blocks and a GeGLU MLP (ModernBERT)."""
         return self.family == "modernbert"
