@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 from ray import serve
+from ray.serve.exceptions import RayServeException
 
 from cluster.niceness import (
     set_thread_niceness,
@@ -75,6 +76,17 @@ TRIM_INTERVAL_S = 10.0
 CONCURRENT_BATCHES = 4
 
 
+def deployed_user_config() -> Mapping[str, Any]:
+    """The ``user_config`` this replica's deployment was deployed with (Serve sets the replica
+    context before the constructor runs); {} outside a Serve replica."""
+    try:
+        context = serve.get_replica_context()
+    except RayServeException:  # not in a replica: one built in process
+        return {}
+    config = getattr(context, "_deployment_config", None)  # Serve's own, not public API
+    return getattr(config, "user_config", None) or {}
+
+
 # max_ongoing_requests: admission (max_queue_wait_s) decides what waits, not Serve's handle
 # queue, which the replica cannot see (docs/operations.md).
 @serve.deployment(name="ScoringReplica", max_ongoing_requests=256, health_check_period_s=10)
@@ -87,7 +99,9 @@ class ScoringReplica:
         engine_factory: str = DEFAULT_ENGINE,
         adapter_registry: Any = None,
     ) -> None:
-        self._settings = coerce_settings(settings)
+        # A user_config that needs a reload fails here, before the weights load, not in the
+        # ``reconfigure`` Serve calls once the constructor has loaded and warmed them.
+        self._settings = apply_user_config(coerce_settings(settings), deployed_user_config())
         warn_if_niced("scoring replica", logger)
         self._ready = False
         self._requests = 0
