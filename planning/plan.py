@@ -6,9 +6,11 @@ Enumerates the layouts of the slice (``planning.layouts``: chips per replica, ho
 replica, ``[data, model]`` mesh, replicas per slice), and for each one, deviceless with
 compile-only libtpu: refuses it when the parameters and the query cache do not fit a chip's
 HBM, compiles the most expensive warm-up signature of each step kind and refuses it when
-parameters + query cache + that step do not fit, then projects the workload (RFC-008's
-300-token query with 10 items of 10 tokens unless ``--workload``) at the largest batch
-bucket from the compiled steps, collectives included (``planning.tpu_projection``). Prints
+parameters + query cache + that step do not fit (``--no-fit`` takes it as fitting:
+re-projecting a layout known to fit, as tests/engine/test_manifests.py re-projects a
+manifest's), then projects the workload (RFC-008's 300-token query with 10 items of 10
+tokens unless ``--workload``) at the largest batch bucket from the compiled steps,
+collectives included (``planning.tpu_projection``). Prints
 the layouts ranked by projected items/s per slice (refusals last, with their reason), and
 checks the winner with every warm-up signature compiled. ``--emit`` writes a RayService
 manifest for the winner (``--emit-serve``: a serve config), its header naming the command
@@ -145,6 +147,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--mesh", type=parse_mesh, help="DATA,MODEL: only this layout")
     parser.add_argument("--verify-winner", action=argparse.BooleanOptionalAction, default=True,
                         help="compile every warm-up signature of the winner (slow)")  # fmt: skip
+    parser.add_argument("--fit", action=argparse.BooleanOptionalAction, default=True,
+                        help="compile each step kind's largest warm-up signature against HBM "
+                        "(--no-fit: take the layouts as fitting, as when re-projecting a "
+                        "manifest's own layout)")  # fmt: skip
     parser.add_argument("--libtpu", help="path of libtpu.so (default: found)")
     parser.add_argument("--cache", help="folder of rows already planned, reused and added to")
     parser.add_argument("--json", help="write the ranked rows here")
@@ -170,7 +176,7 @@ def plan(planner: Planner) -> list[dict[str, Any]]:
     )
 
     def planned(layout: Layout, verify: dict[str, Any] | None = None) -> dict[str, Any]:
-        key = cache.key(planner, layout, "all" if verify else "largest")
+        key = cache.key(planner, layout, "all" if verify else "largest" if options.fit else "none")
         row = cache.get(key, layout)
         if row is None:
             row = planner.verify(layout, verify) if verify else planner.evaluate(layout)

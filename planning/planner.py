@@ -36,6 +36,13 @@ def refusal(row: dict[str, Any], reason: str) -> dict[str, Any]:
     return row | {"fits": False, "reason": reason}
 
 
+def assumed_fit(row: dict[str, Any]) -> dict[str, Any]:
+    """``--no-fit``: the layout taken as fitting, its need the parameters and query cache
+    alone (no step compiled for it)."""
+    need = row["param_bytes_per_chip"] + row["cache_bytes_per_chip"]
+    return row | {"need_bytes_per_chip": need, "signatures": "none", "fits": True, "reason": ""}
+
+
 def is_out_of_hbm(error: Exception) -> bool:
     """The TPU compiler's refusal of a step whose temporaries exceed HBM."""
     return "RESOURCE_EXHAUSTED" in str(error) and "HBM" in str(error)
@@ -130,7 +137,7 @@ class Planner:
         if param_bytes + cache > self.chip.hbm_bytes:
             return refusal(row, self.weights_refusal(param_bytes, cache))
         try:
-            row = self.fit(engine, row, "largest", times)
+            row = self.fit(engine, row, "largest", times) if self.checks_fit else assumed_fit(row)
             if row["fits"]:
                 row |= self.project(engine, mesh, layout, times)
         except Exception as error:  # re-raised unless it is the compiler's own HBM refusal
@@ -140,6 +147,11 @@ class Planner:
         plan_s = round(time.perf_counter() - start, 1)
         spent = {"compile_s": times.totals(), "compile_cpu_s": times.totals("cpu_seconds")}
         return row | {"plan_s": plan_s} | spent
+
+    @property
+    def checks_fit(self) -> bool:
+        """Compile each step kind's largest signature against HBM (``--fit``, the default)."""
+        return self.options.fit
 
     def weights_refusal(self, param_bytes: int, cache: int) -> str:
         """Why a layout cannot hold the weights, with the numbers: the bytes per chip of the

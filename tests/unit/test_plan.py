@@ -111,6 +111,7 @@ def test_the_compilers_hbm_refusal_is_a_refused_row_and_other_errors_propagate()
     message = "RESOURCE_EXHAUSTED: Ran out of memory on HBM, temporaries (27.90G) exceed (15.75G)."
     planner = object.__new__(Planner)
     planner.chip = SimpleNamespace(hbm_bytes=16 * 2**30)
+    planner.options = SimpleNamespace(fit=True)
     planner.engine = lambda layout: (None, None, 2**30, SimpleNamespace(query_cache_bytes=0))
 
     def fit_out_of_hbm(*_: object) -> None:
