@@ -1,11 +1,13 @@
 """PEFT LoRA adapters (semantics 21): ``adapter_config.json`` + ``adapter_model.safetensors``
 read into our layout, checked against the base model, never a pickle.
 
-What loads: LoRA on any of q/k/v/o/gate/up/down (``target_modules`` a list or a regex), any
-rank up to the configured ``max_lora_rank``, ``lora_alpha`` with the standard (``alpha / r``)
-or rslora (``alpha / sqrt(r)``) scaling, ``layers_to_transform`` (the other layers get no
-update), and ``modules_to_save: [score]`` (a seq-cls head the fine-tune trained, how PEFT
-saves classifier and reward fine-tunes). What does not (an error naming the adapter and the
+What loads: LoRA on any of q/k/v/o/gate/up/down (``target_modules`` a list or a regex; on BERT
+and XLM-RoBERTa encoders their query/key/value and attention-output, intermediate and output
+dense layers, ``ENCODER_MODULES``; an embedder's unused pooler skipped), any rank up to the
+configured ``max_lora_rank``, ``lora_alpha`` with the standard (``alpha / r``) or rslora
+(``alpha / sqrt(r)``) scaling, ``layers_to_transform`` (the other layers get no update), and
+``modules_to_save: [score]`` (a seq-cls head the fine-tune trained, how PEFT saves classifier
+and reward fine-tunes). What does not (an error naming the adapter and the
 field): other PEFT methods, DoRA, LoRA biases, per-module rank or alpha patterns, targets the
 model does not have, tensors whose shapes do not match the base.
 
@@ -36,6 +38,23 @@ _TENSOR = re.compile(
     r"base_model\.model\.(?:model\.)?layers\.(?P<layer>\d+)\.(?:self_attn|mlp)\."
     r"(?P<module>\w+)\.lora_(?P<part>[AB])\.weight"
 )
+# BERT and XLM-RoBERTa (``BertModel`` / ``XLMRobertaModel``, or under ``bert.`` / ``roberta.``
+# of their ``ForSequenceClassification``): a layer's module path -> our target.
+ENCODER_MODULES = {
+    "attention.self.query": "q",
+    "attention.self.key": "k",
+    "attention.self.value": "v",
+    "attention.output.dense": "o",
+    "intermediate.dense": "up",
+    "output.dense": "down",
+}
+_ENCODER_TENSOR = re.compile(
+    r"base_model\.model\.(?:(?:bert|roberta)\.)?encoder\.layer\.(?P<layer>\d+)\."
+    r"(?P<module>[\w.]+?)\.lora_(?P<part>[AB])\.weight"
+)
+# An encoder's pooler (``dense`` targets it too): an embedder never reads it (its vectors pool
+# the last hidden states), a cross-encoder's classifier does.
+_POOLER = re.compile(r"base_model\.model\.(?:(?:bert|roberta)\.)?pooler\.dense\.lora_[AB]\.weight")
 _HEAD = "base_model.model.score.weight"
 _BY_MODULE = {module: target for target, (module, *_) in TARGETS.items()}
 # Fields whose non-default value changes the computation in a way we do not implement.
@@ -109,17 +128,38 @@ def read_adapter_config(name: str, directory: Path) -> dict[str, Any]:
     return config
 
 
-def _check_targets(name: str, config: dict[str, Any]) -> None:
+def _module_names(base: ModelConfig) -> set[str]:
+    """The last parts of the module names an adapter of ``base`` may target."""
+    if base.encoder:
+        return {module.rsplit(".", 1)[-1] for module in ENCODER_MODULES}
+    return set(_BY_MODULE)
+
+
+def _check_targets(name: str, config: dict[str, Any], base: ModelConfig) -> None:
     """Listed target modules (names, or dotted paths ending in one: PEFT matches by the
     last part) must all be projections the model has."""
     targets = config.get("target_modules")
+    names = _module_names(base)
     if isinstance(targets, list):
-        unknown = sorted({t for t in targets if str(t).rsplit(".", 1)[-1] not in _BY_MODULE})
+        unknown = sorted({t for t in targets if str(t).rsplit(".", 1)[-1] not in names})
         if unknown:
             raise _fail(
-                name,
-                f"target_modules: {unknown} not in the model (supported: {sorted(_BY_MODULE)})",
+                name, f"target_modules: {unknown} not in the model (supported: {sorted(names)})"
             )
+
+
+def _target_of(key: str, base: ModelConfig) -> tuple[str, int, str] | None:
+    """A LoRA tensor's (target, layer, part "A" or "B"), or None: not one of a projection
+    of ``base``'s layers."""
+    if base.encoder:
+        match = _ENCODER_TENSOR.fullmatch(key)
+        target = None if match is None else ENCODER_MODULES.get(match["module"])
+    else:
+        match = _TENSOR.fullmatch(key)
+        target = None if match is None else _BY_MODULE.get(match["module"])
+    if match is None or target is None:
+        return None
+    return target, int(match["layer"]), match["part"]
 
 
 def _expected(config: ModelConfig, target: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -148,7 +188,7 @@ def load_adapter(name: str, path: str, config: ModelConfig, max_rank: int) -> Lo
 
     directory = Path(path)
     peft = read_adapter_config(name, directory)
-    _check_targets(name, peft)
+    _check_targets(name, peft, config)
     rank = int(peft["r"])
     if rank > max_rank:
         raise _fail(name, f"r: rank {rank} exceeds max_lora_rank {max_rank}")
@@ -163,14 +203,16 @@ def load_adapter(name: str, path: str, config: ModelConfig, max_rank: int) -> Lo
                 if key == _HEAD:
                     head = _head(name, config, _read(handle, weights, key))
                     continue
-                match = _TENSOR.fullmatch(key)
-                if match is None or match["module"] not in _BY_MODULE:
+                if config.encoder and _POOLER.fullmatch(key):
+                    _check_pooler(name, config, key)
+                    continue
+                found = _target_of(key, config)
+                if found is None:
                     raise _fail(name, f"{key}: not a LoRA weight of a projection of the model")
-                layer = int(match["layer"])
+                target, layer, part = found
                 if layer >= config.num_layers:
                     raise _fail(name, f"{key}: layer {layer} of {config.num_layers}")
-                target = _BY_MODULE[match["module"]]
-                parts.setdefault((target, match["part"]), {})[layer] = _read(handle, weights, key)
+                parts.setdefault((target, part), {})[layer] = _read(handle, weights, key)
     except AdapterError:
         raise
     except Exception as error:  # a truncated or foreign file
@@ -185,6 +227,17 @@ def load_adapter(name: str, path: str, config: ModelConfig, max_rank: int) -> Lo
     return LoraAdapter(name, str(directory), rank, scaling, a, b, head)
 
 
+def _check_pooler(name: str, config: ModelConfig, key: str) -> None:
+    """An embedder's pooler LoRA changes nothing it returns (skipped); a cross-encoder's
+    would change its scores and is not served."""
+    if config.head is not None:
+        raise _fail(
+            name,
+            f"{key}: LoRA on a cross-encoder's pooler is not served; target the layers "
+            "(a target_modules regex such as '.*encoder\\.layer\\..*(query|value|dense)')",
+        )
+
+
 def _stack(
     name: str,
     config: ModelConfig,
@@ -195,7 +248,7 @@ def _stack(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One target's A ``[layers, *in, r]`` and scaled B ``[layers, r, *out]``; layers the
     adapter does not transform stay zero."""
-    module = TARGETS[target][0]
+    module = TARGETS[target][0]  # named as a decoder's in errors
     ins, outs = _expected(config, target)
     a_parts, b_parts = parts.get((target, "A"), {}), parts.get((target, "B"), {})
     if set(a_parts) != set(b_parts):

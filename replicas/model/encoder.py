@@ -39,6 +39,7 @@ from replicas.model.layers import (
     attend_item_stream,
     rope_inv_freq,
 )
+from replicas.model.lora import layer_inputs, split_tagged, with_delta
 from replicas.model.masks import (
     bidirectional_mask,
     lookback,
@@ -119,33 +120,39 @@ def attend_row(
 SegmentAttention = Callable[[Array, Array, Array, Array, int], Array]
 
 
+def _projected(x: Array, p: Params, name: str, pattern: str, lora: Any) -> Array:
+    """``x``'s projection by ``p[name]`` (einsum ``pattern``), its LoRA update (model.lora)
+    where ``lora`` allocates the target, then its bias."""
+    return with_delta(jnp.einsum(pattern, x, p[name]), x, name, lora) + p[f"{name}_bias"]
+
+
 def _attention(
-    c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int, attend: SegmentAttention
-) -> Array:
+    c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int, attend: SegmentAttention,
+    lora: Any = None,
+) -> Array:  # fmt: skip
     """x: [B, S, D] -> the attention block's output [B, S, D] (before its residual)."""
-    q = jnp.einsum("bsd,dhk->bshk", x, p["q"]) + p["q_bias"]  # [B, S, H, Dh]
-    k = jnp.einsum("bsd,dhk->bshk", x, p["k"]) + p["k_bias"]
-    v = jnp.einsum("bsd,dhk->bshk", x, p["v"]) + p["v_bias"]
+    q, k, v = (_projected(x, p, name, "bsd,dhk->bshk", lora) for name in "qkv")  # [B, S, H, Dh]
     attended = attend(q, k, v, item_ids, window)
-    return jnp.einsum("bshk,hkd->bsd", attended, p["o"]) + p["o_bias"]
+    return _projected(attended, p, "o", "bshk,hkd->bsd", lora)
 
 
-def _mlp(p: Params, x: Array) -> Array:
+def _mlp(p: Params, x: Array, lora: Any = None) -> Array:
     """[B, S, D] -> [B, S, D]: W2 gelu(W1 x + b1) + b2 (exact GELU, in float32)."""
-    inner = (x @ p["up"] + p["up_bias"]).astype(jnp.float32)  # [B, S, F]
+    inner = _projected(x, p, "up", "bsd,df->bsf", lora).astype(jnp.float32)  # [B, S, F]
     inner = jax.nn.gelu(inner, approximate=False).astype(x.dtype)
-    return inner @ p["down"] + p["down_bias"]
+    return _projected(inner, p, "down", "bsf,fd->bsd", lora)
 
 
 def encoder_layer(
     c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int,
-    attend: SegmentAttention = attend_segments,
+    attend: SegmentAttention = attend_segments, lora: Any = None,
 ) -> Array:  # fmt: skip
-    """One post-norm encoder layer: x [B, S, D] -> [B, S, D]."""
+    """One post-norm encoder layer: x [B, S, D] -> [B, S, D]; ``lora``: (this layer's
+    adapter stacks, how the tokens reach their slots) or None (model.lora)."""
     eps = c.rms_norm_eps
-    attended = _attention(c, p["attn"], x, item_ids, window, attend)
+    attended = _attention(c, p["attn"], x, item_ids, window, attend, lora)
     h = layer_norm(p["attn_norm"], x + attended, eps)
-    return layer_norm(p["mlp_norm"], h + _mlp(p["mlp"], h), eps)
+    return layer_norm(p["mlp_norm"], h + _mlp(p["mlp"], h, lora), eps)
 
 
 def _rotary_attention(
@@ -228,18 +235,23 @@ class Encoder:
         token_types: Array | None = None,
     ) -> Array:  # fmt: skip
         """Packed sequences [B, S] (``item_ids`` -1 padding, each sequence's positions from
-        0, none longer than ``window``) -> last hidden states [B, S, D]."""
+        0, none longer than ``window``) -> last hidden states [B, S, D]. With adapter slots
+        (``params["lora"]``, BERT and XLM-RoBERTa) tokens are tagged ids (model.lora)."""
         c = self.config
         if c.rotary:
             return self._encode_rotary(params, tokens, positions, item_ids, window)
         types = jnp.zeros_like(tokens) if token_types is None else token_types
-
+        tokens, slots = split_tagged(params, tokens, c.vocab_size)
+        stacks, slot_map = layer_inputs(params, slots, self.lora_groups, self.lora_update)
         attend = self.segment_attention or attend_segments
 
-        def step(h: Array, layer_params: Params) -> tuple[Array, None]:
-            return encoder_layer(c, layer_params, h, item_ids, window, attend), None
+        def step(h: Array, scanned: tuple[Params, Params | None]) -> tuple[Array, None]:
+            layer_params, lora = scanned
+            lora_in = None if lora is None else (lora, slot_map)
+            return encoder_layer(c, layer_params, h, item_ids, window, attend, lora_in), None
 
-        x, _ = jax.lax.scan(step, self.embed(params, tokens, positions, types), params["layers"])
+        embedded = self.embed(params, tokens, positions, types)
+        x, _ = jax.lax.scan(step, embedded, (params["layers"], stacks))
         return x
 
     def _encode_rotary(

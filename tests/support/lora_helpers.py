@@ -16,7 +16,7 @@ import numpy as np
 ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def _randomize_lora_(model: Any, seed: int) -> None:
+def randomize_lora_(model: Any, seed: int) -> None:
     import torch
 
     generator = torch.Generator().manual_seed(seed)
@@ -52,7 +52,7 @@ def save_adapter(
         task_type=task, r=r, lora_alpha=lora_alpha, target_modules=target_modules, **extra
     )
     peft_model = get_peft_model(model, config)
-    _randomize_lora_(peft_model, seed)
+    randomize_lora_(peft_model, seed)
     peft_model.save_pretrained(str(directory), safe_serialization=True)
     return directory
 
@@ -74,7 +74,7 @@ def save_embedding_adapter(
         target_modules=target_modules,
     )  # fmt: skip
     peft_model = get_peft_model(model, config)
-    _randomize_lora_(peft_model, seed)
+    randomize_lora_(peft_model, seed)
     peft_model.save_pretrained(str(directory), safe_serialization=True)
     return directory
 
