@@ -1,8 +1,9 @@
-"""LoRA adapters on BERT and XLM-RoBERTa encoders (issue 62, semantics 21): an embedder's
-vectors with a peft adapter equal sentence-transformers' ``encode`` with the same adapter
-loaded (``SentenceTransformer.load_adapter``), one step mixing the adapter and the base each as
-alone; a cross-encoder's outputs with an adapter on its layers equal transformers with peft's
-``PeftModel``; ModernBERT (a fused ``Wqkv``) refuses ``max_loras`` at start-up, naming it.
+"""LoRA adapters on BERT and XLM-RoBERTa encoders (issue 62, semantics 21): an embedder's vectors
+with a peft adapter equal sentence-transformers' ``encode`` with the same adapter loaded
+(``SentenceTransformer.load_adapter``), one step mixing the adapter and the base each as alone;
+a cross-encoder's outputs with an adapter on its layers equal transformers with peft's
+``PeftModel``, and ``/v1/rerank`` naming the adapter answers their sigmoid; ModernBERT (a fused
+``Wqkv``) refuses ``max_loras`` at start-up, naming it.
 
 The adapters are peft's, on every projection of the layers (query, key, value and the three
 dense layers; rank 4), their weights random; the embedders' ``dense`` target wraps the bare
@@ -11,6 +12,7 @@ model's pooler too, which an embedder never reads (its LoRA tensors are skipped)
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from app.service import ScoringService
 from replicas.checkpoints.adapters import AdapterError, load_adapter
 from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 from replicas.contract import EmbedWork
@@ -114,6 +117,16 @@ def test_a_cross_encoder_adapter_scores_as_peft(tmp_path: Path) -> None:
     got, base_got = engine.score_batch([work, dataclasses.replace(work, adapter=None)])
     np.testing.assert_allclose(np.asarray(got)[:, 0], want, atol=TOL, rtol=0)
     assert np.abs(np.asarray(base_got)[:, 0] - want).min() > 1e-3  # the adapter changes each
+    service = ScoringService.from_settings(settings(directory, adapter))
+
+    async def backend(routed: Any) -> Any:
+        return engine.score_batch([routed])[0]
+
+    body = {"query": "river stone", "documents": [d for _, d in pairs], "model": "tuned"}
+    answer = asyncio.run(service.rerank_timed(body, backend))[0]
+    relevance = [r["relevance_score"] for r in sorted(answer["results"], key=lambda r: r["index"])]
+    sigmoid = 1 / (1 + np.exp(-want))  # CrossEncoder's activation for one label
+    np.testing.assert_allclose(relevance, sigmoid, atol=TOL, rtol=0)
     # ``dense`` alone also wraps the pooler the classifier reads: refused, naming it.
     pooled = get_peft_model(
         AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "ce-hf")),
