@@ -137,7 +137,7 @@ class Planner:
         if param_bytes + cache > self.chip.hbm_bytes:
             return refusal(row, self.weights_refusal(param_bytes, cache))
         try:
-            row = self.fit(engine, row, "largest", times) if self.checks_fit else assumed_fit(row)
+            row = self.fit(engine, row, "largest", times) if self.options.fit else assumed_fit(row)
             if row["fits"]:
                 row |= self.project(engine, mesh, layout, times)
         except Exception as error:  # re-raised unless it is the compiler's own HBM refusal
@@ -147,11 +147,6 @@ class Planner:
         plan_s = round(time.perf_counter() - start, 1)
         spent = {"compile_s": times.totals(), "compile_cpu_s": times.totals("cpu_seconds")}
         return row | {"plan_s": plan_s} | spent
-
-    @property
-    def checks_fit(self) -> bool:
-        """Compile each step kind's largest signature against HBM (``--fit``, the default)."""
-        return self.options.fit
 
     def weights_refusal(self, param_bytes: int, cache: int) -> str:
         """Why a layout cannot hold the weights, with the numbers: the bytes per chip of the

@@ -48,6 +48,7 @@ ENCODER_MODULES = {
     "intermediate.dense": "up",
     "output.dense": "down",
 }
+_ENCODER_NAMES = {target: module for module, target in ENCODER_MODULES.items()}
 _ENCODER_TENSOR = re.compile(
     r"base_model\.model\.(?:(?:bert|roberta)\.)?encoder\.layer\.(?P<layer>\d+)\."
     r"(?P<module>[\w.]+?)\.lora_(?P<part>[AB])\.weight"
@@ -248,7 +249,7 @@ def _stack(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One target's A ``[layers, *in, r]`` and scaled B ``[layers, r, *out]``; layers the
     adapter does not transform stay zero."""
-    module = TARGETS[target][0]  # named as a decoder's in errors
+    module = _ENCODER_NAMES[target] if config.encoder else TARGETS[target][0]  # for errors
     ins, outs = _expected(config, target)
     a_parts, b_parts = parts.get((target, "A"), {}), parts.get((target, "B"), {})
     if set(a_parts) != set(b_parts):
