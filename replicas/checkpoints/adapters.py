@@ -3,7 +3,9 @@ read into our layout, checked against the base model, never a pickle.
 
 What loads: LoRA on any of q/k/v/o/gate/up/down (``target_modules`` a list or a regex; on BERT
 and XLM-RoBERTa encoders their query/key/value and attention-output, intermediate and output
-dense layers, ``ENCODER_MODULES``; an embedder's unused pooler skipped), any rank up to the
+dense layers, ``ENCODER_MODULES``, an embedder's unused pooler skipped; on ModernBERT its
+``Wqkv``, ``Wo`` and ``Wi``, ``ROTARY_MODULES``, a fused module's LoRA split exactly into its
+parts: one A shared, B cut by output rows), any rank up to the
 configured ``max_lora_rank``, ``lora_alpha`` with the standard (``alpha / r``) or rslora
 (``alpha / sqrt(r)``) scaling, ``layers_to_transform`` (the other layers get no update), and
 ``modules_to_save: [score]`` (a seq-cls head the fine-tune trained, how PEFT saves classifier
@@ -55,7 +57,24 @@ _ENCODER_TENSOR = re.compile(
 )
 # An encoder's pooler (``dense`` targets it too): an embedder never reads it (its vectors pool
 # the last hidden states), a cross-encoder's classifier does.
-_POOLER = re.compile(r"base_model\.model\.(?:(?:bert|roberta)\.)?pooler\.dense\.lora_[AB]\.weight")
+_POOLER = re.compile(
+    r"base_model\.model\.(?:(?:bert|roberta)\.)?pooler\.dense\.lora_[AB]\.weight"
+    r"|base_model\.model\.head\.dense\.lora_[AB]\.weight"  # ModernBERT's prediction head
+)
+# ModernBERT (``ModernBertModel``, or under ``model.`` of its ``ForSequenceClassification``):
+# a layer's module path -> our targets, a fused module's output rows split among them in order
+# (``Wqkv``: q, k, v; ``Wi``: the GeGLU's input, then its gate).
+ROTARY_MODULES = {
+    "attn.Wqkv": ("q", "k", "v"),
+    "attn.Wo": ("o",),
+    "mlp.Wi": ("up", "gate"),
+    "mlp.Wo": ("down",),
+}
+_ROTARY_NAMES = {target: module for module, parts in ROTARY_MODULES.items() for target in parts}
+_ROTARY_TENSOR = re.compile(
+    r"base_model\.model\.(?:model\.)?layers\.(?P<layer>\d+)\."
+    r"(?P<module>(?:attn|mlp)\.\w+)\.lora_(?P<part>[AB])\.weight"
+)
 _HEAD = "base_model.model.score.weight"
 _BY_MODULE = {module: target for target, (module, *_) in TARGETS.items()}
 # Fields whose non-default value changes the computation in a way we do not implement.
@@ -130,10 +149,20 @@ def read_adapter_config(name: str, directory: Path) -> dict[str, Any]:
 
 
 def _module_names(base: ModelConfig) -> set[str]:
-    """The last parts of the module names an adapter of ``base`` may target."""
+    """The last parts of the module names an adapter of ``base`` may target (an encoder's
+    ``dense`` also names its pooler or head, refused by ``_check_pooler`` where read)."""
+    if base.rotary:
+        return {module.rsplit(".", 1)[-1] for module in ROTARY_MODULES} | {"dense"}
     if base.encoder:
         return {module.rsplit(".", 1)[-1] for module in ENCODER_MODULES}
     return set(_BY_MODULE)
+
+
+def _module_of(base: ModelConfig, target: str) -> str:
+    """The Hugging Face module a target of ``base`` comes from (for errors)."""
+    if base.rotary:
+        return _ROTARY_NAMES[target]
+    return _ENCODER_NAMES[target] if base.encoder else TARGETS[target][0]
 
 
 def _check_targets(name: str, config: dict[str, Any], base: ModelConfig) -> None:
@@ -149,18 +178,36 @@ def _check_targets(name: str, config: dict[str, Any], base: ModelConfig) -> None
             )
 
 
-def _target_of(key: str, base: ModelConfig) -> tuple[str, int, str] | None:
-    """A LoRA tensor's (target, layer, part "A" or "B"), or None: not one of a projection
-    of ``base``'s layers."""
-    if base.encoder:
+def _targets_of(key: str, base: ModelConfig) -> tuple[tuple[str, ...], int, str] | None:
+    """A LoRA tensor's (targets: one, or a fused module's parts in output order; layer;
+    part "A" or "B"), or None: not one of a projection of ``base``'s layers."""
+    if base.rotary:
+        match = _ROTARY_TENSOR.fullmatch(key)
+        targets = None if match is None else ROTARY_MODULES.get(match["module"])
+    elif base.encoder:
         match = _ENCODER_TENSOR.fullmatch(key)
-        target = None if match is None else ENCODER_MODULES.get(match["module"])
+        found = None if match is None else ENCODER_MODULES.get(match["module"])
+        targets = None if found is None else (found,)
     else:
         match = _TENSOR.fullmatch(key)
-        target = None if match is None else _BY_MODULE.get(match["module"])
-    if match is None or target is None:
+        found = None if match is None else _BY_MODULE.get(match["module"])
+        targets = None if found is None else (found,)
+    if match is None or targets is None:
         return None
-    return target, int(match["layer"]), match["part"]
+    return targets, int(match["layer"]), match["part"]
+
+
+def _split_fused(
+    name: str, key: str, targets: tuple[str, ...], part: str, tensor: np.ndarray
+) -> list[np.ndarray]:
+    """A fused module's LoRA tensor for each of its ``targets``: A ``[r, in]`` shared (the
+    input is theirs in common), B ``[out, r]`` cut into equal row blocks in order (exact:
+    ``B x A`` restricted to a part's rows is that part's update)."""
+    if len(targets) == 1 or part == "A":
+        return [tensor] * len(targets)
+    if tensor.ndim != 2 or tensor.shape[0] % len(targets):
+        raise _fail(name, f"{key}: shape {tensor.shape} does not split into {targets}")
+    return np.split(tensor, len(targets), axis=0)
 
 
 def _expected(config: ModelConfig, target: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -207,13 +254,15 @@ def load_adapter(name: str, path: str, config: ModelConfig, max_rank: int) -> Lo
                 if config.encoder and _POOLER.fullmatch(key):
                     _check_pooler(name, config, key)
                     continue
-                found = _target_of(key, config)
+                found = _targets_of(key, config)
                 if found is None:
                     raise _fail(name, f"{key}: not a LoRA weight of a projection of the model")
-                target, layer, part = found
+                targets, layer, part = found
                 if layer >= config.num_layers:
                     raise _fail(name, f"{key}: layer {layer} of {config.num_layers}")
-                parts.setdefault((target, part), {})[layer] = _read(handle, weights, key)
+                tensors = _split_fused(name, key, targets, part, _read(handle, weights, key))
+                for target, tensor in zip(targets, tensors, strict=True):
+                    parts.setdefault((target, part), {})[layer] = tensor
     except AdapterError:
         raise
     except Exception as error:  # a truncated or foreign file
@@ -230,12 +279,15 @@ def load_adapter(name: str, path: str, config: ModelConfig, max_rank: int) -> Lo
 
 def _check_pooler(name: str, config: ModelConfig, key: str) -> None:
     """An embedder's pooler LoRA changes nothing it returns (skipped); a cross-encoder's
-    would change its scores and is not served."""
+    pooler (ModernBERT's prediction head) would change its scores and is not served."""
     if config.head is not None:
+        layers = r"'.*layers\..*(Wqkv|Wo|Wi)'" if config.rotary else (
+            r"'.*encoder\.layer\..*(query|value|dense)'"
+        )  # fmt: skip
         raise _fail(
             name,
             f"{key}: LoRA on a cross-encoder's pooler is not served; target the layers "
-            "(a target_modules regex such as '.*encoder\\.layer\\..*(query|value|dense)')",
+            f"(a target_modules regex such as {layers})",
         )
 
 
@@ -249,7 +301,7 @@ def _stack(
 ) -> tuple[np.ndarray, np.ndarray]:
     """One target's A ``[layers, *in, r]`` and scaled B ``[layers, r, *out]``; layers the
     adapter does not transform stay zero."""
-    module = _ENCODER_NAMES[target] if config.encoder else TARGETS[target][0]  # for errors
+    module = _module_of(config, target)
     ins, outs = _expected(config, target)
     a_parts, b_parts = parts.get((target, "A"), {}), parts.get((target, "B"), {})
     if set(a_parts) != set(b_parts):

@@ -161,8 +161,6 @@ def start_slots(
     adapter that does not fit the base fails start-up naming it."""
     if not adapters.max_loras:
         return None
-    if model.config.rotary:  # ModernBERT's fused Wqkv has no per-projection targets here
-        raise ValueError(f"max_loras: LoRA adapters are not served on {model.config.family} yet")
     slots = AdapterSlots(model, params, mesh, adapters.max_loras, adapters.max_lora_rank)
     for adapter, path in adapters.lora_adapters:
         if adapter == name:

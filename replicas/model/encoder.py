@@ -157,31 +157,42 @@ def encoder_layer(
 
 def _rotary_attention(
     c: ModelConfig, p: Params, x: Array, positions: Array, item_ids: Array, window: int,
-    is_local: Array,
+    is_local: Array, lora: Any = None,
 ) -> Array:  # fmt: skip
-    """ModernBERT's attention: fused q/k/v, RoPE (the local or global base), no biases."""
+    """ModernBERT's attention: fused q/k/v (a LoRA update per part: peft's ``Wqkv`` adapter
+    split, checkpoints.adapters), RoPE (the local or global base), no biases."""
     heads, dh = c.num_heads, c.head_dim
     qkv = (x @ p["qkv"]).reshape(*x.shape[:2], 3, heads, dh)  # [B, S, 3, H, Dh]
+    q, k, v = (with_delta(qkv[:, :, i], x, name, lora) for i, name in enumerate("qkv"))
     inv = jnp.where(is_local, rope_inv_freq(c, local=True), rope_inv_freq(c))  # [Dh/2]
-    q, k = (apply_rope(qkv[:, :, i], positions, inv) for i in (0, 1))
+    q, k = (apply_rope(part, positions, inv) for part in (q, k))
     local = (positions, is_local, c.sliding_window or NO_WINDOW)
-    attended = attend_segments(q, k, qkv[:, :, 2], item_ids, window, local)
-    return attended.reshape(*x.shape[:2], heads * dh) @ p["o"]
+    attended = attend_segments(q, k, v, item_ids, window, local)  # [B, S, H, Dh]
+    out = attended.reshape(*x.shape[:2], heads * dh) @ p["o"]
+    return with_delta(out, attended, "o", lora)
+
+
+def _geglu(p: Params, x: Array, lora: Any = None) -> Array:
+    """ModernBERT's MLP: [B, S, D] -> [B, S, D], ``Wo(gelu(input) * gate)`` of ``Wi x``
+    (input then gate; peft's ``Wi`` adapter split into up and gate)."""
+    up, gate = jnp.split(x @ p["wi"], 2, axis=-1)  # [B, S, F] each
+    up, gate = (with_delta(part, x, name, lora) for part, name in ((up, "up"), (gate, "gate")))
+    inner = jax.nn.gelu(up.astype(jnp.float32), approximate=False) * gate.astype(jnp.float32)
+    inner = inner.astype(x.dtype)
+    return with_delta(inner @ p["down"], inner, "down", lora)
 
 
 def rotary_layer(
     c: ModelConfig, p: Params, x: Array, positions: Array, item_ids: Array, window: int,
-    index: Array,
+    index: Array, lora: Any = None,
 ) -> Array:  # fmt: skip
     """One pre-norm ModernBERT layer (layer ``index``; layer 0 reads x unnormed):
-    x [B, S, D] -> [B, S, D]; the MLP is GeGLU, ``Wo(gelu(input) * gate)``."""
+    x [B, S, D] -> [B, S, D]; ``lora`` as ``encoder_layer``'s."""
     eps = c.rms_norm_eps
     is_local = jnp.asarray(c.sliding_layers or (False,) * c.num_layers)[index]
     normed = jnp.where(index == 0, x, layer_norm(p["attn_norm"], x, eps))
-    x = x + _rotary_attention(c, p["attn"], normed, positions, item_ids, window, is_local)
-    inner = layer_norm(p["mlp_norm"], x, eps) @ p["mlp"]["wi"]  # [B, S, 2F]
-    up, gate = jnp.split(inner.astype(jnp.float32), 2, axis=-1)
-    return x + (jax.nn.gelu(up, approximate=False) * gate).astype(x.dtype) @ p["mlp"]["down"]
+    x = x + _rotary_attention(c, p["attn"], normed, positions, item_ids, window, is_local, lora)
+    return x + _geglu(p["mlp"], layer_norm(p["mlp_norm"], x, eps), lora)
 
 
 def _random(rng: Array, shape: tuple[int, ...], path: str, dtype: Any) -> Array:
@@ -236,13 +247,15 @@ class Encoder:
     ) -> Array:  # fmt: skip
         """Packed sequences [B, S] (``item_ids`` -1 padding, each sequence's positions from
         0, none longer than ``window``) -> last hidden states [B, S, D]. With adapter slots
-        (``params["lora"]``, BERT and XLM-RoBERTa) tokens are tagged ids (model.lora)."""
+        (``params["lora"]``) tokens are tagged ids (model.lora)."""
         c = self.config
-        if c.rotary:
-            return self._encode_rotary(params, tokens, positions, item_ids, window)
-        types = jnp.zeros_like(tokens) if token_types is None else token_types
         tokens, slots = split_tagged(params, tokens, c.vocab_size)
         stacks, slot_map = layer_inputs(params, slots, self.lora_groups, self.lora_update)
+        if c.rotary:
+            return self._encode_rotary(
+                params, tokens, positions, item_ids, window, stacks, slot_map
+            )
+        types = jnp.zeros_like(tokens) if token_types is None else token_types
         attend = self.segment_attention or attend_segments
 
         def step(h: Array, scanned: tuple[Params, Params | None]) -> tuple[Array, None]:
@@ -255,17 +268,22 @@ class Encoder:
         return x
 
     def _encode_rotary(
-        self, params: Params, tokens: Array, positions: Array, item_ids: Array, window: int
-    ) -> Array:
+        self, params: Params, tokens: Array, positions: Array, item_ids: Array, window: int,
+        stacks: Params | None, slot_map: Any,
+    ) -> Array:  # fmt: skip
         """ModernBERT: normed token embeddings, the layers, the final norm -> [B, S, D]."""
         c = self.config
         x = jnp.take(params["embed"], tokens, axis=0, mode="clip").astype(self.dtype)
         x = layer_norm(params["embed_norm"], x, c.rms_norm_eps)
 
-        def step(h: Array, xs: tuple[Params, Array]) -> tuple[Array, None]:
-            return rotary_layer(c, xs[0], h, positions, item_ids, window, xs[1]), None
+        def step(h: Array, xs: tuple[Params, Array, Params | None]) -> tuple[Array, None]:
+            layer_params, index, lora = xs
+            lora_in = None if lora is None else (lora, slot_map)
+            return rotary_layer(
+                c, layer_params, h, positions, item_ids, window, index, lora_in
+            ), None
 
-        layers = (params["layers"], jnp.arange(c.num_layers))
+        layers = (params["layers"], jnp.arange(c.num_layers), stacks)
         x, _ = jax.lax.scan(step, x, layers)
         return layer_norm(params["final_norm"], x, c.rms_norm_eps)
 

@@ -1,13 +1,14 @@
-"""LoRA adapters on BERT and XLM-RoBERTa encoders (issue 62, semantics 21): an embedder's vectors
-with a peft adapter equal sentence-transformers' ``encode`` with the same adapter loaded
-(``SentenceTransformer.load_adapter``), one step mixing the adapter and the base each as alone;
-a cross-encoder's outputs with an adapter on its layers equal transformers with peft's
-``PeftModel``, and ``/v1/rerank`` naming the adapter answers their sigmoid; ModernBERT (a fused
-``Wqkv``) refuses ``max_loras`` at start-up, naming it.
+"""LoRA adapters on BERT, XLM-RoBERTa and ModernBERT encoders (issue 62, semantics 21): an
+embedder's vectors with a peft adapter equal sentence-transformers' ``encode`` with the same
+adapter loaded (``SentenceTransformer.load_adapter``), one step mixing the adapter and the base
+each as alone; a cross-encoder's outputs with an adapter on its layers equal transformers with
+peft's ``PeftModel``, and ``/v1/rerank`` naming the adapter answers their sigmoid; LoRA on a
+cross-encoder's pooler (ModernBERT: its prediction head) is refused, naming the tensor.
 
-The adapters are peft's, on every projection of the layers (query, key, value and the three
-dense layers; rank 4), their weights random; the embedders' ``dense`` target wraps the bare
-model's pooler too, which an embedder never reads (its LoRA tensors are skipped).
+The adapters are peft's, on every projection of the layers (rank 4), their weights random:
+BERT's query, key, value and three dense layers (on a bare model ``dense`` wraps the pooler
+too, which an embedder never reads: its LoRA tensors are skipped); ModernBERT's fused ``Wqkv``
+and ``Wi`` (split into q, k, v and the GeGLU's input and gate) and both ``Wo``.
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ from tests.support.encoder_helpers import save_bert_cross_encoder, save_bert_emb
 from tests.support.lora_helpers import save_embedding_adapter
 
 TOL = 1e-5
-TARGETS = ["query", "key", "value", "dense"]
+TARGETS = {
+    "bert": ["query", "key", "value", "dense"],
+    "xlm_roberta": ["query", "key", "value", "dense"],
+    "modernbert": ["Wqkv", "Wo", "Wi"],
+}
 
 
 def settings(directory: Path, adapter: Path | None, **changes: Any) -> Any:
@@ -41,13 +46,18 @@ def settings(directory: Path, adapter: Path | None, **changes: Any) -> Any:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module", params=["bert", "xlm_roberta"])
+@pytest.fixture(scope="module", params=["bert", "xlm_roberta", "modernbert"])
 def tuned(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """A tiny embedder of the family (mean pooling) with one adapter, ``tuned``."""
     root = tmp_path_factory.mktemp(f"lora-{request.param}")
     directory = save_bert_embedder(root / "mean", "mean", family=request.param)
     adapter = save_embedding_adapter(
-        root / "mean-hf", root / "tuned", seed=7, r=4, lora_alpha=8, target_modules=TARGETS
+        root / "mean-hf",
+        root / "tuned",
+        seed=7,
+        r=4,
+        lora_alpha=8,
+        target_modules=TARGETS[request.param],
     )
     engine = ScoringEngine.from_settings(settings(directory, adapter), warm=False)
     return {"directory": directory, "adapter": adapter, "engine": engine}
@@ -82,19 +92,22 @@ def test_an_encoder_adapter_embeds_as_sentence_transformers_with_peft(tuned: dic
         np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
 
 
-def test_a_cross_encoder_adapter_scores_as_peft(tmp_path: Path) -> None:
-    """An adapter on a ``BertForSequenceClassification``'s layers (its classifier the base's):
-    each pair's logit equals transformers' with peft's ``PeftModel``."""
+@pytest.mark.parametrize("family", ["bert", "modernbert"])
+def test_a_cross_encoder_adapter_scores_as_peft(tmp_path: Path, family: str) -> None:
+    """An adapter on a ``BertForSequenceClassification``'s (``ModernBertFor...``'s) layers,
+    its classifier the base's: each pair's logit equals transformers' with ``PeftModel``."""
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForSequenceClassification
 
     from tests.support.lora_helpers import randomize_lora_
 
-    directory = save_bert_cross_encoder(tmp_path / "ce")
+    pooling = "mean" if family == "modernbert" else "cls"
+    directory = save_bert_cross_encoder(tmp_path / "ce", family=family, pooling=pooling)
     torch.manual_seed(8)
     base = AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "ce-hf"))
     layers = r".*encoder\.layer\.\d+\..*(query|key|value|dense)"  # not the pooler's dense
+    layers = TARGETS["modernbert"] if family == "modernbert" else layers  # not head.dense
     tuned = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=layers))
     randomize_lora_(tuned, 8)
     adapter = tmp_path / "tuned"
@@ -109,10 +122,10 @@ def test_a_cross_encoder_adapter_scores_as_peft(tmp_path: Path) -> None:
         tensors = {key: torch.tensor(value) for key, value in encoded.items()}
         want = model(**tensors).logits.numpy()[:, 0]
     inputs, seconds = [], []
-    for ids, types in zip(encoded["input_ids"], encoded["token_type_ids"], strict=True):
-        real = [t for t in ids if t != tokenizer.pad_token_id]
-        inputs.append(tuple(real))
-        seconds.append(types.index(1))
+    for row, ids in enumerate(encoded["input_ids"]):
+        inputs.append(tuple(t for t in ids if t != tokenizer.pad_token_id))
+        if "token_type_ids" in encoded:
+            seconds.append(encoded["token_type_ids"][row].index(1))
     work = EmbedWork(tuple(inputs), adapter="tuned", second_starts=tuple(seconds))
     got, base_got = engine.score_batch([work, dataclasses.replace(work, adapter=None)])
     np.testing.assert_allclose(np.asarray(got)[:, 0], want, atol=TOL, rtol=0)
@@ -127,17 +140,12 @@ def test_a_cross_encoder_adapter_scores_as_peft(tmp_path: Path) -> None:
     relevance = [r["relevance_score"] for r in sorted(answer["results"], key=lambda r: r["index"])]
     sigmoid = 1 / (1 + np.exp(-want))  # CrossEncoder's activation for one label
     np.testing.assert_allclose(relevance, sigmoid, atol=TOL, rtol=0)
-    # ``dense`` alone also wraps the pooler the classifier reads: refused, naming it.
+    # ``dense`` alone also wraps the pooler (head) the classifier reads: refused, naming it.
     pooled = get_peft_model(
         AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "ce-hf")),
         LoraConfig(r=4, lora_alpha=8, target_modules=["dense"]),
     )
     pooled.save_pretrained(str(tmp_path / "pooled"), safe_serialization=True)
-    with pytest.raises(AdapterError, match=r"pooler\.dense\.lora_A\.weight: LoRA on a cross"):
+    pooler = "head" if family == "modernbert" else "pooler"
+    with pytest.raises(AdapterError, match=rf"{pooler}\.dense\.lora_A\.weight: LoRA on a cross"):
         load_adapter("pooled", str(tmp_path / "pooled"), engine.model.config, max_rank=4)
-
-
-def test_modernbert_refuses_max_loras_naming_it(tmp_path: Path) -> None:
-    directory = save_bert_embedder(tmp_path / "mean", "mean", family="modernbert")
-    with pytest.raises(ValueError, match=r"^max_loras: LoRA adapters are not served on modernbert"):
-        ScoringEngine.from_settings(settings(directory, None), warm=False)
