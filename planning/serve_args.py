@@ -28,14 +28,14 @@ TPU_ARGS = {
 # (their shapes compile on demand, docs/serving.md); a TPU plan compiles scoring's steps;
 # fused steps pay where a pass is a weight read whatever its tokens (the CPU), and on TPU
 # small requests batch into item-stream steps with the Pallas kernels instead; a TPU host's
-# threads feed the chips and stay at the replica's niceness; a TPU step of 16 requests
-# computes far more than the CPU's merged-call bound (1024 tokens), so merging stays bounded
-# by max_batch_size alone.
+# threads feed the chips and stay at the replica's niceness; a TPU replica's merged calls
+# are bounded by max_batch_size alone (the merged-call bound in seconds is the CPU's
+# latency guarantee, where one call of 16 requests takes seconds).
 TPU_DROPPED = (
     "completion_warmup_shapes",
     "fused_step_tokens",
     "engine_niceness",
-    "max_call_tokens",
+    "max_call_s",
 )
 
 

@@ -38,7 +38,6 @@ from replicas.contract import (
     ScoredWork,
     ScoreWork,
     check_limits,
-    computed_tokens,
     work_cost,
 )
 from replicas.engine.memory import release_free_heap
@@ -52,7 +51,7 @@ from replicas.errors import (
 )
 from replicas.serving.adapter_registry import AdapterFollower, apply_to_engine
 from replicas.serving.admission import QueueEstimate, admit
-from replicas.serving.merging import take_for_one_call
+from replicas.serving.merging import call_budget, take_for_one_call
 from replicas.serving.metrics import ReplicaMetrics
 from replicas.serving.setup import (
     DEFAULT_ENGINE,
@@ -261,13 +260,9 @@ class ScoringReplica:
     async def _drain(self) -> None:
         while self._waiting:
             settings = self._settings
-            tokens = partial(computed_tokens, multi_item=settings.model.multi_item)
-            taken = take_for_one_call(
-                self._waiting,
-                settings.batching.max_batch_size,
-                settings.batching.max_call_tokens,
-                tokens,
-            )
+            cost = partial(work_cost, multi_item=settings.model.multi_item)
+            budget = call_budget(settings.batching.max_call_s, self._queue.work_rate())
+            taken = take_for_one_call(self._waiting, settings.batching.max_batch_size, budget, cost)
             called = [work for works, _ in taken for work in works]
             self._batches += 1  # one engine call: the batch the engine sees
             self._works += len(called)

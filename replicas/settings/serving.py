@@ -22,10 +22,13 @@ class BatchingSettings:
     """Requests one ``@serve.batch`` call takes at most (reconfigurable in user_config)."""
     batch_wait_timeout_s: float = 0.005
     """How long a batch waits to fill (reconfigurable in user_config)."""
-    max_call_tokens: int = 0
-    """Tokens one engine call computes at most when batches that waited during a step are
-    merged into it (the first batch always runs); 0: only max_batch_size bounds a call.
-    Bounds how long an admitted request waits behind a merged call under overload."""
+    max_call_s: float = 0.0
+    """Seconds one engine call is expected to take at most when batches that waited during
+    a step are merged into it (the first batch always runs): its works' cost (tokens to
+    compute plus a call's fixed cost) over the replica's recent work rate, admission's
+    (``replicas.serving.merging.call_budget``); until the replica has a rate, no batch
+    joins. 0: only max_batch_size bounds a call. Bounds how long an admitted request waits
+    behind a merged call under overload, whatever the model's cost per token."""
     max_queue_wait_s: float = 5.0
     """Admission control (semantics 12): a request whose expected wait (Little's law over
     recent completions, at the ingress and at the replica) exceeds this is answered at once
@@ -35,10 +38,8 @@ class BatchingSettings:
     dropped (503 overloaded); keep it below the proxy's http_options.request_timeout_s."""
 
     def __post_init__(self) -> None:
-        if self.max_call_tokens < 0:
-            raise SettingsError(
-                f"max_call_tokens: must be >= 0 (0 = unbounded), got {self.max_call_tokens}"
-            )
+        if not self.max_call_s >= 0:
+            raise SettingsError(f"max_call_s: must be >= 0 (0 = unbounded), got {self.max_call_s}")
         if self.max_queue_wait_s < 0:
             raise SettingsError(f"max_queue_wait_s: must be >= 0, got {self.max_queue_wait_s}")
         if self.request_deadline_s <= 0:

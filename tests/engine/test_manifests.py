@@ -52,7 +52,7 @@ TPU_KEYS = {
     "completion_warmup_shapes",  # planning.serve_args.TPU_DROPPED
     "fused_step_tokens",
     "engine_niceness",
-    "max_call_tokens",
+    "max_call_s",
 }
 COMMAND = re.compile(r"^# Written by the planner: python -m planning\.plan (?P<args>.+)$", re.M)
 REQUESTS = re.compile(r"at (?P<n>\d+) requests per step")

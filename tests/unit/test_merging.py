@@ -6,7 +6,7 @@ from collections import deque
 
 import pytest
 
-from replicas.serving.merging import take_for_one_call
+from replicas.serving.merging import call_budget, take_for_one_call
 from replicas.settings import ReplicaSettings, SettingsError
 
 
@@ -15,14 +15,14 @@ def waiting(*batches: list[int]) -> deque:
     return deque((batch, n) for n, batch in enumerate(batches))
 
 
-def test_batches_join_while_works_and_tokens_fit() -> None:
+def test_batches_join_while_works_and_units_fit() -> None:
     queue = waiting([10], [5, 5], [30], [1])
     assert take_for_one_call(queue, 8, 20, int) == [([10], 0), ([5, 5], 1)]
     assert take_for_one_call(queue, 8, 20, int) == [([30], 2)]  # the first runs, too big or not
     assert take_for_one_call(queue, 8, 20, int) == [([1], 3)] and not queue
 
 
-def test_no_token_bound_merges_up_to_max_works_in_arrival_order() -> None:
+def test_no_bound_merges_up_to_max_works_in_arrival_order() -> None:
     queue = waiting([100], [100, 100], [100], [100])
     assert [f for _, f in take_for_one_call(queue, 4, 0, int)] == [0, 1, 2]
     assert [f for _, f in take_for_one_call(queue, 4, 0, int)] == [3]
@@ -34,6 +34,15 @@ def test_a_later_batch_that_fits_does_not_jump_the_queue() -> None:
     assert [f for _, f in take_for_one_call(queue, 8, 20, int)] == [1, 2]
 
 
-def test_a_negative_bound_is_refused_naming_the_setting() -> None:
-    with pytest.raises(SettingsError, match="max_call_tokens: must be >= 0"):
-        ReplicaSettings.from_keys(max_call_tokens=-1)
+def test_the_bound_in_seconds_is_that_many_seconds_of_the_recent_work_rate() -> None:
+    assert call_budget(3.0, 400.0) == 1200.0  # units a call may hold
+    assert call_budget(0.0, 400.0) == 0.0 == call_budget(0.0, None)  # 0: unbounded
+    queue = waiting([10], [5])
+    assert take_for_one_call(queue, 8, call_budget(3.0, None), int) == [([10], 0)]  # no rate yet
+    assert take_for_one_call(queue, 8, call_budget(3.0, None), int) == [([5], 1)]
+
+
+@pytest.mark.parametrize("value", [-1, float("nan")])
+def test_a_negative_bound_is_refused_naming_the_setting(value: float) -> None:
+    with pytest.raises(SettingsError, match="max_call_s: must be >= 0"):
+        ReplicaSettings.from_keys(max_call_s=value)

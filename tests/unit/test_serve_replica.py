@@ -101,19 +101,21 @@ def work(label: int = 1, query_len: int = 3) -> ScoreWork:
 
 
 @pytest.mark.parametrize(
-    ("max_call_tokens", "calls"),
-    # Ten one-work batches of 4, 5, ..., 13 tokens to compute wait behind the first step:
-    # up to 8 works a call; at most 30 tokens a call: 4+5+6+7+8, 9+10+11, 12+13.
-    [(0, [1, 8, 2]), (30, [1, 5, 3, 2])],
+    ("max_call_s", "rate", "calls"),
+    # Ten one-work batches of 4, 5, ..., 13 tokens to compute (cost 36..45 with a call's 32)
+    # wait behind the first step: up to 8 works a call; at most 2 s at 95 units/s (190) a
+    # call: 36+37+38+39+40, 41+42+43+44, 45; no rate yet: each alone.
+    [(0, 95.0, [1, 8, 2]), (2, 95.0, [1, 5, 4, 1]), (2, None, [1] * 11)],
 )
 def test_batches_that_arrive_during_a_step_share_the_next_engine_call(
-    settings: ReplicaSettings, max_call_tokens: int, calls: list[int]
+    settings: ReplicaSettings, max_call_s: float, rate: float | None, calls: list[int]
 ) -> None:
     """Serve hands batches over while a step runs (max_concurrent_batches); every batch
     waiting when the engine frees runs in one call, up to max_batch_size (8) works and
-    max_call_tokens tokens."""
-    settings = settings.replace(max_call_tokens=max_call_tokens)
+    max_call_s seconds of work at the replica's recent work rate."""
+    settings = settings.replace(max_call_s=max_call_s)
     replica = Replica(settings, "tests.unit.test_serve_replica:GatedEngine")
+    replica._queue.work_rate = lambda: rate  # what admission measured of recent calls
     engine = replica._engine
     later = [[work(query_len=n)] for n in range(1, 11)]  # ten one-work batches
 

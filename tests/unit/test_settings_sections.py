@@ -41,7 +41,7 @@ FLAT_KEYS = [
     "max_request_tokens",
     "max_batch_size",
     "batch_wait_timeout_s",
-    "max_call_tokens",
+    "max_call_s",
     "max_queue_wait_s",
     "engine_niceness",
     "request_deadline_s",
@@ -185,7 +185,7 @@ def test_each_error_names_the_setting(values: dict[str, Any], message: str) -> N
 def test_replace_by_flat_key_or_whole_section_runs_every_check_again() -> None:
     settings = ReplicaSettings()
     assert settings.replace(max_batch_size=4).batching.max_batch_size == 4
-    assert settings.replace(batching=BatchingSettings(max_call_tokens=9)).value("max_call_tokens")
+    assert settings.replace(batching=BatchingSettings(max_call_s=9)).value("max_call_s")
     assert settings.replace(model="x").model.name == "x"
     with pytest.raises(SettingsError, match=r"^max_batch: unknown replica setting"):
         settings.replace(max_batch=4)
