@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +151,8 @@ def embed_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     model_dir = save_embedder(work_dir / "embedder", o.layers)
     rng = np.random.default_rng(0)
     texts = [words(rng, n) for n in log_uniform(rng, o.texts, 8, 512)]
-    r = in_process(settings_for(model_dir, work_dir), texts, model_dir)
-    reference = np.asarray(r.pop("reference"))
+    r = in_process(settings_for(model_dir, work_dir), texts, model_dir, keep_engine=True)
+    reference, again = np.asarray(r.pop("reference")), r.pop("again")
     job = {"model": str(for_old_sentence_transformers(model_dir)), "kind": "embed",
            "texts": texts, "batch_size": 32}  # fmt: skip
     answer = infinity(job, o.infinity, work_dir)
@@ -160,17 +161,21 @@ def embed_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
         r["infinity_diff"] = float(np.abs(np.asarray(answer["outputs"]) - reference).max())
     step = o.per_request
     bodies = [json.dumps({"input": texts[i : i + step]}).encode() for i in range(0, o.texts, step)]
-    passes = served_passes(model_dir, "/v1/embeddings", bodies, o.concurrency, o.port)
+    passes = served_passes(model_dir, "/v1/embeddings", bodies, o.concurrency, o.port, again)
     return r | passes
 
 
 def served_passes(
-    model_dir: Path, route: str, bodies: list[bytes], concurrency: int, port: int
-) -> dict[str, Any]:
+    model_dir: Path, route: str, bodies: list[bytes], concurrency: int, port: int,
+    beside: Callable[[], tuple[float, dict]] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     """The shipped app serving ``model_dir``: ``bodies`` posted to ``route`` twice, each pass
     timed (``concurrency`` in flight, 503s retried after Retry-After) with how far it moved
     the replica's counters; the first after one untimed round of ``concurrency`` bodies, the
-    second once the first compiled its signatures (``served`` and ``served2``)."""
+    second once the first compiled its signatures (``served`` and ``served2``). ``beside``:
+    an in-process engine pass of the same work, timed just before each served pass
+    (``served_engine_s``, ``served2_engine_s``), so the ratio does not span the minutes in
+    which the machine's speed moves."""
     from loadtest.bench_batch_serve import served_app, stats
     from loadtest.client import RetryingClient
 
@@ -180,6 +185,8 @@ def served_passes(
         try:
             client.run(bodies[:concurrency])  # untimed: the first steps
             for name in ("served", "served2"):
+                if beside is not None:
+                    out[f"{name}_engine_s"] = beside()[0]
                 before = stats(url)
                 out[f"{name}_s"], out[f"{name}_retried"] = client.run(bodies)
                 after = stats(url)
@@ -252,7 +259,14 @@ def served_line(name: str, r: dict[str, Any]) -> str:
             f"{m['background_compiles']} background and {m['request_path_compiles']} "
             "request-path compiles"
         )
-    return f"{name} served, first pass: {parts[0]}; second: {parts[1]}"
+    line = f"{name} served, first pass: {parts[0]}; second: {parts[1]}"
+    if "served_engine_s" not in r:
+        return line
+    ratios = [
+        f"{r[f'{key}_engine_s'] / r[f'{key}_s']:.2f}x (the engine {r[f'{key}_engine_s']:.1f} s)"
+        for key in ("served", "served2")
+    ]  # fmt: skip
+    return f"{line}; served vs an engine pass timed just before it: {ratios[0]}, {ratios[1]}"
 
 
 def rows_of(r: dict[str, Any], paths: list[tuple[str, str]]) -> list[tuple]:
