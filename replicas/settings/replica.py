@@ -38,6 +38,10 @@ SECTIONS: Mapping[str, type] = MappingProxyType(
 )
 # Flat config keys whose field in their section is named otherwise.
 RENAMED: Mapping[str, str] = MappingProxyType({"model": "name"})
+# Keys a config may still carry from an earlier release -> what to write instead.
+RETIRED: Mapping[str, str] = MappingProxyType(
+    {"max_call_tokens": "replaced by max_call_s, the merged-call bound in seconds (shipped: 3)"}
+)
 PAIRS = ("host_resources", "host_label_selector", "rerank_template", "lora_adapters")
 
 
@@ -167,6 +171,8 @@ class ReplicaSettings:
                     put(FLAT_KEY_OF[key, name], value)
             elif key in FLAT_KEYS:
                 put(key, raw)
+            elif key in RETIRED:
+                raise SettingsError(f"{key}: {RETIRED[key]}")
             else:
                 raise SettingsError(f"{key}: unknown replica setting (known: {sorted(FLAT_KEYS)})")
         return cls(**{name: SECTIONS[name](**given) for name, given in sections.items()})

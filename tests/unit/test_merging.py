@@ -42,6 +42,11 @@ def test_the_bound_in_seconds_is_that_many_seconds_of_the_recent_work_rate() -> 
     assert take_for_one_call(queue, 8, call_budget(3.0, None), int) == [([5], 1)]
 
 
+def test_the_retired_token_bound_names_its_replacement() -> None:
+    with pytest.raises(SettingsError, match=r"^max_call_tokens: replaced by max_call_s"):
+        ReplicaSettings.from_keys(max_call_tokens=1024)
+
+
 @pytest.mark.parametrize("value", [-1, float("nan")])
 def test_a_negative_bound_is_refused_naming_the_setting(value: float) -> None:
     with pytest.raises(SettingsError, match="max_call_s: must be >= 0"):
