@@ -286,7 +286,8 @@ def _check_pooler(name: str, config: ModelConfig, key: str) -> None:
         )  # fmt: skip
         raise _fail(
             name,
-            f"{key}: LoRA on a cross-encoder's pooler is not served; target the layers "
+            f"{key}: LoRA on a cross-encoder's {'head' if config.rotary else 'pooler'} is not "
+            "served; target the layers "
             f"(a target_modules regex such as {layers})",
         )
 
