@@ -143,8 +143,8 @@ def in_process(
     start = time.perf_counter()
     reference = st_model.encode(texts, batch_size=32, convert_to_numpy=True)
     st_s = time.perf_counter() - start
-    again = {"again": lambda: counted(engine, lambda: engine.score_batch(works))[1:]}
-    return ({} if not keep_engine else again) | {
+    kept = {"again": lambda: counted(engine, lambda: engine.score_batch(works))[1:]}
+    return (kept if keep_engine else {}) | {
         "tokens": sum(len(ids) for ids in work.inputs), "warm_s": warm_s,
         "engine_s": engine_s, "batch_s": batch_s, "st_s": st_s,
         "engine_moved": engine_moved, "batch_moved": batch_moved,

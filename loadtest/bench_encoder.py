@@ -177,10 +177,9 @@ def served_passes(
     the replica's counters: the first after one untimed round of ``concurrency`` bodies
     (``served``), then more until one compiles nothing in the background (traffic's shapes
     compile once they recur), at most ``STEADY_PASSES`` (``served2``; ``served2_pass``: which
-    pass it was). ``beside``:
-    an in-process engine pass of the same work, timed just before each served pass
-    (``served_engine_s``, ``served2_engine_s``), so the ratio does not span the minutes in
-    which the machine's speed moves."""
+    pass it was). ``beside``: an in-process engine pass of the same work, timed just before
+    each served pass (``served_engine_s``, ``served2_engine_s``), so the ratio does not span
+    the minutes in which the machine's speed moves."""
     from loadtest.bench_batch_serve import served_app, stats
     from loadtest.client import RetryingClient
 
