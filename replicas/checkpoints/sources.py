@@ -25,10 +25,11 @@ PACKAGED_GGUF_MODELS: dict[str, tuple[str, str]] = {
 
 
 def keep_torch_out_of_actors() -> bool:
-    """In a Ray actor (a Serve replica or ingress, a batch job's stage), before its first
-    model file: mark torch absent for the process. transformers 5 imports torch for
-    ``AutoConfig`` and ``AutoTokenizer`` whenever it is installed (5 of the 8 CPU-s an
-    ingress spent loading a config and a tokenizer, and its memory), while serving never runs
+    """In a Ray actor (a Serve ingress or replica, a host group's member, a batch job's
+    stage), before its first model file: mark torch absent for the process. transformers 5
+    imports torch for ``AutoConfig`` and ``AutoTokenizer`` whenever it is installed (about 5
+    of the 8 CPU-s a process spent loading a config and a tokenizer, and its memory), while
+    serving never runs
     it: weights load through numpy, steps through jax, and a GGUF's metadata is converted in a
     subprocess (``gguf_metadata_dir``). Nothing changes outside an actor (a test's process, a
     driver) or where torch or transformers is imported already. Returns whether torch is out
