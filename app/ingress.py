@@ -40,7 +40,6 @@ from app.service import ScoringService
 from app.workloads import WORKLOADS, Workload
 from app.works import check_prepared
 from cluster.niceness import warn_if_niced
-from replicas.checkpoints.sources import keep_torch_out_of_actors
 from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoredWork, ScoreWork
 from replicas.errors import Reason, ScoringError
 from replicas.serving.setup import coerce_settings
@@ -140,7 +139,6 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
         settings: ReplicaSettings | Mapping[str, Any],
         adapter_registry: DeploymentHandle | None = None,
     ) -> None:
-        keep_torch_out_of_actors()  # before the tokenizer (replicas/checkpoints/sources.py)
         self._settings = coerce_settings(settings)
         warn_if_niced("ingress", logger)
         self._keys = load_api_keys(self._settings.http)  # start-up error names the setting

@@ -16,7 +16,6 @@ from typing import Any, Self
 import pyarrow as pa
 
 from app.service import ScoringService
-from replicas.checkpoints.sources import keep_torch_out_of_actors
 from replicas.errors import ScoringError
 from replicas.serving.setup import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings
@@ -73,7 +72,6 @@ class PrepareRows:
     prepared rows (None: refused) as the columns the engine stage reads."""
 
     def __init__(self, settings: ReplicaSettings, columns: Any) -> None:
-        keep_torch_out_of_actors()  # a Ray Data actor's (replicas/checkpoints/sources.py)
         self._service = ScoringService.from_settings(settings)
         self._columns = columns
 
@@ -111,7 +109,6 @@ class EngineStage:
         engine_factory: str = DEFAULT_ENGINE,
         adapter: str | None = None,
     ) -> None:
-        keep_torch_out_of_actors()  # a Ray Data actor's (replicas/checkpoints/sources.py)
         self._engine = load_engine_factory(engine_factory)(settings)
         self._payload, self._tally, self._adapter = payload, tally, adapter
 

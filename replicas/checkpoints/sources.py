@@ -26,7 +26,8 @@ PACKAGED_GGUF_MODELS: dict[str, tuple[str, str]] = {
 
 def keep_torch_out_of_actors() -> bool:
     """In a Ray actor (a Serve ingress or replica, a host group's member, a batch job's
-    stage), before its first model file: mark torch absent for the process. transformers 5
+    stage), at its first config or tokenizer load (``load_hf_config``, ``load_tokenizer``):
+    mark torch absent for the process. transformers 5
     imports torch for ``AutoConfig`` and ``AutoTokenizer`` whenever it is installed (about 5
     of the 8 CPU-s a process spent loading a config and a tokenizer, and its memory), while
     serving never runs
@@ -119,6 +120,7 @@ def resolve_model_source(model: str | os.PathLike[str]) -> ModelSource:
 def load_tokenizer(source: ModelSource) -> Any:
     """The model's tokenizer from local files (tokenizer.json, or the GGUF's metadata through
     its converted copy: ``gguf_metadata_dir``)."""
+    keep_torch_out_of_actors()
     from transformers import AutoTokenizer
 
     if source.is_gguf:
@@ -134,6 +136,7 @@ def load_tokenizer(source: ModelSource) -> Any:
 def load_hf_config(source: ModelSource) -> Any:
     """The transformers PretrainedConfig, from config.json or the GGUF metadata (through its
     converted copy: ``gguf_metadata_dir``)."""
+    keep_torch_out_of_actors()
     from transformers import AutoConfig
 
     if source.is_gguf:

@@ -19,7 +19,6 @@ import jax
 import numpy as np
 
 from cluster.host_group import HostGroup, HostGroupError
-from replicas.checkpoints.sources import keep_torch_out_of_actors
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.engine_contract import refuse_adapter_change
@@ -54,7 +53,6 @@ class FollowerEngine:
     """The target a follower host builds (``FOLLOWER_FACTORY``): its own engine, stepped."""
 
     def __init__(self, settings: ReplicaSettings) -> None:
-        keep_torch_out_of_actors()  # a follower host's actor (replicas/checkpoints/sources.py)
         check_mesh_spans_hosts(settings.placement)
         self._engine = ScoringEngine.from_settings(settings, warm=False)
 
@@ -80,7 +78,6 @@ class GroupEngine:
     def from_settings(cls, settings: ReplicaSettings) -> GroupEngine:
         """Start the followers, bootstrap jax.distributed, load the model on every host (each
         places only its own devices' shards) and compile the leader's warm-up list on all."""
-        keep_torch_out_of_actors()  # a replica's or a slice leader's actor
         placement = settings.placement
         group = HostGroup(
             placement.hosts_per_replica, placement.host_bundle, placement.host_timeout_s

@@ -32,7 +32,6 @@ from cluster.niceness import (
     worker_niceness,
 )
 from replicas.checkpoints.name_map import AdapterNotFound
-from replicas.checkpoints.sources import keep_torch_out_of_actors
 from replicas.contract import (
     EmbedWork,
     ModelInfo,
@@ -99,7 +98,6 @@ class ScoringReplica:
         engine_factory: str = DEFAULT_ENGINE,
         adapter_registry: Any = None,
     ) -> None:
-        keep_torch_out_of_actors()  # before the first model file (replicas/checkpoints/sources)
         # A user_config that needs a reload fails here, before the weights load, not in the
         # ``reconfigure`` Serve calls once the constructor has loaded and warmed them.
         self._settings = apply_user_config(coerce_settings(settings), deployed_user_config())
