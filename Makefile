@@ -3,8 +3,12 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Never imported by scorejax, its tests or its tools: left as source by the set-up's compileall.
-NOT_IMPORTED := /tests/|/site-packages/(pip|setuptools|matplotlib|fontTools)/|/torch/testing/_internal/
+# Never imported by scorejax, its tests or its tools: left as source by the set-up's compileall
+# (a whole `make test` read none of their byte code; docs/testing.md). Transformers' model
+# families other than those scorejax loads, and the auto classes, are the largest share.
+NOT_IMPORTED := /tests/|/torch/testing/_internal/|/ray/(rllib|tune|train)/|/sympy/physics/
+NOT_IMPORTED := $(NOT_IMPORTED)|/site-packages/(pip|setuptools|matplotlib|fontTools|hypothesis|schemathesis|graphql|networkx|nltk|optax|orbax)/
+NOT_IMPORTED := $(NOT_IMPORTED)|/transformers/models/(?!(auto|bert|gemma[23]?|gpt2|llama|mistral|modernbert|qwen[23]|roberta|xlm_roberta)/)
 URL ?= http://127.0.0.1:8000
 export LIBTPU_SPEC := from importlib.metadata import requires; print(next(r.split(";")[0].replace(" ", "") for r in requires("jax") if r.startswith("libtpu")))
 

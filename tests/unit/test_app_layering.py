@@ -10,8 +10,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# As in a Serve ingress, torch is kept out (replicas.checkpoints.sources.keep_torch_out_of_actors).
 PROBE = """
 import json, sys
+sys.modules["torch"] = None
 import app.builder, app.http, app.ingress, app.openapi, app.schema
 import app.metrics, app.scores, app.service, app.tokenization, app.validation
 from app.service import ScoringService
