@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.batch_fault_engine import HEAD_ENV, HOLD_ENV, write_json
-from tests.support.serve_support import wait_for
+from tests.support.serve_support import NODE_ENV, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_HOST = "engine_host"  # a custom resource: one a node (test_batch_nodes.config_file)
@@ -65,6 +65,7 @@ def inherit_worker_env() -> None:
         PYTHONPATH=os.pathsep.join([str(ROOT), *(p for p in paths if p != str(ROOT))]),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
+        **NODE_ENV,
     )
 
 

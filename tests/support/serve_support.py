@@ -103,6 +103,11 @@ def app_status(app_name: str) -> str | None:
     return None if status is None else status.status.value
 
 
+# Each node's dashboard agent collects every Ray process's CPU and memory (psutil) for the
+# dashboard every 5 s; nothing here reads them (the Prometheus test reads scorejax's own
+# metrics, which the agent exports as they come). Every minute instead (docs/testing.md).
+NODE_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000"}
+
 SESSION_SYSTEM_CONFIG = {
     "worker_niceness": 0,  # as make serve starts Ray (cluster/niceness.py)
     # An idle worker is kept a minute, not a second: the suite's jobs and deployments come
@@ -127,6 +132,7 @@ def start_cluster(num_cpus: int = 2) -> ServeCluster:
         PYTHONPATH=os.pathsep.join([str(ROOT), *(p for p in paths if p != str(ROOT))]),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
+        **NODE_ENV,
     )
     metrics_port = free_port()
     ray.init(
