@@ -54,19 +54,15 @@ def scored(markers: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_text()) for p in sorted(markers.glob("scored-*.json"))]
 
 
-def inherit_worker_env() -> None:
-    """Every worker of the cluster gets this process's environment, the repository on
-    PYTHONPATH and the hub off: the nodes' raylets start from this process and every worker
-    from a raylet. Not through a job ``runtime_env``: with one, each worker starts as
-    ``setup_worker.py``, one more Python process importing Ray (as the session's cluster,
-    tests/support/serve_support.py)."""
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT), *(p for p in paths if p != str(ROOT))]),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        **NODE_ENV,
-    )
+def start(cluster: Any) -> None:
+    import ray
+
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": env})
 
 
 def run_job(config: Path, source: Path, output: Path, markers: Path, head: str) -> Any:
@@ -99,7 +95,7 @@ def main(argv: list[str]) -> int:
     # No usage statistics (nothing leaves this machine anyway): Ray Data then starts no
     # usage-collection actor, a worker process of its own.
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
-    inherit_worker_env()
+    os.environ.update(NODE_ENV)  # the nodes' dashboard agents (tests/support/serve_support.py)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={**NODE, "include_dashboard": False, "_system_config": SYSTEM_CONFIG},
@@ -110,7 +106,7 @@ def main(argv: list[str]) -> int:
         cluster.head_node.kill_log_monitor()
         worker = cluster.add_node(**NODE)
         cluster.wait_for_nodes()
-        ray.init(address=cluster.address, log_to_driver=False)
+        start(cluster)
         head = ray.get_runtime_context().get_node_id()
         with ThreadPoolExecutor(1) as pool:
             job = pool.submit(run_job, config, source, output, markers, head)
