@@ -27,14 +27,13 @@ PACKAGED_GGUF_MODELS: dict[str, tuple[str, str]] = {
 def keep_torch_out_of_actors() -> bool:
     """In a Ray actor (a Serve ingress or replica, a host group's member, a batch job's
     stage), at its first config or tokenizer load (``load_hf_config``, ``load_tokenizer``):
-    mark torch absent for the process. transformers 5
-    imports torch for ``AutoConfig`` and ``AutoTokenizer`` whenever it is installed (about 5
-    of the 8 CPU-s a process spent loading a config and a tokenizer, and its memory), while
-    serving never runs
-    it: weights load through numpy, steps through jax, and a GGUF's metadata is converted in a
-    subprocess (``gguf_metadata_dir``). Nothing changes outside an actor (a test's process, a
-    driver) or where torch or transformers is imported already. Returns whether torch is out
-    of this process."""
+    mark torch absent for the process. transformers 5 imports torch for ``AutoConfig`` and
+    ``AutoTokenizer`` whenever it is installed (about 5 of the 8 CPU-s a process spent loading
+    a config and a tokenizer, and its memory), while serving never runs it: weights load
+    through numpy, steps through jax, and a GGUF's metadata is converted in a subprocess
+    (``gguf_metadata_dir``). Nothing changes outside an actor (a test's process, a driver) or
+    where torch or transformers is imported already. Returns whether torch is out of this
+    process."""
     if in_ray_actor() and "torch" not in sys.modules and "transformers" not in sys.modules:
         sys.modules["torch"] = None  # type: ignore[assignment]  # import torch: ImportError
     return torch_kept_out()
