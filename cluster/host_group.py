@@ -5,7 +5,8 @@ own placement group (bundle ``i`` for process ``i``; Serve reserves the group pe
 the deployment's ``placement_group_bundles``), bootstraps ``jax.distributed`` with the
 coordinator on its own node, and from then on every host runs the same calls in the same
 order: ``step(method, args, local)`` numbers the call, sends it to every follower, runs
-``local`` on the leader and waits for all of them, each within ``timeout_s``. A follower that
+``local`` on the leader and waits for all of them, each within ``timeout_s`` (or the longer
+limit the caller gives a step that compiles). A follower that
 sees a gap in the numbering fails loudly. A host that dies or stalls breaks the group for good:
 every later call raises ``HostGroupError`` at once, and the replica's health check reports it,
 so Serve replaces the replica and its placement group (followers are owned by the leader and
@@ -180,22 +181,30 @@ class HostGroup:
         self.members = [host_identity(0), *self._wait(refs, "start-up")]
         return result
 
-    def step(self, method: str, args: tuple[Any, ...], local: Callable[[], T]) -> tuple[T, list]:
-        """Run ``method(*args)`` on every follower and ``local()`` on the leader as step n;
-        returns the leader's result and the followers' replies."""
+    def step(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        local: Callable[[], T],
+        timeout_s: float | None = None,
+    ) -> tuple[T, list]:
+        """Run ``method(*args)`` on every follower and ``local()`` on the leader as step n,
+        each host within ``timeout_s`` (unset: the group's); returns the leader's result and
+        the followers' replies."""
         if self._broken:
             raise HostGroupError(self._broken)
+        limit = self._timeout_s if timeout_s is None else timeout_s
         self._number += 1
         label = f"step {self._number} ({method})"
         refs = [f.step.remote(self._number, method, args) for f in self._followers]
         future = self._local.submit(local)
         try:
-            result = future.result(timeout=self._timeout_s)
+            result = future.result(timeout=limit)
         except concurrent.futures.TimeoutError:
-            self._break(f"{label}: the leader did not finish within {self._timeout_s} s")
+            self._break(f"{label}: the leader did not finish within {limit:g} s")
         except Exception as error:  # hosts may have diverged: never step this group again
             self._break(f"{label}: the leader failed: {error!r}")
-        replies = self._wait(refs, label)
+        replies = self._wait(refs, label, limit)
         return result, replies
 
     def check(self) -> None:
@@ -208,11 +217,12 @@ class HostGroup:
         """Break the group (hosts went out of step); raises HostGroupError."""
         self._break(reason)
 
-    def _wait(self, refs: Sequence[Any], label: str) -> list:
+    def _wait(self, refs: Sequence[Any], label: str, timeout_s: float | None = None) -> list:
+        limit = self._timeout_s if timeout_s is None else timeout_s
         try:
-            return ray.get(list(refs), timeout=self._timeout_s)
+            return ray.get(list(refs), timeout=limit)
         except ray.exceptions.GetTimeoutError:
-            self._break(f"{label}: a follower host did not answer within {self._timeout_s} s")
+            self._break(f"{label}: a follower host did not answer within {limit:g} s")
         except ray.exceptions.RayError as error:
             self._break(f"{label}: a follower host failed: {error}")
         raise AssertionError("unreachable")

@@ -148,10 +148,13 @@ class SliceGroup:
     def placement_group(self) -> Any:
         return self._reserved.placement_group
 
-    def call(self, method: str, *args: Any) -> Any:
-        """``method(*args)`` on the leader's target, within ``timeout_s``."""
+    def call(self, method: str, *args: Any, bounded_by_leader: bool = False) -> Any:
+        """``method(*args)`` on the leader's target, within ``timeout_s``; a call the leader
+        bounds itself (a group step, whose limit grows with what it compiles) is waited for
+        until it answers or the leader dies (a stalled leader fails its health call)."""
+        timeout = None if bounded_by_leader else self._timeout_s
         try:
-            return ray.get(self._leader.call.remote(method, *args), timeout=self._timeout_s)
+            return ray.get(self._leader.call.remote(method, *args), timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             raise HostGroupError(
                 f"{method}: the slice's leader host did not answer within {self._timeout_s} s"

@@ -284,6 +284,14 @@ class StepCompiler:
             covers = [d for k, d in self._executables if k == kind and d.covers(dims)]
         return min(covers, key=lambda d: d.cost_for(dims)) if covers else None
 
+    def compiles_now(self, kind: str, dims: Any) -> bool:
+        """Whether ``resolve`` would compile ``dims`` on the request path (nothing counted)."""
+        with self._lock:
+            if (kind, dims) in self._executables:
+                return False
+            covered = any(k == kind and d.covers(dims) for k, d in self._executables)
+        return not (covered and self._background)
+
     def compile_later(self, kind: str, dims: Any) -> None:
         """Compile ``dims`` in the background (background compiles on), unless it is
         compiled, queued or held: for work that runs another way until it is ready."""

@@ -7,7 +7,9 @@ its outputs come back replicated, and the leader answers. Hosts resolve every st
 way because the compiled signatures they may use change only at the same points: warm-up
 compiles the leader's list on every host, a signature nothing covers compiles on every host
 on the request path, and a background compile is published (usable) only once every host
-reports holding it, at the start of the same step everywhere.
+reports holding it, at the start of the same step everywhere. A step's time limit is
+``host_timeout_s`` plus ``host_compile_timeout_s`` per signature it compiles, so a slow
+compile is not taken for a dead host.
 """
 
 from __future__ import annotations
@@ -73,6 +75,8 @@ class GroupEngine:
         self._group = group
         self._engine = engine
         self._followers: list[dict[str, Any]] = []  # each follower's last report
+        placement = engine.settings.placement
+        self._step_s, self._compile_s = placement.host_timeout_s, placement.host_compile_timeout_s
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings) -> GroupEngine:
@@ -90,7 +94,9 @@ class GroupEngine:
         engine = group.start(FOLLOWER_FACTORY, settings, leader_engine)
         self = cls(group, engine)
         keys = engine.warmup_keys()
-        _, self._followers = group.step("compile_keys", (keys,), lambda: engine.compile_keys(keys))
+        _, self._followers = group.step(
+            "compile_keys", (keys,), lambda: engine.compile_keys(keys), self._limit(len(keys))
+        )
         return self
 
     @property
@@ -110,8 +116,11 @@ class GroupEngine:
             self._engine.publish(publish)
             return self._engine.score_batch(works)
 
+        limit = self._limit(len(self._to_compile(works, publish)))
         try:
-            results, self._followers = self._group.step("score", (list(works), publish), local)
+            results, self._followers = self._group.step(
+                "score", (list(works), publish), local, limit
+            )
             self._check_in_step()
         except HostGroupError as error:
             raise EngineUnavailable(f"host group: {error}") from None
@@ -123,6 +132,19 @@ class GroupEngine:
         for process, report in enumerate(self._followers, start=1):
             if report["ran"] != ran:
                 self._group.fail(f"host {process} ran {report['ran']}, the leader ran {ran}")
+
+    def _limit(self, compiles: int) -> float:
+        """A step's time limit when it compiles ``compiles`` signatures."""
+        return self._step_s + compiles * self._compile_s
+
+    def _to_compile(self, works: Sequence[ScoreWork], publish: Sequence[Key]) -> list[Key]:
+        """The signatures scoring ``works`` will compile on the request path."""
+        ready = set(publish)
+        return [
+            key
+            for key in dict.fromkeys(self._engine.plan(works))
+            if key not in ready and self._engine.compiles_now(*key)
+        ]
 
     def _publishable(self) -> list[Key]:
         """Background compiles every host holds (the leader's order)."""

@@ -359,6 +359,9 @@ class ScoringEngine:
     def compiled(self, kind: str, dims: Any) -> Any | None:
         return self._compiler.compiled(kind, dims)
 
+    def compiles_now(self, kind: str, dims: Any) -> bool:
+        return self._compiler.compiles_now(kind, dims)
+
     def compile_later(self, kind: str, dims: Any) -> None:
         self._compiler.compile_later(kind, dims)
 

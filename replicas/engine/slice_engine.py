@@ -53,7 +53,7 @@ class SliceEngine:
         return int(self._call("compile_count"))
 
     def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
-        return self._call("score_batch", list(works))
+        return self._call("score_batch", list(works), bounded_by_leader=True)
 
     def check_health(self) -> None:
         self._call("check_health")
@@ -62,7 +62,7 @@ class SliceEngine:
         return {**self._call("stats"), "tpu_slice": slice_names(self._group.placement_group)}
 
     def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
-        return bool(self._call("wait_for_background_compiles", timeout_s))
+        return bool(self._call("wait_for_background_compiles", timeout_s, bounded_by_leader=True))
 
     def load_adapter(self, name: str, path: str) -> None:
         """A slice's host group loads LoRA adapters only at start (``lora_adapters``)."""
@@ -75,8 +75,8 @@ class SliceEngine:
         """Give the slice back now (else it goes with the replica actor)."""
         self._group.shutdown()
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, bounded_by_leader: bool = False) -> Any:
         try:
-            return self._group.call(method, *args)
+            return self._group.call(method, *args, bounded_by_leader=bounded_by_leader)
         except HostGroupError as error:
             raise EngineUnavailable(f"host group: {error}") from None

@@ -33,7 +33,11 @@ class PlacementSettings:
     """Ray node labels every host must carry (a label selector on each bundle), e.g.
     {"ray.io/tpu-pod-type": "v6e-16"} or a slice's "ray.io/tpu-slice-name" to pin a group."""
     host_timeout_s: float = 300.0
-    """A follower host that does not finish a step (or answer a ping) within this is dead."""
+    """A host that does not finish a step (or answer a ping) within this is dead."""
+    host_compile_timeout_s: float = 600.0
+    """Added to a step's limit for each signature it plans to compile (the warm-up's step, a
+    request whose signature nothing compiled yet; an item-stream step's own prefix step
+    compiles with it): a compile is work, not a stall."""
     tpu_slice: str | None = None
     """"generation:topology" of the TPU slice one replica takes whole, e.g. "v6e:4x4": with
     hosts_per_replica > 1 the replica reserves every host of one free slice through Ray's TPU
@@ -65,8 +69,9 @@ class PlacementSettings:
             raise SettingsError(
                 f"host_label_selector: must map label names to strings, got {labels}"
             )
-        if self.host_timeout_s <= 0:
-            raise SettingsError(f"host_timeout_s: must be > 0, got {self.host_timeout_s}")
+        for name in ("host_timeout_s", "host_compile_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name}: must be > 0, got {getattr(self, name)}")
         if self.tpu_slice is not None:
             self._check_tpu_slice(resources)
 

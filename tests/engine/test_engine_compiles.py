@@ -7,6 +7,7 @@ import pytest
 
 from cluster.mesh import build_mesh
 from replicas.contract import ScoreWork
+from replicas.engine.group_engine import GroupEngine
 from replicas.engine.layouts.dense import DenseDims
 from replicas.engine.query_cache import QueryCache
 from replicas.engine.scoring_engine import ScoringEngine
@@ -199,3 +200,30 @@ def test_traffic_signatures_are_bounded_and_a_restart_replays_only_the_kept_ones
     assert [key for key in second.executables() if key[0] == "items"] == items_steps
     for w, before in zip(works, scores, strict=True):  # evicted ones compile again, same scores
         assert_fp32_close(second.score_batch([w])[0], before)
+
+
+class RecordingGroup:
+    """A one-host stand-in for ``cluster.host_group.HostGroup``: runs the leader's side of
+    each step and records the time limit it was given."""
+
+    def __init__(self):
+        self.limits = []
+
+    def step(self, method, args, local, timeout_s=None):
+        self.limits.append(timeout_s)
+        return local(), []
+
+
+def test_a_group_step_gets_host_compile_timeout_s_per_signature_it_compiles(tiny):
+    settings = {"host_timeout_s": 60, "host_compile_timeout_s": 600}
+    group = RecordingGroup()
+    engine = make_engine(tiny, warmup_shapes=((30, 4, 12, 2),), **settings)
+    engine.warmup()
+    leader = GroupEngine(group, engine)
+    leader.score_batch([work(5)])  # runs on the warm covering signature: compiles nothing
+    leader.score_batch([work(6, query=60)])  # no warm step holds its query: compiled now
+    compiled = engine.stats()["request_path_compiles"]
+    leader.score_batch([work(6, query=60)])  # compiled by the step before
+    assert group.limits[0] == group.limits[2] == 60
+    # Per planned signature: an item-stream step's own prefix step compiles with it.
+    assert 1 <= (group.limits[1] - 60) / 600 <= compiled
