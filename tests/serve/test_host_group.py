@@ -50,6 +50,9 @@ from tests.support.serve_support import (  # noqa: F401
 pytestmark = [pytest.mark.slow, RAY_SERVE]
 ROOT = Path(__file__).resolve().parents[2]
 PARIS, LONDON, BERLIN = 7042, 4528, 11452
+# A group's first request compiles its steps on both hosts (no warm-up, below): over 60 s on
+# a slow CI machine, so the clients wait as long as a step that compiles may take.
+FIRST_REQUEST_S = 300
 
 
 def _check(process: int, hosts: int, port: int, model: Path, devices: int) -> subprocess.Popen:
@@ -144,7 +147,7 @@ def test_two_hosts_over_http_equal_one_process_single_item(
     from replicas.engine.scoring_engine import ScoringEngine
     from replicas.settings import ReplicaSettings
 
-    with group.client(120) as http:
+    with group.client(FIRST_REQUEST_S) as http:
         response = score(http, ITEMS, QUERY)
     assert response.status_code == 200, response.text
     settings = ReplicaSettings.from_keys(multi_item_scoring_delimiter=None)
@@ -162,7 +165,7 @@ def test_two_hosts_over_http_equal_one_process_single_item(
 
 def test_concurrent_requests_batch_across_the_group(group: ServeCluster) -> None:
     before = replica_stats("scorejax")["largest_batch"]
-    with group.client(120) as http:
+    with group.client(FIRST_REQUEST_S) as http:
         first = score(http, ITEMS[:2], QUERY).json()["scores"]
         results: list[httpx.Response] = []
 
@@ -211,7 +214,7 @@ def test_a_killed_follower_ends_every_request_and_the_group_comes_back(
     (follower,) = follower_pids()
     codes: list[int] = []
     stop = threading.Event()
-    with group.client(120) as http:
+    with group.client(FIRST_REQUEST_S) as http:
         expected = score(http, ITEMS, QUERY).json()["scores"]
 
         def load() -> None:
