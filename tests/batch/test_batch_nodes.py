@@ -61,7 +61,7 @@ def test_a_job_that_loses_an_engine_node_writes_every_id_once_as_v1_score_answer
         (source / f"part-{n:02}.jsonl").write_text(lines)
     argv = [sys.executable, "-m", "tests.support.batch_nodes_check"]
     argv += [str(config_file), str(source), str(out), str(markers)]
-    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=480)
+    run = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=1200)
     assert run.returncode == 0, run.stderr[-6000:]
     report = json.loads((markers / "report.json").read_text())
 

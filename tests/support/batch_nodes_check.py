@@ -110,14 +110,14 @@ def main(argv: list[str]) -> int:
         head = ray.get_runtime_context().get_node_id()
         with ThreadPoolExecutor(1) as pool:
             job = pool.submit(run_job, config, source, output, markers, head)
-            wait_for(lambda: (markers / "held").exists(), 180, "an engine to hold a batch")
-            wait_for(lambda: scored(markers), 180, "the head's engine to score a batch")
+            wait_for(lambda: (markers / "held").exists(), 300, "an engine to hold a batch")
+            wait_for(lambda: scored(markers), 300, "the head's engine to score a batch")
             held = json.loads((markers / "held").read_text())
             before = scored(markers)
             assert held["node"] == worker.node_id, (held, worker.node_id)
             cluster.remove_node(worker, allow_graceful=False)
             cluster.add_node(**NODE)
-            summary = job.result(timeout=240)
+            summary = job.result(timeout=420)
         report = {
             "head": head,
             "held": held,

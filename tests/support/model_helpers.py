@@ -264,7 +264,7 @@ def copy_gguf(
     return target
 
 
-def json_lines_on_host_devices(module: str, *args: str, timeout: int = 600) -> list[dict]:
+def json_lines_on_host_devices(module: str, *args: str, timeout: int = 1200) -> list[dict]:
     """Run ``python -m module args`` on 4 CPU devices (XLA_FLAGS must be set before jax
     initializes, hence a subprocess) and return the JSON lines it prints."""
     env = {
