@@ -62,7 +62,7 @@ def test_embed_rows_equal_what_v1_embeddings_answers(local, prompt_name, dimensi
     assert all(row["error"] is None for row in served)
     assert [c for c in table.column_names if c.startswith("embedding")] == list(columns.outputs)
     if types:  # each type as sentence-transformers quantizes the row's own vector
-        from sentence_transformers.quantization import quantize_embeddings
+        from sentence_transformers.util.quantization import quantize_embeddings
 
         mine = np.asarray([row["embedding"] for row in served], np.float32)
         ranges = np.stack([np.full(16, -1.0), np.full(16, 1.0)]).astype(np.float32)
