@@ -6,11 +6,10 @@ the deployment's ``placement_group_bundles``), bootstraps ``jax.distributed`` wi
 coordinator on its own node, and from then on every host runs the same calls in the same
 order: ``step(method, args, local)`` numbers the call, sends it to every follower, runs
 ``local`` on the leader and waits for all of them, each within ``timeout_s`` (or the longer
-limit the caller gives a step that compiles). A follower that
-sees a gap in the numbering fails loudly. A host that dies or stalls breaks the group for good:
-every later call raises ``HostGroupError`` at once, and the replica's health check reports it,
-so Serve replaces the replica and its placement group (followers are owned by the leader and
-die with it).
+limit the caller gives a step that compiles). A follower that sees a gap in the numbering
+fails loudly. A host that dies or stalls breaks the group for good: every later call raises
+``HostGroupError`` at once, and the replica's health check reports it, so Serve replaces the
+replica and its placement group (followers are owned by the leader and die with it).
 
 Knows nothing of scoring: the followers build their target from a ``"module:attribute"``
 factory path, so this layer imports no model code.

@@ -173,6 +173,8 @@ def test_sections_load_as_the_flat_keys_do() -> None:
         ({"max_queue_wait_s": -1}, r"^max_queue_wait_s: must be >= 0"),
         ({"rerank_method": "bm25"}, r"^rerank_method: must be one of"),
         ({"placement_group_strategy": "ANY"}, r"^placement_group_strategy: must be one of"),
+        ({"host_timeout_s": 0}, r"^host_timeout_s: must be > 0"),
+        ({"host_compile_timeout_s": -1}, r"^host_compile_timeout_s: must be > 0"),
         ({"lora_adapters": {"a": "/x"}}, r"^max_loras: 0 slots cannot hold"),
         ({"warmup_batch_sizes": [32]}, r"^warmup_batch_sizes: each must be in \[1, 16\]"),
     ],
