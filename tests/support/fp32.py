@@ -71,17 +71,19 @@ def fp32_bound(reference: np.ndarray, layers: int = TINY_LAYERS) -> np.ndarray:
 
 def fp32_ratio(got: object, want: object, layers: int = TINY_LAYERS) -> float:
     """The worst ``|got - want| / bound`` over the elements: at most 1 when the two paths
-    agree to float32 rounding. Elements that are NaN or infinite in both at the same place
-    (a prompt's unscored first token, an absent alternative) are equal; in one only, not."""
+    agree to float32 rounding. Elements infinite in both with the same sign (an absent
+    alternative's log-prob) are equal; in one only, not. A NaN is refused: NaN in both
+    would pass a comparison that compared nothing (the log of a negative logit)."""
     a = np.asarray(got, dtype=np.float64)
     b = np.asarray(want, dtype=np.float64)
     assert a.shape == b.shape, (a.shape, b.shape)
-    same_special = (np.isnan(a) & np.isnan(b)) | (np.isinf(a) & (a == b))
+    assert not (np.isnan(a).any() or np.isnan(b).any()), f"NaN compared: {a} vs {b}"
+    same_special = np.isinf(a) & (a == b)
     finite = np.isfinite(a) & np.isfinite(b)
     assert (same_special | finite).all(), f"non-finite values differ: {a} vs {b}"
     ratio = 0.0
     if finite.any():
-        ratio = float((np.abs(a - b)[finite] / fp32_bound(b[finite], layers)).max())
+        ratio = float((np.abs(a[finite] - b[finite]) / fp32_bound(b[finite], layers)).max())
     record(ratio)
     return ratio
 
