@@ -285,12 +285,11 @@ class StepCompiler:
         return min(covers, key=lambda d: d.cost_for(dims)) if covers else None
 
     def compiles_now(self, kind: str, dims: Any) -> bool:
-        """Whether ``resolve`` would compile ``dims`` on the request path (nothing counted)."""
-        with self._lock:
-            if (kind, dims) in self._executables:
-                return False
-            covered = any(k == kind and d.covers(dims) for k, d in self._executables)
-        return not (covered and self._background)
+        """Whether ``resolve`` would compile ``dims`` on the request path (nothing counted):
+        nothing compiled covers it, or only a covering one does and background compiles are
+        off (``resolve`` runs on a covering signature only while they are on)."""
+        chosen = self.compiled(kind, dims)
+        return chosen is None or (chosen != dims and not self._background)
 
     def compile_later(self, kind: str, dims: Any) -> None:
         """Compile ``dims`` in the background (background compiles on), unless it is

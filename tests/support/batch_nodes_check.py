@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support.batch_fault_engine import HEAD_ENV, HOLD_ENV, write_json
-from tests.support.serve_support import NODE_ENV, wait_for
+from tests.support.serve_support import NODE_ENV, wait_for, worker_env
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_HOST = "engine_host"  # a custom resource: one a node (test_batch_nodes.config_file)
@@ -55,14 +55,12 @@ def scored(markers: Path) -> list[dict[str, Any]]:
 
 
 def start(cluster: Any) -> None:
+    """Connect as the job's driver; its workers get ``worker_env`` through the job's
+    ``runtime_env`` (docs/testing.md: inheriting it instead measured no gain here)."""
     import ray
 
-    env = {
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
-    ray.init(address=cluster.address, log_to_driver=False, runtime_env={"env_vars": env})
+    runtime_env = {"env_vars": worker_env()}
+    ray.init(address=cluster.address, log_to_driver=False, runtime_env=runtime_env)
 
 
 def run_job(config: Path, source: Path, output: Path, markers: Path, head: str) -> Any:

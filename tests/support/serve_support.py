@@ -108,6 +108,18 @@ def app_status(app_name: str) -> str | None:
 # metrics, which the agent exports as they come). Every minute instead (docs/testing.md).
 NODE_ENV = {"REPORTER_UPDATE_INTERVAL_MS": "60000"}
 
+
+def worker_env() -> dict[str, str]:
+    """What a test cluster's workers need beyond this process's environment: the repository
+    on PYTHONPATH (first, once) and the hub off."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *(p for p in paths if p != str(ROOT))]),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+
+
 SESSION_SYSTEM_CONFIG = {
     "worker_niceness": 0,  # as make serve starts Ray (cluster/niceness.py)
     # An idle worker is kept a minute, not a second: the suite's jobs and deployments come
@@ -127,13 +139,7 @@ def start_cluster(num_cpus: int = 2) -> ServeCluster:
     import ray
     from ray import serve
 
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ.update(
-        PYTHONPATH=os.pathsep.join([str(ROOT), *(p for p in paths if p != str(ROOT))]),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        **NODE_ENV,
-    )
+    os.environ.update(worker_env(), **NODE_ENV)
     metrics_port = free_port()
     ray.init(
         address="local",  # a new cluster, never one another worker's test started here
