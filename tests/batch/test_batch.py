@@ -159,6 +159,7 @@ def written_rows(folder: Path, files: set[Path] | None = None) -> list[dict[str,
     return [json.loads(line) for f in sorted(files) for line in f.open()]
 
 
+@pytest.mark.deep
 def test_a_stopped_job_with_a_dead_actor_resumes_and_writes_what_v1_score_answers(
     serve_cluster: ServeCluster,  # noqa: F811
     config_file: Path,

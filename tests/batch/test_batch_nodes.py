@@ -30,7 +30,7 @@ from tests.batch.test_batch import (  # noqa: F401 (``expected``: a fixture of t
 )
 from tests.support.batch_nodes_check import ENGINE_HOST
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deep]
 
 ROOT = Path(__file__).resolve().parents[2]
 

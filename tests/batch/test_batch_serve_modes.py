@@ -77,6 +77,7 @@ def loglik_rows() -> list[dict[str, Any]]:
     return rows
 
 
+@pytest.mark.deep
 def test_the_rerank_command_through_the_app_writes_what_the_local_engine_gives(
     app_name: str,
     config_file: Path,  # noqa: F811
@@ -111,6 +112,7 @@ def test_the_rerank_command_through_the_app_writes_what_the_local_engine_gives(
     assert (summary["rows"], summary["items"], summary["errors"]) == (12, 8, {"invalid_request": 4})
 
 
+@pytest.mark.deep
 def test_loglik_through_the_app_equals_the_local_engine(
     app_name: str, settings: ReplicaSettings, local: tuple[Any, ScoringService]
 ) -> None:

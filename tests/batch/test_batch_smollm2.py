@@ -66,6 +66,7 @@ def batched(engine: ScoringEngine) -> dict[int, Run]:
     return runs
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("rows_per_call", [2, 8])
 def test_batch_rows_equal_the_route_on_smollm2(
     engine: ScoringEngine, batched: dict[int, Run], rows_per_call: int

@@ -18,6 +18,8 @@ from tests.support.data_axis_check import LAYOUTS
 from tests.support.fp32 import fp32_ratio
 from tests.support.model_helpers import json_lines_on_host_devices
 
+pytestmark = pytest.mark.deep
+
 # A data axis changes each device's matmul shapes and so the order of some sums: bit-equality
 # is not on offer from XLA across shapes, the float32 floor is (tests/support/fp32.py).
 

@@ -71,6 +71,7 @@ def reference(smollm2_loaded: Any, works: list[ScoreWork]) -> list[Any]:
     return [single.score_batch([work])[0] for work in works]
 
 
+@pytest.mark.deep
 @pytest.mark.parametrize("path", list(PATHS))
 def test_other_step_shapes_stay_within_the_float32_floor(
     smollm2_loaded: Any, works: list[ScoreWork], reference: list[Any], path: str

@@ -121,6 +121,7 @@ def test_query_likelihood_scores_do_not_depend_on_the_other_documents(served) ->
     assert_fp32_close(np.log(alone), np.log(together), SMOLLM2_LAYERS)
 
 
+@pytest.mark.deep
 def test_the_shipped_default_ranks_the_relevance_set(served) -> None:
     """Measured (python -m loadtest.rerank_quality, docs/serving.md), top-1 / pairwise /
     NDCG@4 over 34 queries: query_likelihood 1.000 / 0.971 / 0.996, yes_no 0.000 / 0.106 /

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tests.support.fp32 import assert_fp32_close
 from tests.support.xla_flags import (
@@ -76,6 +77,7 @@ def test_the_session_compiles_with_the_test_flags_into_a_cache_of_its_own() -> N
     assert CACHE_DIR_ENV not in production_env(os.environ)
 
 
+@pytest.mark.deep
 def test_the_test_flags_change_scores_by_float32_rounding_at_most() -> None:
     shipped = production_env(os.environ)  # neither compiles from the run's cache
     tests = shipped | {"XLA_FLAGS": with_test_xla_flags(shipped["XLA_FLAGS"])}

@@ -69,6 +69,7 @@ def _result(process: subprocess.Popen) -> dict[str, Any]:
     return json.loads(next(line for line in reversed(out.splitlines()) if line.startswith("{")))
 
 
+@pytest.mark.deep
 def test_two_hosts_of_two_devices_score_like_one_host_of_four(tiny_llama_dir: Path) -> None:
     port = free_port()
     group = [_check(p, 2, port, tiny_llama_dir, 2) for p in (1, 0)]
@@ -208,6 +209,7 @@ def follower_pids() -> list[int]:
     return [member["pid"] for member in members if member["process"] > 0]
 
 
+@pytest.mark.deep
 def test_a_killed_follower_ends_every_request_and_the_group_comes_back(
     group: ServeCluster,
 ) -> None:

@@ -237,6 +237,7 @@ def test_a_killed_ingress_leaves_the_other_to_answer(
     check_answers(load, baseline, "ScoreIngress killed", recovery_s, lost=len(in_flight))
 
 
+@pytest.mark.deep
 def test_a_raising_engine_turns_unhealthy_and_is_replaced(
     cluster: ServeCluster, baseline: list[list[float]], marker: Path
 ) -> None:

@@ -139,7 +139,7 @@ def written(folder: Path) -> dict[str, dict[str, Any]]:
     return {row["id"]: row for row in rows}
 
 
-@pytest.mark.parametrize("engine", ["local", "serve"])
+@pytest.mark.parametrize("engine", [pytest.param("local", marks=pytest.mark.deep), "serve"])
 def test_the_embed_command_writes_sentence_transformers_vectors(
     client: httpx.Client,
     directory: Path,

@@ -83,6 +83,7 @@ def fire(url: str, count: int) -> list[tuple[int, float, Any]]:
     return asyncio.run(main())
 
 
+@pytest.mark.deep
 def test_autoscaling_follows_queue_depth(cluster: ServeCluster, tiny_llama_dir: Path) -> None:
     autoscaling = {
         "min_replicas": 1,

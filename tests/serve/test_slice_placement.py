@@ -27,7 +27,7 @@ from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.support.fp32 import assert_fp32_close
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.deep]
 TPU_ENV = ("TPU_NAME", "TPU_WORKER_ID", "TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY")
 BUNDLE = {"TPU": 4, "CPU": 1}
 SLICE = "v5p:2x2x2"  # 8 chips: 2 hosts of 4 (pod type v5p-16: Ray counts 2 cores per chip)

@@ -74,6 +74,7 @@ def test_an_actor_loads_a_directory_without_torch(
     assert got["ids"] == load_tokenizer(source)(TEXT)["input_ids"]
 
 
+@pytest.mark.deep
 def test_an_actor_converts_a_gguf_in_a_subprocess(
     serve_cluster: ServeCluster,  # noqa: F811
     tiny_llama_dir: Path,

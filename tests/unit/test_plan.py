@@ -194,6 +194,7 @@ print(json.dumps({"code": code, "params": params, "cache": engine.query_cache_by
 """
 
 
+@pytest.mark.deep
 def test_llama_70b_on_a_v6e_2x2_is_refused_in_bfloat16_before_compiling_and_fits_in_int8(
     tmp_path: Path,
 ) -> None:
