@@ -248,14 +248,20 @@ BACKGROUND = pytest.StashKey[dict]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the collected modules' ``background_commands`` once per run (none for
-    ``--collect-only``)."""
+    """Start ``background_commands`` once per run for each module with a selected test that
+    reads them (the ``background`` fixture, maybe through another: ``make test`` deselects
+    the ``deep`` tests, and a module's compiles for those alone would be work for nothing);
+    none for ``--collect-only``."""
     from tests.support.background import start_once
 
     if session.config.option.collectonly:
         return
     run = session.config.stash[RUN]
-    modules = {item.module for item in session.items if isinstance(item, pytest.Function)}
+    modules = {
+        item.module
+        for item in session.items
+        if isinstance(item, pytest.Function) and "background" in item.fixturenames
+    }
 
     def commands() -> dict:
         wanted = {}

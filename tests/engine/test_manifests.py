@@ -161,6 +161,7 @@ def replanned(background: dict) -> tuple[Path, str]:
     return ROOT / "cluster" / "manifests" / REPLANNED, done.out.read_text()
 
 
+@pytest.mark.deep
 def test_a_fresh_planner_run_projects_the_figures_a_header_states(
     replanned: tuple[Path, str],
 ) -> None:

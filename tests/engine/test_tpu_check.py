@@ -47,24 +47,23 @@ def test_libtpu_is_installed_by_the_set_up() -> None:
 BATCHED = 4  # requests per step of the projected row: one per chip of v6e:4x4's data axis
 PROJECTED = ["--projection", "--workloads", "batched", "--batched", str(BATCHED)]
 CHECKS = {
-    # Qwen3-0.6B on one host and on a whole v6e-16 slice, with the projection of BATCHED
-    # requests per step (its steps compiled twice more: as served, and with no layers), to
-    # compare them; the Llama family once. The other rows (one request per step; the 16 of
-    # the largest batch bucket, which the manifest test's re-plan projects; one request of
-    # 1000 items, whose spread over the data axis tests/engine/test_data_axis.py holds on CPU
-    # meshes) are what the tool prints by default and docs/tpu.md shows: the same code,
-    # more CPU-s here (16 requests: 53 CPU-s for the v6e:2x2 check, 4: 33).
+    # Qwen3-0.6B on one host, with the projection of BATCHED requests per step (its steps
+    # compiled twice more: as served, and with no layers). The whole v6e-16 slices (Qwen3 and
+    # the Llama family) are the deep tier's (test_tpu_check_slices.py). The other rows (one
+    # request per step; the 16 of the largest batch bucket, which the manifest test's re-plan
+    # projects; one request of 1000 items, whose spread over the data axis
+    # tests/engine/test_data_axis.py holds on CPU meshes) are what the tool prints by default
+    # and docs/tpu.md shows: the same code, more CPU-s here (16 requests: 53 CPU-s for the
+    # v6e:2x2 check, 4: 33).
     ("v6e:2x2", "Qwen3-0.6B"): PROJECTED,
-    ("v6e:4x4", "Qwen3-0.6B"): PROJECTED,
-    ("v6e:4x4", "Llama-3.2-1B"): ["--no-projection"],
 }
 
 
-def background_commands(folder: Path) -> dict[str, Command]:
-    """The checks, started in the background when collection ends (tests/support/background.py),
-    each its own compile-only libtpu process."""
+def check_commands(folder: Path, checks: dict[tuple[str, str], list[str]]) -> dict[str, Command]:
+    """``planning.tpu_check`` for each (topology, model) of ``checks``, each its own
+    compile-only libtpu process, keyed as ``read_plans`` reads them."""
     commands = {}
-    for (topology, model), extra in CHECKS.items():
+    for (topology, model), extra in checks.items():
         out = folder / f"{topology}-{model}.json"
         args = [sys.executable, "-m", "planning.tpu_check", "--topology", topology]
         args += ["--model", model, "--signatures", "smallest", "--json", str(out), *extra]
@@ -72,28 +71,31 @@ def background_commands(folder: Path) -> dict[str, Command]:
     return commands
 
 
-@pytest.fixture(scope="module")
-def plans(background: dict) -> dict[tuple[str, str], tuple[str, dict]]:
+def read_plans(background: dict, checks: dict) -> dict[tuple[str, str], tuple[str, dict]]:
+    """Each check's stdout and JSON plan, once its background compile is done."""
     results = {}
-    for topology, model in CHECKS:
+    for topology, model in checks:
         done = background[f"tpu_check {topology} {model}"].result(timeout_s=900)
         assert done.returncode == 0, done.stdout
         results[(topology, model)] = (done.stdout, json.loads(done.out.read_text()))
     return results
 
 
-@pytest.mark.parametrize(
-    ("topology", "model", "crossing"),
-    [
-        ("v6e:2x2", "Qwen3-0.6B", []),
-        ("v6e:4x4", "Qwen3-0.6B", ["data"]),
-        ("v6e:4x4", "Llama-3.2-1B", ["data"]),
-    ],
-)
-def test_the_tpu_config_compiles_for_whole_slices(
-    plans: dict, topology: str, model: str, crossing: list[str]
+def background_commands(folder: Path) -> dict[str, Command]:
+    """The checks, started in the background when collection ends (tests/support/background.py)."""
+    return check_commands(folder, CHECKS)
+
+
+@pytest.fixture(scope="module")
+def plans(background: dict) -> dict[tuple[str, str], tuple[str, dict]]:
+    return read_plans(background, CHECKS)
+
+
+def assert_compiles_for_whole_slices(
+    stdout: str, plan: dict, topology: str, model: str, crossing: list[str]
 ) -> None:
-    stdout, plan = plans[(topology, model)]
+    """The plan fits, on the slice's mesh and hosts, the model axis inside a host, every step
+    within HBM, the parameters split four ways."""
     assert plan["fits"]
     assert tuple(plan["mesh"]) == {"v6e:2x2": (1, 4), "v6e:4x4": (4, 4)}[topology]
     assert plan["hosts"] == {"v6e:2x2": 1, "v6e:4x4": 4}[topology]
@@ -106,6 +108,11 @@ def test_the_tpu_config_compiles_for_whole_slices(
     config = model_config(model)
     assert plan["param_bytes"] < 2 * parameter_count(config) / 3
     assert "fits: yes" in stdout
+
+
+def test_the_tpu_config_compiles_for_one_host(plans: dict) -> None:
+    stdout, plan = plans[("v6e:2x2", "Qwen3-0.6B")]
+    assert_compiles_for_whole_slices(stdout, plan, "v6e:2x2", "Qwen3-0.6B", [])
 
 
 def parameter_count(config) -> int:
@@ -217,27 +224,17 @@ def steps_of(plan: dict, items: int, batch: int) -> dict[tuple[str, tuple[int, .
     return {(step["kind"], tuple(step["dims"])): step for step in row["steps"]}
 
 
-def test_compiled_flops_per_chip_add_up_to_the_analytic_flops(plans: dict) -> None:
+def assert_flops_add_up(plan: dict) -> None:
+    """Each projected step's FLOPs per chip, times the chips, are the analytic FLOPs."""
     config = model_config("Qwen3-0.6B")
-    for topology in ("v6e:2x2", "v6e:4x4"):
-        plan = plans[(topology, "Qwen3-0.6B")][1]
-        chips = plan["mesh"][0] * plan["mesh"][1]
-        for (kind, dims), step in steps_of(plan, 10, BATCHED).items():
-            shaped = StreamDims(*dims) if kind == "items" else PrefixDims(*dims)
-            analytic = step_flops(config, kind, shaped, 10 * BATCHED if kind == "items" else 0)
-            # Every layer counted (the scanned step and the step with no layers), the Pallas
-            # kernels by their cost estimates; XLA adds norms, softmax and the like on top.
-            assert 0.95 <= step["flops_per_chip"] * chips / analytic <= 1.15, (topology, kind)
+    chips = plan["mesh"][0] * plan["mesh"][1]
+    for (kind, dims), step in steps_of(plan, 10, BATCHED).items():
+        shaped = StreamDims(*dims) if kind == "items" else PrefixDims(*dims)
+        analytic = step_flops(config, kind, shaped, 10 * BATCHED if kind == "items" else 0)
+        # Every layer counted (the scanned step and the step with no layers), the Pallas
+        # kernels by their cost estimates; XLA adds norms, softmax and the like on top.
+        assert 0.95 <= step["flops_per_chip"] * chips / analytic <= 1.15, kind
 
 
-def test_the_data_axis_divides_each_chips_share_on_a_slice(plans: dict) -> None:
-    """v6e:4x4 [4, 4] against v6e:2x2 [1, 4], the same step signatures: each chip computes
-    a quarter (``BATCHED`` requests per step, one per data shard)."""
-    four = plans[("v6e:2x2", "Qwen3-0.6B")][1]
-    sixteen = plans[("v6e:4x4", "Qwen3-0.6B")][1]
-    assert [(row["shape"][1], row["batch"]) for row in sixteen["projection"]] == [(10, BATCHED)]
-    whole, split = steps_of(four, 10, BATCHED), steps_of(sixteen, 10, BATCHED)
-    shared = [key for key in split if key in whole]
-    assert any(kind == "items" for kind, _ in shared)
-    for key in shared:
-        assert split[key]["flops_per_chip"] <= 1.1 / 4 * whole[key]["flops_per_chip"], key
+def test_compiled_flops_per_chip_add_up_to_the_analytic_flops(plans: dict) -> None:
+    assert_flops_add_up(plans[("v6e:2x2", "Qwen3-0.6B")][1])
