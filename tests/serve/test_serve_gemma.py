@@ -21,7 +21,7 @@ from replicas.settings import ReplicaSettings
 from tests.support.fp32 import assert_fp32_close
 from tests.support.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
-pytestmark = [pytest.mark.slow, RAY_SERVE]
+pytestmark = [pytest.mark.slow, pytest.mark.deep, RAY_SERVE]
 
 QUERY = "The capital of France is a city that"  # 8 tokens: twice the window
 ITEMS = ["", " Paris", " lies on the river Seine in the north"]

@@ -19,7 +19,7 @@ from tests.support.fp32 import assert_fp32_close
 from tests.support.head_helpers import hf_head_outputs, save_tiny_head
 from tests.support.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
-pytestmark = [pytest.mark.slow, RAY_SERVE]
+pytestmark = [pytest.mark.slow, pytest.mark.deep, RAY_SERVE]
 
 TOLERANCE = 1e-4
 PROMPT = "<|im_start|>user\nWrite a haiku about rain.<|im_end|>\n<|im_start|>assistant\n"

@@ -25,7 +25,7 @@ from replicas.errors import ScoringError
 
 VOCAB = 49152
 INFO = ModelInfo("fuzz-model", VOCAB, 0, ScoringLimits(16, 256, 256))
-COUNT = 720  # bodies in the in-process run: 80 per generator
+COUNT = 360  # bodies in the in-process run: 40 per generator (make fuzz: 10,000)
 
 
 class CharTokenizer:
@@ -82,12 +82,13 @@ def test_answers_agree_with_the_published_schema(fuzzed: tuple[dict[str, Tally],
 
 def test_generated_bodies_reach_the_scoring_path(fuzzed: tuple[dict[str, Tally], int]) -> None:
     tallies, replica_calls = fuzzed
-    assert tallies["hypothesis: valid-shaped"].count(200, 300) >= 70
-    assert tallies["schemathesis: positive"].count(200, 300) >= 60
-    assert replica_calls >= 80
-    assert tallies["hypothesis: one field broken"].count(400, 500) >= 70
-    assert tallies["completions: valid-shaped"].count(200, 300) >= 75
-    assert tallies["completions: one field broken"].count(400, 500) >= 75
+    per = COUNT // 9  # bodies per generator
+    assert tallies["hypothesis: valid-shaped"].count(200, 300) >= 7 * per // 8
+    assert tallies["schemathesis: positive"].count(200, 300) >= 3 * per // 4
+    assert replica_calls >= per
+    assert tallies["hypothesis: one field broken"].count(400, 500) >= 7 * per // 8
+    assert tallies["completions: valid-shaped"].count(200, 300) >= 15 * per // 16
+    assert tallies["completions: one field broken"].count(400, 500) >= 15 * per // 16
 
 
 def test_a_validation_hole_shows_up_as_5xx() -> None:
