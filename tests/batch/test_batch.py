@@ -249,6 +249,7 @@ def expected_of(source: list[dict[str, Any]], expected: dict[str, Any]) -> dict[
     return {row["id"]: expected[row["id"]] for row in source}
 
 
+@pytest.mark.deep
 def test_engine_serve_scores_the_rows_through_a_running_app(
     serve_cluster: ServeCluster,  # noqa: F811
     config_file: Path,

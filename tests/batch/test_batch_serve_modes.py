@@ -30,7 +30,7 @@ from tests.batch.test_batch import DOCUMENTS, QUERIES, config_file, in_process, 
 from tests.support.fp32 import assert_fp32_close
 from tests.support.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
-pytestmark = [pytest.mark.slow, RAY_SERVE]
+pytestmark = [pytest.mark.slow, pytest.mark.deep, RAY_SERVE]
 
 APP = "batch-modes"
 
@@ -77,7 +77,6 @@ def loglik_rows() -> list[dict[str, Any]]:
     return rows
 
 
-@pytest.mark.deep
 def test_the_rerank_command_through_the_app_writes_what_the_local_engine_gives(
     app_name: str,
     config_file: Path,  # noqa: F811
@@ -112,7 +111,6 @@ def test_the_rerank_command_through_the_app_writes_what_the_local_engine_gives(
     assert (summary["rows"], summary["items"], summary["errors"]) == (12, 8, {"invalid_request": 4})
 
 
-@pytest.mark.deep
 def test_loglik_through_the_app_equals_the_local_engine(
     app_name: str, settings: ReplicaSettings, local: tuple[Any, ScoringService]
 ) -> None:

@@ -153,6 +153,7 @@ def test_overload_at_the_ingress_is_503_at_once(
     serve.delete("tight")
 
 
+@pytest.mark.deep
 def test_overload_at_the_replica_is_a_503_envelope(
     cluster: ServeCluster, tiny_llama_dir: Path
 ) -> None:
