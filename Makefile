@@ -60,7 +60,7 @@ serve: $(STAMP)
 
 # Two pytest-xdist workers: one takes every Ray Serve module (one cluster), the other the rest,
 # each module whole, in the order tests/conftest.py gives (docs/testing.md). `make test` is the
-# suite within its 17-minute budget; `make test-deep` the `deep` tests it leaves out (multi-host
+# suite sized to its 17-minute budget; `make test-deep` the `deep` tests it leaves out (multi-host
 # topologies, killed processes, second angles on what the suite checks once: docs/testing.md,
 # "The deep tier"), to run on a change to what they cover. `pytest` alone runs both.
 PYTEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
