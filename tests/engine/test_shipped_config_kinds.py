@@ -1,5 +1,7 @@
 """serve_config.yaml as shipped, with only ``model`` changed, starts for every kind of model
-scorejax serves (causal LM, score head, embedding) (issue 43: a
+scorejax serves (score head, encoder embedding, cross-encoder; the shipped model's own kind, a
+causal LM, and a decoder embedder are deployed on the shipped ``args`` over Serve and HTTP in
+tests/serve/test_serve_config_deploy.py and tests/serve/test_serve_embed.py) (issue 43: a
 ``Qwen3ForSequenceClassification`` crashed every replica at
 start-up with ``KeyError: 'lm_head'`` from the completions warm-up, and its ingress refused
 the shipped ``rerank_method``).
@@ -52,21 +54,6 @@ def served(settings: ReplicaSettings) -> tuple[ScoringService, Any]:
     return service, backend
 
 
-def test_a_causal_lm_starts_and_serves_on_the_shipped_config(tiny_llama_dir: Path, tmp_path):
-    service, backend = served(shipped_settings(tiny_llama_dir, tmp_path))
-    body = {"query": "The capital of France is", "items": ["", " Paris"], "label_token_ids": [1]}
-    scores = asyncio.run(service.score(body, backend))["scores"]
-    assert np.asarray(scores).shape == (2, 1)
-    ranked = asyncio.run(service.rerank_timed({"query": "q", "documents": ["a", "b"]}, backend))
-    assert len(ranked[0]["results"]) == 2
-    echo = {"prompt": "Paris is a city", "echo": True, "max_tokens": 0, "logprobs": 1}
-    (choice,) = asyncio.run(service.complete_timed(echo, backend))[0]["choices"]
-    assert len(choice["logprobs"]["token_logprobs"]) > 1
-    with pytest.raises(ScoringError, match="/v1/classify") as refused:
-        asyncio.run(service.classify_timed({"input": "a"}, backend))
-    assert refused.value.status_code == 400
-
-
 def test_a_score_head_model_starts_and_serves_on_the_shipped_config(
     tiny_llama_dir: Path, tmp_path: Path
 ) -> None:
@@ -85,25 +72,6 @@ def test_a_score_head_model_starts_and_serves_on_the_shipped_config(
     with pytest.raises(ScoringError, match="/v1/completions") as refused:
         asyncio.run(service.complete_timed({"prompt": "x", "echo": True}, backend))
     assert refused.value.status_code == 400
-
-
-def test_an_embedding_model_starts_and_serves_on_the_shipped_config(
-    embedding_dirs: dict, tmp_path: Path
-) -> None:
-    service, backend = served(shipped_settings(embedding_dirs["qwen3-last"], tmp_path))
-    body = asyncio.run(service.embed_timed({"input": ["a b", "c"]}, backend))[0]
-    assert [len(row["embedding"]) for row in body["data"]] == [64, 64]
-    scores = asyncio.run(service.score({"query": "a", "items": ["b", "c"]}, backend))["scores"]
-    assert np.asarray(scores).shape == (2, 1)
-    ranked = asyncio.run(service.rerank_timed({"query": "q", "documents": ["a", "b"]}, backend))
-    assert len(ranked[0]["results"]) == 2
-    for route, call in (
-        ("/v1/completions", service.complete_timed({"prompt": "x", "echo": True}, backend)),
-        ("/v1/classify", service.classify_timed({"input": "a"}, backend)),
-    ):
-        with pytest.raises(ScoringError, match=route) as refused:
-            asyncio.run(call)
-        assert refused.value.status_code == 400 and "embedding" in refused.value.message
 
 
 def test_a_bert_embedder_starts_and_serves_on_the_shipped_config(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""An embedding model served for real (Ray Serve, HTTP, the engine; semantics 20): the tiny
-Qwen3 sentence-transformers directory answers the OpenAI SDK's ``embeddings.create`` (float
+"""An embedding model served for real (Ray Serve, HTTP, the engine; semantics 20) on the shipped
+serve_config.yaml's ``args`` with only ``model`` changed: the tiny Qwen3 sentence-transformers
+directory answers the OpenAI SDK's ``embeddings.create`` (float
 and base64, as the SDK decodes it) and the Cohere SDK's ``embed`` with sentence-transformers'
 vectors, and cosine /v1/score; ``python -m batch embed`` writes the same vectors for a file,
 with its own engine actor and through the deployed app (``--engine serve``). One deployment
@@ -19,6 +20,7 @@ import pytest
 import yaml
 
 from app.builder import scoring_app
+from replicas.settings import ReplicaSettings
 from tests.support.embed_helpers import embed_settings, reference_vectors, texts_of
 from tests.support.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
 
@@ -38,11 +40,19 @@ def directory(embedding_dirs: dict) -> Path:
 @pytest.fixture(scope="module")
 def client(serve_cluster: ServeCluster, directory: Path) -> Iterator[httpx.Client]:  # noqa: F811
     small = {"ray_actor_options": {"num_cpus": 0.1}}
-    app = scoring_app(embed_settings(directory), replica_options=small, ingress_options=small)
+    app = scoring_app(shipped_settings(directory), replica_options=small, ingress_options=small)
     serve_cluster.deploy(app, APP, PREFIX)
     with serve_cluster.client() as http:
         http.base_url = http.base_url.join(PREFIX)
         yield http
+
+
+def shipped_settings(directory: Path) -> ReplicaSettings:
+    """serve_config.yaml's ``args`` as shipped with only ``model`` changed (and no persistent
+    compile cache: the suite leaves the user's alone)."""
+    (app,) = yaml.safe_load(CONFIG.read_text())["applications"]
+    args = {**app["args"], "model": str(directory), "compilation_cache_dir": None}
+    return ReplicaSettings.from_mapping(args)
 
 
 def test_the_openai_and_cohere_sdks_embed_as_sentence_transformers(
@@ -76,6 +86,18 @@ def test_the_openai_and_cohere_sdks_embed_as_sentence_transformers(
     assert scores.status_code == 200, scores.text
     cos = reference[1:3] @ query[0] / np.linalg.norm(reference[1:3], axis=1)
     np.testing.assert_allclose(np.asarray(scores.json()["scores"])[:, 0], cos, atol=TOL)
+
+
+def test_rerank_answers_and_the_routes_of_other_kinds_name_the_kind(client: httpx.Client) -> None:
+    ranked = client.post("/v1/rerank", json={"query": "q", "documents": ["a", "b"]})
+    assert ranked.status_code == 200 and len(ranked.json()["results"]) == 2, ranked.text
+    for route, body in (
+        ("/v1/completions", {"prompt": "x", "echo": True}),
+        ("/v1/classify", {"input": "a"}),
+    ):
+        refused = client.post(route, json=body)
+        assert refused.status_code == 400 and route in refused.text, refused.text
+        assert "embedding" in refused.json()["message"]
 
 
 def assert_every_type_decodes(co: Any, sdk: Any, model: str, texts: list[str]) -> None:

@@ -401,42 +401,6 @@ def test_the_cohere_sdk_reranks_against_the_app_as_v1_score_scores(
     assert best.index == ranked.results[0].index
 
 
-def test_the_cohere_v1_sdk_ranks_long_documents_by_their_best_chunk(
-    cluster: ServeCluster, client: httpx.Client
-) -> None:
-    """Semantics 24 through both Cohere SDKs (the single-item app: the rerank template's
-    68-token query leaves no room for several chunks in this app's 128-token packed rows).
-    v1 sends ``max_chunks_per_doc``, v2 ``relevant_spans``; neither has ``chunk_tokens``, so
-    it goes as an extra body field. A document's relevance is its best chunk's, each chunk
-    scoring as its text ranked alone."""
-    import cohere
-    from cohere.core.request_options import RequestOptions
-    from cohere.types import RerankRelevantSpans
-
-    base = f"{cluster.http_url}/single"
-    model = client.get("/single/v1/models").json()["data"][0]["id"]
-    docs = ["Bananas are yellow.", "The weather was grey and wet. Paris is the capital of France."]
-    extra = RequestOptions(additional_body_parameters={"chunk_tokens": 6})
-    v1 = cohere.Client(api_key="unused", base_url=base, timeout=60)
-    ranked = v1.rerank(query=QUERY, documents=docs, max_chunks_per_doc=4, return_documents=True,
-                       request_options=extra)  # fmt: skip
-    v2 = cohere.ClientV2(api_key="unused", base_url=base, timeout=60)
-    spans = RerankRelevantSpans(mode="enabled", threshold=0.0)
-    spanned = v2.rerank(model=model, query=QUERY, documents=docs, relevant_spans=spans,
-                        request_options=extra).results  # fmt: skip
-    by_index = {r.index: r for r in spanned}
-    listed = by_index[1].relevant_spans
-    assert len(listed) >= 2 and len(by_index[0].relevant_spans) == 1
-    for result in ranked.results:
-        assert result.document.text == docs[result.index]
-        best = by_index[result.index].relevant_spans[0].score
-        assert abs(result.relevance_score - best) <= 1e-6
-    chunks = [docs[1][span.start : span.end] for span in listed]
-    alone = v2.rerank(model=model, query=QUERY, documents=chunks).results
-    scores = {r.index: r.relevance_score for r in alone}
-    assert_fp32_close([span.score for span in listed], [scores[i] for i in range(len(chunks))])
-
-
 def scorejax_samples(metrics_url: str) -> dict[str, list[Any]]:
     """The node's Prometheus text, parsed: scorejax samples by name (Ray adds ``ray_``)."""
     from prometheus_client.parser import text_string_to_metric_families
