@@ -61,10 +61,19 @@ def long_documents(tokenizer: Any, count: int, shortest: int, longest: int) -> l
     return documents
 
 
-def _post(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    reply = client.post("/v1/rerank", json=body)
+def _post(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The answer, and how many 503s (``overloaded``) were sent again after their Retry-After,
+    as a client of a server that refuses what it cannot start within its bound does."""
+    retried = 0
+    while (reply := client.post("/v1/rerank", json=body)).status_code == 503:
+        retried += 1
+        time.sleep(float(reply.headers.get("retry-after", 1)))
     reply.raise_for_status()
-    return reply.json()
+    return reply.json(), retried
+
+
+# A client's run: each document's relevance, requests, tokens the server read, 503s retried.
+Answer = tuple[np.ndarray, int, int, int]
 
 
 def _by_index(body: dict[str, Any]) -> np.ndarray:
@@ -79,30 +88,34 @@ def _fold(chunk_scores: np.ndarray, owners: tuple[int, ...], documents: int) -> 
 
 def clients(
     client: httpx.Client, documents: list[str], chunks: Any, options: argparse.Namespace
-) -> dict[str, Callable[[], tuple[np.ndarray, int, int]]]:
-    """Each client: () -> (each document's relevance, requests, tokens the server read)."""
+) -> dict[str, Callable[[], Answer]]:
+    """Each client: () -> (each document's relevance, requests, tokens the server read, 503s
+    retried)."""
     texts, owners, count = list(chunks.texts), chunks.owners, len(documents)
     chunking = {"chunk_tokens": options.chunk_tokens}
     chunking["max_chunks_per_doc"] = chunks.options.max_chunks
 
-    def chunked() -> tuple[np.ndarray, int, int]:
-        body = _post(client, {"query": QUERY, "documents": documents, **chunking})
-        return _by_index(body), 1, body["usage"]["total_tokens"]
+    def chunked() -> Answer:
+        body, retried = _post(client, {"query": QUERY, "documents": documents, **chunking})
+        return _by_index(body), 1, body["usage"]["total_tokens"], retried
 
-    def pre_cut() -> tuple[np.ndarray, int, int]:
-        body = _post(client, {"query": QUERY, "documents": texts, "max_chunks_per_doc": 1})
-        return _fold(_by_index(body), owners, count), 1, body["usage"]["total_tokens"]
+    def pre_cut() -> Answer:
+        one = {"query": QUERY, "documents": texts, "max_chunks_per_doc": 1}
+        body, retried = _post(client, one)
+        return _fold(_by_index(body), owners, count), 1, body["usage"]["total_tokens"], retried
 
-    def per_chunk(concurrency: int) -> Callable[[], tuple[np.ndarray, int, int]]:
-        def one(text: str) -> dict[str, Any]:
+    def per_chunk(concurrency: int) -> Callable[[], Answer]:
+        def one(text: str) -> tuple[dict[str, Any], int]:
             return _post(client, {"query": QUERY, "documents": [text]})
 
-        def run() -> tuple[np.ndarray, int, int]:
+        def run() -> Answer:
             with ThreadPoolExecutor(concurrency) as pool:
-                bodies = list(pool.map(one, texts))
+                answers = list(pool.map(one, texts))
+            bodies = [body for body, _ in answers]
             scores = np.asarray([b["results"][0]["relevance_score"] for b in bodies], np.float64)
             tokens = sum(b["usage"]["total_tokens"] for b in bodies)
-            return _fold(scores, owners, count), len(texts), tokens
+            retried = sum(n for _, n in answers)
+            return _fold(scores, owners, count), len(texts), tokens, retried
 
         return run
 
@@ -129,16 +142,16 @@ def measure_clients(options: argparse.Namespace) -> tuple[str, list[tuple], dict
     first = f"per-chunk requests, {counts(options.concurrency)[0]} at a time"
     slowest = statistics.median(runs[first][0])
     rows = []
-    for name, (seconds, relevance, requests, tokens) in runs.items():
+    for name, (seconds, relevance, requests, tokens, retried) in runs.items():
         median = statistics.median(seconds)
         diff = float(np.max(np.abs(relevance - reference)))
-        rows.append((name, requests, len(chunks.texts), median, len(chunks.texts) / median,
-                     slowest / median, tokens, diff))  # fmt: skip
+        rows.append((name, requests, retried, len(chunks.texts), median,
+                     len(chunks.texts) / median, slowest / median, tokens, diff))  # fmt: skip
     facts = {"method": method, "top": int(np.argmax(reference)), "chunks": len(chunks.texts)}
     return method, rows, facts
 
 
-def _timed(call: Callable[[], tuple[np.ndarray, int, int]], repeats: int) -> tuple:
+def _timed(call: Callable[[], Answer], repeats: int) -> tuple:
     call()  # untimed: the shapes compile
     seconds, answer = [], None
     for _ in range(repeats):
@@ -150,7 +163,8 @@ def _timed(call: Callable[[], tuple[np.ndarray, int, int]], repeats: int) -> tup
 
 
 COLUMNS = (
-    col("client", left=True), col("requests", "d"), col("chunks", "d"), col("median s", ".2f"),
+    col("client", left=True), col("requests", "d"), col("503s retried", "d"), col("chunks", "d"),
+    col("median s", ".2f"),
     col("chunks/s", ".1f"), col("vs per-chunk", ".1f", suffix="x"), col("tokens", "d"),
     col("max relevance diff", ".1e"),
 )  # fmt: skip
@@ -166,7 +180,9 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         f"past the first chunk of document 2, ranked first: {facts['top'] == 2}",
         f"per-chunk requests: {o.concurrency} at a time (`vs per-chunk`: against the first); "
         f"one untimed run of each client first, "
-        f"then the median of {o.repeats}; tokens: the answers' `usage.total_tokens`",
+        f"then the median of {o.repeats}; tokens: the answers' `usage.total_tokens`; a 503 "
+        "`overloaded` (the server's bound on a request's wait) is sent again after its "
+        "Retry-After, its wait counted in the client's time",
         "target: chunked >= 5x the per-chunk client",
     )
     title = f"Long documents: chunked rerank, `rerank_method: {method}`"

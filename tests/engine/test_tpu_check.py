@@ -95,7 +95,7 @@ def assert_compiles_for_whole_slices(
     stdout: str, plan: dict, topology: str, model: str, crossing: list[str]
 ) -> None:
     """The plan fits, on the slice's mesh and hosts, the model axis inside a host, every step
-    within HBM, the parameters split four ways."""
+    within HBM with its Pallas calls, the parameters split four ways."""
     assert plan["fits"]
     assert tuple(plan["mesh"]) == {"v6e:2x2": (1, 4), "v6e:4x4": (4, 4)}[topology]
     assert plan["hosts"] == {"v6e:2x2": 1, "v6e:4x4": 4}[topology]
@@ -103,6 +103,9 @@ def assert_compiles_for_whole_slices(
     assert {step["kind"] for step in plan["steps"]} == {"prefix", "items", "rows"}
     for step in plan["steps"]:
         assert step["argument_bytes"] > 0 and step["xla_flops"] > 0
+        # The item stream's attention is the two Pallas kernels (the items against the
+        # prefix, the items among themselves); the prefix and dense-row steps hold none.
+        assert step["pallas_calls"] == (2 if step["kind"] == "items" else 0), step["dims"]
         assert plan["param_bytes"] + step["step_bytes"] < plan["hbm_bytes"]
     # Parameters really are split four ways on the model axis (bf16, 2 bytes each).
     config = model_config(model)
