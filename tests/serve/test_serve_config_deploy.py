@@ -1,8 +1,9 @@
 """serve_config.yaml deployed the way `serve run serve_config.yaml` deploys it (a declarative
 config through the Serve controller), with the real engine on the tiny Llama: the file as
 shipped with only ``model`` changed (the shipped model's kind, a causal LM; the other kinds
-start on the shipped ``args`` in tests/engine/test_shipped_config_kinds.py). Every route the
-kind serves answers over HTTP, and the Cohere SDKs rerank long documents by their best chunk.
+on the shipped ``args``: tests/serve/test_serve_embed.py and
+tests/engine/test_shipped_config_kinds.py). Every route the kind serves answers over HTTP,
+and the Cohere SDKs rerank long documents by their best chunk.
 
 Also the operations it enables: a ``user_config`` change of batching settings is applied to
 the running replica without a reload; a change that needs a reload is refused, naming it.
