@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -39,17 +38,12 @@ from replicas.checkpoints.adapters import read_adapter_config
 from replicas.serving.adapter_registry import AdapterBook
 from replicas.settings import ReplicaSettings
 from tests.support.head_helpers import save_tiny_head
+from tests.support.shipped import shipped_settings
 
 pytestmark = pytest.mark.slow
 
-CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
 CASES = 12  # positive cases per operation (suite time: 4 kinds x ~14 operations)
 MISSING = {"model_not_found", "not_found"}  # a 404 for a name the client chose
-
-
-def shipped(model: str, **changes: Any) -> ReplicaSettings:
-    (app,) = yaml.safe_load(CONFIG.read_text())["applications"]
-    return ReplicaSettings.from_mapping({**app["args"], "model": model, **changes})
 
 
 class Remote:
@@ -163,14 +157,14 @@ def conformance(app: Any) -> dict[str, Counter]:
 def test_the_shipped_config_serves_what_its_document_allows() -> None:
     from tests.conftest import SMOLLM2_GGUF, smollm2_package_dir
 
-    results = conformance(app_of(shipped(str(smollm2_package_dir() / SMOLLM2_GGUF))))
+    results = conformance(app_of(shipped_settings(str(smollm2_package_dir() / SMOLLM2_GGUF))))
     assert results["POST /v1/score"][200] == CASES and "POST /v1/completions" in results
     # max_loras: 0: no adapter routes offered; the kind's refused routes left out too
     assert not any("lora_adapter" in label or "classify" in label for label in results)
 
 
 def test_an_embedding_model_serves_what_its_document_allows(embedding_dirs: dict) -> None:
-    results = conformance(app_of(shipped(str(embedding_dirs["qwen3-last"]))))
+    results = conformance(app_of(shipped_settings(str(embedding_dirs["qwen3-last"]))))
     assert results["POST /v1/embeddings"][200] == CASES and "POST /v2/embed" in results
     assert not any("completions" in label for label in results)
 
@@ -182,13 +176,13 @@ def test_a_score_head_model_serves_what_its_document_allows(
 
     model = save_tiny_head("qwen3-seqcls-3", tmp_path / "head", vocab_size=49152)
     AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(model)
-    results = conformance(app_of(shipped(str(model))))
+    results = conformance(app_of(shipped_settings(str(model))))
     assert results["POST /v1/classify"][200] == CASES
     assert not any("completions" in label for label in results)
 
 
 def test_adapters_loaded_at_run_time_are_described_as_checked(tiny_llama_dir: Path) -> None:
-    app = app_of(shipped(str(tiny_llama_dir), max_loras=2, max_lora_rank=8))
+    app = app_of(shipped_settings(str(tiny_llama_dir), max_loras=2, max_lora_rank=8))
     results = conformance(app)
     assert results["POST /v1/score"][200] > 0  # a generated `model` is mostly a 404
     for route in ("POST /v1/load_lora_adapter", "POST /v1/unload_lora_adapter"):

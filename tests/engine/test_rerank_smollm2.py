@@ -10,7 +10,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 from app.query_likelihood import LikelihoodTemplate
 from app.rerank import RerankTemplate
@@ -20,7 +19,7 @@ from loadtest.rerank_quality import quality, relevance_set, rerank_scores
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.settings import ReplicaSettings
 from tests.support.fp32 import SMOLLM2_LAYERS, assert_fp32_close
-from tests.support.serve_support import ROOT
+from tests.support.shipped import shipped_args
 
 pytestmark = pytest.mark.slow
 MODEL = "SmolLM2-135M-Instruct"
@@ -30,8 +29,7 @@ DOCS = ["Paris is in France.", "Bananas are yellow.", "Dogs bark at night.", "Pa
 
 def shipped_rerank_args() -> dict[str, Any]:
     """serve_config.yaml's rerank settings: the default a user of `make serve` gets."""
-    (app,) = yaml.safe_load((ROOT / "serve_config.yaml").read_text())["applications"]
-    return {k: v for k, v in app["args"].items() if k.startswith("rerank_")}
+    return {k: v for k, v in shipped_args().items() if k.startswith("rerank_")}
 
 
 class Backend:

@@ -22,24 +22,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 
 from app.service import ScoringService
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.errors import ScoringError
 from replicas.settings import ReplicaSettings
 from tests.support.head_helpers import save_tiny_head
+from tests.support.shipped import shipped_settings
 
 pytestmark = pytest.mark.slow
-
-CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
-
-
-def shipped_settings(model: Path, cache: Path) -> ReplicaSettings:
-    (app,) = yaml.safe_load(CONFIG.read_text())["applications"]
-    return ReplicaSettings.from_mapping(
-        {**app["args"], "model": str(model), "compilation_cache_dir": str(cache)}
-    )
 
 
 def served(settings: ReplicaSettings) -> tuple[ScoringService, Any]:
@@ -62,7 +53,9 @@ def test_a_score_head_model_starts_and_serves_on_the_shipped_config(
     model = tmp_path / "qwen3-seqcls-3"
     save_tiny_head("qwen3-seqcls-3", model, vocab_size=49152)
     AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(model)
-    service, backend = served(shipped_settings(model, tmp_path / "cache"))
+    service, backend = served(
+        shipped_settings(model, compilation_cache_dir=str(tmp_path / "cache"))
+    )
     body = {"query": "Is this good?", "items": ["yes it is", ""]}
     scores = asyncio.run(service.score(body, backend))["scores"]
     assert np.asarray(scores).shape == (2, 3)
@@ -78,7 +71,9 @@ def test_a_bert_embedder_starts_and_serves_on_the_shipped_config(tmp_path: Path)
     from tests.support.encoder_helpers import save_bert_embedder
 
     model = save_bert_embedder(tmp_path / "bert-cls", "cls")
-    service, backend = served(shipped_settings(model, tmp_path / "cache"))
+    service, backend = served(
+        shipped_settings(model, compilation_cache_dir=str(tmp_path / "cache"))
+    )
     assert service.models_body()["data"][0]["kind"] == "embedding"
     body = asyncio.run(service.embed_timed({"input": ["alpha beta", "river"]}, backend))[0]
     assert [len(row["embedding"]) for row in body["data"]] == [32, 32]
@@ -96,7 +91,9 @@ def test_an_encoder_cross_encoder_starts_and_serves_on_the_shipped_config(
     from tests.support.encoder_helpers import save_bert_cross_encoder
 
     model = save_bert_cross_encoder(tmp_path / f"{family}-ce", family=family)
-    service, backend = served(shipped_settings(model, tmp_path / "cache"))
+    service, backend = served(
+        shipped_settings(model, compilation_cache_dir=str(tmp_path / "cache"))
+    )
     assert service.models_body()["data"][0]["kind"] == "cross_encoder"
     ranked = asyncio.run(service.rerank_timed({"query": "blue", "documents": ["a", "b"]}, backend))
     assert len(ranked[0]["results"]) == 2

@@ -20,16 +20,15 @@ import pytest
 import yaml
 
 from app.builder import scoring_app
-from replicas.settings import ReplicaSettings
 from tests.support.embed_helpers import embed_settings, reference_vectors, texts_of
 from tests.support.serve_support import RAY_SERVE, ServeCluster, serve_cluster  # noqa: F401
+from tests.support.shipped import SERVE_CONFIG, shipped_settings
 
 pytestmark = [pytest.mark.slow, RAY_SERVE]
 
 TOL = 1e-5
 PREFIX = "/embed"
 APP = "embed"
-CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -40,19 +39,12 @@ def directory(embedding_dirs: dict) -> Path:
 @pytest.fixture(scope="module")
 def client(serve_cluster: ServeCluster, directory: Path) -> Iterator[httpx.Client]:  # noqa: F811
     small = {"ray_actor_options": {"num_cpus": 0.1}}
-    app = scoring_app(shipped_settings(directory), replica_options=small, ingress_options=small)
+    settings = shipped_settings(directory, compilation_cache_dir=None)  # the user's cache alone
+    app = scoring_app(settings, replica_options=small, ingress_options=small)
     serve_cluster.deploy(app, APP, PREFIX)
     with serve_cluster.client() as http:
         http.base_url = http.base_url.join(PREFIX)
         yield http
-
-
-def shipped_settings(directory: Path) -> ReplicaSettings:
-    """serve_config.yaml's ``args`` as shipped with only ``model`` changed (and no persistent
-    compile cache: the suite leaves the user's alone)."""
-    (app,) = yaml.safe_load(CONFIG.read_text())["applications"]
-    args = {**app["args"], "model": str(directory), "compilation_cache_dir": None}
-    return ReplicaSettings.from_mapping(args)
 
 
 def test_the_openai_and_cohere_sdks_embed_as_sentence_transformers(
@@ -133,7 +125,7 @@ def assert_every_type_decodes(co: Any, sdk: Any, model: str, texts: list[str]) -
 def embed_config(directory: Path, folder: Path) -> Path:
     """The shipped serve_config.yaml with the embedding model and ``embed_settings``'s
     shapes, no warm-up, a quarter CPU for the job's engine actor."""
-    config = yaml.safe_load(CONFIG.read_text())
+    config = yaml.safe_load(SERVE_CONFIG.read_text())
     (app,) = config["applications"]
     shapes = embed_settings(directory)
     app["args"].update(

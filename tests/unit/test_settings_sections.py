@@ -4,11 +4,9 @@ a stated workload (the shipped one: the four envelopes serve_config.yaml used to
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from replicas.settings import (
     BatchingSettings,
@@ -17,8 +15,8 @@ from replicas.settings import (
     WarmupWorkload,
     derive_envelopes,
 )
+from tests.support.shipped import shipped_args
 
-ROOT = Path(__file__).resolve().parents[2]
 # Every key of the flat ReplicaSettings before sections (a config written for it still loads).
 FLAT_KEYS = [
     "model",
@@ -68,11 +66,6 @@ FLAT_KEYS = [
 ]
 # The envelopes serve_config.yaml wrote out before it stated its workload.
 SHIPPED_ENVELOPES = ((32, 4, 8, 128), (128, 16, 16, 128), (512, 64, 32, 128), (2048, 4, 512, 128))
-
-
-def shipped_args(name: str = "serve_config.yaml") -> dict[str, Any]:
-    (app,) = yaml.safe_load((ROOT / name).read_text())["applications"]
-    return dict(app["args"])
 
 
 def test_every_flat_key_of_before_still_names_a_setting() -> None:
