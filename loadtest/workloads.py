@@ -28,7 +28,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
                         "phases, the executable's ops by kind (a trace), pieces jitted alone"),
     "hop": ("bench_hop", "a small request between client and engine: routes, its timing "
             "headers' parts, Ray Serve's own floor, the ingress in process (--url)"),
-    "layer_loop": ("bench_layer_loop", "the decoder's layer loop, scan against unrolled: "
+    "layer_loop": ("bench_layer_loop", "the decoder's layer loop, scan against unrolled and auto: "
                    "fused steps of 16..256 tokens and the warm-up, shipped settings"),
     "heads": ("bench_heads", "best-of-N reward scoring with a score head: multi-item, each "
               "conversation alone, transformers"),

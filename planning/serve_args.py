@@ -30,12 +30,14 @@ TPU_ARGS = {
 # small requests batch into item-stream steps with the Pallas kernels instead; a TPU host's
 # threads feed the chips and stay at the replica's niceness; a TPU replica's merged calls
 # are bounded by max_batch_size alone (the merged-call bound in seconds is the CPU's
-# latency guarantee, where one call of 16 requests takes seconds).
+# latency guarantee, where one call of 16 requests takes seconds); the layer loop's auto
+# unrolls small steps on a CPU only (a TPU's dot reads its layer out of the stack in place).
 TPU_DROPPED = (
     "completion_warmup_shapes",
     "fused_step_tokens",
     "engine_niceness",
     "max_call_s",
+    "layer_loop",
 )
 
 

@@ -53,9 +53,9 @@ from replicas.engine.warm_coverage import (
 )
 from replicas.engine.work_checks import validate_work
 from replicas.errors import Reason, ScoringError
-from replicas.model.attention import with_attention
+from replicas.model.attention import mesh_platform, with_attention
 from replicas.model.causal_lm import CausalLM, Params
-from replicas.model.layer_loop import unstack_layers
+from replicas.model.layer_loop import layers_for_loop
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 __all__ = ["ScoringEngine", "configure_compilation_cache"]
@@ -89,8 +89,8 @@ class ScoringEngine:
         self._lora = start_slots(model, params, mesh, settings.adapters, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}
-        if settings.engine.layer_loop == "unrolled" and not model.config.encoder:
-            params = unstack_layers(params)
+        if not model.config.encoder:
+            params = layers_for_loop(params, settings.engine.layer_loop, mesh_platform(mesh))
         self._model, self._params, self._settings = model, params, settings
         delimiter, head = settings.model.multi_item_scoring_delimiter, model.config.head
         pooling = model.config.pooling

@@ -6,8 +6,8 @@ shared prefix plus their own item (``ItemStreamSpec``). Positions are always exp
 Parameters are a plain pytree whose layer leaves are stacked on a leading ``layers`` axis, so
 the stack compiles once; what differs between layers (a sliding window, Gemma 3's local RoPE
 base) is scanned beside them as ``LayerKind``. With ``layer_loop: unrolled`` an engine holds
-the layers as one tree per layer instead and the loop runs unrolled over them
-(``replicas.model.layer_loop``).
+the layers as one tree per layer instead and the loop runs unrolled over them (with ``auto``,
+on a CPU, small steps over a per-layer copy beside the stack; ``replicas.model.layer_loop``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import numpy as np
 
 from replicas.model.config import ModelConfig
 from replicas.model.heads import head_outputs, init_head_params
-from replicas.model.layer_loop import loop_layers
+from replicas.model.layer_loop import loop_layers, small_steps
 from replicas.model.layers import (
     MLP,
     Attention,
@@ -277,8 +277,9 @@ class CausalLM:
 
         embedded = self._embed(params, tokens)
         x, (keys, values) = loop_layers(
-            step, embedded, params["layers"], self.layer_kinds(), stacks
-        )
+            step, embedded, params["layers"], self.layer_kinds(), stacks,
+            small=small_steps(params),
+        )  # fmt: skip
         return self._final_norm(params, x), keys, values
 
     def hidden_states(
@@ -329,7 +330,7 @@ class CausalLM:
         embedded = self._embed(params, tokens)
         x, (keys, values) = loop_layers(
             step, embedded, params["layers"], prefix_k, prefix_v,
-            self.layer_kinds(), stacks,
+            self.layer_kinds(), stacks, small=small_steps(params),
         )  # fmt: skip
         return self._final_norm(params, x), keys, values
 

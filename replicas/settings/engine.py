@@ -9,7 +9,7 @@ from replicas.settings.common import SettingsError, bucket_ladder, check_buckets
 
 LAYOUTS = ("shared_prefix", "packed_reference")
 ATTENTION = ("auto", "xla", "pallas", "cudnn")
-LAYER_LOOPS = ("scan", "unrolled")
+LAYER_LOOPS = ("scan", "unrolled", "auto")
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,14 @@ class EngineSettings:
     Pallas off TPU runs in interpret mode (slow; for tests)."""
     layer_loop: str = "scan"
     """How a decoder's steps loop over its layers (replicas.model.layer_loop): scan (the
-    layer compiled once, over weights stacked on a leading axis) or unrolled (one array per
+    layer compiled once, over weights stacked on a leading axis), unrolled (one array per
     layer, every layer's ops in each step: no per-step copy of each layer's weights out of the
     stack, which XLA:CPU makes; the same results; each step compiles every layer's ops, so
-    warm-up takes several times longer, cached like any). Encoders always scan."""
+    warm-up takes several times longer, cached like any) or auto (on a CPU, the stack and a
+    copy of it as one array per layer, twice the layer weights' memory: steps of at most 64
+    tokens, where the copies weigh most, run unrolled over the copy and larger ones scan the
+    stack, so only small steps compile every layer's ops; scan on an accelerator). Encoders
+    always scan."""
     token_buckets: tuple[int, ...] = bucket_ladder(16, 8192)
     """Token rows: query (prefix) lengths T, single-item rows' length L (``query + item``),
     packed reference and fused rows: a geometric ladder, ~1.125x apart."""

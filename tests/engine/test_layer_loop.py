@@ -1,5 +1,6 @@
-"""``layer_loop: unrolled`` (replicas.model.layer_loop): one array per layer, the loop unrolled,
-every answer bit-identical to the scanned stack's.
+"""``layer_loop: unrolled`` and ``auto`` (replicas.model.layer_loop): one array per layer, the
+loop unrolled (``auto``: steps of at most ``SMALL_STEP_TOKENS`` tokens over a per-layer copy
+beside the stack, larger ones scanning the stack), every answer bit-identical to the scan's.
 
 The loop itself against ``jax.lax.scan`` on a literal step; then engines of a tiny Llama with
 and without it on every path a decoder's layers run: a prefix step and the item stream behind
@@ -16,7 +17,14 @@ import pytest
 
 from replicas.contract import PromptWork, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
-from replicas.model.layer_loop import is_per_layer, loop_layers, unstack_layers
+from replicas.model.layer_loop import (
+    SMALL_STEP_TOKENS,
+    UNROLLED,
+    is_per_layer,
+    layers_for_loop,
+    loop_layers,
+    unstack_layers,
+)
 from replicas.settings import ReplicaSettings, SettingsError
 from tests.engine.test_engine import SMALL, tiny  # noqa: F401 (``tiny``: a fixture here too)
 from tests.support.lora_helpers import ALL_TARGETS, lora_settings, save_adapter
@@ -45,10 +53,45 @@ def test_the_unrolled_loop_equals_the_scan_on_a_literal_step() -> None:
     assert got[1].shape == (3,)  # outputs stacked as scan stacks them
 
 
+def test_small_carries_run_unrolled_over_the_per_layer_copy_larger_ones_scan() -> None:
+    weights = {
+        "w": jnp.arange(3.0 * 2 * 2).reshape(3, 2, 2) / 10,
+        "b": jnp.asarray([1.0, -2.0, 0.5]),
+    }
+    per_layer = unstack_layers({"layers": weights})["layers"]
+
+    def step(x, scanned):
+        (layer,) = scanned
+        y = x @ layer["w"] + layer["b"]
+        return y, y.sum()
+
+    for rows, scans in ((2, 0), (3, 1)):  # 2 tokens of 2 unroll, 3 scan the stack
+        x0 = jnp.arange(rows * 2.0).reshape(rows, 2)
+
+        def auto(x, weights=weights, per_layer=per_layer):
+            return loop_layers(step, x, weights, small=(per_layer, 2))
+
+        assert str(jax.make_jaxpr(auto)(x0)).count("scan[") == scans
+        want = jax.lax.scan(step, x0, (weights,))
+        jax.tree.map(np.testing.assert_array_equal, auto(x0), want)
+
+
+def test_auto_adds_a_per_layer_copy_on_a_cpu_only() -> None:
+    params = {"embed": jnp.ones(2), "layers": {"w": jnp.arange(6.0).reshape(3, 2)}}
+    auto = layers_for_loop(params, "auto", "cpu")
+    assert auto["layers"] is params["layers"] and is_per_layer(auto[UNROLLED])
+    np.testing.assert_array_equal(auto[UNROLLED][2]["w"], [4.0, 5.0])
+    for platform in ("tpu", "gpu"):
+        assert layers_for_loop(params, "auto", platform) is params
+    assert is_per_layer(layers_for_loop(params, "unrolled", "tpu")["layers"])
+    assert layers_for_loop(params, "scan", "cpu") is params
+    assert SMALL_STEP_TOKENS == 64  # the settings' docstring and docs say 64
+
+
 def _engines(tiny, **keys):  # noqa: F811
     model, params, mesh = tiny
     made = {}
-    for loop in ("scan", "unrolled"):
+    for loop in ("scan", "unrolled", "auto"):
         settings = ReplicaSettings.from_keys(**{**SMALL, **keys, "layer_loop": loop})
         made[loop] = ScoringEngine(model, params, mesh, settings, "tiny")
     return made
@@ -78,20 +121,25 @@ def _works(seed: int) -> list[ScoreWork]:
 def test_unrolled_scores_are_bit_identical_to_the_scan(tiny, keys) -> None:  # noqa: F811
     engines = _engines(tiny, **keys)
     assert is_per_layer(engines["unrolled"]._params["layers"])
+    assert is_per_layer(engines["auto"]._params[UNROLLED])
     assert not is_per_layer(engines["scan"]._params["layers"])
     for call in (0, 1):  # the second call's queries come from the query cache
-        got, want = (engines[loop].score_batch(_works(call)) for loop in ("unrolled", "scan"))
-        for g, w in zip(got, want, strict=True):
-            np.testing.assert_array_equal(g, w)
+        want = engines["scan"].score_batch(_works(call))
+        for loop in ("unrolled", "auto"):
+            got = engines[loop].score_batch(_works(call))
+            for g, w in zip(got, want, strict=True):
+                np.testing.assert_array_equal(g, w)
 
 
 def test_unrolled_prompt_log_probs_are_bit_identical_to_the_scan(tiny) -> None:  # noqa: F811
     engines = _engines(tiny)
     work = PromptWork((tuple(range(5, 30)), (*range(5, 12), 90, 91)), top_k=2)
-    got, want = (engines[loop].score_batch([work])[0] for loop in ("unrolled", "scan"))
-    for g, w in zip(got, want, strict=True):
-        np.testing.assert_array_equal(g.token_logprobs, w.token_logprobs)
-        np.testing.assert_array_equal(g.top_ids, w.top_ids)
+    want = engines["scan"].score_batch([work])[0]
+    for loop in ("unrolled", "auto"):
+        got = engines[loop].score_batch([work])[0]
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g.token_logprobs, w.token_logprobs)
+            np.testing.assert_array_equal(g.top_ids, w.top_ids)
 
 
 def test_unrolled_adapters_mixed_in_one_step_are_bit_identical_to_the_scan(tmp_path) -> None:

@@ -27,7 +27,7 @@ from app.builder import build_app, replica_placement
 from cluster.niceness import NICENESS_ENV
 from planning.emit import documents
 from planning.plan import parse_args
-from planning.serve_args import base_args
+from planning.serve_args import TPU_DROPPED, base_args
 from replicas.settings import ReplicaSettings
 from tests.support.background import Command
 from tests.unit.test_serve_config import CONFIG, unknown_keys
@@ -49,10 +49,7 @@ TPU_KEYS = {
     "placement_group_strategy",
     "host_label_selector",
     "tpu_slice",
-    "completion_warmup_shapes",  # planning.serve_args.TPU_DROPPED
-    "fused_step_tokens",
-    "engine_niceness",
-    "max_call_s",
+    *TPU_DROPPED,  # the shipped args a TPU replica leaves at their defaults
 }
 COMMAND = re.compile(r"^# Written by the planner: python -m planning\.plan (?P<args>.+)$", re.M)
 REQUESTS = re.compile(r"at (?P<n>\d+) requests per step")
