@@ -150,7 +150,7 @@ def floor_parts(engine: Any, loaded: Any, work: Any, repeats: int) -> dict[str, 
     placed = jax.tree.map(
         partial(place, fallback=engine.placement.replicated), args, tuple(shardings)
     )
-    run_s = timed(lambda: executable(params, *placed).block_until_ready(), repeats)
+    run_s = timed(lambda: executable(engine.params, *placed).block_until_ready(), repeats)
 
     noop = jax.jit(lambda x: x + 1)
     scalar = jnp.zeros((), jnp.int32)

@@ -97,6 +97,7 @@ def pieces(engine: Any, params: Any, call: tuple, repeats: int) -> dict[str, flo
 
     from replicas.engine.layouts.common import grouped, score_rows
     from replicas.model.causal_lm import AttentionSpec
+    from replicas.model.layer_loop import UNROLLED
     from replicas.model.masks import work_segment_mask
 
     model, (executable, placed) = engine.model, call
@@ -112,6 +113,8 @@ def pieces(engine: Any, params: Any, call: tuple, repeats: int) -> dict[str, flo
 
     layers = jax.jit(stack)
     one = {**params, "layers": jax.tree.map(lambda leaf: leaf[:1], params["layers"])}
+    if UNROLLED in params:  # the small step's per-layer copy, cut to its first layer too
+        one[UNROLLED] = params[UNROLLED][:1]
     hidden = layers(params, *inputs)
     real_rows = np.asarray(rows)[0, : int(count)]  # the 2 items' hidden states
     real = hidden.reshape(-1, hidden.shape[-1])[real_rows]
@@ -131,7 +134,8 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     from loadtest.xla_profile import Classifier, profile_by_kind
 
     settings, loaded, work = shipped_small()
-    engine, params = engine_for(loaded, settings), loaded.params
+    engine = engine_for(loaded, settings)
+    params = engine.params  # as the executables take them (the layer loop's form)
     engine.score_batch([work])
     (kind, dims), *_ = engine.last_signatures
     run.say(f"host phases ({kind} {dims})")

@@ -347,6 +347,12 @@ class ScoringEngine:
     def placement(self) -> Placement:
         return self._placement
 
+    @property
+    def params(self) -> Params:
+        """The parameters as the executables take them (``layer_loop`` decides the layers'
+        form: with ``auto`` on a CPU, a per-layer copy beside the stack)."""
+        return self._params
+
     def lower(self, step: Callable[..., Any], specs: tuple[Any, ...]) -> Any:
         return step.lower(self._params, *specs).compile()
 

@@ -120,9 +120,9 @@ def _works(seed: int) -> list[ScoreWork]:
 )
 def test_unrolled_scores_are_bit_identical_to_the_scan(tiny, keys) -> None:  # noqa: F811
     engines = _engines(tiny, **keys)
-    assert is_per_layer(engines["unrolled"]._params["layers"])
-    assert is_per_layer(engines["auto"]._params[UNROLLED])
-    assert not is_per_layer(engines["scan"]._params["layers"])
+    assert is_per_layer(engines["unrolled"].params["layers"])
+    assert is_per_layer(engines["auto"].params[UNROLLED])
+    assert not is_per_layer(engines["scan"].params["layers"])
     for call in (0, 1):  # the second call's queries come from the query cache
         want = engines["scan"].score_batch(_works(call))
         for loop in ("unrolled", "auto"):
