@@ -10,7 +10,7 @@ every step reads and writes the layer weights once more. With the engine setting
 results bit for bit, each step compiled with every layer's ops (SmolLM2 on 2 CPU cores: fused
 steps 1.05-1.39x faster, most in the smallest, warm-up 4.4-5x longer; docs/engine.md "The
 layer loop"). ``layer_loop: auto`` keeps the stack and, on a CPU, one array per layer beside it
-(``with_unrolled``: the layer weights twice in memory): steps of at most ``SMALL_STEP_TOKENS``
+(``layers_for_loop``: the layer weights twice in memory): steps of at most ``SMALL_STEP_TOKENS``
 tokens, where the copies weigh most, run unrolled over the arrays; larger ones scan the stack
 (stacking the arrays inside a step costs more than the copies it saves: 0.77-0.79x at 128-256
 tokens), so only the small steps' executables compile every layer's ops.
