@@ -189,3 +189,26 @@ def test_unrolled_adapters_mixed_in_one_step_are_bit_identical_to_the_scan(tmp_p
 def test_a_bad_layer_loop_names_the_setting() -> None:
     with pytest.raises(SettingsError, match="layer_loop: must be one of"):
         ReplicaSettings.from_keys(model="tiny", layer_loop="unroll")
+
+
+@pytest.mark.parametrize("quantization", ["int8", "int8_weight"])
+def test_auto_quantized_layers_are_bit_identical_to_the_scan(tmp_path, quantization) -> None:
+    base = save_tiny("qwen3", tmp_path / "base")
+    rng = np.random.default_rng(3)
+
+    def ids(n: int) -> tuple[int, ...]:
+        return tuple(int(t) for t in rng.integers(1, 256, n))
+
+    works = [ScoreWork(ids(query), (ids(3), (), ids(5)), (3, 17)) for query in (9, 70)]
+    got = {}
+    for loop in ("scan", "auto"):  # a fused step of <= 64 tokens, then one of > 64
+        keys = {"quantization": quantization, "layer_loop": loop, "fused_step_tokens": 128}
+        settings = ReplicaSettings.from_keys(
+            **keys, model=str(base), multi_item_scoring_delimiter=DELIMITER
+        )
+        engine = ScoringEngine.from_settings(settings, warm=False)
+        got[loop] = [engine.score_batch([work])[0] for work in works]  # a step each
+        widths = [dims.tokens for _, dims in engine.executables()]
+    assert min(widths) <= SMALL_STEP_TOKENS < max(widths)  # both sides of auto's bound
+    for g, w in zip(got["auto"], got["scan"], strict=True):
+        np.testing.assert_array_equal(g, w)
