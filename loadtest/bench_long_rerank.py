@@ -61,11 +61,17 @@ def long_documents(tokenizer: Any, count: int, shortest: int, longest: int) -> l
     return documents
 
 
+MAX_RETRIES = 200  # 503s one request is sent again after, at most
+
+
 def _post(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], int]:
-    """The answer, and how many 503s (``overloaded``) were sent again after their Retry-After,
-    as a client of a server that refuses what it cannot start within its bound does."""
+    """The answer, and how many 503s (``overloaded``) were sent again after their Retry-After
+    (at most ``MAX_RETRIES``), as a client of a server that refuses what it cannot start
+    within its bound does."""
     retried = 0
     while (reply := client.post("/v1/rerank", json=body)).status_code == 503:
+        if retried == MAX_RETRIES:  # a server that never admits it: fail, never hang
+            break
         retried += 1
         time.sleep(float(reply.headers.get("retry-after", 1)))
     reply.raise_for_status()
