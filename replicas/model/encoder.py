@@ -203,6 +203,19 @@ def _random(rng: Array, shape: tuple[int, ...], path: str, dtype: Any) -> Array:
     return 0.02 * jax.random.normal(rng, shape, dtype)
 
 
+def roberta_positions(tokens: Array, positions: Array, pad: int) -> Array:
+    """RoBERTa's position ids (transformers' ``create_position_ids_from_input_ids``) for
+    packed sequences: tokens, positions from 0 in each sequence [B, S] -> [B, S]. A token
+    equal to ``pad`` takes position ``pad`` and is not counted; every other token ``pad`` +
+    the count of non-``pad`` tokens of its sequence up to it, itself included."""
+    is_pad = (tokens == pad).astype(jnp.int32)
+    pads = jnp.cumsum(is_pad, axis=1)  # [B, S] pad tokens in the row up to each token
+    start = jnp.arange(tokens.shape[1])[None, :] - positions  # [B, S] its sequence's first
+    before = jnp.take_along_axis(pads, jnp.maximum(start - 1, 0), axis=1) * (start > 0)
+    counted = pad + 1 + positions - (pads - before)
+    return jnp.where(is_pad == 1, pad, counted)
+
+
 @dataclass(frozen=True)
 class Encoder:
     """Functional wrapper: all state is in ``params``; methods are jit-friendly. The
@@ -237,7 +250,9 @@ class Encoder:
         """tokens, positions, token types [B, S] -> normed embeddings [B, S, D]."""
         c = self.config
         x = jnp.take(params["embed"], tokens, axis=0, mode="clip")
-        x = x + jnp.take(params["position_embed"], positions + c.position_offset, 0, mode="clip")
+        if c.position_offset:
+            positions = roberta_positions(tokens, positions, c.position_offset - 1)
+        x = x + jnp.take(params["position_embed"], positions, 0, mode="clip")
         x = x + jnp.take(params["type_embed"], types, axis=0, mode="clip")
         return layer_norm(params["embed_norm"], x.astype(self.dtype), c.rms_norm_eps)
 

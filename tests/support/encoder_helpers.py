@@ -1,9 +1,10 @@
 """Tiny random encoders saved by sentence-transformers (tests/engine/test_encoder_embed.py,
-test_cross_encoder.py): a tokenizer over a word list written here (BERT's WordPiece,
-XLM-RoBERTa's Unigram), the model (hidden 32, 2 layers, 4 heads) with every weight random,
-LayerNorm scales and biases too (not transformers' ones and zeros); embedders get Pooling
-(CLS or mean) and Normalize, cross-encoders ``CrossEncoder``'s defaults. Nothing is
-downloaded.
+test_cross_encoder.py): a WordPiece tokenizer over a word list written here, the model
+(hidden 32, 2 layers, 4 heads) with every weight random, LayerNorm scales and biases and
+token-type rows too (not transformers' ones and zeros); embedders get Pooling (CLS or mean)
+and Normalize, cross-encoders ``CrossEncoder``'s defaults. The texts hold words outside the
+list, so ``[UNK]`` (id 1) is among their tokens: an XLM-RoBERTa model (``pad_token_id`` 1)
+then counts no position for it, as transformers' position ids do. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue", "red"]
 WORDS += ["what", "is", "the", "a", "of", "and", "to", "in", "##s", "##ed", "##ing", "."]
+UNKNOWN = ["zebra"]  # outside the vocabulary: [UNK]
 TINY_BERT = {
     "hidden_size": 32,
     "intermediate_size": 64,
@@ -34,18 +36,6 @@ def save_tokenizer(directory: Path) -> Any:
     directory.mkdir(parents=True, exist_ok=True)
     vocab = {word: i for i, word in enumerate(SPECIALS + WORDS)}
     tokenizer = BertTokenizerFast(vocab=vocab, do_lower_case=True)
-    tokenizer.save_pretrained(directory)
-    return tokenizer
-
-
-def save_xlmr_tokenizer(directory: Path) -> Any:
-    """An XLMRobertaTokenizerFast (Unigram) over ``WORDS`` saved in ``directory``."""
-    from transformers import XLMRobertaTokenizerFast
-
-    directory.mkdir(parents=True, exist_ok=True)
-    pieces = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    pieces += [("\u2581" + w, -1.0) for w in WORDS if not w.startswith("#")] + [("<mask>", 0.0)]
-    tokenizer = XLMRobertaTokenizerFast(vocab=pieces)
     tokenizer.save_pretrained(directory)
     return tokenizer
 
@@ -76,12 +66,14 @@ def bert_config(**changes: Any) -> Any:
 
 
 def xlmr_config(**changes: Any) -> Any:
-    """Positions from pad + 1 = 2: 130 of them hold sequences of 128."""
+    """Positions from pad + 1 = 2: 130 of them hold sequences of 128. ``pad_token_id`` 1 is
+    the WordPiece tokenizer's ``[UNK]``, a token that texts hold; two token types, as the
+    tokenizer's pairs have."""
     from transformers import XLMRobertaConfig
 
-    vocab = 5 + sum(not w.startswith("#") for w in WORDS)
-    shape = {**TINY_BERT, "max_position_embeddings": 130, "type_vocab_size": 1}
-    return XLMRobertaConfig(**{**shape, "vocab_size": vocab, "pad_token_id": 1, **changes})
+    shape = {**TINY_BERT, "max_position_embeddings": 130}
+    fields = {**shape, "vocab_size": len(SPECIALS + WORDS), "pad_token_id": 1}
+    return XLMRobertaConfig(**{**fields, **changes})
 
 
 def modernbert_config(**changes: Any) -> Any:
@@ -103,8 +95,7 @@ def modernbert_config(**changes: Any) -> Any:
 FAMILIES = {
     "bert": (bert_config, "BertModel", "BertForSequenceClassification", save_tokenizer),
     "xlm_roberta": (
-        xlmr_config, "XLMRobertaModel", "XLMRobertaForSequenceClassification",
-        save_xlmr_tokenizer,
+        xlmr_config, "XLMRobertaModel", "XLMRobertaForSequenceClassification", save_tokenizer,
     ),
     "modernbert": (
         modernbert_config, "ModernBertModel", "ModernBertForSequenceClassification",
@@ -141,9 +132,9 @@ def save_bert_embedder(directory: Path, pooling: str, seed: int = 0, family: str
 
 
 def sentences(seed: int, count: int, longest: int = 100) -> list[str]:
-    """Texts of about 1..``longest`` words of the tokenizer's word list."""
+    """Texts of about 1..``longest`` words of the tokenizer's word list and ``UNKNOWN``."""
     rng = np.random.default_rng(seed)
-    words = [w for w in WORDS if not w.startswith("##")]
+    words = [w for w in WORDS if not w.startswith("##")] + UNKNOWN
     lengths = np.exp(rng.uniform(0, np.log(longest), count)).astype(int) + 1
     return [" ".join(rng.choice(words, n)) for n in lengths]
 
