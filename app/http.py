@@ -2,11 +2,11 @@
 
 ``build_api`` declares the routes; FastAPI routes them and generates ``/openapi.json`` and
 ``/docs`` from the pydantic models of app.schema, tightened with the served model's rules
-(app.openapi). Bodies are read and checked by app.validation, not by FastAPI's parser, so a
-schema error is a 400 envelope naming the field, never a 422, and ``NaN`` or ``1.0`` as a
-token id is refused as the strict validator refuses it. Every answer is JSON and goes through
-one frame (``_Frame``): request id, API key check, error envelope, ``x-total-time``, one
-access-log line, and one metrics record.
+(app.openapi). Bodies are read by app.bodies (a JSON media type, a size bound) and checked
+by app.validation, not by FastAPI's parser, so a schema error is a 400 envelope naming the
+field, never a 422, and ``NaN`` or ``1.0`` as a token id is refused as the strict validator
+refuses it. Every answer is JSON and goes through one frame (``_Frame``): request id, API
+key check, error envelope, ``x-total-time``, one access-log line, and one metrics record.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,11 +28,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.access import check_access
 from app.adapters import AdapterAdmin
+from app.bodies import json_body
 from app.openapi import RESPONSES, request_body, served_openapi
-from app.schema import ModelList
+from app.schema import ErrorResponse, ModelCard, ModelList
 from app.service import ScoringService
 from app.timings import Backend, Timings
-from app.validation import parse_json
 from app.workloads import WORKLOADS, Workload, prompt_tokens
 from replicas.errors import Reason, ScoringError, error_body
 
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 ACCESS_LOG = "ray.serve.scorejax.access"
 access_log = logging.getLogger(ACCESS_LOG)
 
-MAX_BODY_BYTES = 16 * 1024 * 1024
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
 HealthCheck = Callable[[], Awaitable[None]]
 StatsSource = Callable[[], Awaitable[dict[str, Any]]]
@@ -66,18 +65,6 @@ class Outcome:
 
 
 Recorder = Callable[[Outcome], None]
-
-
-async def read_limited(chunks: AsyncIterator[bytes], limit: int = MAX_BODY_BYTES) -> bytes:
-    """Read a request body, refusing (400) bodies larger than ``limit`` bytes."""
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > limit:
-            raise ScoringError(Reason.INVALID_REQUEST, f"request body is larger than {limit} bytes")
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def relative_path(path: str, root_path: str) -> str:
@@ -164,7 +151,7 @@ def _adapter_routes(adapters: AdapterAdmin | None) -> APIRouter:
         responses=RESPONSES,
     )
     async def load_lora_adapter(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await json_body(request)
         return JSONResponse(await admin().load(payload))
 
     @router.post(
@@ -174,7 +161,7 @@ def _adapter_routes(adapters: AdapterAdmin | None) -> APIRouter:
         responses=RESPONSES | {404: {"model": RESPONSES[400]["model"], "description": "Unknown"}},
     )
     async def unload_lora_adapter(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await json_body(request)
         return JSONResponse(await admin().unload(payload))
 
     return router
@@ -193,7 +180,7 @@ def _routes(
 
     async def payload_of(request: Request) -> Any:
         """The body, with the adapter names current for the ``model`` it names."""
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await json_body(request)
         await known(payload)
         return payload
 
@@ -207,7 +194,7 @@ def _routes(
         responses=RESPONSES,
     )
     async def tokenize(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await json_body(request)
         return JSONResponse(service.served_tokenizer().tokenize(payload))
 
     @router.post(
@@ -217,7 +204,7 @@ def _routes(
         responses=RESPONSES,
     )
     async def detokenize(request: Request) -> Response:
-        payload = parse_json(await read_limited(request.stream()))
+        payload = await json_body(request)
         return JSONResponse(service.served_tokenizer().detokenize(payload))
 
     @router.get("/tokenizer_info", summary="The served tokenizer's special tokens and template")
@@ -228,6 +215,15 @@ def _routes(
     async def models() -> Response:
         await listed()  # read-your-writes: the adapters loaded or unloaded anywhere
         return JSONResponse(service.models_body())
+
+    @router.get(
+        "/v1/models/{model:path}",
+        summary="One served model or LoRA adapter by id (OpenAI's models.retrieve)",
+        responses={200: {"model": ModelCard}, 404: {"model": ErrorResponse}},
+    )
+    async def model(model: str) -> Response:
+        await listed()
+        return JSONResponse(service.model_card(model))
 
     @router.get("/health", summary="200 once the replicas answer and agree with the ingress")
     async def healthy() -> Response:

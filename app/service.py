@@ -354,3 +354,9 @@ class ScoringService:
         """/v1/models (app.model_card)."""
         method = self.reranker.method if self.reranker else None
         return models_body(self.info, method, self.chunking, int(self.clock()))
+
+    def model_card(self, name: str) -> dict[str, Any]:
+        """/v1/models/{name}: the card /v1/models lists under ``name`` (the base model or a
+        LoRA adapter); any other name is a 404 ``model_not_found``."""
+        check_model_name(name, self.info)
+        return next(card for card in self.models_body()["data"] if card["id"] == name)

@@ -22,6 +22,7 @@ class Reason(StrEnum):
 
     INVALID_JSON = "invalid_json"
     INVALID_REQUEST = "invalid_request"
+    UNSUPPORTED_MEDIA_TYPE = "unsupported_media_type"  # a POST body whose Content-Type is not JSON
     EMPTY_LABEL_TOKEN_IDS = "empty_label_token_ids"
     LABELS_WITH_HEAD = "label_token_ids_with_head"  # label ids given to a score-head model
     NO_SCORE_HEAD = "no_score_head"  # /v1/classify on a causal LM

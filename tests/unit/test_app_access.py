@@ -54,6 +54,14 @@ def test_any_configured_key_is_accepted(key: str) -> None:
     assert ask("/v1/models", f"bearer {key}", method="GET")[0].status == 200
 
 
+def test_retrieving_a_model_by_id_needs_a_key_as_the_list_does() -> None:
+    for path in ("/v1/models", "/v1/models/m", "/v1/models/unknown"):
+        reply, _ = ask(path, None, method="GET")
+        assert (reply.status, reply.body["reason"]) == (401, "unauthorized"), path
+    assert ask("/v1/models/m", "Bearer sk-first", method="GET")[0].body["id"] == "m"
+    assert ask("/v1/models/unknown", "Bearer sk-first", method="GET")[0].status == 404
+
+
 def test_health_and_the_openapi_document_stay_open() -> None:
     assert ask("/health", None, method="GET")[0].status == 200
     assert ask("/openapi.json", None, method="GET")[0].status == 200

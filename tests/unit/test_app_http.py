@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 from collections.abc import AsyncIterator
@@ -13,8 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.http import build_api, read_limited, relative_path
-from app.schema import ModelList
+from app.bodies import read_limited
+from app.http import build_api, relative_path
+from app.schema import ModelCard, ModelList
 from app.service import ScoringService
 from loadtest.fuzz_strategies import json_values
 from replicas.contract import ModelInfo, ScoredWork, ScoreWork, ScoringLimits
@@ -332,3 +334,29 @@ def test_adapter_routes_without_lora_slots_are_unoffered_404s_naming_max_loras()
         assert works == []
     document, _ = call("GET", "/openapi.json")
     assert not {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"} & set(document.body["paths"])
+
+
+def test_a_model_is_retrieved_by_id_as_the_list_shows_it_and_an_unknown_id_is_a_404() -> None:
+    # OpenAI's client.models.retrieve(id): GET /v1/models/{id}, the base model or an adapter
+    info = dataclasses.replace(SERVICE.info, name="org/m", adapters=("ranker",))
+    service = dataclasses.replace(SERVICE, info=info)
+
+    async def health() -> None:
+        return None
+
+    api = build_api(service, _no_replica, health)
+    listed = {card["id"]: card for card in ask(api, "GET", "/v1/models").body["data"]}
+    for name in ("org/m", "ranker"):
+        reply = ask(api, "GET", f"/v1/models/{name}")
+        assert (reply.status, reply.body) == (200, listed[name]), name
+        ModelCard.model_validate(reply.body)
+    assert ask(api, "GET", "/v1/models/ranker").body["parent"] == "org/m"
+    for unknown in ("m", "org", "ranker2", "org/m/x"):
+        reply = ask(api, "GET", f"/v1/models/{unknown}")
+        assert reply.status == 404, unknown
+        assert (reply.body["reason"], reply.body["type"]) == ("model_not_found", "NotFoundError")
+        assert reply.body["param"] == "model" and repr(unknown) in reply.body["message"]
+
+
+async def _no_replica(work: Any) -> Any:
+    raise AssertionError("no work may reach a replica")
