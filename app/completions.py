@@ -135,11 +135,15 @@ class Completions:
         k = request.logprobs or 0
         shown: list[int] = list(tokens) if request.echo else []
         logprobs: list[float | None] = [_number(x) for x in answer.token_logprobs] if shown else []
-        tops = [None, *(self._top(answer, j, k) for j in range(1, len(tokens)))] if shown else []
+        tops: list[dict[str, float] | None] = []
+        if shown:  # the first token's entry is null: nothing precedes it
+            chosen = zip(tokens[1:], answer.token_logprobs[1:], strict=True)
+            tops = [None, *(self._top(answer, j, k, c) for j, c in enumerate(chosen, 1))]
         if prompts.generated:
-            shown.append(int(answer.top_ids[len(tokens), 0]))
-            logprobs.append(_number(answer.top_logprobs[len(tokens), 0]))
-            tops.append(self._top(answer, len(tokens), k))
+            greedy = (int(answer.top_ids[len(tokens), 0]), answer.top_logprobs[len(tokens), 0])
+            shown.append(greedy[0])
+            logprobs.append(_number(greedy[1]))
+            tops.append(self._top(answer, len(tokens), k, greedy))
         pieces = self._pieces(shown)
         prompt_text = prompts.texts[index]
         if prompt_text is None and request.echo:
@@ -164,8 +168,14 @@ class Completions:
         )
         return choice
 
-    def _top(self, answer: PromptLogprobs, row: int, k: int) -> dict[str, float] | None:
-        """Position ``row``'s top-k as {token text: log-prob}, best first."""
+    def _top(
+        self, answer: PromptLogprobs, row: int, k: int, chosen: tuple[int, float]
+    ) -> dict[str, float]:
+        """Position ``row``'s top-k as {token text: log-prob}, best first; with ``logprobs:
+        0``, the ``chosen`` (token id, log-prob) alone: the prompt's token there, or the
+        greedy one (OpenAI's and vLLM's legacy completions)."""
+        if k == 0:
+            return {self._pieces([chosen[0]])[0]: float(chosen[1])}
         ids, values = answer.top_ids[row, :k], answer.top_logprobs[row, :k]
         pieces = self._pieces([int(t) for t in ids])
         return {piece: float(v) for piece, v in zip(pieces, values, strict=True)}

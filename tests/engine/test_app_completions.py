@@ -106,6 +106,23 @@ def test_echo_log_probs_equal_transformers_for_a_batch_of_mixed_prompts(
     }
 
 
+def test_zero_logprobs_give_each_position_the_chosen_tokens_entry(served, reference) -> None:
+    """OpenAI's and vLLM's legacy completions (vLLM's test_zero_logprobs,
+    test_echo_logprob_completion[0]): with ``logprobs: 0`` each position's ``top_logprobs``
+    holds the chosen token (the prompt's, then the greedy one) with its log-prob."""
+    prompt = [40, 41, 42, 43, 44]
+    body = {"prompt": prompt, "echo": True, "logprobs": 0, "max_tokens": 1}
+    reply = served("/v1/completions", body)
+    assert reply.status == 200, reply.body
+    got = reply.body["choices"][0]["logprobs"]
+    assert got["top_logprobs"][0] is None and len(got["top_logprobs"]) == len(prompt) + 1
+    rows = zip(got["tokens"], got["token_logprobs"], got["top_logprobs"], strict=True)
+    assert [top == {token: value} for token, value, top in rows][1:] == [True] * len(prompt)
+    ref = reference(prompt)
+    greedy = reference.tokenizer.decode([int(np.argmax(ref[-1]))])
+    assert got["top_logprobs"][-1] == {greedy: pytest.approx(ref[-1].max(), abs=1e-4)}
+
+
 def test_text_prompts_echo_their_text_and_match_token_prompts(served: Any, reference: Any) -> None:
     text = "The capital of France is"
     ids = reference.tokenizer(text, add_special_tokens=True)["input_ids"]

@@ -360,3 +360,33 @@ def test_a_model_is_retrieved_by_id_as_the_list_shows_it_and_an_unknown_id_is_a_
 
 async def _no_replica(work: Any) -> Any:
     raise AssertionError("no work may reach a replica")
+
+
+@pytest.mark.parametrize("echo", [True, False])
+def test_zero_logprobs_give_each_position_the_chosen_tokens_entry_alone(echo: bool) -> None:
+    """OpenAI's and vLLM's legacy completions (vLLM's test_zero_logprobs,
+    test_echo_logprob_completion[0]): ``logprobs: 0`` gives each position's ``top_logprobs``
+    the chosen token (the prompt's, or the greedy one) with its log-prob; the first echoed
+    token's stays null. The fake replica's top ids (1, 2, ...) are never the prompt's."""
+    from app.completions import Completions
+    from loadtest.fuzz_server import CheckingBackend, in_process_app
+    from tests.unit.test_app_fuzz import INFO, CharTokenizer
+
+    tokenizer = CharTokenizer()
+    service = ScoringService(INFO, tokenizer, lambda: 0.0, completions=Completions(tokenizer, INFO))
+    api = in_process_app(service, CheckingBackend(INFO))
+    body = {"prompt": "wxyz", "echo": echo, "logprobs": 0, "max_tokens": 1}
+    reply = ask(api, "POST", "/v1/completions", json.dumps(body).encode())
+    assert reply.status == 200, reply.body
+    logprobs = reply.body["choices"][0]["logprobs"]
+    tokens, values, tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
+    assert tokens == ([*"wxyz", "\x01"] if echo else ["\x01"])  # the greedy token: id 1
+    expected = [{token: value} for token, value in zip(tokens, values, strict=True)]
+    if echo:
+        assert values[0] is None and tops[0] is None
+        expected[0] = None
+    assert tops == expected
+    assert tops[-1] == {"\x01": -1.0} and all(v == pytest.approx(-0.1) for v in values[1:-1])
+    two = ask(api, "POST", "/v1/completions", json.dumps({**body, "logprobs": 2}).encode())
+    top_two = two.body["choices"][0]["logprobs"]["top_logprobs"]  # logprobs > 0: the top k
+    assert top_two[-1] == {"\x01": -1.0, "\x02": -2.0}
