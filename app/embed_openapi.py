@@ -25,11 +25,21 @@ def _within(low: int, high: int) -> dict[str, Any]:
     return {"anyOf": [{"type": "integer", "minimum": low, "maximum": high}, NULL]}
 
 
+def _dimensions(pooling: PoolingHead) -> dict[str, Any]:
+    """The Matryoshka sizes a cut may ask for (app.embeddings.check_dimensions): any of
+    1..dimension, the declared ones, or (not Matryoshka) the whole dimension alone."""
+    cuts = pooling.matryoshka
+    if cuts == ():
+        return _within(1, pooling.dimension)
+    sizes = sorted({*(cuts or ()), pooling.dimension})
+    return {"anyOf": [{"type": "integer", "enum": sizes}, NULL]}
+
+
 def embedding_request_schema(info: ModelInfo, pooling: PoolingHead) -> dict[str, Any]:
     """EmbeddingRequest: one to ``max_items_per_request`` non-empty texts or token-id lists;
-    ``dimensions`` within the vector; ``truncate_prompt_tokens`` within the model's input
-    limit; ``prompt_name`` one of the model's prompts; a prompt (``prompt_name`` or
-    ``instruction``, not both) only with text."""
+    ``dimensions`` one of the model's Matryoshka sizes; ``truncate_prompt_tokens`` within the
+    model's input limit; ``prompt_name`` one of the model's prompts; a prompt
+    (``prompt_name`` or ``instruction``, not both) only with text."""
     schema = EmbeddingRequest.model_json_schema(ref_template=_REF)
     props = schema["properties"]
     most, ids = info.limits.max_items_per_request, _token_ids(info)
@@ -39,7 +49,7 @@ def embedding_request_schema(info: ModelInfo, pooling: PoolingHead) -> dict[str,
         ids,
         {"type": "array", "items": ids, "minItems": 1, "maxItems": most},
     ]
-    props["dimensions"] |= _within(1, pooling.dimension)
+    props["dimensions"] |= _dimensions(pooling)
     props["truncate_prompt_tokens"] |= _within(1, input_limit(info))
     props["prompt_name"]["anyOf"] = [*({"const": name} for name, _ in pooling.prompts), NULL]
     prompted = {"type": "string"}
@@ -61,9 +71,9 @@ def embedding_request_schema(info: ModelInfo, pooling: PoolingHead) -> dict[str,
 
 def cohere_embed_request_schema(info: ModelInfo, pooling: PoolingHead) -> dict[str, Any]:
     """CohereEmbedRequest: one to ``max_items_per_request`` non-empty texts,
-    ``output_dimension`` within the vector."""
+    ``output_dimension`` one of the model's Matryoshka sizes."""
     schema = CohereEmbedRequest.model_json_schema(ref_template=_REF)
     props = schema["properties"]
     props["texts"] |= {"items": TEXT, "minItems": 1, "maxItems": info.limits.max_items_per_request}
-    props["output_dimension"] |= _within(1, pooling.dimension)
+    props["output_dimension"] |= _dimensions(pooling)
     return schema

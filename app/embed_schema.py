@@ -16,6 +16,8 @@ _TYPES = (
     "the sign bits packed 8 per byte (int8/uint8); base64: the float32 little-endian bytes. "
     "As sentence-transformers' quantize_embeddings, after the Matryoshka cut."
 )
+# Cohere v2's input types; any other is a 400 naming input_type
+InputType = Literal["search_document", "search_query", "classification", "clustering", "image"]
 Truncate = Literal["NONE", "START", "END", "CHUNK"]
 _TRUNCATE = (
     "An input past the model's limit: END keeps its first tokens; START drops its first "
@@ -81,11 +83,12 @@ class CohereEmbedRequest(BaseModel):
 
     texts: list[StrictStr] = Field(description="Texts to embed.")
     model: StrictStr | None = Field(default=None, description="Served model name; optional.")
-    input_type: StrictStr | None = Field(
+    input_type: InputType | None = Field(
         default=None,
         description=(
-            "search_query / search_document / classification / clustering: the model's "
-            "prompt of that purpose (query, document, or the name itself), none if it has none."
+            "One of Cohere's input types: search_query / search_document / classification / "
+            "clustering / image: the model's prompt of that purpose (query, document or "
+            "passage, or the name itself), none if it has none."
         ),
     )
     embedding_types: list[EmbeddingType] = Field(

@@ -107,13 +107,34 @@ def _check_text(texts: Sequence[str]) -> None:
         check_unicode(text, "input")
 
 
-def _check_dimensions(dimensions: int | None, pooling: PoolingHead, param: str) -> None:
-    if dimensions is not None and not 1 <= dimensions <= pooling.dimension:
+def check_dimensions(dimensions: int | None, pooling: PoolingHead, param: str) -> None:
+    """A Matryoshka cut the model takes: within 1..its dimension (else ``invalid_dimensions``)
+    and one of its Matryoshka sizes (``PoolingHead.matryoshka``, else
+    ``dimensions_not_supported``: a model not trained for a cut embeds poorly cut, so it is
+    refused rather than truncated, as vLLM and SGLang refuse it). The whole dimension cuts
+    nothing and is always taken."""
+    if dimensions is None:
+        return
+    if not 1 <= dimensions <= pooling.dimension:
         raise ScoringError(
             Reason.INVALID_DIMENSIONS,
             f"{param}: {dimensions} is outside 1..{pooling.dimension} (the model's dimension)",
             param,
         )
+    cuts = pooling.matryoshka
+    if dimensions == pooling.dimension or cuts == () or (cuts and dimensions in cuts):
+        return
+    if cuts is None:
+        message = (
+            f"{param}: {dimensions}: this model was not trained for Matryoshka cuts (its "
+            "config.json declares no matryoshka_dimensions or is_matryoshka, nor does the "
+            f"server's config), so a cut vector would embed poorly; ask for all "
+            f"{pooling.dimension} dimensions (or none)"
+        )
+    else:
+        sizes = ", ".join(str(d) for d in sorted({*cuts, pooling.dimension}))
+        message = f"{param}: {dimensions} is not one of the model's Matryoshka sizes ({sizes})"
+    raise ScoringError(Reason.DIMENSIONS_NOT_SUPPORTED, message, param)
 
 
 def _check_work(work: EmbedWork, info: ModelInfo) -> None:
@@ -223,7 +244,7 @@ class Embedder:
         request = validate_body(payload, EmbeddingRequest)
         adapter = check_model_name(request.model, self.info)
         head = pooling_of(self.info, "/v1/embeddings")
-        _check_dimensions(request.dimensions, head, "dimensions")
+        check_dimensions(request.dimensions, head, "dimensions")
         keep = request.truncate_prompt_tokens
         limit = input_limit(self.info)
         if keep is not None and not 1 <= keep <= limit:
@@ -286,7 +307,7 @@ class Embedder:
         request = validate_body(payload, CohereEmbedRequest)
         adapter = check_model_name(request.model, self.info)
         head = pooling_of(self.info, "/v2/embed")
-        _check_dimensions(request.output_dimension, head, "output_dimension")
+        check_dimensions(request.output_dimension, head, "output_dimension")
         if not request.texts:
             raise ScoringError(Reason.EMPTY_INPUT, "texts: the list is empty", "texts")
         check_item_count(len(request.texts), self.info)
@@ -352,7 +373,8 @@ def cohere_body(
     request_id: str,
     calibration: Calibration = NO_CALIBRATION,
 ) -> dict[str, Any]:
-    """Cohere v2's embeddings_by_type: ``embeddings: {type: [a value per text]}``."""
+    """Cohere v2's embeddings_by_type: ``embeddings: {type: [a value per text]}``; ``meta``
+    counts the tokens embedded (``billed_units`` and ``tokens``, as /v1/rerank's)."""
     out = matryoshka(vectors, prepared.dimensions)
     return {
         "id": request_id,
@@ -361,6 +383,7 @@ def cohere_body(
         "meta": {
             "api_version": {"version": "2"},
             "billed_units": {"input_tokens": prepared.prompt_tokens},
+            "tokens": {"input_tokens": prepared.prompt_tokens},
         },
         "response_type": "embeddings_by_type",
     }

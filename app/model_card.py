@@ -9,7 +9,7 @@ from typing import Any
 from app.chunks import ChunkOptions
 from app.classify import head_card
 from app.embeddings import input_limit
-from replicas.contract import ModelInfo
+from replicas.contract import ModelInfo, PoolingHead
 
 
 def models_body(
@@ -49,9 +49,22 @@ def base_card(
         "input_format": pooling.inputs.kind if pooling else None,
         # an embedding input's most tokens (truncate: END/START cut to it, CHUNK by it)
         "max_input_tokens": input_limit(info) if pooling else None,
+        # the sizes dimensions / output_dimension may cut its vector to (app.embeddings)
+        **matryoshka_card(pooling),
         # /v1/rerank's chunking defaults (a request's own fields override them)
         "rerank_chunking": chunking_card(chunking) if reranks else None,
     }
+
+
+def matryoshka_card(pooling: PoolingHead | None) -> dict[str, Any]:
+    """``is_matryoshka`` (vLLM's word: the vector may be cut) and ``matryoshka_dimensions``
+    (the sizes it may be cut to, its whole dimension among them; null: any size, or none
+    when not Matryoshka); both null for a model that embeds nothing."""
+    if pooling is None:
+        return {"is_matryoshka": None, "matryoshka_dimensions": None}
+    cuts = pooling.matryoshka
+    sizes = sorted({*cuts, pooling.dimension}) if cuts else None
+    return {"is_matryoshka": cuts is not None, "matryoshka_dimensions": sizes}
 
 
 def chunking_card(options: ChunkOptions) -> dict[str, Any]:

@@ -268,6 +268,22 @@ class ModelCard(BaseModel):
         description="/v1/rerank's chunking defaults, which a request's own fields override "
         "(null: no rerank route).",
     )
+    is_matryoshka: bool | None = Field(
+        default=None,
+        description=(
+            "An embedding model's vector may be cut (dimensions / output_dimension): its "
+            "config.json or the server's config declares Matryoshka sizes; false: only the "
+            "whole vector (a cut is a 400 dimensions_not_supported); null: not an embedding "
+            "model."
+        ),
+    )
+    matryoshka_dimensions: list[int] | None = Field(
+        default=None,
+        description=(
+            "The sizes the vector may be cut to, the whole dimension among them (null with "
+            "is_matryoshka: any of 1..dimension)."
+        ),
+    )
     parent: str | None = Field(
         default=None, description="A LoRA adapter's base model (vLLM's shape); absent: a base."
     )

@@ -50,7 +50,7 @@ from replicas.checkpoints.sources import load_hf_config, load_tokenizer, resolve
 from replicas.contract import EmbedWork, ModelInfo, PromptLogprobs, PromptWork, ScoreWork
 from replicas.errors import Reason, ScoringError
 from replicas.model.head_config import score_head_from_hf, with_saved_activation
-from replicas.model.pooling_config import pooling_head_for
+from replicas.model.pooling_config import served_pooling_head
 from replicas.serving.setup import model_vocab_size
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
@@ -86,9 +86,7 @@ class ScoringService:
         vocab_size = model_vocab_size(hf_config)
         check_delimiter_in_vocab(settings.model, vocab_size, source.name)
         directory = None if source.is_gguf else source.directory
-        pooling = pooling_head_for(
-            directory, hf_config, settings.model.pooling, settings.model.normalize
-        )
+        pooling = served_pooling_head(directory, hf_config, settings.model)
         info = ModelInfo(
             name=source.name,
             vocab_size=vocab_size,

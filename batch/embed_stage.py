@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from app.embed_chunks import Chunking, chunk_weights
 from app.embed_types import NO_CALIBRATION, Calibration, load_calibration, typed_embeddings
-from app.embeddings import matryoshka
+from app.embeddings import check_dimensions, matryoshka
 from batch.rows import plain
 from batch.serve_stage import ServeStage
 from batch.stages import EngineStage, PrepareRows, finish_rows, with_columns
@@ -268,17 +268,19 @@ def embed_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedOutpu
     not an embedding model or the dimensions are past its vector's (before the job reads a
     row)."""
     from replicas.checkpoints.sources import load_hf_config, resolve_model_source
-    from replicas.model.pooling_config import pooling_head_for
+    from replicas.model.pooling_config import served_pooling_head
 
     source = resolve_model_source(settings.model.name)
     directory = None if source.is_gguf else source.directory
-    head = pooling_head_for(
-        directory, load_hf_config(source), settings.model.pooling, settings.model.normalize
-    )
+    head = served_pooling_head(directory, load_hf_config(source), settings.model)
     if head is None:
         raise SettingsError(f"model: {settings.model.name} is not an embedding model")
     if columns.dimensions is not None and not 1 <= columns.dimensions <= head.dimension:
         raise SettingsError(f"--dimensions: 1..{head.dimension}, got {columns.dimensions}")
+    try:  # a size the model was not trained to be cut to: as the route refuses it
+        check_dimensions(columns.dimensions, head, "--dimensions")
+    except ScoringError as error:
+        raise SettingsError(error.message) from None
     calibration = NO_CALIBRATION
     if any(kind.endswith("int8") for kind in columns.types):
         calibration = load_calibration(settings.http.embedding_calibration, head.dimension)

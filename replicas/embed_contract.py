@@ -61,7 +61,11 @@ class PoolingHead:
     ``prompts``: the model's named prompt texts, prepended to an input's text as
     sentence-transformers prepends them; ``max_seq_length``: the most tokens per input;
     ``inputs``: how text becomes token ids (a chat template's render leaves no prompt
-    tokens out of the pooling, whatever ``include_prompt`` says, as sentence-transformers)."""
+    tokens out of the pooling, whatever ``include_prompt`` says, as sentence-transformers).
+    ``matryoshka``: the sizes a request may cut the vector to (``dimensions``), as the model
+    declares them or the config says: None: none (not trained for a cut), (): any of
+    1..dimension, else those. The ingress's rule alone (the replica never cuts), so it is
+    not compared: an ingress and a replica agree on a head whatever it says."""
 
     pooling: str
     normalize: bool
@@ -72,12 +76,18 @@ class PoolingHead:
     default_prompt_name: str | None = None
     max_seq_length: int | None = None
     inputs: InputFormat = field(default_factory=InputFormat)
+    matryoshka: tuple[int, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.pooling not in POOLINGS:
             raise ValueError(f"pooling: {self.pooling!r} not in {POOLINGS}")
         if self.dimension < 1:
             raise ValueError(f"dimension: must be >= 1, got {self.dimension}")
+        if self.matryoshka and not all(1 <= d <= self.dimension for d in self.matryoshka):
+            raise ValueError(
+                f"matryoshka_dimensions: {list(self.matryoshka)} must be within "
+                f"1..{self.dimension} (the model's dimension)"
+            )
 
     def prompt(self, name: str) -> str | None:
         """The text of the prompt called ``name`` (None: the model has no such prompt)."""

@@ -41,6 +41,7 @@ class Reason(StrEnum):
     EMPTY_PROMPT = "empty_prompt"
     EMPTY_INPUT = "empty_input"  # an empty embedding input (text, token list or list)
     INVALID_DIMENSIONS = "invalid_dimensions"  # Matryoshka dimensions outside 1..dimension
+    DIMENSIONS_NOT_SUPPORTED = "dimensions_not_supported"  # a cut the model was not trained for
     UNKNOWN_PROMPT = "unknown_prompt"  # a prompt_name / input_type the model has no prompt for
     UNSUPPORTED_FOR_MODEL = "unsupported_for_model"  # a route the model's kind cannot serve
     GENERATION_NOT_SUPPORTED = "generation_not_supported"

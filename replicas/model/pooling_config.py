@@ -26,6 +26,7 @@ from replicas.embed_contract import POOLINGS, InputFormat, PoolingHead
 from replicas.model.families import ENCODER_FAMILIES, text_config
 from replicas.model.head_config import is_cross_encoder, position_offset
 from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format
+from replicas.settings import ModelSettings, SettingsError
 
 # transformers base models (what sentence-transformers saves) -> family
 BASE_ARCHITECTURES = {
@@ -182,12 +183,62 @@ def _within_positions(head: PoolingHead, hf: Any) -> PoolingHead:
     return dataclasses.replace(head, max_seq_length=limit)
 
 
+def declared_matryoshka(hf: Any) -> tuple[int, ...] | None:
+    """The Matryoshka sizes the model's ``config.json`` declares, as vLLM reads them:
+    ``matryoshka_dimensions`` (those), else ``is_matryoshka: true`` (any: ``()``), else None."""
+    declared = getattr(hf, "matryoshka_dimensions", None)
+    if declared:
+        if not isinstance(declared, list | tuple) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in declared
+        ):
+            raise UnsupportedEmbeddingError(
+                f"config.json: matryoshka_dimensions must be positive ints, got {declared!r}"
+            )
+        return tuple(sorted(set(declared)))
+    return () if getattr(hf, "is_matryoshka", False) is True else None
+
+
+def with_matryoshka(head: PoolingHead, model: ModelSettings) -> PoolingHead:
+    """``head`` with the Matryoshka sizes the ``model`` settings make of its own (the
+    ``matryoshka_dimensions`` setting, else ``is_matryoshka``: true keeps the declared
+    sizes or allows any, false none); a size past the vector is a SettingsError."""
+    cuts = head.matryoshka
+    if model.matryoshka_dimensions is not None:
+        cuts = tuple(sorted(set(model.matryoshka_dimensions)))
+    elif model.is_matryoshka is not None:
+        cuts = (cuts or ()) if model.is_matryoshka else None
+    if cuts and max(cuts) > head.dimension:
+        raise SettingsError(
+            f"matryoshka_dimensions: {list(cuts)} must be within 1..{head.dimension} (the "
+            "model's dimension)"
+        )
+    return dataclasses.replace(head, matryoshka=cuts)
+
+
+def served_pooling_head(
+    directory: Path | None, hf: Any, model: ModelSettings
+) -> PoolingHead | None:
+    """The PoolingHead the ``model`` settings serve (``pooling_head_for`` with their pooling,
+    normalization and Matryoshka sizes); Matryoshka settings on a model that embeds nothing
+    are a SettingsError."""
+    head = pooling_head_for(directory, hf, model.pooling, model.normalize)
+    if head is None:
+        if model.matryoshka_dimensions is not None or model.is_matryoshka is not None:
+            raise SettingsError(
+                "matryoshka_dimensions / is_matryoshka: the model is not an embedding model"
+            )
+        return None
+    return with_matryoshka(head, model)
+
+
 def pooling_head_for(
     directory: Path | None, hf: Any, pooling: str | None = None, normalize: bool | None = None
 ) -> PoolingHead | None:
     """The model's PoolingHead, or None for a causal LM or score-head model. ``directory``:
     the Hugging Face directory (None for a GGUF file); ``pooling``/``normalize``: the
-    settings of that name (for a base model or a causal LM served as an embedder)."""
+    settings of that name (for a base model or a causal LM served as an embedder). Its
+    Matryoshka sizes are those ``config.json`` declares (``served_pooling_head``: the
+    settings' too)."""
     hidden = int(text_config(hf).hidden_size)
     if is_cross_encoder(hf) and pooling is None and normalize is None:
         return None  # a CrossEncoder directory (modules.json: its Transformer alone)
@@ -198,7 +249,7 @@ def pooling_head_for(
                 "normalization (1_Pooling, Normalize); leave pooling and normalize unset"
             )
         head = st_pooling_head(directory, hidden, getattr(hf, "model_type", None))
-        return _within_positions(head, hf)
+        return _declared(_within_positions(head, hf), hf)
     if pooling is None and normalize is None and not is_base_model(hf):
         return None
     if pooling is not None and pooling not in POOLINGS:
@@ -213,4 +264,16 @@ def pooling_head_for(
         if directory is not None
         else InputFormat(),
     )
-    return _within_positions(head, hf)
+    return _declared(_within_positions(head, hf), hf)
+
+
+def _declared(head: PoolingHead, hf: Any) -> PoolingHead:
+    """``head`` with the Matryoshka sizes ``config.json`` declares (past its vector: an
+    error naming them)."""
+    cuts = declared_matryoshka(hf)
+    if cuts and max(cuts) > head.dimension:
+        raise UnsupportedEmbeddingError(
+            f"config.json: matryoshka_dimensions {list(cuts)} past the model's dimension "
+            f"{head.dimension}"
+        )
+    return dataclasses.replace(head, matryoshka=cuts)

@@ -41,10 +41,29 @@ class ModelSettings:
     normalize: bool | None = None
     """Whether embeddings are L2-normalized; unset: as the model's own config says (a base
     model: yes)."""
+    matryoshka_dimensions: tuple[int, ...] | None = None
+    """The sizes an embedding model's vector may be cut to (Matryoshka: ``dimensions`` on
+    /v1/embeddings, ``output_dimension`` on /v2/embed), overriding what its ``config.json``
+    declares (``matryoshka_dimensions``, or ``is_matryoshka: true`` for any size, as vLLM
+    reads them); unset and declared nowhere, a cut is a 400 ``dimensions_not_supported``:
+    a model not trained for it embeds poorly cut."""
+    is_matryoshka: bool | None = None
+    """``true``: the vector may be cut to any size (within ``matryoshka_dimensions`` when
+    those are known); ``false``: to none, whatever ``config.json`` declares; unset: as it
+    declares (vLLM's key of that name)."""
 
     def __post_init__(self) -> None:
         check_choice("dtype", self.dtype, DTYPES)
         check_choice("quantization", self.quantization, QUANTIZATIONS)
+        cuts = self.matryoshka_dimensions
+        if cuts is not None and (
+            not cuts or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in cuts)
+        ):
+            raise SettingsError(f"matryoshka_dimensions: must be positive ints, got {cuts!r}")
+        if cuts is not None and self.is_matryoshka is False:
+            raise SettingsError(
+                "matryoshka_dimensions: set with is_matryoshka: false (leave one of them unset)"
+            )
         delimiter = self.multi_item_scoring_delimiter
         if delimiter is not None and (isinstance(delimiter, bool) or delimiter < 0):
             raise SettingsError(

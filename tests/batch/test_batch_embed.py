@@ -115,3 +115,5 @@ def test_the_command_and_its_refusals(tiny_llama_dir, embedding_dirs: dict) -> N
     with pytest.raises(SettingsError, match="--dimensions"):
         settings = embed_settings(embedding_dirs[VARIANT])
         embed_dataset(None, settings, EmbedColumns(dimensions=65))
+    with pytest.raises(SettingsError, match=r"--dimensions: 8 is not one of .* Matryoshka"):
+        embed_dataset(None, settings, EmbedColumns(dimensions=8))  # as the route refuses it

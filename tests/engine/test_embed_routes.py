@@ -111,6 +111,7 @@ def test_prompts_dimensions_and_token_ids(served) -> None:
         ({"input": "a", "extra": 1}, "invalid_request"),
         ({"input": "a", "dimensions": 0}, "invalid_dimensions"),
         ({"input": "a", "dimensions": 65}, "invalid_dimensions"),
+        ({"input": "a", "dimensions": 8}, "dimensions_not_supported"),  # not declared
         ({"input": "a", "encoding_format": "int8"}, "invalid_request"),
         ({"input": "a", "prompt_name": "nope"}, "unknown_prompt"),
         ({"input": [1, 2], "prompt_name": "query"}, "invalid_request"),
@@ -165,6 +166,24 @@ def test_a_huge_text_is_cut_before_it_is_tokenized(
     assert 0 < spy.longest < len(huge) // 20  # a cut: (limit + 1) * CHARS_PER_TOKEN characters
 
 
+def test_the_directory_declares_its_matryoshka_sizes(served) -> None:
+    """config.json's ``matryoshka_dimensions`` (vLLM's key; tests/support/embed_helpers.py):
+    /v1/models lists them and the whole dimension, the whole vector is encode's, and another
+    size is a 400 naming the field and the sizes."""
+    api, directory = served
+    card = ask(api, "GET", "/v1/models").body["data"][0]
+    assert (card["is_matryoshka"], card["matryoshka_dimensions"]) == (True, [16, 32, 64])
+    texts = texts_of(15, 2, longest=30)
+    whole = vectors_of(post(api, "/v1/embeddings", {"input": texts, "dimensions": 64}))
+    np.testing.assert_allclose(whole, reference_vectors(directory, texts), atol=TOL, rtol=0)
+    for path, body, param in (
+        ("/v1/embeddings", {"input": texts, "dimensions": 8}, "dimensions"),
+        ("/v2/embed", {"texts": texts, "output_dimension": 24}, "output_dimension"),
+    ):
+        message = refused(post(api, path, body), "dimensions_not_supported")
+        assert param in message and "(16, 32, 64)" in message, message
+
+
 def test_cohere_v2_embed(served) -> None:
     api, directory = served
     texts = texts_of(13, 3, longest=30)
@@ -177,10 +196,13 @@ def test_cohere_v2_embed(served) -> None:
     query = reference_vectors(directory, texts, prompt_name="query")
     np.testing.assert_allclose(reply.body["embeddings"]["float"], query, atol=TOL, rtol=0)
     assert reply.body["response_type"] == "embeddings_by_type"
+    meta = reply.body["meta"]  # Cohere's and vLLM's: the tokens embedded
+    assert meta["tokens"] == meta["billed_units"] and meta["tokens"]["input_tokens"] > len(texts)
     for bad, reason in (
         ({"embedding_types": ["int4"]}, "embedding_types.0"),
         ({"embedding_types": []}, "embedding_types"),
         ({"output_dimension": 10_000}, "output_dimension"),
+        ({"input_type": "search_everything"}, "input_type"),  # not one of Cohere's
     ):
         message = refused(
             post(api, "/v2/embed", {"texts": texts, **bad}),

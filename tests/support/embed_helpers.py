@@ -3,7 +3,8 @@ reference vectors (sentence-transformers' ``encode`` in float32), for tests/engi
 
 Each directory is what sentence-transformers 6.2 writes for a decoder embedder: the
 transformers base model (``Qwen3Model``, ``LlamaModel``, ``Gemma3TextModel``; safetensors names
-without ``model.``, no LM head) at the root with SmolLM2's tokenizer, ``modules.json``
+without ``model.``, no LM head; its config.json declares ``matryoshka_dimensions``) at the root
+with SmolLM2's tokenizer, ``modules.json``
 (Transformer -> Pooling -> optional Dense -> optional Normalize), ``1_Pooling/config.json``
 (the Llama one ``include_prompt: false``), the prompts in ``config_sentence_transformers.json``
 and the Transformer's ``modality_config`` in ``sentence_bert_config.json``: ``text`` only
@@ -31,6 +32,7 @@ EMBED_VARIANTS: dict[str, tuple[str, str, dict[str, Any], str, int | None]] = {
     "gemma3-mean-dense": ("Gemma3TextConfig", "Gemma3TextModel", GEMMA3, "mean", 48),
 }
 EXCLUDES_PROMPT = ("llama-mean",)  # Pooling(include_prompt=False)
+MATRYOSHKA = (16, 32)  # the sizes every variant's config.json declares (within its dimension)
 
 
 def save_embedding_model(
@@ -53,7 +55,8 @@ def save_embedding_model(
     class_name, model_class, overrides, pooling, dense = EMBED_VARIANTS[variant]
     torch.manual_seed(sum(map(ord, variant)))
     config = getattr(transformers, class_name)(
-        **{**TINY, **overrides, "vocab_size": VOCAB, "max_position_embeddings": 1024}
+        **{**TINY, **overrides, "vocab_size": VOCAB, "max_position_embeddings": 1024},
+        matryoshka_dimensions=list(MATRYOSHKA),  # config.json declares its Matryoshka sizes
     )
     base = getattr(transformers, model_class)(config)
     randomize_(base, seed=sum(map(ord, variant)))

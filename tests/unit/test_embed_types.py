@@ -94,3 +94,28 @@ def test_the_openapi_schemas_state_the_types_exactly() -> None:
         assert types.is_valid(every)
         assert not any(types.is_valid(bad) for bad in ([], ["int4"], "int8", ["Float"]))
         assert Draft202012Validator(schema).is_valid(body)
+
+
+@pytest.mark.parametrize(
+    ("matryoshka", "valid", "invalid"),
+    [
+        (None, (None, DIMENSION), (1, 16, DIMENSION - 1, DIMENSION + 1)),
+        ((8, 16), (None, 8, 16, DIMENSION), (1, 12, DIMENSION + 1)),
+        ((), (None, 1, 12, DIMENSION), (0, DIMENSION + 1)),
+    ],
+)
+def test_the_openapi_schemas_state_the_matryoshka_sizes(
+    matryoshka: tuple[int, ...] | None, valid: tuple[int | None, ...], invalid: tuple[int, ...]
+) -> None:
+    """``dimensions`` / ``output_dimension``: the sizes app.embeddings.check_dimensions takes."""
+    from jsonschema import Draft202012Validator
+
+    pooling = PoolingHead("mean", True, DIMENSION, matryoshka=matryoshka)
+    info = ModelInfo("m", 100, None, ScoringLimits(8, 256, 256), pooling=pooling)
+    for schema, field in (
+        (cohere_embed_request_schema(info, pooling), "output_dimension"),
+        (embedding_request_schema(info, pooling), "dimensions"),
+    ):
+        sizes = Draft202012Validator(schema["properties"][field])
+        assert all(sizes.is_valid(d) for d in valid), field
+        assert not any(sizes.is_valid(d) for d in invalid), field

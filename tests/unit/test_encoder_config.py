@@ -12,7 +12,9 @@ from replicas.model.catalog import hf_config
 from replicas.model.config import config_from_hf
 from replicas.model.errors import UnsupportedModelError
 from replicas.model.head_config import UnsupportedHeadError, with_saved_activation
-from replicas.model.pooling_config import pooling_head_for
+from replicas.model.pooling_config import pooling_head_for, served_pooling_head
+from replicas.model.st_inputs import UnsupportedEmbeddingError
+from replicas.settings import ModelSettings, SettingsError
 
 BERT = {
     "model_type": "bert",
@@ -125,3 +127,36 @@ def test_modernbert_reads_its_windows_rope_bases_norm_biases_and_head() -> None:
 def test_what_modernbert_cannot_run_is_refused_by_name(change: dict, field: str) -> None:
     with pytest.raises((UnsupportedModelError, UnsupportedHeadError), match=field):
         config_from_hf(hf_config({**MODERNBERT, **change}))
+
+
+@pytest.mark.parametrize(
+    ("declared", "settings", "own", "sizes"),
+    [
+        ({}, {}, None, None),  # declared nowhere: no cut
+        ({"matryoshka_dimensions": [16, 8, 16]}, {}, (8, 16), (8, 16)),
+        ({"is_matryoshka": True}, {}, (), ()),  # any size
+        ({}, {"matryoshka_dimensions": (4, 8)}, None, (4, 8)),
+        ({"matryoshka_dimensions": [16]}, {"matryoshka_dimensions": (4,)}, (16,), (4,)),
+        ({}, {"is_matryoshka": True}, None, ()),
+        ({"matryoshka_dimensions": [8]}, {"is_matryoshka": True}, (8,), (8,)),
+        ({"is_matryoshka": True}, {"is_matryoshka": False}, (), None),
+    ],
+)
+def test_matryoshka_sizes_are_config_jsons_unless_the_settings_say_otherwise(
+    declared: dict, settings: dict, own: tuple | None, sizes: tuple | None
+) -> None:
+    # vLLM reads is_matryoshka and matryoshka_dimensions from the HF config
+    hf = hf_config({**BERT, **declared})
+    assert pooling_head_for(None, hf).matryoshka == own
+    assert served_pooling_head(None, hf, ModelSettings(**settings)).matryoshka == sizes
+
+
+def test_matryoshka_sizes_past_the_vector_or_on_a_model_that_embeds_nothing_fail_start_up() -> None:
+    with pytest.raises(UnsupportedEmbeddingError, match="matryoshka_dimensions"):
+        pooling_head_for(None, hf_config({**BERT, "matryoshka_dimensions": [16, 64]}))
+    with pytest.raises(SettingsError, match=r"matryoshka_dimensions: \[8, 33\] .*1..32"):
+        served_pooling_head(None, hf_config(BERT), ModelSettings(matryoshka_dimensions=(8, 33)))
+    classifier = {**BERT, "architectures": ["BertForSequenceClassification"], "num_labels": 1}
+    with pytest.raises(SettingsError, match="not an embedding model"):
+        served_pooling_head(None, hf_config(classifier), ModelSettings(is_matryoshka=True))
+    assert served_pooling_head(None, hf_config(classifier), ModelSettings()) is None

@@ -170,6 +170,12 @@ def test_sections_load_as_the_flat_keys_do() -> None:
         ({"host_compile_timeout_s": -1}, r"^host_compile_timeout_s: must be > 0"),
         ({"lora_adapters": {"a": "/x"}}, r"^max_loras: 0 slots cannot hold"),
         ({"warmup_batch_sizes": [32]}, r"^warmup_batch_sizes: each must be in \[1, 16\]"),
+        ({"matryoshka_dimensions": [0, 8]}, r"^matryoshka_dimensions: must be positive ints"),
+        ({"matryoshka_dimensions": []}, r"^matryoshka_dimensions: must be positive ints"),
+        (
+            {"matryoshka_dimensions": [8], "is_matryoshka": False},
+            r"^matryoshka_dimensions: set with is_matryoshka: false",
+        ),
     ],
 )
 def test_each_error_names_the_setting(values: dict[str, Any], message: str) -> None:
