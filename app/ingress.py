@@ -36,6 +36,7 @@ from app.access import load_api_keys
 from app.adapters import AdapterAdmin, LiveNames
 from app.http import build_api
 from app.metrics import IngressMetrics
+from app.refusals import RefusalWindow
 from app.service import ScoringService
 from app.workloads import WORKLOADS, Workload
 from app.works import check_prepared
@@ -152,6 +153,7 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
             self._adapters = AdapterAdmin(base, names, replica, adapter_registry)
         self._replica = replica
         self._metrics = IngressMetrics()
+        self._refusals = RefusalWindow()  # the replicas' last overload refusal, for <= 1 s
 
     @property
     def info(self) -> ModelInfo:
@@ -195,7 +197,11 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
 
     async def _call_replica(self, work: ScoreWork | PromptWork | EmbedWork) -> ScoredWork:
         """The replica call, bounded by the request's deadline. Admission is the replica's
-        (``ScoringReplica.score_timed``): it alone sees the work every ingress sent."""
+        (``ScoringReplica.score_timed``): it alone sees the work every ingress sent; for up
+        to a second after it refused, the ingress refuses what it would (app.refusals)."""
+        refusal = self._refusals.refusal()
+        if refusal is not None:
+            raise refusal
         deadline_s = self._settings.batching.request_deadline_s
         work = dataclasses.replace(work, deadline=time.time() + deadline_s)
         try:
@@ -211,6 +217,7 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
             error = _unwrap(raw)
             if isinstance(error, ScoringError):  # the replica's refusal, with its own status
                 # (an adapter unloaded after the ingress checked the name: 404, semantics 21)
+                self._refusals.refused(error, self._settings.batching.max_queue_wait_s)
                 param = "model" if error.reason == Reason.MODEL_NOT_FOUND else None
                 raise ScoringError(
                     error.reason, error.message, param, error.status_code, error.retry_after_s

@@ -80,12 +80,14 @@ class ScoringError(ValueError):
     (400), an unknown model (404), an overloaded or failed replica (503), a defect (500).
 
     ``status_code`` defaults to the reason's (``STATUS_OF``, else 400); ``retry_after_s`` is
-    the Retry-After header of a 503, if any. ``engine_failure`` is set (the engine's exception,
-    as ``repr``) when the engine failed on a step rather than refusing the work: a retryable
-    503 ``unavailable`` until the replica finds the engine fails on this request alone
-    (``failed_on_this_request``). Picklable (``__reduce__``): a DeploymentHandle caller
-    catches it by type and reads ``body``, the exact JSON the HTTP route sends. A ValueError,
-    as every refusal of bad input was (Ray Data's ``should_continue_on_error`` keys on it).
+    the Retry-After header of a 503, if any; ``excess_wait_s``, an ``overloaded`` refusal's
+    expected wait beyond ``max_queue_wait_s`` (app.refusals). ``engine_failure`` is set (the
+    engine's exception, as ``repr``) when the engine failed on a step rather than refusing
+    the work: a retryable 503 ``unavailable`` until the replica finds the engine fails on
+    this request alone (``failed_on_this_request``). Picklable (``__reduce__``): a
+    DeploymentHandle caller catches it by type and reads ``body``, the exact JSON the HTTP
+    route sends. A ValueError, as every refusal of bad input was (Ray Data's
+    ``should_continue_on_error`` keys on it).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class ScoringError(ValueError):
         status_code: int | None = None,
         retry_after_s: int | None = None,
         engine_failure: str | None = None,
+        excess_wait_s: float | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = Reason(reason)
@@ -104,10 +107,12 @@ class ScoringError(ValueError):
         self.status_code = STATUS_OF.get(self.reason, 400) if status_code is None else status_code
         self.retry_after_s = retry_after_s
         self.engine_failure = engine_failure
+        self.excess_wait_s = excess_wait_s
 
     def __reduce__(self) -> tuple[Any, ...]:
         fields = (self.reason.value, self.message, self.param, self.status_code)
-        return (type(self), (*fields, self.retry_after_s, self.engine_failure))
+        extra = (self.retry_after_s, self.engine_failure, self.excess_wait_s)
+        return (type(self), (*fields, *extra))
 
     @property
     def headers(self) -> dict[str, str]:

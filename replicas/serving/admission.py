@@ -136,18 +136,30 @@ class Verdict:
     expected_wait_s: float
     retry_after_s: int = 0
     max_wait_s: float = 0.0
+    cold_calls: int = 0  # refused with no work rate yet: this many calls were in flight
 
     def refusal(self, who: str) -> str:
         """The 503 message of a refused verdict; ``who`` is what is overloaded."""
+        if self.cold_calls:
+            return (
+                f"{who} overloaded: no work rate measured yet and {self.cold_calls} calls "
+                "in flight, the most admitted before one is; retry later"
+            )
         return (
             f"{who} overloaded: expected wait {self.expected_wait_s:.1f} s exceeds "
             f"max_queue_wait_s {self.max_wait_s} s; retry later"
         )
 
 
-def admit(estimate: QueueEstimate, max_wait_s: float) -> Verdict:
-    """Admit while the expected wait is within ``max_wait_s`` (0 disables the check)."""
+def admit(estimate: QueueEstimate, max_wait_s: float, cold_calls: int = 0) -> Verdict:
+    """Admit while the expected wait is within ``max_wait_s`` (0 disables the check). With
+    no work rate yet (no basis for a wait), admit while fewer than ``cold_calls`` calls are
+    in flight (0: any number), so a fresh replica hit by an overload queues at most about
+    one engine call's worth before its first completions measure the rate."""
     wait = estimate.expected_wait_s()
+    cold = max_wait_s > 0 and cold_calls > 0 and estimate.work_rate() is None
+    if cold and estimate.in_flight >= cold_calls:
+        return Verdict(False, wait, 1, max_wait_s, cold_calls=estimate.in_flight)
     if max_wait_s <= 0 or wait <= max_wait_s:
         return Verdict(True, wait)
     return Verdict(False, wait, retry_after_seconds(wait, max_wait_s), max_wait_s)

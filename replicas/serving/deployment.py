@@ -220,11 +220,16 @@ class ScoringReplica:
             await self._adapters.follow(work.adapter)
         info = self._engine.info
         check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
-        verdict = admit(self._queue, self._settings.batching.max_queue_wait_s)
+        batching = self._settings.batching
+        verdict = admit(self._queue, batching.max_queue_wait_s, batching.max_batch_size)
         if not verdict.admitted:
             self._shed["overloaded"] += 1
             message = verdict.refusal("scoring replica")
-            raise ScoringError(Reason.OVERLOADED, message, retry_after_s=verdict.retry_after_s)
+            excess = verdict.expected_wait_s - verdict.max_wait_s
+            raise ScoringError(
+                Reason.OVERLOADED, message, retry_after_s=verdict.retry_after_s,
+                excess_wait_s=None if verdict.cold_calls else excess,
+            )  # fmt: skip
         ticket = self._queue.started(work_cost(work, self._settings.model.multi_item))
         result: Any = None
         try:

@@ -35,6 +35,31 @@ def test_no_estimate_before_completions_admits() -> None:
     assert admit(queue, 5.0).admitted
 
 
+def test_with_no_work_rate_yet_at_most_one_calls_worth_is_admitted() -> None:
+    """A fresh replica hit by an overload (no completion yet, so no basis for a wait) admits
+    ``cold_calls`` calls, then refuses at once with Retry-After 1 until its first completions
+    measure the rate; admission by wait follows."""
+    clock = Clock()
+    queue = QueueEstimate(clock=clock)
+    tickets = []
+    for _ in range(16):
+        assert admit(queue, 5.0, cold_calls=16).admitted
+        tickets.append(queue.started(100))
+    refused = admit(queue, 5.0, cold_calls=16)
+    assert not refused.admitted and refused.retry_after_s == 1 and refused.cold_calls == 16
+    assert "no work rate measured yet and 16 calls in flight" in refused.refusal("replica")
+    assert admit(queue, 0.0, cold_calls=16).admitted  # 0 turns every check off
+    for ticket in tickets[:4]:  # 100 units every 0.5 s: 200 units/s, 1200 units ahead: 6 s
+        clock.now += 0.5
+        queue.finished(ticket)
+    assert queue.work_rate() == 200.0
+    by_wait = admit(queue, 5.0, cold_calls=16)
+    assert not by_wait.admitted and by_wait.cold_calls == 0 and by_wait.retry_after_s == 1
+    clock.now += 0.25
+    queue.finished(tickets[4])  # 500 units in 2.25 s, 1100 ahead: 4.95 s
+    assert admit(queue, 5.0, cold_calls=16).admitted
+
+
 def test_wait_is_work_ahead_over_work_rate_with_retry_after() -> None:
     clock = Clock()
     queue = QueueEstimate(clock=clock)

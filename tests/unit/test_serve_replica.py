@@ -217,6 +217,29 @@ def test_an_overloaded_replica_refuses_before_batching(settings: ReplicaSettings
     assert caught.value.reason == "overloaded" and caught.value.retry_after_s == 3
     assert replica._engine.batches == 0 and replica.stats()["rejected_overloaded"] == 1
     assert pickle.loads(pickle.dumps(caught.value)).retry_after_s == 3
+    assert pickle.loads(pickle.dumps(caught.value)).excess_wait_s == pytest.approx(3.0)
+
+
+def test_a_fresh_replica_admits_one_calls_worth_before_it_has_a_work_rate(
+    settings: ReplicaSettings,
+) -> None:
+    """No completion yet, so no basis for a wait: ``max_batch_size`` (8) calls in flight are
+    the most it admits; the next is refused at once (Retry-After 1), not queued behind them."""
+    replica = Replica(settings, "tests.support.fake_engine:FakeEngine")
+
+    async def one_work_batches(work: ScoreWork) -> object:  # @serve.batch needs a replica
+        return (await replica._score_many([work]))[0]
+
+    replica._score_batched = one_work_batches
+    for _ in range(7):
+        replica._queue.started(1000)
+    assert asyncio.run(replica.score_timed(work())).scores.shape == (2, 2)  # the 8th
+    replica._queue.started(1000)
+    with pytest.raises(ScoringError) as caught:
+        asyncio.run(replica.score_timed(work()))
+    assert caught.value.reason == "overloaded" and caught.value.retry_after_s == 1
+    assert "no work rate measured yet" in caught.value.message
+    assert replica._engine.batches == 1 and replica.stats()["rejected_overloaded"] == 1
 
 
 def test_a_request_the_engine_fails_on_alone_is_a_500_and_the_replica_stays_healthy(
