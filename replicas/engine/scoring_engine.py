@@ -85,7 +85,11 @@ class ScoringEngine:
         vocab = model.config.vocab_size
         check_delimiter_in_vocab(settings.model, vocab, name)
         model = with_attention(model, settings.engine.attention, mesh)
-        model = dataclasses.replace(model, lora_groups=int(mesh.shape["data"]))
+        model = dataclasses.replace(
+            model,
+            config=model.config.replace(row_shards=int(mesh.shape["model"])),
+            lora_groups=int(mesh.shape["data"]),
+        )
         self._lora = start_slots(model, params, mesh, settings.adapters, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}

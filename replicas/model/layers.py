@@ -41,13 +41,23 @@ def declare_weight(module: nn.Module, name: str, shape: tuple[int, ...], n_in: i
     return values, scale
 
 
-def project(x: Array, weight: Any, n_in: int, config: ModelConfig, dtype: Any, spec: str) -> Array:
+def project(
+    x: Array,
+    weight: Any,
+    n_in: int,
+    config: ModelConfig,
+    dtype: Any,
+    spec: str,
+    row_parallel: bool = False,
+) -> Array:
     """``x [..., *in]`` through a ``declare_weight`` weight -> ``[..., *out]``; unquantized
-    exactly as before (the einsum ``spec``, or ``x @ w`` for ``"@"``)."""
+    exactly as before (the einsum ``spec``, or ``x @ w`` for ``"@"``). ``row_parallel``: the
+    contraction is split over the model axis (o, down), model.quant's ``shards``."""
     if config.quantization == "none":
         return x @ weight if spec == "@" else jnp.einsum(spec, x, weight)
     values, scale = weight
-    return quantized_project(x, values, scale, n_in, config.quantization, dtype)
+    shards = config.row_shards if row_parallel else 1
+    return quantized_project(x, values, scale, n_in, config.quantization, dtype, shards)
 
 
 def observe(module: nn.Module, name: str, x: Array, n_in: int) -> None:
@@ -280,7 +290,7 @@ class Attention(nn.Module):
         """[..., T, H, Dh] -> [..., T, D]."""
         spec = "...thk,hkd->...td"
         observe(self, "o_in", attended, 2)
-        out = project(attended, self.o, 2, self.config, self.dtype, spec)
+        out = project(attended, self.o, 2, self.config, self.dtype, spec, row_parallel=True)
         return with_delta(out, attended, "o", lora)
 
     def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
@@ -308,4 +318,5 @@ class MLP(nn.Module):
             gated = jax.nn.silu(gated)
         hidden = gated * with_delta(project(x, up, 1, c, dt, "@"), x, "up", lora)  # [..., F]
         observe(self, "down_in", hidden, 1)
-        return with_delta(project(hidden, down, 1, c, dt, "@"), hidden, "down", lora)
+        down_out = project(hidden, down, 1, c, dt, "@", row_parallel=True)
+        return with_delta(down_out, hidden, "down", lora)

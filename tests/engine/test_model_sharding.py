@@ -12,12 +12,18 @@ from tests.support.model_helpers import json_lines_on_host_devices
 
 VARIANTS = ["llama", "llama-kv3", "qwen2", "qwen3"]
 PALLAS_VARIANTS = ["llama", "llama-kv3"]  # the two head layouts (interpret mode is slow)
+INT8_VARIANTS = ["llama", "qwen3"]
+# int8 across two paths that round float32 differently: its quantization bound
+# (tests/engine/test_quantized.py's TO_FLOAT32, docs/quantization.md "Item isolation").
+INT8_BOUND = 0.01
 
 
 @pytest.fixture(scope="module")
 def sharded_results(tiny_checkpoint) -> dict[str, dict]:
     directories = [
-        f"{tiny_checkpoint(variant)}{'+pallas' if variant in PALLAS_VARIANTS else ''}"
+        str(tiny_checkpoint(variant))
+        + ("+pallas" if variant in PALLAS_VARIANTS else "")
+        + ("+int8" if variant in INT8_VARIANTS else "")
         for variant in VARIANTS
     ]
     lines = json_lines_on_host_devices("tests.support.sharded_check", *directories, timeout=300)
@@ -45,6 +51,21 @@ def test_the_pallas_item_attention_sharded_equals_xla_on_one_device(variant, sha
     # Interpret mode on CPU: llama's heads split over the model axis in shard_map,
     # llama-kv3's indivisible kv heads run with heads replicated.
     assert sharded_results[variant]["pallas_engine_ratio"] <= 1.0
+
+
+@pytest.mark.parametrize("variant", INT8_VARIANTS)
+def test_int8_on_the_model_axis_stays_within_its_bound_of_one_device(variant, sharded_results):
+    # The o and down projections sum each chip's part rescaled to the compute dtype (one
+    # int32 sum on one device): float32 rounding, and so int8's bound across paths.
+    diff = sharded_results[variant]["int8_engine_diff"]
+    print(f"\n[sharded] {variant}: int8 max abs score diff 2x2 mesh vs 1 device = {diff:.3g}")
+    assert diff <= INT8_BOUND
+
+
+def test_a_row_parallel_int8_projection_sums_the_compute_dtype_over_chips(sharded_results):
+    found = sharded_results["llama"]["row_parallel_all_reduces"]
+    assert "s32" in found["1"]  # one int32 sum: the partial sums cross the model axis as int32
+    assert found["2"] == ["f32"]  # each part rescaled first: float32 here, bf16 on a TPU
 
 
 def test_heads_split_over_model_axis(sharded_results):

@@ -3,14 +3,18 @@
 
 For each checkpoint directory: load it on a 1x1 mesh and on a (data=2, model=2) mesh, run
 the same right-padded batch (batch-sharded over ``data`` on the big mesh) and print one JSON
-line with the max abs log-prob difference and the partition specs the loader produced.
+line with the max abs log-prob difference and the partition specs the loader produced
+(``+int8``: also ``quantization: int8`` through the engine on both meshes, and the collectives
+of a row-parallel int8 projection).
 The XLA flag must be set before jax initializes, hence a separate process.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from replicas.checkpoints.loading import LoadedModel, load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.causal_lm import AttentionSpec
+from replicas.model.quant import quantized_project
 from replicas.settings import ReplicaSettings
 from tests.support.fp32 import fp32_ratio
 from tests.support.model_helpers import batch
@@ -78,11 +83,41 @@ def pallas_engine_ratio(one: LoadedModel, four: LoadedModel) -> float:
     return max(fp32_ratio(b, a) for a, b in zip(reference, pallas, strict=True))
 
 
+def int8_engine_diff(directory: Path, small: Any, big: Any) -> float:
+    """``quantization: int8`` through the engine on the 2x2 mesh (its o and down projections'
+    parts summed in float32 over the model axis) against one device (one int32 sum): the max
+    abs score difference."""
+    one = load_model(directory, small, quantization="int8")
+    four = load_model(directory, big, quantization="int8")
+    pairs = zip(engine_scores(one, "xla"), engine_scores(four, "xla"), strict=True)
+    return max(float(np.abs(a - b).max()) for a, b in pairs)
+
+
+def row_parallel_collectives(big: Any) -> dict[str, list[str]]:
+    """The element types of every all-reduce in a row-parallel W8A8 projection compiled on the
+    2x2 mesh (its contracted axis split over ``model``), by ``shards``: 1 sums int32 over the
+    chips, 2 the compute dtype."""
+
+    def place(array: jax.Array, *spec: str | None) -> jax.Array:
+        return jax.device_put(array, NamedSharding(big, PartitionSpec(*spec)))
+
+    x = place(jnp.ones((4, 8, 64), jnp.float32), "data", None, "model")  # [B, T, in]
+    values = place(jnp.ones((64, 32), jnp.int8), "model")  # [in, out]
+    scale = place(jnp.ones((32,), jnp.float32))
+    found = {}
+    for shards in (1, 2):
+        step = jax.jit(partial(quantized_project, n_in=1, quantization="int8",
+                               dtype=jnp.float32, shards=shards))  # fmt: skip
+        hlo = step.lower(x, values, scale).compile().as_text()
+        found[str(shards)] = sorted(set(re.findall(r"= (\w+)\[[^\]]*\][^ ]* all-reduce\(", hlo)))
+    return found
+
+
 def spec(array: jax.Array) -> list[Any]:
     return list(array.sharding.spec)
 
 
-def check(directory: Path, pallas: bool) -> dict[str, Any]:
+def check(directory: Path, pallas: bool, int8: bool = False) -> dict[str, Any]:
     small = build_mesh((1, 1))
     big = build_mesh((2, 2))
     one = load_model(directory, small)
@@ -103,6 +138,8 @@ def check(directory: Path, pallas: bool) -> dict[str, Any]:
         "max_abs_diff": diff,
         "fp32_ratio": ratio,
         "pallas_engine_ratio": pallas_engine_ratio(one, four) if pallas else None,
+        "int8_engine_diff": int8_engine_diff(directory, small, big) if int8 else None,
+        "row_parallel_all_reduces": row_parallel_collectives(big) if int8 else None,
         "q": spec(attn["q"]),
         "k": spec(attn["k"]),
         "o": spec(attn["o"]),
@@ -114,9 +151,10 @@ def check(directory: Path, pallas: bool) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    for argument in argv:  # DIR, or DIR+pallas to also run the Pallas engine check
-        directory, _, flag = argument.partition("+")
-        print(json.dumps(check(Path(directory), flag == "pallas")), flush=True)
+    for argument in argv:  # DIR, DIR+pallas (the Pallas engine check), DIR+int8, or both
+        directory, *flags = argument.split("+")
+        result = check(Path(directory), "pallas" in flags, "int8" in flags)
+        print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -49,6 +49,31 @@ def test_op_matches_dequantize_then_matmul(n_in: int, quantization: str) -> None
     assert (rel / norm).max() < 0.05  # quantized, per token: every row keeps its own scale
 
 
+@pytest.mark.parametrize("n_in", [1, 2])
+@pytest.mark.parametrize("shards", [2, 3])
+def test_a_row_parallel_projection_summed_in_parts_matches_the_oracle(
+    n_in: int, shards: int
+) -> None:
+    """``shards`` (the model axis over the first contracted axis, o and down): each part's
+    int32 sum rescaled into the compute dtype, then summed; the same per-token scales, so the
+    oracle's result within float32 rounding of the parts. 3 does not divide the axis (64, or
+    2 heads): one sum, exactly as unsplit. bfloat16 parts: within bf16's rounding of each."""
+    import jax.numpy as jnp
+
+    x, w = _case(n_in)
+    values, scale = quantize(w, n_in, "int8", xp=np)
+    run = lambda dtype, k: np.asarray(  # noqa: E731
+        quantized_project(jnp.asarray(x), values, scale, n_in, "int8", dtype, k), np.float32
+    )
+    want = reference_project(x, values, scale, n_in, "int8")
+    got = run(jnp.float32, shards)
+    np.testing.assert_allclose(got, want, rtol=4e-6, atol=2e-6 * np.abs(want).max())
+    if shards == 3:
+        np.testing.assert_array_equal(got, run(jnp.float32, 1))
+    rows = np.abs(want).max(axis=tuple(range(2, want.ndim)), keepdims=True)
+    assert (np.abs(run(jnp.bfloat16, shards) - want) <= shards * 2**-8 * rows + 1e-30).all()
+
+
 def test_weight_scales_are_per_output_channel() -> None:
     w = np.array([[1.0, -0.01], [-2.0, 0.02]], np.float32)  # [in 2, out 2]
     values, scale = quantize(w, 1, "int8", xp=np)
