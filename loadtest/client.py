@@ -26,6 +26,7 @@ import httpx
 from loadtest.bench_serve_report import Sample
 from loadtest.harness import JSON_HEADERS, LABELS, loopback_url
 
+TIMING_HEADERS = ("x-queue-time", "x-total-time")  # Outcome's queue_s and total_s
 WORDS = ["alpha", "beta", "gamma", "delta", "capital", "river", "city", "blue", "stone"]
 
 
@@ -37,6 +38,7 @@ class Outcome:
     retry_after: str | None
     sent_s: float = 0.0  # when it was sent, seconds into the overload phase
     queue_s: float | None = None  # a 200's x-queue-time: handed to the replicas -> its step
+    total_s: float | None = None  # x-total-time: the request's time inside the ingress
 
 
 async def send(
@@ -57,12 +59,17 @@ async def send(
     except httpx.HTTPError as error:
         return Outcome(0, time.perf_counter() - start, f"client_error:{type(error).__name__}", None)
     seconds = time.perf_counter() - start
-    queued = response.headers.get("x-queue-time")  # milliseconds
-    queue_s = float(queued) / 1e3 if queued is not None else None
-    reason = "" if response.status_code == 200 else _reason(response, "no_envelope")
-    return Outcome(
-        response.status_code, seconds, reason, response.headers.get("retry-after"), 0.0, queue_s
+    queue_s, total_s = (
+        header_seconds(response.headers.get(h)) for h in ("x-queue-time", "x-total-time")
     )
+    reason = "" if response.status_code == 200 else _reason(response, "no_envelope")
+    retry_after = response.headers.get("retry-after")
+    return Outcome(response.status_code, seconds, reason, retry_after, 0.0, queue_s, total_s)
+
+
+def header_seconds(milliseconds: str | None) -> float | None:
+    """A timing header (whole milliseconds) in seconds."""
+    return float(milliseconds) / 1e3 if milliseconds is not None else None
 
 
 async def closed_loop(
