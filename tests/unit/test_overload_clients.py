@@ -16,7 +16,7 @@ from loadtest.overload_clients import CLIENT_KINDS, Plan, encoded, run_client
 
 
 class Refusing(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers["content-length"]))
         body = json.dumps({"object": "error", "reason": "overloaded", "code": 503}).encode()
         self.send_response(503)
