@@ -25,6 +25,8 @@ LOGICAL_AXIS_RULES: Mapping[str, str | None] = {
     "mlp": "model",
     "norm": None,
     "seq": None,
+    # A quantized model's residual stream between its blocks (replicas.model.token_split).
+    "split_tokens": "model",
     "labels": None,  # a score head's outputs (few)
     "head_hidden": "model",  # a reward head's inner width, split like the MLP's
     "positions": None,  # an encoder's learned position and token-type embeddings (small)

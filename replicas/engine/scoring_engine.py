@@ -56,6 +56,7 @@ from replicas.errors import Reason, ScoringError
 from replicas.model.attention import mesh_platform, with_attention
 from replicas.model.causal_lm import CausalLM, Params
 from replicas.model.layer_loop import layers_for_loop
+from replicas.model.token_split import token_split
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
 __all__ = ["ScoringEngine", "configure_compilation_cache"]
@@ -85,11 +86,11 @@ class ScoringEngine:
         vocab = model.config.vocab_size
         check_delimiter_in_vocab(settings.model, vocab, name)
         model = with_attention(model, settings.engine.attention, mesh)
-        model = dataclasses.replace(
-            model,
-            config=model.config.replace(row_shards=int(mesh.shape["model"])),
-            lora_groups=int(mesh.shape["data"]),
-        )
+        model = dataclasses.replace(model, lora_groups=int(mesh.shape["data"]))
+        if not model.config.encoder:
+            model = dataclasses.replace(
+                model, token_split=token_split(model.config.quantization, mesh)
+            )
         self._lora = start_slots(model, params, mesh, settings.adapters, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}

@@ -36,6 +36,7 @@ from replicas.model.layers import (
 from replicas.model.lora import has_head_slots, head_slot_outputs, layer_inputs, split_tagged
 from replicas.model.masks import within_window
 from replicas.model.quant import quantize_layers
+from replicas.model.token_split import TokenSplit
 
 Array = jax.Array
 Params = dict[str, Any]
@@ -102,25 +103,32 @@ class DecoderLayer(nn.Module):
     dtype: Any = jnp.float32
     stream_attention: Callable[..., Array] = attend_item_stream  # see replicas.model.attention
     dense_attention: Callable[..., Array] = masked_attention  # see replicas.model.attention
+    split: TokenSplit | None = (
+        None  # a quantized model's residual split by tokens (model.token_split)
+    )
 
     def setup(self) -> None:
         c = self.config
         eps, offset = c.rms_norm_eps, c.norm_offset
         self.attn_norm = RMSNorm(eps, self.dtype, offset)
-        self.attn = Attention(c, self.dtype)
+        self.attn = Attention(c, self.dtype, self.split)
         self.mlp_norm = RMSNorm(eps, self.dtype, offset)
-        self.mlp = MLP(c, self.dtype)
+        self.mlp = MLP(c, self.dtype, self.split)
         if c.post_norms:
             self.post_attn_norm = RMSNorm(eps, self.dtype, offset)
             self.post_mlp_norm = RMSNorm(eps, self.dtype, offset)
 
     def _mlp_block(self, x: Array, lora: Any = None) -> Array:
         out = self.mlp(self.mlp_norm(x), lora)
-        return x + (self.post_mlp_norm(out) if self.config.post_norms else out)
+        return self._tokens(x + (self.post_mlp_norm(out) if self.config.post_norms else out))
 
     def _attn_block(self, x: Array, attended: Array, lora: Any = None) -> Array:
         out = self.attn.out(attended, lora)
-        return x + (self.post_attn_norm(out) if self.config.post_norms else out)
+        return self._tokens(x + (self.post_attn_norm(out) if self.config.post_norms else out))
+
+    def _tokens(self, x: Array) -> Array:
+        """The residual stream ``[B, T, D]`` where ``split`` keeps it (unchanged without)."""
+        return x if self.split is None else self.split.tokens(x)
 
     def _qkv(
         self, x: Array, positions: Array, kind: LayerKind | None, lora: Any = None
@@ -150,6 +158,7 @@ class DecoderLayer(nn.Module):
         """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh]).
         ``lora``: (this layer's adapter stacks, how the step's tokens reach their slots), see
         model.lora."""
+        x = self._tokens(x)
         q, k, v = self._qkv(x, positions, kind, lora)
         attended = self.dense_attention(q, k, v, self._dense_spec(spec, positions, kind))
         return self._mlp_block(self._attn_block(x, attended, lora), lora), k, v
@@ -178,6 +187,7 @@ class DecoderLayer(nn.Module):
     ) -> tuple[Array, Array, Array]:
         """x: [B, S, D] item stream reading prefix keys/values [B, T, K, Dh] -> (x one layer
         on [B, S, D], the stream's own keys and values [B, S, K, Dh])."""
+        x = self._tokens(x)
         q, k, v = self._qkv(x, positions, kind, lora)
         attended = self.stream_attention(
             q, prefix_k, prefix_v, spec.prefix_valid, k, v, spec.item_ids, spec.window,
@@ -202,10 +212,14 @@ class CausalLM:
     lora_groups: int = 1
     # The LoRA update's form (model.lora.update_form): "auto", "dense" or "grouped".
     lora_update: str = "auto"
+    # A quantized model's residual stream split by tokens on the model axis (model.token_split).
+    token_split: TokenSplit | None = None
 
     @property
     def layer(self) -> DecoderLayer:
-        return DecoderLayer(self.config, self.dtype, self.stream_attention, self.dense_attention)
+        return DecoderLayer(
+            self.config, self.dtype, self.stream_attention, self.dense_attention, self.token_split
+        )
 
     def init_params(self, rng: Array) -> Params:
         """Random parameters with the loaders' tree structure (also for jax.eval_shape); a
@@ -251,7 +265,9 @@ class CausalLM:
         x = jnp.take(params["embed"], tokens, axis=0).astype(self.dtype)
         if self.config.embed_scale:
             x = x * jnp.asarray(self.config.hidden_size**0.5, self.dtype)
-        return x
+        # Split by tokens from here (model.token_split), so what follows the layers gathers
+        # them the same with or without layers (the projection's compile with none).
+        return x if self.token_split is None else self.token_split.tokens(x)
 
     def _final_norm(self, params: Params, x: Array) -> Array:
         norm = RMSNorm(self.config.rms_norm_eps, self.dtype, self.config.norm_offset)

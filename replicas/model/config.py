@@ -77,10 +77,6 @@ class ModelConfig:
     # none, int8 (W8A8, per-token activation scales), int8_smooth (int8 on SmoothQuant-rescaled
     # weights, model.smooth), int8_weight or fp8.
     quantization: str = "none"
-    # The mesh's model-axis size, which splits the row-parallel projections' (o, down)
-    # contraction: a quantized one sums each chip's part in the compute dtype, not int32
-    # (model.quant); set by the engine from its mesh, 1 elsewhere. Parameters do not depend on it.
-    row_shards: int = 1
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

@@ -19,7 +19,15 @@ import numpy as np
 from replicas.model.config import ModelConfig
 from replicas.model.lora import with_delta
 from replicas.model.masks import key_blocks, lookback, own_item_mask, within_window
-from replicas.model.quant import SCALE_SUFFIX, quantized_project, scale_shape, stored_dtype
+from replicas.model.quant import (
+    SCALE_SUFFIX,
+    project_tokens,
+    quantize_tokens,
+    quantized_project,
+    scale_shape,
+    stored_dtype,
+)
+from replicas.model.token_split import TokenSplit
 
 Array = jax.Array
 NEG_INF = float(np.finfo(np.float32).min)
@@ -49,15 +57,25 @@ def project(
     dtype: Any,
     spec: str,
     row_parallel: bool = False,
+    split: TokenSplit | None = None,
 ) -> Array:
     """``x [..., *in]`` through a ``declare_weight`` weight -> ``[..., *out]``; unquantized
-    exactly as before (the einsum ``spec``, or ``x @ w`` for ``"@"``). ``row_parallel``: the
-    contraction is split over the model axis (o, down), model.quant's ``shards``."""
-    if config.quantization == "none":
+    exactly as before (the einsum ``spec``, or ``x @ w`` for ``"@"``). ``split``
+    (model.token_split): a column-parallel projection gathers its quantized tokens, a
+    ``row_parallel`` one (o, down: the contraction split over the model axis) sums each
+    chip's part in ``dtype`` onto tokens split over the chips."""
+    quantization = config.quantization
+    if quantization == "none":
         return x @ weight if spec == "@" else jnp.einsum(spec, x, weight)
     values, scale = weight
-    shards = config.row_shards if row_parallel else 1
-    return quantized_project(x, values, scale, n_in, config.quantization, dtype, shards)
+    if split is None:
+        return quantized_project(x, values, scale, n_in, quantization, dtype)
+    x_q, x_scale = quantize_tokens(x, n_in, quantization)  # [..., *in], [..., 1 * n_in]
+    if row_parallel:
+        return split.row_parallel(x_q, x_scale, values, scale, n_in, quantization, dtype)
+    # quantized on the token's own chip, then gathered: one byte a value crosses the chips
+    x_q, x_scale = (split.whole(split.tokens(a)) for a in (x_q, x_scale))
+    return project_tokens(x_q, x_scale, values, scale, n_in, quantization, dtype)
 
 
 def observe(module: nn.Module, name: str, x: Array, n_in: int) -> None:
@@ -243,6 +261,7 @@ class Attention(nn.Module):
 
     config: ModelConfig
     dtype: Any = jnp.float32
+    split: TokenSplit | None = None  # see ``project``
 
     def setup(self) -> None:
         c = self.config
@@ -284,13 +303,13 @@ class Attention(nn.Module):
 
     def _in(self, x: Array, weight: Any) -> Array:
         """[..., T, D] -> [..., T, heads, Dh]."""
-        return project(x, weight, 1, self.config, self.dtype, "...td,dhk->...thk")
+        return project(x, weight, 1, self.config, self.dtype, "...td,dhk->...thk", split=self.split)
 
     def out(self, attended: Array, lora: Any = None) -> Array:
         """[..., T, H, Dh] -> [..., T, D]."""
         spec = "...thk,hkd->...td"
         observe(self, "o_in", attended, 2)
-        out = project(attended, self.o, 2, self.config, self.dtype, spec, row_parallel=True)
+        out = project(attended, self.o, 2, self.config, self.dtype, spec, True, self.split)
         return with_delta(out, attended, "o", lora)
 
     def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
@@ -302,21 +321,23 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     config: ModelConfig
     dtype: Any = jnp.float32
+    split: TokenSplit | None = None  # see ``project``
 
     @nn.compact
     def __call__(self, x: Array, lora: Any = None) -> Array:  # [..., D] -> [..., D]
         d, f = self.config.hidden_size, self.config.intermediate_size
-        c, dt = self.config, self.dtype
+        c, dt, split = self.config, self.dtype, self.split
         gate = declare_weight(self, "gate", (d, f), 1)
         up = declare_weight(self, "up", (d, f), 1)
         down = declare_weight(self, "down", (f, d), 1)
         observe(self, "gate_up_in", x, 1)
-        gated = with_delta(project(x, gate, 1, c, dt, "@"), x, "gate", lora)
+        gated = with_delta(project(x, gate, 1, c, dt, "@", split=split), x, "gate", lora)
         if self.config.hidden_act == "gelu_tanh":
             gated = jax.nn.gelu(gated, approximate=True)
         else:
             gated = jax.nn.silu(gated)
-        hidden = gated * with_delta(project(x, up, 1, c, dt, "@"), x, "up", lora)  # [..., F]
+        up_out = project(x, up, 1, c, dt, "@", split=split)
+        hidden = gated * with_delta(up_out, x, "up", lora)  # [..., F]
         observe(self, "down_in", hidden, 1)
-        down_out = project(hidden, down, 1, c, dt, "@", row_parallel=True)
+        down_out = project(hidden, down, 1, c, dt, "@", True, split)
         return with_delta(down_out, hidden, "down", lora)

@@ -130,64 +130,36 @@ def _rows(x_scale: Array, n_in: int, out_axes: int) -> Array:
     return x_scale.reshape(*x_scale.shape[: x_scale.ndim - n_in], *([1] * out_axes))
 
 
-def split_of(values: Array, quantization: str, shards: int) -> int:
-    """How many parts ``quantized_project`` sums a W8A8 or fp8 projection's contraction in:
-    ``shards`` where it divides the first contracted axis (the model axis splits it there,
-    ``cluster.sharding``), else 1."""
-    if quantization == "int8_weight" or shards <= 1 or values.shape[0] % shards:
-        return 1
-    return shards
-
-
 def quantized_project(
-    x: Array,
-    values: Array,
-    scale: Array,
-    n_in: int,
-    quantization: str,
-    dtype: Any,
-    shards: int = 1,
+    x: Array, values: Array, scale: Array, n_in: int, quantization: str, dtype: Any
 ) -> Array:
     """``x [..., *in]`` through a quantized weight (``values [*in, *out]``, ``scale [*out]``)
-    -> ``[..., *out]`` in ``dtype``. ``shards``: a row-parallel projection's model-axis size
-    (o, down: their first contracted axis is split over it); each part's int32 sum is rescaled
-    into ``dtype`` before the parts are summed, so the sum over chips (an all-reduce)
-    carries ``dtype``, not int32 (``_parts``). 1: one int32 sum, rescaled once."""
+    -> ``[..., *out]`` in ``dtype``."""
     if quantization == "int8_weight":
         weight = dequantize(values, scale, n_in).astype(x.dtype)  # [*in, *out]
         return _contract(x, weight, n_in, x.dtype).astype(dtype)
+    x_q, x_scale = quantize_tokens(x, n_in, quantization)
+    return project_tokens(x_q, x_scale, values, scale, n_in, quantization, dtype)
+
+
+def quantize_tokens(x: Array, n_in: int, quantization: str) -> tuple[Array, Array]:
+    """W8A8 / fp8: ``x [..., *in]`` -> (its stored values ``[..., *in]``, one float32 scale
+    per token ``[..., 1 * n_in]``)."""
     x_scale = token_scale(x, n_in, quantization)  # [..., 1 * n_in]
-    x_q = _to_stored(x.astype(jnp.float32) / x_scale, quantization, jnp)
+    return _to_stored(x.astype(jnp.float32) / x_scale, quantization, jnp), x_scale
+
+
+def project_tokens(
+    x_q: Array, x_scale: Array, values: Array, scale: Array, n_in: int, quantization: str,
+    dtype: Any,
+) -> Array:  # fmt: skip
+    """``quantize_tokens``' output through a quantized weight: the s8 x s8 -> s32 (fp8: f32)
+    sums times both scales -> ``[..., *out]`` in ``dtype`` (``quantized_project``'s second
+    half; model.token_split runs it on each chip's part of a row-parallel contraction)."""
+    acc_type = jnp.int32 if quantization in W8A8_INT else jnp.float32
+    acc = _contract(x_q, values, n_in, acc_type)  # [..., *out]
     rows = _rows(x_scale, n_in, scale.ndim)  # [..., 1 * out axes]
-    parts = split_of(values, quantization, shards)
-    if parts > 1:
-        return _parts(x_q, values, rows * scale, n_in, quantization, dtype, parts)
-    acc = _contract(x_q, values, n_in, _acc_type(quantization))  # [..., *out]
     return (acc.astype(jnp.float32) * rows * scale).astype(dtype)
-
-
-def _acc_type(quantization: str) -> Any:
-    return jnp.int32 if quantization in W8A8_INT else jnp.float32
-
-
-def _parts(
-    x_q: Array, values: Array, both: Array, n_in: int, quantization: str, dtype: Any, parts: int
-) -> Array:
-    """The contraction in ``parts`` along its first axis, each part's sum times ``both``
-    scales (``[..., *out]``, broadcast) in ``dtype``, then summed: ``x_q [..., *in]``,
-    ``values [*in, *out]`` -> ``[..., *out]``. The part axis lies where the model axis splits
-    the contraction, so each chip contracts its own part locally and the sum over parts is
-    the one collective, in ``dtype``."""
-    lead = x_q.ndim - n_in
-    x_p = x_q.reshape(*x_q.shape[:lead], parts, -1, *x_q.shape[lead + 1 :])  # [..., P, in0/P, ...]
-    w_p = values.reshape(parts, -1, *values.shape[1:])  # [P, in0/P, *in[1:], *out]
-    x_axes = tuple(range(lead + 1, lead + 1 + n_in))
-    dims = ((x_axes, tuple(range(1, 1 + n_in))), ((lead,), (0,)))
-    acc = jax.lax.dot_general(x_p, w_p, dims, preferred_element_type=_acc_type(quantization))
-    scaled = (acc.astype(jnp.float32) * both[None]).astype(dtype)  # [P, ..., *out]
-    # lax.reduce in ``dtype``: jnp.sum would widen bf16 to float32 first, and the collective
-    # with it.
-    return jax.lax.reduce(scaled, jnp.zeros((), dtype), jax.lax.add, (0,))
 
 
 def reference_project(

@@ -55,17 +55,19 @@ def test_the_pallas_item_attention_sharded_equals_xla_on_one_device(variant, sha
 
 @pytest.mark.parametrize("variant", INT8_VARIANTS)
 def test_int8_on_the_model_axis_stays_within_its_bound_of_one_device(variant, sharded_results):
-    # The o and down projections sum each chip's part rescaled to the compute dtype (one
-    # int32 sum on one device): float32 rounding, and so int8's bound across paths.
+    # Split by tokens on the model axis (model.token_split): each token quantized on its own
+    # chip (the same values and scales), the o and down projections' parts rescaled to the
+    # compute dtype before their sum (one int32 sum on one device): float32 rounding, and so
+    # int8's bound across paths.
     diff = sharded_results[variant]["int8_engine_diff"]
     print(f"\n[sharded] {variant}: int8 max abs score diff 2x2 mesh vs 1 device = {diff:.3g}")
     assert diff <= INT8_BOUND
 
 
-def test_a_row_parallel_int8_projection_sums_the_compute_dtype_over_chips(sharded_results):
+def test_a_row_parallel_int8_projection_reduce_scatters_the_compute_dtype(sharded_results):
     found = sharded_results["llama"]["row_parallel_all_reduces"]
-    assert "s32" in found["1"]  # one int32 sum: the partial sums cross the model axis as int32
-    assert found["2"] == ["f32"]  # each part rescaled first: float32 here, bf16 on a TPU
+    assert "s32 all-reduce" in found["one sum"]  # int32 partial sums cross the model axis
+    assert found["split"] == ["f32 reduce-scatter"]  # rescaled first: float32 here, bf16 on TPU
 
 
 def test_heads_split_over_model_axis(sharded_results):

@@ -28,7 +28,8 @@ from replicas.checkpoints.loading import LoadedModel, load_model
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.causal_lm import AttentionSpec
-from replicas.model.quant import quantized_project
+from replicas.model.quant import project_tokens
+from replicas.model.token_split import TokenSplit
 from replicas.settings import ReplicaSettings
 from tests.support.fp32 import fp32_ratio
 from tests.support.model_helpers import batch
@@ -94,22 +95,27 @@ def int8_engine_diff(directory: Path, small: Any, big: Any) -> float:
 
 
 def row_parallel_collectives(big: Any) -> dict[str, list[str]]:
-    """The element types of every all-reduce in a row-parallel W8A8 projection compiled on the
-    2x2 mesh (its contracted axis split over ``model``), by ``shards``: 1 sums int32 over the
-    chips, 2 the compute dtype."""
+    """The collectives (element type and op) of a row-parallel W8A8 projection compiled on
+    the 2x2 mesh (its contracted axis split over ``model``): as one int32 sum (no split) and
+    through ``TokenSplit.row_parallel`` (each chip's part rescaled first)."""
 
     def place(array: jax.Array, *spec: str | None) -> jax.Array:
         return jax.device_put(array, NamedSharding(big, PartitionSpec(*spec)))
 
-    x = place(jnp.ones((4, 8, 64), jnp.float32), "data", None, "model")  # [B, T, in]
+    x_q = place(jnp.ones((4, 8, 64), jnp.int8), "data", None, "model")  # [B, T, in]
+    x_scale = place(jnp.ones((4, 8, 1), jnp.float32), "data")
     values = place(jnp.ones((64, 32), jnp.int8), "model")  # [in, out]
     scale = place(jnp.ones((32,), jnp.float32))
+    forms = {
+        "one sum": partial(project_tokens, n_in=1, quantization="int8", dtype=jnp.float32),
+        "split": partial(TokenSplit(big).row_parallel, n_in=1, quantization="int8",
+                         dtype=jnp.float32),
+    }  # fmt: skip
     found = {}
-    for shards in (1, 2):
-        step = jax.jit(partial(quantized_project, n_in=1, quantization="int8",
-                               dtype=jnp.float32, shards=shards))  # fmt: skip
-        hlo = step.lower(x, values, scale).compile().as_text()
-        found[str(shards)] = sorted(set(re.findall(r"= (\w+)\[[^\]]*\][^ ]* all-reduce\(", hlo)))
+    for name, form in forms.items():
+        hlo = jax.jit(form).lower(x_q, x_scale, values, scale).compile().as_text()
+        ops = re.findall(r"= (\w+)\[[^\]]*\][^ ]* (all-reduce|reduce-scatter)\(", hlo)
+        found[name] = sorted({f"{kind} {op}" for kind, op in ops})
     return found
 
 

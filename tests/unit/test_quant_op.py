@@ -50,28 +50,20 @@ def test_op_matches_dequantize_then_matmul(n_in: int, quantization: str) -> None
 
 
 @pytest.mark.parametrize("n_in", [1, 2])
-@pytest.mark.parametrize("shards", [2, 3])
-def test_a_row_parallel_projection_summed_in_parts_matches_the_oracle(
-    n_in: int, shards: int
-) -> None:
-    """``shards`` (the model axis over the first contracted axis, o and down): each part's
-    int32 sum rescaled into the compute dtype, then summed; the same per-token scales, so the
-    oracle's result within float32 rounding of the parts. 3 does not divide the axis (64, or
-    2 heads): one sum, exactly as unsplit. bfloat16 parts: within bf16's rounding of each."""
+@pytest.mark.parametrize("quantization", ["int8", "fp8"])
+def test_the_op_in_two_halves_is_the_op(n_in: int, quantization: str) -> None:
+    """``quantize_tokens`` then ``project_tokens`` (how model.token_split runs it, the
+    quantized tokens gathered between the halves) is ``quantized_project`` to the bit."""
     import jax.numpy as jnp
 
+    from replicas.model.quant import project_tokens, quantize_tokens
+
     x, w = _case(n_in)
-    values, scale = quantize(w, n_in, "int8", xp=np)
-    run = lambda dtype, k: np.asarray(  # noqa: E731
-        quantized_project(jnp.asarray(x), values, scale, n_in, "int8", dtype, k), np.float32
-    )
-    want = reference_project(x, values, scale, n_in, "int8")
-    got = run(jnp.float32, shards)
-    np.testing.assert_allclose(got, want, rtol=4e-6, atol=2e-6 * np.abs(want).max())
-    if shards == 3:
-        np.testing.assert_array_equal(got, run(jnp.float32, 1))
-    rows = np.abs(want).max(axis=tuple(range(2, want.ndim)), keepdims=True)
-    assert (np.abs(run(jnp.bfloat16, shards) - want) <= shards * 2**-8 * rows + 1e-30).all()
+    values, scale = quantize(w, n_in, quantization, xp=np)
+    whole = quantized_project(jnp.asarray(x), values, scale, n_in, quantization, jnp.float32)
+    x_q, x_scale = quantize_tokens(jnp.asarray(x), n_in, quantization)
+    halves = project_tokens(x_q, x_scale, values, scale, n_in, quantization, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(halves), np.asarray(whole))
 
 
 def test_weight_scales_are_per_output_channel() -> None:

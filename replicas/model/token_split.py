@@ -1,0 +1,88 @@
+"""Sequence parallelism of a W8A8 model on the model axis (``TokenSplit``).
+
+With the layers' weights split over ``model`` (cluster.sharding), a row-parallel projection
+(o, down) leaves each chip a partial sum of every token, and the next column-parallel ones
+(q, k, v; gate, up) need every token's whole input on every chip. Unquantized, XLA sums the
+partials with one all-reduce of the compute dtype. Quantized (``int8``, ``int8_smooth``,
+``fp8``), the column-parallel projections read their input as one byte a value and one float32
+scale a token, and a token's scale is its own row's (model.quant): so between the layers'
+blocks the residual stream is split over ``model`` by tokens, the row-parallel sums are
+reduce-scattered onto it (the compute dtype), each chip normalizes and quantizes its own
+tokens (every token's row whole on one chip: the same values and scales as on one device),
+and the quantized tokens are all-gathered, a byte a value. A chip sends 3/4 of the
+all-reduce's bytes on a model axis of 4 (docs/quantization.md, "Planning").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from cluster.sharding import partition_spec
+from replicas.model.quant import project_tokens
+
+Array = jax.Array
+SPLITS = ("int8", "int8_smooth", "fp8")  # one byte a value between the chips
+
+
+@dataclass(frozen=True)
+class TokenSplit:
+    """Where a quantized model's activations lie between its projections, on ``mesh``."""
+
+    mesh: Mesh
+
+    def tokens(self, x: Array) -> Array:
+        """``x [B, T, ...]`` with its tokens split over ``model`` (where that divides T)."""
+        return self._place(x, ("batch", "split_tokens"))
+
+    def whole(self, x: Array) -> Array:
+        """``x [B, T, ...]`` whole on every chip of the model axis (rows split over data)."""
+        return self._place(x, ("batch", None))
+
+    def row_parallel(
+        self, x_q: Array, x_scale: Array, values: Array, scale: Array, n_in: int,
+        quantization: str, dtype: Any,
+    ) -> Array:  # fmt: skip
+        """o, down: quantized tokens ``x_q [B, T, *in]`` (``in[0]`` split over ``model``, as
+        the weight's) and their scales ``[B, T, 1 * n_in]`` (each token's own, whole) through
+        ``values [*in, *out]`` -> ``[B, T, *out]`` split by tokens. Each chip rescales its
+        part's int32 sums into ``dtype`` and the parts are reduce-scattered in ``dtype``
+        (all-reduced where the model axis does not divide T); one chip's own int32 sum is
+        ``project_tokens``' exactly."""
+        model = int(self.mesh.shape["model"])
+        if values.shape[0] % model or x_q.ndim - n_in != 2:  # the weight whole on each chip
+            return self.tokens(
+                project_tokens(x_q, x_scale, values, scale, n_in, quantization, dtype)
+            )
+        data = partition_spec(("batch",), x_q.shape[:1], self.mesh)[0]
+        scatter = x_q.shape[1] % model == 0
+
+        def part(x_q: Array, x_scale: Array, values: Array, scale: Array) -> Array:
+            mine = project_tokens(x_q, x_scale, values, scale, n_in, quantization, dtype)
+            if scatter:
+                return jax.lax.psum_scatter(mine, "model", scatter_dimension=1, tiled=True)
+            return jax.lax.psum(mine, "model")
+
+        specs = (PartitionSpec(data, None, "model"), PartitionSpec(data), PartitionSpec("model"))
+        out = PartitionSpec(data, "model" if scatter else None)
+        summed = jax.shard_map(
+            part, mesh=self.mesh, in_specs=(*specs, PartitionSpec()), out_specs=out,
+            check_vma=False,
+        )  # fmt: skip
+        return summed(x_q, x_scale, values, scale)
+
+    def _place(self, x: Array, lead: tuple[str | None, ...]) -> Array:
+        axes = (*lead, *([None] * (x.ndim - len(lead))))
+        spec = partition_spec(axes, x.shape, self.mesh)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
+
+
+def token_split(quantization: str, mesh: Mesh) -> TokenSplit | None:
+    """The engine's ``TokenSplit`` for a model of ``quantization`` on ``mesh``: one where a
+    quantized model's weights are split over a model axis, else None (nothing changes)."""
+    if quantization not in SPLITS or int(mesh.shape["model"]) == 1:
+        return None
+    return TokenSplit(mesh)
