@@ -50,7 +50,7 @@ from replicas.errors import (
     failed_on_this_request,
 )
 from replicas.serving.adapter_registry import AdapterFollower, apply_to_engine
-from replicas.serving.admission import QueueEstimate, admit
+from replicas.serving.admission import MIN_COMPLETIONS, QueueEstimate, admit
 from replicas.serving.merging import call_budget, take_for_one_call
 from replicas.serving.metrics import ReplicaMetrics
 from replicas.serving.setup import (
@@ -221,7 +221,8 @@ class ScoringReplica:
         info = self._engine.info
         check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
         batching = self._settings.batching
-        verdict = admit(self._queue, batching.max_queue_wait_s, batching.max_batch_size)
+        cold_calls = max(batching.max_batch_size, MIN_COMPLETIONS)  # before a work rate
+        verdict = admit(self._queue, batching.max_queue_wait_s, cold_calls)
         if not verdict.admitted:
             self._shed["overloaded"] += 1
             message = verdict.refusal("scoring replica")
