@@ -25,8 +25,10 @@ LOGICAL_AXIS_RULES: Mapping[str, str | None] = {
     "mlp": "model",
     "norm": None,
     "seq": None,
-    # A quantized model's residual stream between its blocks (replicas.model.token_split).
+    # A quantized model's residual stream between its blocks (replicas.model.token_split),
+    # and its o projection's heads: that weight whole on every chip, which reads its own tokens.
     "split_tokens": "model",
+    "whole_heads": None,
     "labels": None,  # a score head's outputs (few)
     "head_hidden": "model",  # a reward head's inner width, split like the MLP's
     "positions": None,  # an encoder's learned position and token-type embeddings (small)

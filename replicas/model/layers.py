@@ -56,14 +56,15 @@ def project(
     config: ModelConfig,
     dtype: Any,
     spec: str,
-    row_parallel: bool = False,
+    parallel: str = "column",
     split: TokenSplit | None = None,
 ) -> Array:
     """``x [..., *in]`` through a ``declare_weight`` weight -> ``[..., *out]``; unquantized
     exactly as before (the einsum ``spec``, or ``x @ w`` for ``"@"``). ``split``
-    (model.token_split): a column-parallel projection gathers its quantized tokens, a
-    ``row_parallel`` one (o, down: the contraction split over the model axis) sums each
-    chip's part in ``dtype`` onto tokens split over the chips."""
+    (model.token_split): a ``column``-parallel projection (q, k, v, gate, up) gathers its
+    quantized tokens, a ``row``-parallel one (down: the contraction split over the model
+    axis) sums each chip's part in ``dtype`` onto tokens split over the chips, and o
+    (``tokens``: its weight whole on every chip) projects each chip's own tokens."""
     quantization = config.quantization
     if quantization == "none":
         return x @ weight if spec == "@" else jnp.einsum(spec, x, weight)
@@ -71,8 +72,10 @@ def project(
     if split is None:
         return quantized_project(x, values, scale, n_in, quantization, dtype)
     x_q, x_scale = quantize_tokens(x, n_in, quantization)  # [..., *in], [..., 1 * n_in]
-    if row_parallel:
+    if parallel == "row":
         return split.row_parallel(x_q, x_scale, values, scale, n_in, quantization, dtype)
+    if parallel == "tokens":
+        return split.own_tokens(x_q, x_scale, values, scale, n_in, quantization, dtype)
     # quantized on the token's own chip, then gathered: one byte a value crosses the chips
     x_q, x_scale = (split.whole(split.tokens(a)) for a in (x_q, x_scale))
     return project_tokens(x_q, x_scale, values, scale, n_in, quantization, dtype)
@@ -309,7 +312,7 @@ class Attention(nn.Module):
         """[..., T, H, Dh] -> [..., T, D]."""
         spec = "...thk,hkd->...td"
         observe(self, "o_in", attended, 2)
-        out = project(attended, self.o, 2, self.config, self.dtype, spec, True, self.split)
+        out = project(attended, self.o, 2, self.config, self.dtype, spec, "tokens", self.split)
         return with_delta(out, attended, "o", lora)
 
     def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
@@ -339,5 +342,5 @@ class MLP(nn.Module):
         up_out = project(x, up, 1, c, dt, "@", split=split)
         hidden = gated * with_delta(up_out, x, "up", lora)  # [..., F]
         observe(self, "down_in", hidden, 1)
-        down_out = project(hidden, down, 1, c, dt, "@", True, split)
+        down_out = project(hidden, down, 1, c, dt, "@", "row", split)
         return with_delta(down_out, hidden, "down", lora)

@@ -14,7 +14,7 @@ from cluster.sharding import tree_shardings
 from replicas.model.config import ModelConfig
 from replicas.model.encoder_params import encoder_logical_axes
 from replicas.model.heads import head_logical_axes
-from replicas.model.quant import scale_axes, scale_shapes
+from replicas.model.quant import ACTIVATIONS, scale_axes, scale_shapes
 
 Axes = tuple[str | None, ...]
 
@@ -68,6 +68,7 @@ _SIZES = {
     "embed": lambda c: c.hidden_size,
     "norm": lambda c: c.hidden_size,
     "heads": lambda c: c.num_heads,
+    "whole_heads": lambda c: c.num_heads,
     "kv_heads": lambda c: c.num_kv_heads,
     "head_dim": lambda c: c.head_dim,
     "mlp": lambda c: c.intermediate_size,
@@ -89,6 +90,8 @@ def served_logical_axes(config: ModelConfig) -> dict[str, Any]:
     """``param_logical_axes`` (the checkpoint's tensors) and, quantized, each quantized
     weight's scale (model.quant): the tree the model runs on."""
     tree = param_logical_axes(config)
+    if config.quantization in ACTIVATIONS:  # o reads whole rows of its tokens (model.token_split)
+        tree["layers"]["attn"]["o"] = ("layers", "whole_heads", "head_dim", "embed")
     if config.quantization != "none":
         tree["layers"] = scale_axes(tree["layers"], config.quantization)
     return tree

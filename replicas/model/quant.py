@@ -50,6 +50,7 @@ BLOCK = 32
 # largest stored magnitude; int8_smooth runs as int8 on SmoothQuant-rescaled weights (model.smooth)
 _LIMITS = {"int8": 127.0, "int8_smooth": 127.0, "int8_weight": 127.0, "fp8": 448.0}
 W8A8_INT = ("int8", "int8_smooth")  # s8 x s8 -> s32 dots
+ACTIVATIONS = (*W8A8_INT, "fp8")  # the forms that quantize activations too (a byte a value)
 
 
 def stored_dtype(quantization: str) -> Any:

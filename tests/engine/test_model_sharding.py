@@ -64,6 +64,12 @@ def test_int8_on_the_model_axis_stays_within_its_bound_of_one_device(variant, sh
     assert diff <= INT8_BOUND
 
 
+def test_int8_keeps_o_whole_on_every_chip_and_down_split(sharded_results):
+    # o reads every head of its own tokens (an int8 all-to-all), down sums its parts.
+    assert sharded_results["llama"]["int8_o"] == [None, None, None, None]
+    assert sharded_results["llama"]["int8_down"] == [None, "model", None]
+
+
 def test_a_row_parallel_int8_projection_reduce_scatters_the_compute_dtype(sharded_results):
     found = sharded_results["llama"]["row_parallel_all_reduces"]
     assert "s32 all-reduce" in found["one sum"]  # int32 partial sums cross the model axis

@@ -84,14 +84,19 @@ def pallas_engine_ratio(one: LoadedModel, four: LoadedModel) -> float:
     return max(fp32_ratio(b, a) for a, b in zip(reference, pallas, strict=True))
 
 
-def int8_engine_diff(directory: Path, small: Any, big: Any) -> float:
-    """``quantization: int8`` through the engine on the 2x2 mesh (its o and down projections'
-    parts summed in float32 over the model axis) against one device (one int32 sum): the max
-    abs score difference."""
+def int8_check(directory: Path, small: Any, big: Any) -> dict[str, Any]:
+    """``quantization: int8`` through the engine on the 2x2 mesh (split by tokens,
+    model.token_split) against one device: the max abs score difference, and where the
+    quantized o and down weights lie."""
     one = load_model(directory, small, quantization="int8")
     four = load_model(directory, big, quantization="int8")
     pairs = zip(engine_scores(one, "xla"), engine_scores(four, "xla"), strict=True)
-    return max(float(np.abs(a - b).max()) for a, b in pairs)
+    layers = four.params["layers"]
+    return {
+        "int8_engine_diff": max(float(np.abs(a - b).max()) for a, b in pairs),
+        "int8_o": spec(layers["attn"]["o"]),
+        "int8_down": spec(layers["mlp"]["down"]),
+    }
 
 
 def row_parallel_collectives(big: Any) -> dict[str, list[str]]:
@@ -144,7 +149,7 @@ def check(directory: Path, pallas: bool, int8: bool = False) -> dict[str, Any]:
         "max_abs_diff": diff,
         "fp32_ratio": ratio,
         "pallas_engine_ratio": pallas_engine_ratio(one, four) if pallas else None,
-        "int8_engine_diff": int8_engine_diff(directory, small, big) if int8 else None,
+        **(int8_check(directory, small, big) if int8 else {}),
         "row_parallel_all_reduces": row_parallel_collectives(big) if int8 else None,
         "q": spec(attn["q"]),
         "k": spec(attn["k"]),

@@ -199,7 +199,7 @@ def test_llama_70b_on_a_v6e_2x2_is_refused_in_bfloat16_before_compiling_and_fits
     tmp_path: Path,
 ) -> None:
     # Llama-3.1-70B's bf16 weights are 141 GB: 35 GB per chip even on a v6e:2x2's 4 chips;
-    # in int8 (values + float32 scales; embeddings and LM head stay bfloat16) about half.
+    # in int8 (values + float32 scales; embeddings and LM head stay bfloat16) about 0.63x.
     # One process: the planner's CLI, then its weight count (abstract_params) for int8.
     out = tmp_path / "plan.json"
     command = [sys.executable, "-c", LLAMA_70B, str(out)]
@@ -216,8 +216,10 @@ def test_llama_70b_on_a_v6e_2x2_is_refused_in_bfloat16_before_compiling_and_fits
     assert f"> HBM {hbm / 2**30:.1f} GiB (parameters" in bf16["reason"]
     assert "in bfloat16" in bf16["reason"]
     assert bf16["param_bytes_per_chip"] + bf16["cache_bytes_per_chip"] > hbm
-    assert int8["params"] + int8["cache"] < hbm / 1.8
-    assert 0.5 < int8["params"] / bf16["param_bytes_per_chip"] < 0.53
+    # int8: half of bf16's split weights, plus o whole on every chip (model.token_split: 80
+    # layers x 64 MiB, 3.75 GiB more than a quarter each): 20.7 GiB of 32.
+    assert int8["params"] + int8["cache"] < 0.7 * hbm
+    assert 0.61 < int8["params"] / bf16["param_bytes_per_chip"] < 0.65
 
 
 def test_the_quantization_option_reaches_the_emitted_manifest() -> None:
