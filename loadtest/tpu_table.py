@@ -7,11 +7,14 @@ roofline-projected items/s at RFC-008's workload; its result renders into docs/t
 expensive ones (the memory peak; much slower).
 
     python -m loadtest run tpu_table [--models A,B] [--topologies v6e:2x2,...] [--signatures S]
-        [--quantizations none,int8] [--mesh D,M]
+        [--quantizations none,int8] [--mesh D,M] [--zip] [--workloads single,batched,ranking]
 
 ``--quantizations`` other than ``none`` alone: one row per form, the table rendered into
 docs/tpu.md and docs/quantization.md as the quantized projection (int8's s8 x s8 dots at the
-chip's int8 peak, ``planning.tpu_projection.int8_share``).
+chip's int8 peak, ``planning.tpu_projection.int8_share``): one chip per replica (``--mesh 1,1``)
+as ``tpu-table-quant`` and ``quant-tpu``, any other mesh (the default: each slice's shipped
+layout) as those keys with ``-shipped`` or ``-DxM`` after them. ``--zip``: the i-th model on
+the i-th topology only, not every model on every topology.
 """
 
 from __future__ import annotations
@@ -33,13 +36,19 @@ GIB = 1024**3
 
 
 def run_check(
-    topology: str, model: str, signatures: str, quantization: str = "none", mesh: str = ""
+    topology: str,
+    model: str,
+    signatures: str,
+    quantization: str = "none",
+    mesh: str = "",
+    workloads: str = "",
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "plan.json"
         command = [sys.executable, "-m", "planning.tpu_check", "--topology", topology]
         command += ["--model", model, "--signatures", signatures, "--json", str(out)]
         command += ["--quantization", quantization] + (["--mesh", mesh] if mesh else [])
+        command += ["--workloads", workloads] if workloads else []
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if not out.exists():
             raise RuntimeError(f"{topology} {model}: {done.stderr[-2000:]}")
@@ -74,14 +83,31 @@ COLUMNS = (
 )  # fmt: skip
 
 
+def pairs(o: argparse.Namespace) -> list[tuple[str, str]]:
+    """(model, topology) of each check: every model on every topology, or with ``--zip``
+    the i-th model on the i-th topology."""
+    models, topologies = o.models.split(","), o.topologies.split(",")
+    if o.zip:
+        return list(zip(models, topologies, strict=True))
+    return [(model, topology) for model in models for topology in topologies]
+
+
+def quantized_keys(mesh: str) -> tuple[tuple[str, str], ...]:
+    """The result keys (and their docs) of a quantized table on ``mesh`` (``--mesh``)."""
+    suffix = "" if mesh == "1,1" else f"-{mesh.replace(',', 'x')}" if mesh else "-shipped"
+    return (f"tpu-table-quant{suffix}", "docs/tpu.md"), (
+        f"quant-tpu{suffix}",
+        "docs/quantization.md",
+    )
+
+
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     rows = []
-    for model in o.models.split(","):
-        for topology in o.topologies.split(","):
-            for form in o.quantizations.split(","):
-                plan = run_check(topology, model, o.signatures, form, o.mesh)
-                rows.append(table_row(plan))
-                run.say(str(rows[-1]))
+    for model, topology in pairs(o):
+        for form in o.quantizations.split(","):
+            plan = run_check(topology, model, o.signatures, form, o.mesh, o.workloads)
+            rows.append(table_row(plan))
+            run.say(str(rows[-1]))
     notes = (
         f"compiled signatures: {o.signatures} per step kind of the shipped warm-up; one "
         "`planning.tpu_check` process per row (libtpu's environment is set before jax loads)",
@@ -92,9 +118,11 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         return [run.result("Projection table", tables, key=key, doc="docs/tpu.md", notes=notes)]
     notes += (QUANTIZED_NOTE,)
     title = "Quantized projection table (from compiled executables)"
+    if o.mesh != "1,1":
+        title = "Quantized projection table on the model axis (from compiled executables)"
     return [
         run.result(title, tables, key=key, doc=doc, notes=notes)
-        for key, doc in (("tpu-table-quant", "docs/tpu.md"), ("quant-tpu", "docs/quantization.md"))
+        for key, doc in quantized_keys(o.mesh)
     ]
 
 
@@ -110,6 +138,7 @@ WORKLOAD = Workload(
         Option("--models", ",".join(MODELS)), Option("--topologies", ",".join(TOPOLOGIES)),
         Option("--signatures", "smallest", choices=("smallest", "largest")),
         Option("--quantizations", "none"), Option("--mesh", ""),
+        Option("--zip", False), Option("--workloads", ""),
     ),
     measure=measure,
 )  # fmt: skip
