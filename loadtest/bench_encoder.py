@@ -16,7 +16,10 @@ engine's computed / real tokens. Infinity (``infinity-emb``, its torch engine on
 runs in its own venv (``make bench-infinity`` makes .venv-infinity) through
 loadtest/infinity_runner.py; without it its rows say so.
 
-    python -m loadtest run encoder [--layers 6] [--texts 200] [--docs 100]
+``--shape`` minilm or bert-base: a BERT of that shape (loadtest.encoder_models; mean pooling,
+max_seq_length 256, a WordPiece tokenizer over English words) in place of XLM-RoBERTa.
+
+    python -m loadtest run encoder [--shape bge-m3] [--layers 6] [--texts 200] [--docs 100]
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -35,90 +37,48 @@ from typing import Any
 import numpy as np
 
 from loadtest.bench_embed import COUNTERS, counted, padding
+from loadtest.encoder_models import (
+    SHAPES,
+    Shape,
+    for_old_sentence_transformers,
+    save_cross_encoder,
+    save_embedder,
+    text_of,
+)
 from loadtest.harness import Option, Result, Run, Workload, col, table
 
-WORDS = tuple(f"w{i}" for i in range(1000))  # one Unigram piece each
 INFINITY = Path(".venv-infinity/bin/python")
 RUNNER = Path(__file__).with_name("infinity_runner.py")
 
 
-def bge_m3_config(layers: int, **changes: Any) -> Any:
-    from transformers import XLMRobertaConfig
-
-    return XLMRobertaConfig(
-        vocab_size=250_002, hidden_size=1024, num_hidden_layers=layers, num_attention_heads=16,
-        intermediate_size=4096, max_position_embeddings=8194, type_vocab_size=1,
-        pad_token_id=1, bos_token_id=0, eos_token_id=2, **changes,
-    )  # fmt: skip
-
-
-def save_tokenizer(directory: Path) -> None:
-    """An XLMRobertaTokenizerFast (Unigram) over ``WORDS``, at most 512 tokens a sequence."""
-    from transformers import XLMRobertaTokenizerFast
-
-    pieces = [("<s>", 0.0), ("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)]
-    pieces += [("\u2581" + word, -1.0) for word in WORDS] + [("<mask>", 0.0)]
-    XLMRobertaTokenizerFast(vocab=pieces, model_max_length=512).save_pretrained(directory)
-
-
-def save_embedder(directory: Path, layers: int) -> Path:
-    import torch
-    import transformers
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
-
-    torch.manual_seed(0)
-    hf_dir = directory.parent / f"{directory.name}-hf"
-    model = transformers.XLMRobertaModel(bge_m3_config(layers), add_pooling_layer=False)
-    model.save_pretrained(hf_dir, safe_serialization=True)
-    save_tokenizer(hf_dir)
-    modules = [Transformer(str(hf_dir), max_seq_length=512), Pooling(1024, "cls"), Normalize()]
-    SentenceTransformer(modules=modules, device="cpu").save(str(directory), safe_serialization=True)
-    return directory
-
-
-def save_cross_encoder(directory: Path, layers: int) -> Path:
-    import torch
-    import transformers
-    from sentence_transformers import CrossEncoder
-
-    torch.manual_seed(1)
-    hf_dir = directory.parent / f"{directory.name}-hf"
-    config = bge_m3_config(layers, num_labels=1)
-    transformers.XLMRobertaForSequenceClassification(config).save_pretrained(hf_dir)
-    save_tokenizer(hf_dir)
-    CrossEncoder(str(hf_dir), device="cpu", max_length=512).save(str(directory))
-    return directory
-
-
-def for_old_sentence_transformers(directory: Path) -> Path:
-    """A copy of ``directory`` (Transformer, Pooling, Normalize) as sentence-transformers 3
-    (Infinity's pin) reads one: its modules.json naming the modules by their old paths, the
-    Transformer's and Pooling's configs in version 3's keys; the other files linked."""
-    old = directory.parent / f"{directory.name}-st3"
-    shutil.copytree(directory, old, copy_function=os.link)
-    modules = json.loads((directory / "modules.json").read_text())
-    for module in modules:
-        module["type"] = f"sentence_transformers.models.{module['type'].rsplit('.', 1)[-1]}"
-    (old / "modules.json").unlink()
-    (old / "modules.json").write_text(json.dumps(modules, indent=2))
-    config = json.loads((directory / "sentence_bert_config.json").read_text())
-    kept = {k: config[k] for k in ("max_seq_length", "do_lower_case") if k in config}
-    (old / "sentence_bert_config.json").unlink()
-    (old / "sentence_bert_config.json").write_text(json.dumps(kept))
-    pooling = json.loads((directory / "1_Pooling" / "config.json").read_text())
-    pooling["word_embedding_dimension"] = pooling.pop("embedding_dimension")
-    (old / "1_Pooling" / "config.json").unlink()
-    (old / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
-    return old
-
-
-def words(rng: np.random.Generator, count: int) -> str:
-    return " ".join(rng.choice(WORDS, count))
+def shape_of(o: argparse.Namespace) -> tuple[Shape, int]:
+    """The ``--shape`` and its layers (``--layers``; 0: the shape's own)."""
+    shape = SHAPES[o.shape]
+    return shape, o.layers or (shape.layers if o.shape != "bge-m3" else 6)
 
 
 def log_uniform(rng: np.random.Generator, count: int, low: int, high: int) -> np.ndarray:
     return np.exp(rng.uniform(np.log(low), np.log(high), count)).astype(int)
+
+
+def describe(o: argparse.Namespace) -> str:
+    shape, layers = shape_of(o)
+    if o.shape == "bge-m3":
+        return (
+            f"bge-m3's shape cut to {layers} of its 24 layers (XLM-RoBERTa, hidden 1024, 16 "
+            "heads, MLP 4096, vocabulary 250,002, random weights, float32)"
+        )
+    return shape.describe(o.shape, layers)
+
+
+def result_key(o: argparse.Namespace) -> str:
+    return "encoder" if o.shape == "bge-m3" else f"encoder-{o.shape}"
+
+
+def longest(shape: Shape) -> int:
+    """The embed corpus's longest text in words: the shape's limit (bge-m3: one token a
+    word; BERT's WordPiece about 1.3 a word, so its texts stay within max_seq_length)."""
+    return 512 if shape.family != "bert" else shape.max_seq_length * 3 // 4
 
 
 def infinity(job: dict[str, Any], python: str, work_dir: Path) -> dict[str, Any] | None:
@@ -148,9 +108,11 @@ def settings_for(model_dir: Path, work_dir: Path) -> Any:
 def embed_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     from loadtest.bench_embed import in_process
 
-    model_dir = save_embedder(work_dir / "embedder", o.layers)
+    shape, layers = shape_of(o)
+    model_dir = save_embedder(work_dir / "embedder", shape, layers)
     rng = np.random.default_rng(0)
-    texts = [words(rng, n) for n in log_uniform(rng, o.texts, 8, 512)]
+    lengths = log_uniform(rng, o.texts, 8, longest(shape))
+    texts = [text_of(rng, n, shape) for n in lengths]
     r = in_process(settings_for(model_dir, work_dir), texts, model_dir, keep_engine=True)
     reference, again = np.asarray(r.pop("reference")), r.pop("again")
     job = {"model": str(for_old_sentence_transformers(model_dir)), "kind": "embed",
@@ -231,10 +193,11 @@ def rerank_in_process(settings: Any, query: str, docs: list[str], model_dir: Pat
 
 
 def rerank_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
-    model_dir = save_cross_encoder(work_dir / "reranker", o.layers)
+    shape, layers = shape_of(o)
+    model_dir = save_cross_encoder(work_dir / "reranker", shape, layers)
     rng = np.random.default_rng(1)
-    query = words(rng, 14)  # 16 tokens with <s> and </s>
-    docs = [words(rng, n) for n in log_uniform(rng, o.docs, 32, 256)]
+    query = text_of(rng, 14, shape)  # bge-m3: 16 tokens with <s> and </s>
+    docs = [text_of(rng, n, shape) for n in log_uniform(rng, o.docs, 32, longest(shape) // 2)]
     r = rerank_in_process(settings_for(model_dir, work_dir), query, docs, model_dir)
     reference = r.pop("reference")
     job = {"model": str(model_dir), "kind": "rerank", "query": query, "docs": docs,
@@ -320,14 +283,17 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         ("st", "sentence-transformers `CrossEncoder.predict` (batches of 32)"),
         ("infinity", f"Infinity {version} `rerank` (torch, CPU, batches of 32)"),
     ])  # fmt: skip
+    shape, _ = shape_of(o)
+    unit = "tokens" if shape.family != "bert" else "words"
     notes = (
-        f"bge-m3's shape cut to {o.layers} of its 24 layers (XLM-RoBERTa, hidden 1024, 16 "
-        "heads, MLP 4096, vocabulary 250,002, random weights, float32), saved by "
-        "sentence-transformers; served with the shipped serve_config.yaml, only `model` "
-        "changed; torch on every core for sentence-transformers and Infinity",
-        f"embed: {o.texts} texts of log-uniform 8..512 tokens "
-        f"({e['tokens']} real tokens), CLS pooling and Normalize; engine: one `score_batch`",
-        f"rerank: a 16-token query and {o.docs} documents of log-uniform 32..256 tokens "
+        f"{describe(o)}, saved by sentence-transformers; served with the shipped "
+        "serve_config.yaml, only `model` changed; torch on every core for "
+        "sentence-transformers and Infinity",
+        f"embed: {o.texts} texts of log-uniform 8..{longest(shape)} {unit} "
+        f"({e['tokens']} real tokens), {shape.pooling} pooling and Normalize; engine: one "
+        "`score_batch`",
+        f"rerank: a 14-word query and {o.docs} documents of log-uniform "
+        f"32..{longest(shape) // 2} {unit} "
         f"({r['tokens']} real tokens in the pairs), one label through sigmoid; engine: every "
         "pair one sequence of one packed call",
         "targets (issue 62): engine >= 1.2x sentence-transformers and >= 1x Infinity, "
@@ -335,19 +301,21 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         *(served_line(name, x) for name, x in (("embed", e), ("rerank", r))),
     )
     tables = [
-        table(COLUMNS, embed_rows, missing="", title="Embed (`XLMRobertaModel`, CLS, Normalize)"),
+        table(COLUMNS, embed_rows, missing="", title=f"Embed ({shape.pooling} pooling, Normalize)"),
         table(COLUMNS, rerank_rows, missing="", title="Rerank (a cross-encoder, one label)"),
     ]
     figures = {"embed": {k: v for k, v in e.items() if k.endswith("_moved")},
                "rerank": {k: v for k, v in r.items() if k.endswith("_moved")}}  # fmt: skip
-    return [run.result("Encoders", tables, key="encoder", notes=notes, figures=figures)]
+    return [run.result("Encoders", tables, key=result_key(o), notes=notes, figures=figures)]
 
 
 WORKLOAD = Workload(
     options=(
-        Option("--layers", 6, "XLM-RoBERTa layers (bge-m3: 24)"),
-        Option("--texts", 200, "embed: texts of log-uniform 8..512 tokens"),
-        Option("--docs", 100, "rerank: documents of log-uniform 32..256 tokens"),
+        Option("--shape", "bge-m3", "the encoders' shape (loadtest.encoder_models)",
+               tuple(SHAPES)),
+        Option("--layers", 0, "layers (0: bge-m3 6 of its 24, the others their own)"),
+        Option("--texts", 200, "embed: texts of log-uniform 8..512 tokens (BERT: 8..192 words)"),
+        Option("--docs", 100, "rerank: documents of log-uniform 32..256 tokens (BERT: words)"),
         Option("--rerank-requests", 3, "rerank: timed served requests"),
         Option("--per-request", 8, "embed: texts a served request"),
         # 4 x 8 texts (~1.3 s of engine work each here) keep the replica busy within the

@@ -22,6 +22,9 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "encoder": ("bench_encoder", "encoders (a bge-m3-shaped XLM-RoBERTa): embed and "
                 "cross-encoder rerank through engine, batch, served app, sentence-transformers, "
                 "Infinity"),
+    "encoder_served": ("bench_encoder_served", "an encoder of a real shape (MiniLM, BERT-base) "
+                       "served at 4 requests in flight beside sentence-transformers in process "
+                       "and the engine; where the served time goes"),
     "small": ("bench_small", "a small request: engine, served, transformers, llama.cpp; the "
               "floor of a weight pass and the step costs"),
     "small_breakdown": ("bench_small_breakdown", "where a small request's step goes: the host's "
