@@ -6,7 +6,8 @@ cluster, loadtest.bench_batch_serve.served_app) as requests of ``--per-request``
 ``--concurrency`` in flight, beside sentence-transformers' ``encode(batch_size=per-request)``
 and the engine in this process on the same texts: every request's work in one
 ``score_batch`` (what one engine call of the merged requests runs) and one call a request.
-Medians of ``--rounds`` rounds that run every path once in turn, after two untimed rounds.
+Medians of ``--rounds`` rounds that run every path once in turn, after untimed rounds (two,
+then more until one compiles nothing in the background, five at most).
 
 Where the served time goes: the replica's counters (``/v1/stats``: engine calls, steps,
 engine seconds, computed / useful tokens) over the timed rounds, each response's timing
@@ -35,6 +36,7 @@ from loadtest.encoder_models import SHAPES, save_embedder, text_of
 from loadtest.harness import JSON_HEADERS, Option, Result, Run, Workload, col, table
 
 HEADERS = ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time")
+WARM_ROUNDS = 5  # untimed rounds at most: 2, then more until one compiles nothing
 COUNTED = ("batches", "works", "steps", "engine_seconds", "computed_tokens", "useful_tokens",
            "background_compiles", "request_path_compiles")  # fmt: skip
 
@@ -111,9 +113,12 @@ def measure_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
             "st": lambda: st.encode(texts, batch_size=o.per_request, convert_to_numpy=True),
         }
         try:
-            for _ in range(2):  # untimed: first calls, traffic's shapes compiled
+            for n in range(WARM_ROUNDS):  # untimed: until traffic's shapes are compiled
+                compiled = stats(url)["background_compiles"]
                 for name, fn in calls.items():
                     answers[name] = fn()
+                if n >= 1 and stats(url)["background_compiles"] == compiled:
+                    break
             client.samples.clear()
             before, engine_before = stats(url), engine.stats()
             samples: dict[str, list[float]] = {name: [] for name in calls}
@@ -197,7 +202,9 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         "served with the shipped serve_config.yaml, only `model` changed; torch on every core",
         f"{o.texts} texts of {o.min_words}..{o.max_words} words ({r['words']} words, "
         f"{r['tokens']} tokens with [CLS] and [SEP]); medians of {o.rounds} rounds, each "
-        "running every path once in turn, after 2 untimed rounds; max abs diff engine vs "
+        "running every path once in turn, after untimed rounds until one compiled nothing; "
+        "the replica's engine threads at niceness 10 (the shipped engine_niceness), the "
+        "in-process engine and sentence-transformers at 0; max abs diff engine vs "
         f"sentence-transformers {r['diff']:.1e}",
         "targets (issue 80): served >= 1.0x sentence-transformers, engine >= 1.2x",
         *where_it_goes(r, o),

@@ -105,8 +105,8 @@ def test_the_pallas_segment_kernel_embeds_as_sentence_transformers(tmp_path: Pat
 
 def test_an_encoders_rows_hold_about_their_longest_inputs_window(tmp_path: Path) -> None:
     """Its attention reads the whole row, so rows stay near the window of their first
-    (longest) input, ``ENCODER_ROW`` tokens at least: one input of 100 tokens and 60 of 10
-    (700) make three rows of 256 tokens or fewer, not one row of 1024; rows of one limit
+    (longest) input, ``ENCODER_ROW`` (64) tokens at least: one input of 100 tokens and 60 of
+    10 (700) make a row of 128 at most and ten of 64, not one row of 1024; rows of one limit
     share a step up to its capacity; each step's window is its row."""
     from replicas.engine.layouts.embed_packing import ENCODER_ROW
     from replicas.engine.scoring_engine import ScoringEngine
@@ -117,10 +117,11 @@ def test_an_encoders_rows_hold_about_their_longest_inputs_window(tmp_path: Path)
     engine = ScoringEngine.from_settings(settings, warm=False)
     work = EmbedWork(((2, *(7,) * 98, 3), *((2, *(7,) * 8, 3),) * 60))
     steps = [dims for kind, dims in engine.plan([work]) if kind == "embed"]
-    assert ENCODER_ROW == 256 and all(dims.window == dims.tokens for dims in steps)
-    # rows of 100 + 15 x 10, 250 and 200 tokens: two of them in one step (a step's weights
-    # read once for up to its capacity in tokens), the third alone
-    assert [(dims.batch, dims.tokens) for dims in steps] == [(2, 256), (1, 256)]
+    assert ENCODER_ROW == 64 and all(dims.window == dims.tokens for dims in steps)
+    # a row of 100 + 2 x 10 (its limit the 100's window, 128; padded to the bucket 256), then
+    # nine rows of 6 x 10 and one of 4 x 10 (limit 64): eight of them in one step (a step's
+    # weights read once for up to its capacity in tokens), the last two in another
+    assert [(dims.batch, dims.tokens) for dims in steps] == [(1, 256), (8, 64), (2, 64)]
     (vectors,) = engine.score_batch([work])
     assert vectors.shape == (61, 32) and np.isfinite(vectors).all()
 

@@ -17,9 +17,12 @@ from replicas.engine.layouts.common import BucketDims, bucket_for
 from replicas.engine.layouts.stream import window_for
 
 MIN_SLOTS = 16
-# An encoder's shortest row limit: its attention reads the whole row, 256 keys a token
-# costing a tenth of a layer's matmuls at BERT-base's width, while shorter rows add steps.
-ENCODER_ROW = 256
+# An encoder's shortest row limit: its attention reads the whole row, so every token of a
+# short input pays for the row's keys. Rows of one limit share a step up to the capacity, so
+# short rows add few steps: on 64 texts of 1..60 words (MiniLM's shape, 2 CPU cores) rows of
+# 64 embedded in 0.72x the time of rows of 256 and 128 in 0.81x (issue 80;
+# docs/benchmarks.md, "A served encoder at real lengths").
+ENCODER_ROW = 64
 
 
 def slots(tokens: int) -> int:
