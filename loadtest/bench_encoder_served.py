@@ -180,8 +180,8 @@ def where_it_goes(r: dict[str, Any], o: argparse.Namespace) -> list[str]:
         f"(of the round's {r['seconds']['served']:.3f} s), padding (computed / real) "
         f"{pad(m):.3f}; {m['background_compiles']:.1f} background and "
         f"{m['request_path_compiles']:.1f} request-path compiles",
-        f"engine in process, a round of one call: {e['steps']:.1f} steps, padding {pad(e):.3f} "
-        f"(with the one-a-request calls of its round: {e['engine_seconds']:.3f} s in steps)",
+        f"engine in process, a round (the one call, then the {n} of one request each): "
+        f"{e['steps']:.1f} steps, {e['engine_seconds']:.3f} s in them, padding {pad(e):.3f}",
         f"a served request, mean of {n * o.rounds}: {h['client']:.3f} s at the client, "
         f"{h['x-total-time']:.3f} s in the ingress (tokenization {h['x-tokenization-time']:.3f}, "
         f"queue {h['x-queue-time']:.3f}, inference {h['x-inference-time']:.3f}), "
@@ -193,7 +193,6 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
-    load_before = os.getloadavg()[0]
     r = measure_paths(o, Path(tempfile.mkdtemp(prefix="bench-encoder-served-")))
     run.say(json.dumps({k: r[k] for k in ("seconds", "moved", "engine_moved", "headers")}))
     shape = SHAPES[o.shape]
@@ -208,7 +207,6 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         f"sentence-transformers {r['diff']:.1e}",
         "targets (issue 80): served >= 1.0x sentence-transformers, engine >= 1.2x",
         *where_it_goes(r, o),
-        f"1-minute load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after",
     )
     figures = {k: r[k] for k in ("samples", "moved", "engine_moved", "headers")}
     return [
