@@ -101,6 +101,16 @@ def quantized_keys(mesh: str) -> tuple[tuple[str, str], ...]:
     )
 
 
+def quantized_where(mesh: str) -> str:
+    """Where a quantized table's replicas lie, for its title: nothing for one chip."""
+    if mesh == "1,1":
+        return ""
+    if not mesh:  # each slice's shipped layout: [hosts, chips per host], a model axis inside a host
+        return " on the model axis"
+    data, model = mesh.split(",")
+    return f" on mesh [{data}, {model}]" + (" (a model axis)" if model != "1" else "")
+
+
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     rows = []
     for model, topology in pairs(o):
@@ -117,9 +127,7 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         key = "tpu-table"
         return [run.result("Projection table", tables, key=key, doc="docs/tpu.md", notes=notes)]
     notes += (QUANTIZED_NOTE,)
-    title = "Quantized projection table (from compiled executables)"
-    if o.mesh != "1,1":
-        title = "Quantized projection table on the model axis (from compiled executables)"
+    title = f"Quantized projection table{quantized_where(o.mesh)} (from compiled executables)"
     return [
         run.result(title, tables, key=key, doc=doc, notes=notes)
         for key, doc in quantized_keys(o.mesh)
