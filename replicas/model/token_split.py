@@ -1,16 +1,18 @@
-"""Sequence parallelism of a W8A8 model on the model axis (``TokenSplit``).
+"""Sequence parallelism of a quantized model on the model axis (``TokenSplit``).
 
-With the layers' weights split over ``model`` (cluster.sharding), a row-parallel projection
-(o, down) leaves each chip a partial sum of every token, and the next column-parallel ones
-(q, k, v; gate, up) need every token's whole input on every chip. Unquantized, XLA sums the
-partials with one all-reduce of the compute dtype. Quantized (``int8``, ``int8_smooth``,
-``fp8``), the column-parallel projections read their input as one byte a value and one float32
-scale a token, and a token's scale is its own row's (model.quant): so between the layers'
-blocks the residual stream is split over ``model`` by tokens, the row-parallel sums are
-reduce-scattered onto it (the compute dtype), each chip normalizes and quantizes its own
-tokens (every token's row whole on one chip: the same values and scales as on one device),
-and the quantized tokens are all-gathered, a byte a value. A chip sends 3/4 of the
-all-reduce's bytes on a model axis of 4 (docs/quantization.md, "Planning").
+With the layers' weights split over ``model`` (cluster.sharding), the row-parallel projections
+(o, down) leave each chip a partial sum of every token, and the column-parallel ones (q, k, v;
+gate, up) need every token's whole input on every chip: unquantized, XLA all-reduces each
+partial sum in the compute dtype. Quantized with activations (``int8``, ``int8_smooth``,
+``fp8``), a column-parallel projection reads one byte a value and one float32 scale a token,
+and a token's scale is its own row's (model.quant). So between the layers' blocks the residual
+stream is split over ``model`` by tokens; each chip normalizes and quantizes its own tokens
+(a token's row whole on its chip: one device's values and scales) and the quantized tokens
+are all-gathered; o keeps its weight whole on every chip and takes every head of its own
+tokens by an int8 all-to-all (``own_tokens``); down rescales each chip's int32 part into the
+compute dtype and reduce-scatters it onto the split tokens (``row_parallel``). Per layer a
+chip sends 0.56x the two all-reduces' bytes on a model axis of 4 (Qwen3-0.6B's shapes;
+docs/quantization.md, "Planning", "On the model axis").
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class TokenSplit:
         self, x_q: Array, x_scale: Array, values: Array, scale: Array, n_in: int,
         quantization: str, dtype: Any,
     ) -> Array:  # fmt: skip
-        """o, down: quantized tokens ``x_q [B, T, *in]`` (``in[0]`` split over ``model``, as
+        """down: quantized tokens ``x_q [B, T, *in]`` (``in[0]`` split over ``model``, as
         the weight's) and their scales ``[B, T, 1 * n_in]`` (each token's own, whole) through
         ``values [*in, *out]`` -> ``[B, T, *out]`` split by tokens. Each chip rescales its
         part's int32 sums into ``dtype`` and the parts are reduce-scattered in ``dtype``
