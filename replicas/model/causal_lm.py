@@ -103,9 +103,8 @@ class DecoderLayer(nn.Module):
     dtype: Any = jnp.float32
     stream_attention: Callable[..., Array] = attend_item_stream  # see replicas.model.attention
     dense_attention: Callable[..., Array] = masked_attention  # see replicas.model.attention
-    split: TokenSplit | None = (
-        None  # a quantized model's residual split by tokens (model.token_split)
-    )
+    # A quantized model's residual stream split by tokens (model.token_split).
+    split: TokenSplit | None = None
 
     def setup(self) -> None:
         c = self.config
