@@ -27,6 +27,9 @@ REGISTRY: dict[str, tuple[str, str]] = {
                        "and the engine; where the served time goes"),
     "small": ("bench_small", "a small request: engine, served, transformers, llama.cpp; the "
               "floor of a weight pass and the step costs"),
+    "llamacpp_served": ("bench_llamacpp_served", "a running server from its first request on "
+                        "against llama.cpp on the same GGUF: 2, 10 and 100 items, a fresh "
+                        "query each, compiles per request (--server names its tree)"),
     "small_breakdown": ("bench_small_breakdown", "where a small request's step goes: the host's "
                         "phases, the executable's ops by kind (a trace), pieces jitted alone"),
     "hop": ("bench_hop", "a small request between client and engine: routes, its timing "
