@@ -20,9 +20,12 @@ cache's directory, one per model and settings: ``signature_record``) the most va
 signatures compile again at the next start-up, where the persistent cache makes it a load,
 with the uses they had; a recorded signature this engine cannot build is skipped (``replay``).
 
-The background worker runs only while compiles are queued. At interpreter exit (``atexit``)
-queued compiles are dropped and the running one is waited for, so XLA is never torn down
-under a compile (a daemon thread inside XLA at exit aborts the process).
+The background worker runs only while compiles are queued, at niceness
+``BACKGROUND_NICENESS`` (a Linux thread's own), so a compile yields the cores to the steps
+that answer requests: unniced, a compile behind a server's first requests made their steps
+1.8-3x slower on 2 cores (docs/benchmarks.md, "Served against llama.cpp"). At interpreter
+exit (``atexit``) queued compiles are dropped and the running one is waited for, so XLA is
+never torn down under a compile (a daemon thread inside XLA at exit aborts the process).
 
 Gated (a host group, several JAX processes stepping in lock-step): a background compile is
 held, not used, until ``publish`` names it. The leader publishes a signature once every host
@@ -41,6 +44,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from cluster.niceness import set_thread_niceness, thread_niceness
 from replicas.engine.memory import release_free_heap
 from replicas.engine.signature_record import Entry, Key, SignatureRecord, Usage
 
@@ -55,6 +59,7 @@ PERSIST_EVERY_S = 60.0  # uses reach the record at most this often
 DECLINE_REASONS = ("one_off", "small_padding", "low_value")
 EVICT_REASONS = ("one_off", "low_value")
 EXIT_WAIT_S = 600.0  # interpreter exit waits at most this long for a running compile
+BACKGROUND_NICENESS = 19  # the worker's: Linux weight 15 against a step's 110 at niceness 10
 
 
 class StepCompiler:
@@ -342,7 +347,9 @@ class StepCompiler:
                     self._exit_hook = True
 
     def _work(self) -> None:
-        """Compile queued signatures one at a time; end once none is queued (or stopped)."""
+        """Compile queued signatures one at a time, niced; end once none is queued (or
+        stopped)."""
+        set_thread_niceness(max(BACKGROUND_NICENESS, thread_niceness(threading.get_native_id())))
         while True:
             with self._lock:
                 if self._stopped or not self._queue:

@@ -2,9 +2,11 @@
 engine's compiles are covered in tests/engine/test_engine_compiles.py)."""
 
 import json
+import threading
 from dataclasses import astuple, dataclass
 
-from replicas.engine.compiler import StepCompiler
+from cluster.niceness import thread_niceness
+from replicas.engine.compiler import BACKGROUND_NICENESS, StepCompiler
 
 
 @dataclass(frozen=True, order=True)
@@ -213,3 +215,18 @@ def test_a_held_compile_is_not_scheduled_again_before_it_is_published():
     assert compiler.held() == [("items", Width(10))] and compiler.pending == 0
     compiler.publish(compiler.held())
     assert compiler.resolve("items", Width(10)) == Width(10) and built == [1000, 10]
+
+
+def test_a_background_compile_runs_niced_and_leaves_the_caller_as_it_was():
+    niceness = []
+
+    def build(kind, dims):
+        niceness.append(thread_niceness(threading.get_native_id()))
+        return f"{kind}{dims.tokens}"
+
+    compiler = StepCompiler(build, {"items": Width}, clock=Clock())
+    compiler.ensure("items", Width(1000), "warmup")
+    compiler.compile_later("items", Width(10))
+    assert compiler.wait_idle(30) and compiler.counts["background"] == 1
+    caller = thread_niceness(threading.get_native_id())
+    assert niceness == [caller, max(BACKGROUND_NICENESS, caller)]
