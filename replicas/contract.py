@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from replicas.embed_contract import EmbedWork, PoolingHead  # the embedding half
 from replicas.errors import Reason, ScoringError
@@ -34,6 +34,7 @@ class ScoreWork:
     # drops the work instead of scoring it (semantics 12). None: no deadline.
     deadline: float | None = None
     adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
+    packs_across_requests: ClassVar[bool] = False  # batch_wait_timeout_s gathers these
 
     @property
     def num_items(self) -> int:
@@ -65,6 +66,7 @@ class PromptWork:
     # -1 unless a prefix step computed them. None: every token, and the next one.
     scored_tail: int | None = None
     adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
+    packs_across_requests: ClassVar[bool] = False
 
     @property
     def num_items(self) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -110,6 +110,9 @@ class EmbedWork:
     # False: vectors before the model's L2 normalization (Dense applied), for the ingress to
     # fold chunks of one long input into one vector first (app.embed_chunks)
     normalize: bool = True
+    # Inputs of concurrent requests share rows and steps: an idle replica waits
+    # ``pack_wait_s`` for them (replicas.serving.deployment)
+    packs_across_requests: ClassVar[bool] = True
 
     @property
     def num_items(self) -> int:

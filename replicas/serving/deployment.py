@@ -51,7 +51,7 @@ from replicas.errors import (
 )
 from replicas.serving.adapter_registry import AdapterFollower, apply_to_engine
 from replicas.serving.admission import MIN_COMPLETIONS, QueueEstimate, admit
-from replicas.serving.merging import call_budget, take_for_one_call
+from replicas.serving.merging import call_budget, take_for_one_call, waits_for_company
 from replicas.serving.metrics import ReplicaMetrics
 from replicas.serving.setup import (
     DEFAULT_ENGINE,
@@ -264,6 +264,9 @@ class ScoringReplica:
         return await future
 
     async def _drain(self) -> None:
+        batching = self._settings.batching
+        if batching.pack_wait_s and waits_for_company(self._waiting, batching.max_batch_size):
+            await asyncio.sleep(batching.pack_wait_s)  # concurrent requests join this call
         while self._waiting:
             settings = self._settings
             cost = partial(work_cost, multi_item=settings.model.multi_item)

@@ -22,6 +22,11 @@ class BatchingSettings:
     """Requests one ``@serve.batch`` call takes at most (reconfigurable in user_config)."""
     batch_wait_timeout_s: float = 0.005
     """How long a batch waits to fill (reconfigurable in user_config)."""
+    pack_wait_s: float = 0.0
+    """How long an idle replica's first engine call waits for other requests' works when
+    its works pack with them (``packs_across_requests``: embedding inputs share rows and
+    steps), unless ``max_batch_size`` works are already waiting; other works start at
+    once. 0: no wait."""
     max_call_s: float = 0.0
     """Seconds one engine call is expected to take at most when batches that waited during
     a step are merged into it (the first batch always runs): its works' cost (tokens to
@@ -46,6 +51,8 @@ class BatchingSettings:
             raise SettingsError(f"request_deadline_s: must be > 0, got {self.request_deadline_s}")
         if self.max_batch_size < 1:
             raise SettingsError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+        if not self.pack_wait_s >= 0:
+            raise SettingsError(f"pack_wait_s: must be >= 0, got {self.pack_wait_s}")
         if self.batch_wait_timeout_s < 0:
             raise SettingsError(
                 f"batch_wait_timeout_s: must be >= 0, got {self.batch_wait_timeout_s}"

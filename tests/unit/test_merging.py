@@ -6,7 +6,8 @@ from collections import deque
 
 import pytest
 
-from replicas.serving.merging import call_budget, take_for_one_call
+from replicas.contract import EmbedWork, PromptWork, ScoreWork
+from replicas.serving.merging import call_budget, take_for_one_call, waits_for_company
 from replicas.settings import ReplicaSettings, SettingsError
 
 
@@ -51,3 +52,19 @@ def test_the_retired_token_bound_names_its_replacement() -> None:
 def test_a_negative_bound_is_refused_naming_the_setting(value: float) -> None:
     with pytest.raises(SettingsError, match="max_call_s: must be >= 0"):
         ReplicaSettings.from_keys(max_call_s=value)
+
+
+def test_only_works_that_pack_across_requests_wait_for_company() -> None:
+    embed, score = EmbedWork(((1, 2),)), ScoreWork((1,), ((2,),), (3,))
+    prompt = PromptWork(((1, 2),))
+    assert waits_for_company(waiting([embed]), 16)
+    assert waits_for_company(waiting([score], [embed]), 16)
+    assert not waits_for_company(waiting([score], [prompt]), 16)
+    assert not waits_for_company(waiting([embed] * 8, [embed] * 8), 16)  # a full call: none
+    assert not waits_for_company(waiting(), 16)
+
+
+def test_pack_wait_must_not_be_negative() -> None:
+    assert ReplicaSettings.from_mapping({"pack_wait_s": 0.01}).batching.pack_wait_s == 0.01
+    with pytest.raises(SettingsError, match="pack_wait_s"):
+        ReplicaSettings.from_mapping({"pack_wait_s": -1})
