@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 from ray import serve
 
 from replicas.serving.deployment import ScoringReplica
@@ -31,27 +30,11 @@ from tests.support.serve_support import (  # noqa: F401
     serve_cluster,
     wait_for,
 )
+from tests.support.shipped import shipped_config
 
 pytestmark = [pytest.mark.slow, RAY_SERVE]
 
-CONFIG = Path(__file__).resolve().parents[2] / "serve_config.yaml"
 PAYLOAD = {"query": "The capital of France is", "items": ["", " Paris"], "label_token_ids": [1, 2]}
-
-
-def tiny_config(model_dir: Path) -> dict[str, Any]:
-    """The file as shipped with only ``model`` changed (to the tiny model), no persistent
-    compile cache (the suite leaves the user's alone) and CPU shares the test cluster has."""
-    config = yaml.safe_load(CONFIG.read_text())
-    for key in ("http_options", "proxy_location"):  # the test cluster's proxy is already up
-        config.pop(key)
-    (app,) = config["applications"]
-    app["args"].update(
-        model=str(model_dir), compilation_cache_dir=None, host_resources={"CPU": 0.1}
-    )
-    for deployment in app["deployments"]:
-        if "ray_actor_options" in deployment:
-            deployment["ray_actor_options"]["num_cpus"] = 0.1
-    return config
 
 
 def replica_deployment(config: dict[str, Any]) -> dict[str, Any]:
@@ -61,7 +44,7 @@ def replica_deployment(config: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def deployed(serve_cluster: ServeCluster, tiny_llama_dir: Path) -> Iterator[tuple[Any, Any]]:  # noqa: F811
-    config = tiny_config(tiny_llama_dir)
+    config = shipped_config(tiny_llama_dir)  # only model changed
     serve_cluster.deploy_config(config, "scorejax", "/health")
     yield serve_cluster, config
 
