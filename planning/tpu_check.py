@@ -99,7 +99,7 @@ def served_model(name: str, dtype: str, quantization: str) -> Any:
 
     from replicas.checkpoints.loading import DTYPES
     from replicas.model.catalog import model_config
-    from replicas.model.encoder import model_for
+    from replicas.model.classes import model_for
 
     config = model_config(name).replace(quantization=quantization)
     return model_for(config, jnp.dtype(DTYPES[dtype]))  # an Encoder for BERT-like configs

@@ -66,6 +66,14 @@ def chat_embedding_dirs(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="session")
+def embedding_gemma_dir(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny EmbeddingGemma sentence-transformers directory (tests/support/embedding_gemma.py)."""
+    from tests.support.embedding_gemma import save_embedding_gemma
+
+    return save_embedding_gemma(tmp_path_factory.mktemp("embeddinggemma") / "model", tiny_llama_dir)
+
+
+@pytest.fixture(scope="session")
 def embedding_engine(embedding_dirs: dict) -> Any:
     """``get(variant)``: a warm ScoringEngine of that embedding directory (one per session,
     shared by the tests/engine/test_embed_*.py modules;

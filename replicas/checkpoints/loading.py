@@ -46,8 +46,9 @@ from replicas.checkpoints.smoothing import calibration_ids, smoothed_params
 from replicas.checkpoints.sources import ModelSource, load_hf_config, resolve_model_source
 from replicas.contract import PoolingHead
 from replicas.model.causal_lm import CausalLM, Params
+from replicas.model.classes import model_for
 from replicas.model.config import ModelConfig, config_from_hf
-from replicas.model.encoder import Encoder, model_for
+from replicas.model.encoder import Encoder
 from replicas.model.head_config import with_saved_activation
 from replicas.model.params import param_shapes, param_shardings
 from replicas.model.quant import (

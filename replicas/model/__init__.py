@@ -12,8 +12,10 @@ format), ``lora`` and ``slot_routing`` (LoRA adapter slots, dense or grouped by 
 ``pallas_attention`` (the TPU kernels beside their XLA reference), ``masks`` (built from
 lengths), ``params`` (logical axes and shardings of every parameter), ``flops`` and
 ``catalog`` (production sizes for deviceless compiles), ``errors`` (the parsers' one error),
-``encoder`` (Encoder: BERT-style post-norm blocks over packed sequences), ``quant`` (the
-quantized projection and its numpy reference).
+``encoder`` (Encoder: BERT-style post-norm blocks over packed sequences),
+``embedding_gemma`` (EmbeddingGemma: Gemma 3's layers read both ways), ``classes`` (the
+model class a config runs: ``model_for``), ``quant`` (the quantized projection and its numpy
+reference).
 """
 
 from replicas._exports import lazy_exports
@@ -26,6 +28,8 @@ __getattr__, __dir__ = lazy_exports(
         "config_from_hf": ".config",
         "CausalLM": ".causal_lm",
         "Encoder": ".encoder",
+        "EmbeddingGemma": ".embedding_gemma",
+        "model_for": ".classes",
         "AttentionSpec": ".causal_lm",
         "with_attention": ".attention",
         "param_shapes": ".params",

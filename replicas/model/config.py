@@ -12,12 +12,19 @@ from typing import Any
 
 from replicas.contract import PoolingHead, ScoreHead
 from replicas.model.errors import UnsupportedModelError
-from replicas.model.families import ENCODER_FAMILIES, family_fields, text_config
+from replicas.model.families import (
+    EMBEDDING_GEMMA,
+    ENCODER_FAMILIES,
+    family_fields,
+    text_config,
+)
 from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
 from replicas.model.pooling_config import BASE_ARCHITECTURES
 from replicas.settings.model import QUANTIZATIONS
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", *ENCODER_FAMILIES)
+FAMILIES = (
+    "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", EMBEDDING_GEMMA, *ENCODER_FAMILIES,
+)  # fmt: skip
 NO_WINDOW = 1 << 30  # the window of a global layer: every earlier key is inside it
 
 
@@ -60,7 +67,8 @@ class ModelConfig:
     attn_softcap: float | None = None  # Gemma 2: logits -> cap * tanh(logits / cap)
     final_softcap: float | None = None  # Gemma 2: the same on the LM head's logits
     # A windowed layer's token at position p reads keys at positions q with p - window < q <= p
-    # (transformers' sliding_window convention). None: no layer is windowed.
+    # (transformers' sliding_window convention; EmbeddingGemma: |p - q| < window). None: no
+    # layer is windowed.
     sliding_window: int | None = None
     # Per layer: True where the layer is windowed (Gemma: local layers); () with a window:
     # every layer (Mistral).

@@ -65,7 +65,7 @@ def layer_norm(p: Params, x: Array, eps: float) -> Array:
 
 def attend_segments(
     q: Array, k: Array, v: Array, item_ids: Array, window: int,
-    local: tuple[Array, Array, int] | None = None,
+    local: tuple[Array, Array, int] | None = None, scale: float | None = None,
 ) -> Array:  # fmt: skip
     """Bidirectional attention within each packed sequence.
 
@@ -73,15 +73,17 @@ def attend_segments(
     blocks of ``min(window, QUERY_BLOCK)``, each reading the blocks before and after it that
     a sequence of ``window`` tokens can reach (exact when none is longer than ``window``).
     ``local``: (positions [B, S], is_local [] bool, half): where is_local, a key also has to
-    be within ``half`` positions of its query (ModernBERT's local layers).
+    be within ``half`` positions of its query (ModernBERT's local layers). ``scale``: the
+    logits' scale (None: ``Dh ** -0.5``).
     """
     batch, length, heads, head_dim = q.shape
+    scale = head_dim**-0.5 if scale is None else scale
     block = min(window, QUERY_BLOCK)
     padded = -(-length // block) * block
     nb = padded // block
     reach = lookback(window, block, nb)
     if (2 * reach + 1) * block >= length:  # each block would read the whole row: read it once
-        return attend_row(q, k, v, item_ids, local)
+        return attend_row(q, k, v, item_ids, local, scale)
     pad = [(0, 0), (0, padded - length)]
     qb = jnp.pad(q, pad + [(0, 0)] * 2).reshape(batch, nb, block, heads, head_dim)
     kb = neighbor_blocks(jnp.pad(k, pad + [(0, 0)] * 2), block, reach)  # [B, nb, C, H, Dh]
@@ -91,7 +93,7 @@ def attend_segments(
         positions, is_local, half = local
         near = window_block_mask(jnp.pad(positions, pad), block, reach, half)
         mask = mask & (near | ~is_local)  # [B, nb, W, C]
-    logits = jnp.einsum("bnwhd,bnchd->bnhwc", qb, kb).astype(jnp.float32) * head_dim**-0.5
+    logits = jnp.einsum("bnwhd,bnchd->bnhwc", qb, kb).astype(jnp.float32) * scale
     logits = jnp.where(mask[:, :, None], logits, NEG_INF)  # [B, nb, H, W, C]
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     out = jnp.einsum("bnhwc,bnchd->bnwhd", probs, vb)  # [B, nb, W, H, Dh]
@@ -99,8 +101,9 @@ def attend_segments(
 
 
 def attend_row(
-    q: Array, k: Array, v: Array, item_ids: Array, local: tuple[Array, Array, int] | None = None
-) -> Array:
+    q: Array, k: Array, v: Array, item_ids: Array,
+    local: tuple[Array, Array, int] | None = None, scale: float | None = None,
+) -> Array:  # fmt: skip
     """``attend_segments`` with every query over the whole row ([B, H, S, S] logits, no key
     blocks gathered): fewer keys than the blocks would read once they reach across the row,
     and dense matmuls (on a CPU 2-3x the blocks' speed per key)."""
@@ -109,7 +112,8 @@ def attend_row(
         positions, is_local, half = local
         near = jnp.abs(positions[:, :, None] - positions[:, None, :]) <= half
         mask = mask & (near | ~is_local)
-    logits = jnp.einsum("bshd,bthd->bhst", q, k).astype(jnp.float32) * q.shape[-1] ** -0.5
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    logits = jnp.einsum("bshd,bthd->bhst", q, k).astype(jnp.float32) * scale
     logits = jnp.where(mask[:, None], logits, NEG_INF)  # [B, H, S, S]
     probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
     return jnp.einsum("bhst,bthd->bshd", probs, v)
@@ -312,14 +316,6 @@ class Encoder:
         return self.encode(params, tokens, positions, spec.item_ids, spec.window, token_types)
 
 
-def model_for(config: ModelConfig, dtype: Any) -> Any:
-    """The model class that runs ``config``: ``Encoder`` for an encoder, else ``CausalLM``."""
-    from replicas.model.causal_lm import CausalLM
-
-    return Encoder(config, dtype) if config.encoder else CausalLM(config, dtype)
-
-
 __all__ = [
-    "Encoder", "attend_row", "attend_segments", "encoder_layer", "layer_norm", "model_for",
-    "rotary_layer",
+    "Encoder", "attend_row", "attend_segments", "encoder_layer", "layer_norm", "rotary_layer",
 ]  # fmt: skip

@@ -10,6 +10,9 @@ What each family turns on, read from its transformers config:
 - Gemma 3: Gemma 2 without soft-caps, plus QK-norm; windowed layers use RoPE base
   ``rope_parameters["sliding_attention"]``, global ones ``["full_attention"]`` (linear
   scaling on the larger models).
+- EmbeddingGemma (``embeddinggemma``): a Gemma 3 config with ``use_bidirectional_attention``,
+  Gemma 3's fields; its attention is ``replicas.model.embedding_gemma``'s. ``sliding_window``
+  is kept as transformers holds it (config.json's ``// 2 + 1``: keys less than it apart).
 - BERT (an encoder, run by ``replicas.model.encoder``): LayerNorm (``layer_norm_eps``) after
   each block, exact GELU, learned positions and token types. XLM-RoBERTa: BERT with its
   positions counted from ``pad_token_id + 1`` (``position_offset``).
@@ -29,6 +32,7 @@ from replicas.model.errors import UnsupportedModelError
 from replicas.model.head_config import position_offset
 
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
+EMBEDDING_GEMMA = "embeddinggemma"  # Gemma 3 with use_bidirectional_attention
 ENCODER_FAMILIES = (
     "bert",
     "xlm_roberta",
@@ -79,7 +83,9 @@ def _gemma(hf: Any, family: str) -> dict[str, Any]:
     if act not in GELU_TANH:
         raise UnsupportedModelError(f"hidden_activation: {act!r} not in {GELU_TANH}")
     if getattr(hf, "use_bidirectional_attention", False):
-        raise UnsupportedModelError("use_bidirectional_attention: only causal models score")
+        if family != "gemma3":
+            raise UnsupportedModelError("use_bidirectional_attention: only causal models score")
+        family = EMBEDDING_GEMMA  # its layers read each input both ways (model.embedding_gemma)
     fields = _shared(hf, family)
     final_cap = getattr(hf, "final_logit_softcapping", None)
     attn_cap = getattr(hf, "attn_logit_softcapping", None)
