@@ -46,13 +46,23 @@ from replicas.contract import (
 )
 from replicas.errors import Reason, ScoringError
 
-# Cohere's input_type -> the prompt names tried, in order
+# Cohere's input_type -> the prompt names tried, in order (EmbeddingGemma's task prompts
+# are capitalized: "Classification", "Clustering")
 INPUT_TYPES = {
     "search_query": ("query",),
     "search_document": ("document", "passage"),
-    "classification": ("classification",),
-    "clustering": ("clustering",),
+    "classification": ("classification", "Classification"),
+    "clustering": ("clustering", "Clustering"),
 }
+
+
+def input_type_prompt(head: PoolingHead, input_type: str | None) -> str | None:
+    """The model's prompt for Cohere's ``input_type``: the first of its names the model
+    has; None when it has none (or no input_type is given)."""
+    if input_type is None:
+        return None
+    names = INPUT_TYPES.get(input_type, (input_type,))
+    return next((head.prompt(n) for n in names if head.prompt(n) is not None), None)
 
 
 @dataclass(frozen=True)
@@ -312,10 +322,7 @@ class Embedder:
             raise ScoringError(Reason.EMPTY_INPUT, "texts: the list is empty", "texts")
         check_item_count(len(request.texts), self.info)
         _check_text(request.texts)
-        prompt = None
-        if request.input_type is not None:
-            names = INPUT_TYPES.get(request.input_type, (request.input_type,))
-            prompt = next((head.prompt(n) for n in names if head.prompt(n) is not None), None)
+        prompt = input_type_prompt(head, request.input_type)
         truncate = request.truncate or "END"  # Cohere's default
         work, chunking = self._text_work(list(request.texts), prompt, truncate, None)
         work = dataclasses.replace(work, adapter=adapter)
