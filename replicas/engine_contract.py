@@ -14,11 +14,70 @@ the HTTP answer's); an engine that cannot score any more (a host of its group di
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.errors import Reason, ScoringError
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """An engine's counters since it started, as ``Engine.stats()`` returns them: the replica
+    reads its compile marks from them, its metrics how much each step grew them, and
+    ``GET /v1/stats`` answers ``as_dict()`` inside the replica's own counters. A counter is a
+    field, so a renamed one fails where it is read or made, never reads 0. Counts are ints
+    (compiles, signatures, steps, tokens, cache entries, bytes), ``engine_seconds`` a float.
+    Picklable (a slice's leader sends it to the replica across Ray)."""
+
+    compile_count: int  # executables compiled so far
+    warmup_compiles: int  # compiles by source: at start (warm-up, replayed records)
+    request_path_compiles: int  # ... inside a step (the request waited for it)
+    background_compiles: int  # ... on the background worker
+    evicted_signatures: int  # compiled signatures dropped at max_traffic_signatures
+    declined_background_compiles: int  # uncompiled shapes left on a covering signature
+    declined_one_off: int  # ... of them by reason (compiler.DECLINE_REASONS)
+    declined_small_padding: int
+    declined_low_value: int
+    evicted_one_off: int  # evicted signatures by reason (compiler.EVICT_REASONS)
+    evicted_low_value: int
+    background_pending: int  # background compiles queued or running now
+    steps: int  # compiled steps run (a prefix step and its items step: two)
+    computed_tokens: int  # tokens computed, padding included
+    useful_tokens: int  # ... that were not padding
+    prompt_tokens: int  # /v1/completions prompts' tokens:
+    reused_prefix_tokens: int  # ... read from a shared or cached prefix
+    computed_prompt_tokens: int  # ... computed (padding not counted)
+    engine_seconds: float  # seconds inside score_batch, rounded to microseconds
+    query_cache_hits: int  # queries whose keys/values the cache held
+    query_cache_misses: int
+    query_cache_entries: int  # entries held now
+    query_cache_bytes: int  # bytes they hold now
+    query_cache_capacity_bytes: int  # the cache's budget (query_cache_bytes)
+    # A host group's engine only (GroupEngine, SliceEngine); None on one host.
+    hosts: int | None = None  # hosts of the group
+    host_members: tuple[Mapping[str, Any], ...] | None = None  # process, node, pid per host
+    host_compile_counts: tuple[int, ...] | None = None  # compile_count per host, leader first
+    tpu_slice: tuple[str | None, ...] | None = None  # each host's TPU slice name (SliceEngine)
+
+    @classmethod
+    def zero(cls) -> EngineStats:
+        """An engine that has counted nothing: every counter 0, no host group."""
+        counters: dict[str, Any] = {f.name: 0 for f in fields(cls) if f.default is MISSING}
+        return cls(**counters | {"engine_seconds": 0.0})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counters as ``GET /v1/stats`` answers them: one key per field, in field order;
+        a host group's fields only when set, as lists."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.default is MISSING:
+                out[f.name] = value
+            elif value is not None:
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
 
 
 @runtime_checkable

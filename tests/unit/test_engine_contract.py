@@ -5,13 +5,15 @@ the fake is also constructed as the tests construct it."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
+import pickle
 from pathlib import Path
 
 import pytest
 
-from replicas.engine_contract import Engine
+from replicas.engine_contract import Engine, EngineStats
 from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings
 from tests.support.fake_engine import FakeEngine, SlowFakeEngine, WorkFakeEngine
@@ -115,3 +117,42 @@ def test_an_object_missing_a_member_is_no_engine(settings: ReplicaSettings) -> N
             return []
 
     assert not isinstance(Partial(), Engine)
+
+
+# GET /v1/stats's engine keys, in order, as the engines answered them as dicts (before 81).
+STATS_KEYS = (
+    "compile_count", "warmup_compiles", "request_path_compiles", "background_compiles",
+    "evicted_signatures", "declined_background_compiles", "declined_one_off",
+    "declined_small_padding", "declined_low_value", "evicted_one_off", "evicted_low_value",
+    "background_pending", "steps", "computed_tokens", "useful_tokens", "prompt_tokens",
+    "reused_prefix_tokens", "computed_prompt_tokens", "engine_seconds", "query_cache_hits",
+    "query_cache_misses", "query_cache_entries", "query_cache_bytes",
+    "query_cache_capacity_bytes",
+)  # fmt: skip
+HOST_GROUP_KEYS = ("hosts", "host_members", "host_compile_counts", "tpu_slice")
+
+
+def test_engine_stats_answer_the_keys_of_v1_stats_as_they_were() -> None:
+    one_host = EngineStats.zero()
+    assert tuple(one_host.as_dict()) == STATS_KEYS
+    assert all(type(v) is int for k, v in one_host.as_dict().items() if k != "engine_seconds")
+    group = dataclasses.replace(
+        one_host,
+        hosts=2,
+        host_members=({"process": 0, "node": "10.0.0.1", "pid": 7},) * 2,
+        host_compile_counts=(3, 3),
+        tpu_slice=("slice-a", "slice-a"),
+    )
+    answered = group.as_dict()
+    assert tuple(answered) == STATS_KEYS + HOST_GROUP_KEYS
+    assert answered["host_compile_counts"] == [3, 3] and answered["tpu_slice"] == ["slice-a"] * 2
+    assert pickle.loads(pickle.dumps(group)) == group  # a slice's leader sends it across Ray
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        group.steps = 1  # type: ignore[misc]
+
+
+def test_a_counter_without_a_field_fails_loudly() -> None:
+    with pytest.raises(TypeError):
+        EngineStats(**EngineStats.zero().as_dict() | {"declined_new_reason": 1})
+    with pytest.raises(AttributeError):
+        _ = EngineStats.zero().query_cache_hit  # type: ignore[attr-defined]
