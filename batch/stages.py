@@ -52,8 +52,8 @@ def counted_call(engine: Any, works: list[Any], tally: Any) -> list[Any]:
     before = engine.stats()
     answers = engine.score_batch(works) if works else []
     after = engine.stats()
-    counts = {name: after[name] - before[name] for name in COUNTERS}
-    engine_ms = round(1000 * (after["engine_seconds"] - before["engine_seconds"]))
+    counts = {name: getattr(after, name) - getattr(before, name) for name in COUNTERS}
+    engine_ms = round(1000 * (after.engine_seconds - before.engine_seconds))
     report(tally, counts | {"engine_ms": engine_ms})
     return answers
 

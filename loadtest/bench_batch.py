@@ -120,10 +120,10 @@ def engine_rate(rows: Rows, settings: ReplicaSettings) -> Rate:
     engine.score_batch(works[:1])
     engine.wait_for_background_compiles()
     engine.score_batch(works[:1])
-    before, start = engine.stats(), time.perf_counter()
+    before, start = engine.stats().as_dict(), time.perf_counter()
     for work in works[1:]:
         engine.score_batch([work])
-    wall, after = time.perf_counter() - start, engine.stats()
+    wall, after = time.perf_counter() - start, engine.stats().as_dict()
     items = sum(len(work.item_ids) for work in works[1:])
     return stat_rate(items, wall, before, after, steady_items_per_s=items / wall)
 

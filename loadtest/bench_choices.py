@@ -98,7 +98,7 @@ def engine_runners() -> dict[str, tuple[Runner, Callable[[], dict]]]:
             engine.wait_for_background_compiles()
             return [a.token_logprobs for a in answers]
 
-        runners[name] = (run, engine.stats)
+        runners[name] = (run, lambda engine=engine: engine.stats().as_dict())
     return runners
 
 

@@ -99,9 +99,9 @@ COUNTERS = (
 
 def counted(engine: Any, call: Callable[[], Any]) -> tuple[Any, float, dict[str, float]]:
     """``call()``'s result, its wall seconds and how far it moved the engine's counters."""
-    before, start = engine.stats(), time.perf_counter()
+    before, start = engine.stats().as_dict(), time.perf_counter()
     result = call()
-    seconds, after = time.perf_counter() - start, engine.stats()
+    seconds, after = time.perf_counter() - start, engine.stats().as_dict()
     return result, seconds, {name: after[name] - before[name] for name in COUNTERS}
 
 

@@ -120,7 +120,7 @@ def measure_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                 if n >= 1 and stats(url)["background_compiles"] == compiled:
                     break
             client.samples.clear()
-            before, engine_before = stats(url), engine.stats()
+            before, engine_before = stats(url), engine.stats().as_dict()
             samples: dict[str, list[float]] = {name: [] for name in calls}
             headers: list[dict[str, float]] = []
             for _ in range(o.rounds):
@@ -130,7 +130,7 @@ def measure_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
                     samples[name].append(time.perf_counter() - start)
                     if name == "served":
                         headers += answer
-            after, engine_after = stats(url), engine.stats()
+            after, engine_after = stats(url), engine.stats().as_dict()
         finally:
             client.close()
     moved = {k: (after[k] - before[k]) / o.rounds for k in COUNTED}

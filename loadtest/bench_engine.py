@@ -70,9 +70,9 @@ def timed_round(
         calls[name](), calls[name]()
         engine.wait_for_background_compiles()
     answers: dict[str, Any] = {}
-    before = {name: engine.stats() for name, engine in built.items()}
+    before = {name: engine.stats().as_dict() for name, engine in built.items()}
     seconds = timed_together({**calls, **others}, rounds, warm, last=answers)
-    after = {name: engine.stats() for name, engine in built.items()}
+    after = {name: engine.stats().as_dict() for name, engine in built.items()}
     tokens = ("computed_tokens", "useful_tokens")
     moved = {name: {k: after[name][k] - before[name][k] for k in tokens} for name in built}
     scores = {k: np.concatenate(v) if k in built else v for k, v in answers.items()}

@@ -95,7 +95,7 @@ def run_batches(args: argparse.Namespace, run: Run) -> list[dict]:
         row["torch_mfu"] = (
             batch * single_item_flops(config, args.query_tokens, lens) / row["torch"] / peak
         )
-        row["stats"] = engines["multi"].stats()
+        row["stats"] = engines["multi"].stats().as_dict()
         run.say(str(row_cells(row)))
         rows.append(row)
     return rows

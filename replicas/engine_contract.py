@@ -102,10 +102,11 @@ class Engine(Protocol):
         EngineUnavailable when it can no longer score."""
         ...
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
         """Counters the replica adds to its own: compiles by source (``background_pending``,
         ``background_compiles``, ``request_path_compiles`` say whether a step ran beside a
-        compile), steps, tokens, engine seconds, query cache. May be empty."""
+        compile), steps, tokens, engine seconds, query cache; an engine that counts nothing
+        answers ``EngineStats.zero()``."""
         ...
 
     def check_health(self) -> None:

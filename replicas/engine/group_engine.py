@@ -14,6 +14,7 @@ compile is not taken for a dead host.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,7 +24,7 @@ import numpy as np
 from cluster.host_group import HostGroup, HostGroupError
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
-from replicas.engine_contract import refuse_adapter_change
+from replicas.engine_contract import EngineStats, refuse_adapter_change
 from replicas.errors import EngineUnavailable
 from replicas.settings import PlacementSettings, ReplicaSettings, SettingsError
 
@@ -157,16 +158,16 @@ class GroupEngine:
         except HostGroupError as error:
             raise EngineUnavailable(f"host group: {error}") from None
 
-    def stats(self) -> dict[str, Any]:
-        return {
-            **self._engine.stats(),
-            "hosts": self._group.num_hosts,
-            "host_members": self._group.members,
-            "host_compile_counts": [
+    def stats(self) -> EngineStats:
+        return dataclasses.replace(
+            self._engine.stats(),
+            hosts=self._group.num_hosts,
+            host_members=tuple(self._group.members),
+            host_compile_counts=(
                 self._engine.compile_count,
                 *(report["compile_count"] for report in self._followers),
-            ],
-        }
+            ),
+        )
 
     def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
         return self._engine.wait_for_background_compiles(timeout_s)

@@ -108,6 +108,7 @@ class QueryCache:
         self.bytes = 0
 
     def stats(self) -> dict[str, int]:
+        """The cache's counters, named as ``EngineStats`` fields (the engine spreads them in)."""
         return {
             "query_cache_hits": self.hits,
             "query_cache_misses": self.misses,

@@ -52,6 +52,7 @@ from replicas.engine.warm_coverage import (
     warmup_works,
 )
 from replicas.engine.work_checks import validate_work
+from replicas.engine_contract import EngineStats
 from replicas.errors import Reason, ScoringError
 from replicas.model.attention import mesh_platform, with_attention
 from replicas.model.causal_lm import CausalLM, Params
@@ -172,21 +173,22 @@ class ScoringEngine:
         """Executables compiled so far; a signature never compiles twice."""
         return len(self._compiler)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> EngineStats:
+        """The counters (one that EngineStats has no field for: a TypeError here)."""
         counts = self._compiler.counts
-        return {
-            "compile_count": self.compile_count,
-            "warmup_compiles": counts["warmup"],
-            "request_path_compiles": counts["request_path"],
-            "background_compiles": counts["background"],
-            "evicted_signatures": counts["evicted"],
-            "declined_background_compiles": counts["declined"],
+        return EngineStats(
+            compile_count=self.compile_count,
+            warmup_compiles=counts["warmup"],
+            request_path_compiles=counts["request_path"],
+            background_compiles=counts["background"],
+            evicted_signatures=counts["evicted"],
+            declined_background_compiles=counts["declined"],
             **{name: n for name, n in counts.items() if name.startswith(("evicted_", "declined_"))},
-            "background_pending": self._compiler.pending,
+            background_pending=self._compiler.pending,
             **self._counters,
-            "engine_seconds": round(self._engine_seconds, 6),
+            engine_seconds=round(self._engine_seconds, 6),
             **self._cache.stats(),
-        }
+        )
 
     def check_health(self) -> None:
         """Nothing to check: one process, whose failures its steps raise."""

@@ -10,6 +10,7 @@ placement groups (and so its hosts) go with it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ import numpy as np
 from cluster.host_group import HostGroupError
 from cluster.slice_group import SliceGroup, slice_names
 from replicas.contract import ModelInfo, ScoreWork
-from replicas.engine_contract import refuse_adapter_change
+from replicas.engine_contract import EngineStats, refuse_adapter_change
 from replicas.errors import EngineUnavailable
 from replicas.settings import ReplicaSettings
 
@@ -58,8 +59,9 @@ class SliceEngine:
     def check_health(self) -> None:
         self._call("check_health")
 
-    def stats(self) -> dict[str, Any]:
-        return {**self._call("stats"), "tpu_slice": slice_names(self._group.placement_group)}
+    def stats(self) -> EngineStats:
+        names = tuple(slice_names(self._group.placement_group))
+        return dataclasses.replace(self._call("stats"), tpu_slice=names)
 
     def wait_for_background_compiles(self, timeout_s: float = 600.0) -> bool:
         return bool(self._call("wait_for_background_compiles", timeout_s, bounded_by_leader=True))

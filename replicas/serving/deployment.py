@@ -188,15 +188,16 @@ class ScoringReplica:
         return await asyncio.get_running_loop().run_in_executor(self._steps, change)
 
     def stats(self) -> dict[str, Any]:
-        """Replica counters plus the engine's (compiles by source, steps, tokens computed
-        vs useful, engine seconds, query cache) when it reports them."""
+        """Replica counters plus the engine's (``EngineStats.as_dict()``: compiles by source,
+        steps, tokens computed vs useful, engine seconds, query cache), as JSON for
+        ``GET /v1/stats``."""
         return {
             "requests": self._requests,
             "works": self._works,
             "batches": self._batches,
             "largest_batch": self._largest_batch,
             "compile_count": self._engine.compile_count,
-            **self._engine_counters(),
+            **self._engine.stats().as_dict(),
             "max_batch_size": self._settings.batching.max_batch_size,
             "batch_wait_timeout_s": self._settings.batching.batch_wait_timeout_s,
             "queued_works": self._queue.in_flight,
@@ -206,10 +207,6 @@ class ScoringReplica:
             "dropped_expired": self._shed["expired"],
             "worker_niceness": worker_niceness(),
         }
-
-    def _engine_counters(self) -> dict[str, Any]:
-        """The engine's counters (``stats()``; empty for an engine that keeps none)."""
-        return self._engine.stats()
 
     async def score_timed(self, work: ScoreWork) -> ScoredWork:
         """One request's answer (``scores``: a ScoreWork's float32 log-probabilities
@@ -345,7 +342,7 @@ class ScoringReplica:
             return [engine_failed(repr(error))] * len(works)
         self._failed_batches_in_a_row = 0
         seconds = time.perf_counter() - start
-        self._metrics.after_step(len(works), seconds, self._engine_counters())
+        self._metrics.after_step(len(works), seconds, self._engine.stats())
         if time.monotonic() - self._trimmed_at >= TRIM_INTERVAL_S:
             self._trimmed_at = time.monotonic()
             await asyncio.to_thread(release_free_heap)
@@ -355,9 +352,8 @@ class ScoringReplica:
     def _compile_marks(self) -> tuple[int, ...]:
         """(background compiles pending, compiles by source): a step between two equal
         marks with none pending ran beside no compile and compiled nothing itself."""
-        counters = self._engine_counters()
-        keys = ("background_pending", "background_compiles", "request_path_compiles")
-        return tuple(int(counters.get(key, 0)) for key in keys)
+        stats = self._engine.stats()
+        return (stats.background_pending, stats.background_compiles, stats.request_path_compiles)
 
 
 def _engine_failed(result: ScoredWork | Exception) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from replicas.engine.compiler import DECLINE_REASONS, EVICT_REASONS
+from replicas.engine_contract import EngineStats
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +67,12 @@ METRICS = (
 )  # fmt: skip
 SPECS = {spec.name: spec for spec in METRICS}
 COMPILE_SOURCES = ("warmup", "request_path", "background")
-# engine.stats() counters recorded by reason: (metric, counter prefix, reasons)
+# EngineStats fields recorded by reason: (metric, field prefix, reasons)
 BY_REASON = (
     ("scorejax_declined_compiles", "declined_", DECLINE_REASONS),
     ("scorejax_evicted_signatures", "evicted_", EVICT_REASONS),
 )
-# engine.stats() counters recorded as scorejax_<name> by how much each step grew them
+# EngineStats fields recorded as scorejax_<name> by how much each step grew them
 STEP_COUNTERS = (
     "query_cache_hits",
     "query_cache_misses",
@@ -120,11 +121,12 @@ class RaySink:
             logger.exception("recording metric %s failed", name)
 
 
-def step_deltas(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, int]:
-    """How much each engine counter grew between two ``engine.stats()`` snapshots."""
+def step_deltas(before: EngineStats, after: EngineStats) -> dict[str, int]:
+    """How much each engine counter grew between two ``engine.stats()`` snapshots (a name
+    that is no EngineStats field raises AttributeError)."""
     names = [f"{source}_compiles" for source in COMPILE_SOURCES] + list(STEP_COUNTERS)
     names += [prefix + reason for _, prefix, reasons in BY_REASON for reason in reasons]
-    return {name: int(after.get(name, 0)) - int(before.get(name, 0)) for name in names}
+    return {name: int(getattr(after, name)) - int(getattr(before, name)) for name in names}
 
 
 class ReplicaMetrics:
@@ -148,23 +150,23 @@ class ReplicaMetrics:
 
     def __init__(self, sink: MetricSink | None = None) -> None:
         self._sink = sink if sink is not None else RaySink(self.NAMES)
-        self._last: Mapping[str, Any] = {}
+        self._last = EngineStats.zero()
 
-    def after_step(self, batch_size: int, seconds: float, stats: Mapping[str, Any]) -> None:
+    def after_step(self, batch_size: int, seconds: float, stats: EngineStats) -> None:
         """One engine step of ``batch_size`` requests; ``stats``: the engine's counters
-        after it (empty when the engine keeps none)."""
+        after it (the first step's growth is from zero: warm-up's compiles count)."""
         sink = self._sink
         sink.observe("scorejax_batch_size", batch_size)
         sink.observe("scorejax_step_seconds", seconds)
-        grown = step_deltas(self._last, stats) if stats else {}
-        self._last = dict(stats)
+        grown = step_deltas(self._last, stats)
+        self._last = stats
         for source in COMPILE_SOURCES:
-            sink.count("scorejax_compiles", grown.get(f"{source}_compiles", 0), {"source": source})
+            sink.count("scorejax_compiles", grown[f"{source}_compiles"], {"source": source})
         for name in STEP_COUNTERS:
-            sink.count(f"scorejax_{name}", grown.get(name, 0))
+            sink.count(f"scorejax_{name}", grown[name])
         for metric, prefix, reasons in BY_REASON:
             for reason in reasons:
-                sink.count(metric, grown.get(prefix + reason, 0), {"reason": reason})
-        computed = grown.get("computed_tokens", 0)
+                sink.count(metric, grown[prefix + reason], {"reason": reason})
+        computed = grown["computed_tokens"]
         if computed > 0:
             sink.observe("scorejax_padding_ratio", 1 - grown["useful_tokens"] / computed)

@@ -83,13 +83,13 @@ def test_one_cache_folder_serves_several_models_one_after_another(tmp_path: Path
     for kind in ("embed", "head"):  # each starts first time: no other model's steps replayed
         other = serve(kind, tmp_path)
         assert record_of(other) != record_of(causal)
-        assert other.stats()["compile_count"] > 0
+        assert other.stats().compile_count > 0
     again = engine_of("causal", tmp_path)
     assert set(again._compiler.recorded()) == steps  # its own record, kept by the others
     assert again.warmup() == len(steps)
     assert set(again.executables()) == steps
     again.score_batch([SCORE])
-    assert again.stats()["request_path_compiles"] == 0  # the replay served it
+    assert again.stats().request_path_compiles == 0  # the replay served it
     assert len(list(tmp_path.glob("scorejax-signatures-*.json"))) == 3
 
 
@@ -125,8 +125,8 @@ EXIT_SCRIPT = textwrap.dedent(
     works = [ScoreWork(tuple(range(1, q)), ((4,), (5, 6)), (7,)) for q in (20, 40, 60)]
     for kind, dims in dict.fromkeys(key for work in works for key in engine.plan([work])):
         engine.compile_later(kind, dims)
-    assert started.wait(120) and engine.stats()["background_pending"] > 1
-    print("exiting with", engine.stats()["background_pending"], "pending", flush=True)
+    assert started.wait(120) and engine.stats().background_pending > 1
+    print("exiting with", engine.stats().background_pending, "pending", flush=True)
     print("EXIT", file=sys.stderr, flush=True)  # what stderr holds after it is teardown's
     """
 )

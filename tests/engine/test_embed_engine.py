@@ -52,8 +52,8 @@ def test_vectors_equal_sentence_transformers_alone_and_in_mixed_batches(family) 
     (together,) = engine.score_batch([work])
     after = engine.stats()
     np.testing.assert_allclose(together, reference, atol=TOL, rtol=0)
-    computed = after["computed_tokens"] - before["computed_tokens"]
-    assert computed / (after["useful_tokens"] - before["useful_tokens"]) <= 1.3  # last row pads
+    computed = after.computed_tokens - before.computed_tokens
+    assert computed / (after.useful_tokens - before.useful_tokens) <= 1.3  # last row pads
     # the same inputs split over concurrent works of 1, 8 and the rest, in another order
     order = np.random.default_rng(2).permutation(count)
     parts = [order[:1], order[1:9], order[9:]]
@@ -62,7 +62,7 @@ def test_vectors_equal_sentence_transformers_alone_and_in_mixed_batches(family) 
         np.testing.assert_allclose(answer, reference[part], atol=TOL, rtol=0)
     (alone,) = engine.score_batch([EmbedWork((work.inputs[5],))])
     np.testing.assert_allclose(alone[0], reference[5], atol=TOL, rtol=0)
-    assert engine.stats()["request_path_compiles"] == 0
+    assert engine.stats().request_path_compiles == 0
     assert engine.info.pooling.dimension == reference.shape[1]
 
 
@@ -91,7 +91,7 @@ def test_a_long_input_is_embedded_as_its_chunks_folded(family) -> None:
     np.testing.assert_allclose(folded[0], expected, atol=TOL, rtol=0)
     reference = reference_vectors(directory, texts[1:])  # within the limit: encode's vectors
     np.testing.assert_allclose(folded[1:], reference, atol=TOL, rtol=0)
-    assert engine.stats()["request_path_compiles"] == 0
+    assert engine.stats().request_path_compiles == 0
     plain, none = embedder.chunked_work(texts[1:], None)  # all fit: the plain work
     assert none is None and plain == embedder.text_work(texts[1:], None)
 

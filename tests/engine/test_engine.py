@@ -1,6 +1,8 @@
 """The scoring engine on a tiny random-weight model: parity between layouts, isolation,
 determinism, batch independence, static shapes and limits."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -8,10 +10,12 @@ import pytest
 from cluster.mesh import build_mesh
 from replicas.contract import ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
+from replicas.engine_contract import EngineStats
 from replicas.errors import ScoringError
 from replicas.model.causal_lm import CausalLM
 from replicas.model.config import ModelConfig
 from replicas.settings import ReplicaSettings, SettingsError
+from tests.support.fake_engine import FakeEngine
 from tests.support.fp32 import assert_fp32_close, assert_fp32_close_ragged
 
 VOCAB = 300
@@ -163,6 +167,17 @@ def test_identical_runs_are_bit_identical(engines):
         np.testing.assert_array_equal(first[0], second[0])
 
 
+def test_the_engine_and_the_fake_answer_stats_of_one_type_with_the_same_fields(engines):
+    engine = engines["shared_prefix"]
+    engine.score_batch([work(7)])
+    real = engine.stats()
+    fake = FakeEngine(ReplicaSettings.from_keys(**SMALL), engine.info).stats()
+    assert type(real) is type(fake) is EngineStats
+    assert dataclasses.fields(real) == dataclasses.fields(fake)
+    assert list(real.as_dict()) == list(fake.as_dict())  # GET /v1/stats: the same keys
+    assert real.steps > 0 and real.compile_count > 0 and fake.steps == 0
+
+
 def test_scores_do_not_depend_on_the_other_requests_in_the_step(engines):
     target = work(8, query=20)
     others = [work(9, query=25, item_lens=(4, 4)), work(10, query=18, labels=(1, 2))]
@@ -175,9 +190,9 @@ def test_scores_do_not_depend_on_the_other_requests_in_the_step(engines):
 def test_small_works_run_fused_in_one_pass_and_concurrent_ones_share_it(engines):
     engine, reference = engines["fused"], engines["shared_prefix"]
     small = [work(30 + s, query=9, item_lens=(0, 1, 2)) for s in range(12)]  # 12 tokens each
-    before = engine.stats()["steps"]
+    before = engine.stats().steps
     together = engine.score_batch(small)
-    assert engine.stats()["steps"] == before + 2  # 144 tokens: two rows of <= 128
+    assert engine.stats().steps == before + 2  # 144 tokens: two rows of <= 128
     assert engine.last_signatures[0][0] == "fused"
     assert_fp32_close_ragged(together, reference.score_batch(small))
     for alone, scores in zip(small, together, strict=True):
@@ -192,10 +207,10 @@ def test_a_cached_query_runs_its_items_behind_the_cache_not_fused(tiny):
     large = work(44, query=20, item_lens=(30, 30))  # 80 tokens: prefix, then items; cached
     small = ScoreWork(large.query_ids, ((5, 6, 7),), large.label_ids)  # 23 tokens
     engine.score_batch([large])
-    hits = engine.stats()["query_cache_hits"]
+    hits = engine.stats().query_cache_hits
     (cached,) = engine.score_batch([small])
     assert [kind for kind, _ in engine.last_signatures] == ["items"]
-    assert engine.stats()["query_cache_hits"] == hits + 1
+    assert engine.stats().query_cache_hits == hits + 1
     other = make_engine(tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=64)
     (fused,) = other.score_batch([small])
     assert [kind for kind, _ in other.last_signatures] == ["fused"]
@@ -213,7 +228,7 @@ def test_a_recurring_query_is_fused_once_then_cached_and_its_items_run_behind_it
         answers.append(engine.score_batch([each])[0])
         kinds.append([kind for kind, _ in engine.last_signatures])
     assert kinds == [["fused"], ["prefix", "items"], ["items"], ["fused"], ["fused"]]
-    assert engine.stats()["query_cache_entries"] == 1
+    assert engine.stats().query_cache_entries == 1
     np.testing.assert_array_equal(answers[1], answers[2])  # the cached query, bit for bit
     (fused_again,) = make_engine(
         tiny, multi_item_scoring_delimiter=DELIMITER, fused_step_tokens=64
@@ -293,7 +308,7 @@ def test_the_queries_of_a_step_run_in_one_batched_prefix_step(tiny):
     )
     three = [work(s, query=9 + s, item_lens=(5, 6, 7)) for s in (0, 1, 2)]  # 3 query lengths
     together = engine.score_batch(three)
-    assert engine.stats()["steps"] == 2  # one prefix step of 3 queries, one item-stream step
+    assert engine.stats().steps == 2  # one prefix step of 3 queries, one item-stream step
     for alone, scores in zip(three, together, strict=True):
         (expected,) = engine.score_batch([alone])
         assert_fp32_close(scores, expected)

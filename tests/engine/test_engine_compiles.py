@@ -65,23 +65,23 @@ def test_uncompiled_signature_runs_on_a_covering_one_while_it_compiles_in_backgr
     engine.warmup()
     warm = engine.stats()
     (covered,) = engine.score_batch([work(1)])  # its own signature: T=16, S=16, W=4
-    assert engine.stats()["declined_one_off"] >= 1  # seen once: nothing compiles yet
+    assert engine.stats().declined_one_off >= 1  # seen once: nothing compiles yet
     engine.score_batch([work(1)])  # it recurs: its own signature compiles behind it
-    assert engine.stats()["request_path_compiles"] == 0
+    assert engine.stats().request_path_compiles == 0
     assert engine.wait_for_background_compiles(300)
     stats = engine.stats()
-    assert stats["background_compiles"] >= 2  # its prefix and items steps
-    assert stats["compile_count"] == warm["compile_count"] + stats["background_compiles"]
+    assert stats.background_compiles >= 2  # its prefix and items steps
+    assert stats.compile_count == warm.compile_count + stats.background_compiles
     (exact,) = engine.score_batch([work(1)])  # now on its own, exact signature
     assert_fp32_close(covered, exact)
-    assert engine.stats()["computed_tokens"] - stats["computed_tokens"] == 16 + 16
+    assert engine.stats().computed_tokens - stats.computed_tokens == 16 + 16
 
 
 def test_nothing_covering_compiles_on_the_request_path_and_is_counted(tiny):
     engine = make_engine(tiny)
     engine.score_batch([work(2)])
-    assert engine.stats()["request_path_compiles"] == 2
-    assert engine.stats()["background_compiles"] == 0
+    assert engine.stats().request_path_compiles == 2
+    assert engine.stats().background_compiles == 0
 
 
 def test_compile_record_makes_a_restart_compile_what_traffic_compiled_before(tiny, tmp_path):
@@ -90,7 +90,7 @@ def test_compile_record_makes_a_restart_compile_what_traffic_compiled_before(tin
     second = make_engine(tiny, compilation_cache_dir=str(tmp_path))
     assert second.warmup() == first.compile_count
     second.score_batch([work(3), work(4, item_lens=(1,) * 40)])
-    assert second.stats()["request_path_compiles"] == 0
+    assert second.stats().request_path_compiles == 0
 
 
 def test_query_cache_hit_runs_only_the_items_and_equals_the_cold_scores_bit_for_bit(tiny):
@@ -98,18 +98,18 @@ def test_query_cache_hit_runs_only_the_items_and_equals_the_cold_scores_bit_for_
     cold_query = work(5, item_lens=(3, 1, 4))
     fresh_items = ScoreWork(cold_query.query_ids, work(6, item_lens=(2, 5)).item_ids, (5, 7))
     (cold,) = engine.score_batch([fresh_items])
-    assert engine.stats()["query_cache_misses"] == 1
+    assert engine.stats().query_cache_misses == 1
     uncached = make_engine(tiny, background_compile=False, query_cache_bytes=0)
     engine.score_batch([cold_query])
     before = engine.stats()
     (warm,) = engine.score_batch([fresh_items])
     after = engine.stats()
-    assert after["query_cache_hits"] == before["query_cache_hits"] + 1
+    assert after.query_cache_hits == before.query_cache_hits + 1
     # only the item stream ran: no prefix tokens computed
-    assert after["computed_tokens"] - before["computed_tokens"] == 16
+    assert after.computed_tokens - before.computed_tokens == 16
     np.testing.assert_array_equal(cold, warm)
     np.testing.assert_array_equal(warm, uncached.score_batch([fresh_items])[0])
-    assert uncached.stats()["query_cache_entries"] == 0
+    assert uncached.stats().query_cache_entries == 0
 
 
 def test_query_cache_is_lru_bounded_in_bytes_and_skips_entries_larger_than_its_budget():
@@ -141,7 +141,7 @@ def test_a_thousand_items_equal_the_same_items_scored_a_hundred_at_a_time(tiny):
     ]
     assert together.shape == (1000, 2)
     assert_fp32_close(together, np.concatenate(parts))
-    assert engine.stats()["query_cache_hits"] >= 10  # the query ran once per call at most
+    assert engine.stats().query_cache_hits >= 10  # the query ran once per call at most
 
 
 def test_many_items_are_bounded_by_the_configured_limit_up_to_4096(tiny):
@@ -178,7 +178,7 @@ def test_single_item_rows_run_in_pieces_on_a_covering_signature_with_fewer_rows(
     many = work(12, query=10, item_lens=(3, 4, 2, 5))  # 4 rows of <= 15 tokens: 4 x 16 exact
     (scores,) = engine.score_batch([many])
     engine.score_batch([many])  # it recurs: its own signature compiles behind it
-    assert engine.stats()["request_path_compiles"] == 0  # ran as 4 pieces of 1 x 64
+    assert engine.stats().request_path_compiles == 0  # ran as 4 pieces of 1 x 64
     assert engine.wait_for_background_compiles(300)
     (exact,) = engine.score_batch([many])
     assert_fp32_close(scores, exact)
@@ -194,7 +194,7 @@ def test_traffic_signatures_are_bounded_and_a_restart_replays_only_the_kept_ones
     ]
     scores = [first.score_batch([w])[0] for w in works]
     items_steps = [key for key in first.executables() if key[0] == "items"]
-    assert len(items_steps) == 1 and first.stats()["evicted_signatures"] == 2
+    assert len(items_steps) == 1 and first.stats().evicted_signatures == 2
     second = make_engine(tiny, **settings)
     second.warmup()
     assert [key for key in second.executables() if key[0] == "items"] == items_steps
@@ -222,7 +222,7 @@ def test_a_group_step_gets_host_compile_timeout_s_per_signature_it_compiles(tiny
     leader = GroupEngine(group, engine)
     leader.score_batch([work(5)])  # runs on the warm covering signature: compiles nothing
     leader.score_batch([work(6, query=60)])  # no warm step holds its query: compiled now
-    compiled = engine.stats()["request_path_compiles"]
+    compiled = engine.stats().request_path_compiles
     leader.score_batch([work(6, query=60)])  # compiled by the step before
     assert group.limits[0] == group.limits[2] == 60
     # Per planned signature: an item-stream step's own prefix step compiles with it.

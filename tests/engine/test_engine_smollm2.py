@@ -67,9 +67,9 @@ def test_query_cache_warm_equals_cold_on_the_real_model(smollm2):
     fresh = text_work(tokenizer, query, [" banana", " chair", ""], (PARIS, LONDON))
     (cold,) = engine.score_batch([fresh])  # the query's first time: computed
     engine.score_batch([first])
-    hits = engine.stats()["query_cache_hits"]
+    hits = engine.stats().query_cache_hits
     (warm,) = engine.score_batch([fresh])  # the same query again: only the items run
-    assert engine.stats()["query_cache_hits"] == hits + 1
+    assert engine.stats().query_cache_hits == hits + 1
     assert_fp32_close(warm, cold, SMOLLM2_LAYERS)
 
 
@@ -91,9 +91,9 @@ def test_prompt_log_probs_equal_transformers_and_warm_equals_cold(smollm2, smoll
     prompts = tuple(tuple(tokenizer.encode(text)) for text in texts)
     work = PromptWork(prompts, top_k=3)
     (cold,) = engine.score_batch([work])
-    reused = engine.stats()["reused_prefix_tokens"]
+    reused = engine.stats().reused_prefix_tokens
     (warm,) = engine.score_batch([work])
-    assert engine.stats()["reused_prefix_tokens"] > reused  # the second call read the cache
+    assert engine.stats().reused_prefix_tokens > reused  # the second call read the cache
     model = smollm2_transformers
     worst = 0.0
     for prompt, answer, again in zip(prompts, cold, warm, strict=True):

@@ -271,9 +271,9 @@ def test_cached_and_extended_queries_stay_exact(every_option):
     first = ScoreWork((*system, 3, 4, 5), _work(6, 0, (4, 6)).item_ids, (5, 7, 9))
     engine.score_batch([first])
     again = ScoreWork(first.query_ids, _work(7, 0, (2, 7, 5)).item_ids, (5, 7, 9))
-    hits = engine.stats()["query_cache_hits"]
+    hits = engine.stats().query_cache_hits
     [cached] = engine.score_batch([again])
-    assert engine.stats()["query_cache_hits"] == hits + 1
+    assert engine.stats().query_cache_hits == hits + 1
     assert_fp32_close(cached, cold.score_batch([again])[0])
     longer = ScoreWork((*system, 9, 8, 7, 6), again.item_ids, (5, 7, 9))
     engine.score_batch([longer])  # computed whole; the extension step compiles meanwhile
@@ -281,7 +281,7 @@ def test_cached_and_extended_queries_stay_exact(every_option):
     extended = ScoreWork((*system, 1, 2, 3, 4), again.item_ids, (5, 7, 9))
     [warm] = engine.score_batch([extended])
     assert [kind for kind, _ in engine.last_signatures] == ["extend", "items"]
-    assert engine.stats()["reused_prefix_tokens"] == 32
+    assert engine.stats().reused_prefix_tokens == 32
     # The extension reads the cached keys through the item stream's two merged parts, the
     # cold query runs dense: the same math summed otherwise, equal to fp32 rounding.
     assert_fp32_close(warm, cold.score_batch([extended])[0])

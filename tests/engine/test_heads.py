@@ -79,9 +79,9 @@ def test_many_items_chunked_and_a_cached_query_keep_head_outputs_exact(mesh, tmp
     work = ScoreWork(query, items, (0,))
     assert sum(map(len, items)) > 3 * 32  # more item tokens than three steps hold
     (cold,) = engine.score_batch([work])
-    hits = engine.stats()["query_cache_hits"]
+    hits = engine.stats().query_cache_hits
     (warm,) = engine.score_batch([work])
-    assert engine.stats()["query_cache_hits"] == hits + 1
+    assert engine.stats().query_cache_hits == hits + 1
     assert_fp32_close(warm, cold)
     reference = hf_head_outputs(directory, [list(query + item) for item in items], left=True)
     assert np.abs(cold - reference).max() <= TOLERANCE

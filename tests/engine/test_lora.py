@@ -84,9 +84,9 @@ def test_mixed_adapters_share_steps_and_each_equals_peft(qwen3):
     engine = qwen3["engine"]
     names = ["a", "b", "c", None]
     works = [_work(10 + i, name) for i, name in enumerate(names)]
-    before = engine.stats()["steps"]
+    before = engine.stats().steps
     mixed = engine.score_batch(works)
-    mixed_steps = engine.stats()["steps"] - before
+    mixed_steps = engine.stats().steps - before
     assert mixed_steps == 2  # one prefix step and one item-stream step for all four
     base_out = reference_scores(_peft(qwen3, None), _rows(works[0]), list(LABELS))
     for work, out in zip(works, mixed, strict=True):
@@ -135,7 +135,7 @@ def test_query_cache_is_keyed_by_adapter(qwen3):
         stats = engine.stats()
         (out,) = engine.score_batch([ScoreWork(query, items, LABELS, adapter=name)])
         after = engine.stats()
-        hit = after["query_cache_hits"] - stats["query_cache_hits"]
+        hit = after.query_cache_hits - stats.query_cache_hits
         outcomes.append(hit)
         rows = [list(query + item) for item in items]
         reference = reference_scores(_peft(qwen3, name), rows, list(LABELS))
@@ -233,9 +233,9 @@ def test_grouped_update_equals_peft_in_every_layout(qwen3):
         ScoreWork(_ids(rng, 5), (_ids(rng, 2), _ids(rng, 3)), LABELS, adapter=name)
         for name in ("a", "b", None)
     ]
-    before = engine.stats()["steps"]
+    before = engine.stats().steps
     outputs = engine.score_batch(small)
-    assert engine.stats()["steps"] - before == 1  # one fused row holds all three
+    assert engine.stats().steps - before == 1  # one fused row holds all three
     assert engine.last_signatures[0][0] == "fused"
     works = [*small, _work(91, "b"), _work(92, "a", item_first=True)]
     outputs += engine.score_batch(works[3:])

@@ -97,9 +97,9 @@ def test_one_step_mixes_the_adapter_and_the_base_each_as_alone(tuned):
     inputs = tuned["service"].embedder.text_work(texts_of(12, 5, longest=48), None).inputs
     works = [EmbedWork(inputs, adapter="tuned"), EmbedWork(inputs)]
     alone = [engine.score_batch([work])[0] for work in works]
-    steps = engine.stats()["steps"]
+    steps = engine.stats().steps
     mixed = engine.score_batch(works)
-    assert engine.stats()["steps"] == steps + 1  # one step holds both adapters' inputs
+    assert engine.stats().steps == steps + 1  # one step holds both adapters' inputs
     for got, want in zip(mixed, alone, strict=True):
         np.testing.assert_allclose(got, want, atol=TOL, rtol=0)
     assert np.abs(mixed[0] - mixed[1]).max() > 1e-3

@@ -85,9 +85,9 @@ def test_an_encoder_adapter_embeds_as_sentence_transformers_with_peft(tuned: dic
     alone = [engine.score_batch([work])[0] for work in works]
     np.testing.assert_allclose(alone[0], want, atol=TOL, rtol=0)
     np.testing.assert_allclose(alone[1], base, atol=TOL, rtol=0)
-    steps = engine.stats()["steps"]
+    steps = engine.stats().steps
     mixed = engine.score_batch(works)
-    assert engine.stats()["steps"] == steps + 1  # one step holds both adapters' inputs
+    assert engine.stats().steps == steps + 1  # one step holds both adapters' inputs
     for got, expected in zip(mixed, alone, strict=True):
         np.testing.assert_allclose(got, expected, atol=TOL, rtol=0)
 

@@ -49,20 +49,20 @@ def test_a_query_sharing_a_cached_querys_blocks_computes_only_the_rest(tiny) -> 
     engine.score_batch([first])
     second = work(rng, system + ids(rng, 20))  # the extension step is not compiled yet:
     engine.score_batch([second])  # computed whole, its extension compiles in the background
-    assert engine.stats()["reused_prefix_tokens"] == 0
+    assert engine.stats().reused_prefix_tokens == 0
     engine.wait_for_background_compiles()
     third = work(rng, system + ids(rng, 21))  # same extension shape: reads 48 tokens
     [warm] = engine.score_batch([third])
     assert [kind for kind, _ in engine.last_signatures] == ["extend", "items"]
-    assert engine.stats()["reused_prefix_tokens"] == 48
-    assert engine.stats()["computed_prompt_tokens"] == len(third.query_ids) - 48
+    assert engine.stats().reused_prefix_tokens == 48
+    assert engine.stats().computed_prompt_tokens == len(third.query_ids) - 48
     [plain] = cold.score_batch([third])
     print(f"\n[extension] max |warm - cold|: {np.abs(warm - plain).max():.2g}")
     assert_fp32_close(warm, plain)
     # The extended query is cached whole: the same query again is an exact hit.
-    hits = engine.stats()["query_cache_hits"]
+    hits = engine.stats().query_cache_hits
     [again] = engine.score_batch([ScoreWork(third.query_ids, third.item_ids, third.label_ids)])
-    assert engine.stats()["query_cache_hits"] == hits + 1
+    assert engine.stats().query_cache_hits == hits + 1
     np.testing.assert_array_equal(again, warm)
 
 
@@ -75,4 +75,4 @@ def test_no_extension_where_it_would_not_compute_fewer_tokens(tiny) -> None:
     engine.wait_for_background_compiles()
     # The rest (44 tokens) pads to 64, the query's own width: nothing to gain.
     engine.score_batch([work(rng, system + ids(rng, 40))])
-    assert engine.stats()["reused_prefix_tokens"] == 0
+    assert engine.stats().reused_prefix_tokens == 0

@@ -77,9 +77,9 @@ def test_choices_behind_one_context_equal_each_prompt_alone(tiny) -> None:
     for prompt, answer in zip(prompts, answers, strict=True):
         check(tiny, prompt, answer, 3)
     stats = engine.stats()
-    assert stats["prompt_tokens"] == sum(len(p) for p in prompts)
-    assert stats["reused_prefix_tokens"] == 3 * 64  # the context's whole blocks, 3 times
-    assert stats["computed_prompt_tokens"] == stats["prompt_tokens"] - 3 * 64
+    assert stats.prompt_tokens == sum(len(p) for p in prompts)
+    assert stats.reused_prefix_tokens == 3 * 64  # the context's whole blocks, 3 times
+    assert stats.computed_prompt_tokens == stats.prompt_tokens - 3 * 64
 
 
 def test_mixed_lengths_short_prompts_and_other_work_in_one_batch(tiny) -> None:
@@ -103,11 +103,11 @@ def test_a_cached_prefix_is_reused_whole_or_by_its_first_blocks(tiny) -> None:
     context = ids(rng, 100)
     first = context + ids(rng, 12)  # computes a 96-token prefix (whole blocks) and caches it
     engine.score_batch([PromptWork((first,), 2)])
-    assert engine.stats()["reused_prefix_tokens"] == 0
+    assert engine.stats().reused_prefix_tokens == 0
     again = (first, context + ids(rng, 30), context[:40] + ids(rng, 3))
     warm = engine.score_batch([PromptWork((p,), 2) for p in again])
     # The same prompt reads all 96 tokens, the second shares 6 blocks and the third 2.
-    assert engine.stats()["reused_prefix_tokens"] == 96 + 96 + 32
+    assert engine.stats().reused_prefix_tokens == 96 + 96 + 32
     reference_answers = cold.score_batch([PromptWork((p,), 2) for p in again])
     for prompt, [hot], [plain] in zip(again, warm, reference_answers, strict=True):
         check(tiny, prompt, hot, 2)
@@ -133,9 +133,9 @@ def test_lone_prompts_run_whole_many_per_step_and_keep_nothing(tiny) -> None:
     stats, plain_stats = engine.stats(), kept.stats()
     # packed: the context's prefix step and its choices' stream step, and one stream step
     # for every lone prompt (they read no prefix, a stream of another prefix width)
-    assert stats["steps"] == 3 < plain_stats["steps"]
-    assert stats["reused_prefix_tokens"] == 32  # the second choice reads the context's blocks
-    assert stats["query_cache_entries"] == 1 < plain_stats["query_cache_entries"]
+    assert stats.steps == 3 < plain_stats.steps
+    assert stats.reused_prefix_tokens == 32  # the second choice reads the context's blocks
+    assert stats.query_cache_entries == 1 < plain_stats.query_cache_entries
     # scored_tail: the same last tokens, nothing else scored in the stream (rerank's query)
     tail = PromptWork(prompts, keep_lone_prefixes=False, scored_tail=3)
     [tails] = make_engine(tiny).score_batch([tail])
@@ -156,8 +156,8 @@ def test_prompts_without_a_whole_block_run_packed_though_prefixes_are_kept(tiny)
     [answers] = engine.score_batch([PromptWork(prompts, top_k=2)])
     for prompt, answer in zip(prompts, answers, strict=True):
         check(tiny, prompt, answer, 2)
-    assert engine.stats()["steps"] == 1
-    assert engine.stats()["query_cache_entries"] == 0
+    assert engine.stats().steps == 1
+    assert engine.stats().query_cache_entries == 0
 
 
 def test_prompts_group_by_whole_shared_blocks() -> None:
@@ -198,9 +198,9 @@ def test_prefix_reuse_off_computes_every_prompt_whole_with_the_same_answers(tiny
             assert_fp32_close(a.token_logprobs[1:], b.token_logprobs[1:])
             np.testing.assert_array_equal(a.top_ids[1:, 0], b.top_ids[1:, 0])
     stats = off.stats()
-    assert stats["reused_prefix_tokens"] == 0 and len(off.cache) == 0
-    assert stats["computed_prompt_tokens"] == stats["prompt_tokens"] == 2 * sum(map(len, prompts))
-    assert on.stats()["reused_prefix_tokens"] == 2 * 48 + 3 * 48
+    assert stats.reused_prefix_tokens == 0 and len(off.cache) == 0
+    assert stats.computed_prompt_tokens == stats.prompt_tokens == 2 * sum(map(len, prompts))
+    assert on.stats().reused_prefix_tokens == 2 * 48 + 3 * 48
 
 
 def test_warm_completions_never_compile_on_the_request_path(tiny) -> None:
@@ -227,7 +227,7 @@ def test_warm_completions_never_compile_on_the_request_path(tiny) -> None:
         for prompt, answer in zip(work.prompts, answers, strict=True):
             check(tiny, prompt, answer, work.top_k)
     engine.wait_for_background_compiles()
-    assert engine.stats()["request_path_compiles"] == 0
+    assert engine.stats().request_path_compiles == 0
     with pytest.raises(ScoringError, match="completion_warmup_shapes") as error:
         engine.score_batch([PromptWork((ids(rng, 81),))])
     assert error.value.reason == "sequence_too_long"
@@ -247,5 +247,5 @@ def test_a_zero_prefix_warm_shape_warms_packed_lone_prompts(tiny) -> None:
     for prompt, answer in zip(prompts, answers, strict=True):
         check(tiny, prompt, answer, 0)
     stats = engine.stats()
-    assert engine.compile_count == compiles and stats["steps"] == 1
-    assert stats["computed_tokens"] <= 1.3 * stats["useful_tokens"]
+    assert engine.compile_count == compiles and stats.steps == 1
+    assert stats.computed_tokens <= 1.3 * stats.useful_tokens

@@ -62,9 +62,9 @@ def relevance(served: tuple[ScoringService, ScoringEngine], documents: list[str]
 
 def test_documents_over_several_steps_score_as_each_document_alone(served) -> None:
     _, engine = served
-    steps = engine.stats()["steps"]
+    steps = engine.stats().steps
     together = relevance(served, DOCS)
-    assert engine.stats()["steps"] - steps >= 2, "the documents fit one step: not a test"
+    assert engine.stats().steps - steps >= 2, "the documents fit one step: not a test"
     alone = [relevance(served, [doc])[0] for doc in DOCS]
     assert_fp32_close(together, alone)
     assert len(set(np.round(together, 6))) > 1  # the scores tell documents apart

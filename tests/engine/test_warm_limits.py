@@ -183,8 +183,8 @@ def test_every_admitted_request_runs_on_warm_signatures_and_the_rest_is_refused(
         engine.score_batch(admitted[start : start + size])
         start += size
     stats = engine.stats()
-    assert stats["request_path_compiles"] == 0, engine.last_signatures
-    assert refused > 0 and stats["warmup_compiles"] > 0
+    assert stats.request_path_compiles == 0, engine.last_signatures
+    assert refused > 0 and stats.warmup_compiles > 0
     engine.wait_for_background_compiles(300)
 
 

@@ -132,7 +132,7 @@ def test_a_slice_engine_scores_over_both_hosts_of_one_slice(
     single = ScoringEngine(loaded.model, loaded.params, build_mesh((1, 1)), settings, "one")
     (reference,) = single.score_batch([work])
     assert_fp32_close(scores, reference)
-    assert stats["hosts"] == 2 and len(set(stats["tpu_slice"])) == 1
+    assert stats.hosts == 2 and len(set(stats.tpu_slice)) == 1
 
 
 def test_serve_reserves_no_placement_group_for_a_slice_replica() -> None:

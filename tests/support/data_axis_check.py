@@ -127,7 +127,7 @@ def run(directory: Path) -> dict[str, Any]:
             calls = [engine.score_batch(works) for works in rounds(vocab)]
             scores[f"{mesh[0]}x{mesh[1]}/{name}"] = {
                 "scores": [[s.tolist() for s in call] for call in calls],
-                "cache_hits": engine.stats()["query_cache_hits"],
+                "cache_hits": engine.stats().query_cache_hits,
                 "cache_bytes_per_device": cache_bytes_per_device(engine),
             }
         for split, whole in (((2, 1), (1, 1)), ((2, 2), (1, 2))):
@@ -182,7 +182,7 @@ def extension_answers(loaded: dict[tuple[int, int], Any]) -> dict[str, Any]:
         for work in works:
             scores.append(engine.score_batch([work])[0].tolist())
             engine.wait_for_background_compiles()
-        reused = engine.stats()["reused_prefix_tokens"]
+        reused = engine.stats().reused_prefix_tokens
         out[f"{mesh[0]}x{mesh[1]}"] = {"scores": scores, "reused_prefix_tokens": reused}
     return out
 
@@ -221,7 +221,7 @@ def prompt_answers(loaded: dict[tuple[int, int], Any]) -> dict[str, Any]:
         answers = [[[answer_lists(a) for a in work] for work in call] for call in calls]
         out[f"{mesh[0]}x{mesh[1]}"] = {
             "answers": answers,
-            "reused_prefix_tokens": engine.stats()["reused_prefix_tokens"],
+            "reused_prefix_tokens": engine.stats().reused_prefix_tokens,
         }
     return out
 

@@ -1,5 +1,6 @@
 """A jax-free stand-in for replicas.engine.ScoringEngine with hand-checkable arithmetic; it
-keeps the whole engine contract (replicas/engine_contract.py), without counters or LoRA slots.
+keeps the whole engine contract (replicas/engine_contract.py), without LoRA slots; its stats
+are a real ``EngineStats`` that counts nothing (``EngineStats.zero()``).
 
 logprob(label, query, item) = -(label % 7) - 0.1 * (len(query) + len(item))
 
@@ -13,12 +14,12 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from replicas.checkpoints.sources import load_hf_config, resolve_model_source
 from replicas.contract import ModelInfo, ScoreWork, check_limits, work_cost
+from replicas.engine_contract import EngineStats
 from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings
 
@@ -72,8 +73,8 @@ class FakeEngine:
             time.sleep(self.delay_s + self.delay_per_token_s * tokens)
         return [fake_logprobs(work) for work in works]
 
-    def stats(self) -> dict[str, Any]:
-        return {}  # no counters of its own
+    def stats(self) -> EngineStats:
+        return EngineStats.zero()  # no counters of its own
 
     def check_health(self) -> None:
         """Nothing to check."""

@@ -9,6 +9,7 @@ import dataclasses
 import importlib
 import inspect
 import pickle
+import typing
 from pathlib import Path
 
 import pytest
@@ -100,7 +101,7 @@ def test_the_fake_engine_as_tests_build_it_is_an_engine(
     engine = cls.from_settings(settings)
     assert isinstance(engine, Engine)
     engine.check_health()
-    assert engine.stats() == {}
+    assert engine.stats() == EngineStats.zero()  # counts nothing
     for change in (lambda: engine.load_adapter("a", "/x"), lambda: engine.unload_adapter("a")):
         with pytest.raises(ScoringError) as refused:  # no slots: the load route's 400
             change()
@@ -130,6 +131,12 @@ STATS_KEYS = (
     "query_cache_capacity_bytes",
 )  # fmt: skip
 HOST_GROUP_KEYS = ("hosts", "host_members", "host_compile_counts", "tpu_slice")
+
+
+@pytest.mark.parametrize("path", IMPLEMENTATIONS)
+def test_every_engine_answers_stats_as_engine_stats(path: str) -> None:
+    stats = typing.get_type_hints(_load(path).stats)["return"]
+    assert stats is EngineStats, f"{path}.stats() -> {stats}"
 
 
 def test_engine_stats_answer_the_keys_of_v1_stats_as_they_were() -> None:

@@ -4,6 +4,7 @@ real export through Ray's metrics agent is scraped in tests/serve/test_serve_htt
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from app.http import Outcome, build_api
 from app.metrics import IngressMetrics
 from app.service import Timings
 from replicas.contract import ScoredWork, ScoreWork
+from replicas.engine_contract import EngineStats
 from replicas.serving.metrics import METRICS, SPECS, ReplicaMetrics, step_deltas
 from tests.support.fake_engine import fake_logprobs
 from tests.support.http_support import ask
@@ -38,6 +40,11 @@ class Recorded:
         return sum(v for n, v, t in self.counts if n == name and tags.items() <= t.items())
 
 
+def counted(**counters: int) -> EngineStats:
+    """An engine's stats with ``counters`` set, every other counter 0."""
+    return dataclasses.replace(EngineStats.zero(), **counters)
+
+
 def test_every_metric_is_named_for_scorejax_and_histograms_have_sorted_buckets() -> None:
     assert all(spec.name.startswith("scorejax_") for spec in METRICS)
     for spec in METRICS:
@@ -49,9 +56,9 @@ def test_a_replica_records_each_step_and_what_the_engine_counters_grew_by() -> N
     sink = Recorded()
     metrics = ReplicaMetrics(sink)
     warm = {"warmup_compiles": 5, "computed_tokens": 100, "useful_tokens": 75}
-    metrics.after_step(3, 0.2, warm | {"query_cache_misses": 3})
+    metrics.after_step(3, 0.2, counted(**warm | {"query_cache_misses": 3}))
     later = warm | {"request_path_compiles": 1, "computed_tokens": 300, "useful_tokens": 125}
-    metrics.after_step(2, 0.4, later | {"query_cache_misses": 4, "query_cache_hits": 1})
+    metrics.after_step(2, 0.4, counted(**later | {"query_cache_misses": 4, "query_cache_hits": 1}))
     assert [v for n, v, _ in sink.observed if n == "scorejax_batch_size"] == [3, 2]
     assert [v for n, v, _ in sink.observed if n == "scorejax_step_seconds"] == [0.2, 0.4]
     # padding: 25 of the first 100 tokens, then 150 of the next 200
@@ -66,9 +73,9 @@ def test_a_replica_records_each_step_and_what_the_engine_counters_grew_by() -> N
 def test_declined_compiles_and_evicted_signatures_are_counted_by_reason() -> None:
     sink = Recorded()
     metrics = ReplicaMetrics(sink)
-    metrics.after_step(1, 0.1, {"declined_one_off": 2, "evicted_low_value": 0})
+    metrics.after_step(1, 0.1, counted(declined_one_off=2, evicted_low_value=0))
     metrics.after_step(
-        1, 0.1, {"declined_one_off": 5, "declined_low_value": 1, "evicted_low_value": 1}
+        1, 0.1, counted(declined_one_off=5, declined_low_value=1, evicted_low_value=1)
     )
     assert sink.total("scorejax_declined_compiles", reason="one_off") == 5
     assert sink.total("scorejax_declined_compiles", reason="low_value") == 1
@@ -78,10 +85,10 @@ def test_declined_compiles_and_evicted_signatures_are_counted_by_reason() -> Non
 
 def test_an_engine_without_counters_still_records_batch_and_step() -> None:
     sink = Recorded()
-    ReplicaMetrics(sink).after_step(4, 1.5, {})
+    ReplicaMetrics(sink).after_step(4, 1.5, EngineStats.zero())
     assert {n for n, _, _ in sink.observed} == {"scorejax_batch_size", "scorejax_step_seconds"}
     assert all(value == 0 for _, value, _ in sink.counts)
-    assert step_deltas({"useful_tokens": 2}, {"useful_tokens": 7})["useful_tokens"] == 5
+    assert step_deltas(counted(useful_tokens=2), counted(useful_tokens=7))["useful_tokens"] == 5
 
 
 def test_the_ingress_records_status_reason_stages_and_size() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import pickle
 import threading
 import time
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from replicas.contract import ScoreWork
+from replicas.engine_contract import EngineStats
 from replicas.errors import Reason, ScoringError
 from replicas.serving.admission import QueueEstimate
 from replicas.serving.deployment import ScoringReplica
@@ -81,8 +83,9 @@ class CompilingEngine(FakeEngine):
         base = FakeEngine.from_settings(settings)
         return cls(settings=base.settings, model_info=base.model_info)
 
-    def stats(self) -> dict[str, int]:
-        return {"background_pending": int(self.compiling), "background_compiles": 0}
+    def stats(self) -> EngineStats:
+        pending = int(self.compiling)
+        return dataclasses.replace(EngineStats.zero(), background_pending=pending)
 
 
 @pytest.fixture
@@ -147,6 +150,24 @@ def test_a_batch_is_one_engine_call(settings: ReplicaSettings) -> None:
     assert len({got.inference_s for got in results}) == 1 and results[0].inference_s > 0
     assert replica._engine.batches == 1
     assert replica.stats()["largest_batch"] == 6
+
+
+def test_the_replica_answers_the_engine_stats_inside_its_own_counters(
+    settings: ReplicaSettings,
+) -> None:
+    """GET /v1/stats's keys: the replica's, the engine's ``as_dict()`` (a real EngineStats
+    under the fake too), then batching and admission; plain JSON."""
+    replica = Replica(settings, "tests.support.fake_engine:FakeEngine")
+    asyncio.run(replica._score_many([work()]))
+    answered = replica.stats()
+    engine = EngineStats.zero().as_dict()  # the fake counts nothing
+    assert list(answered) == [
+        "requests", "works", "batches", "largest_batch", *engine, "max_batch_size",
+        "batch_wait_timeout_s", "queued_works", "queued_tokens", "expected_wait_s",
+        "rejected_overloaded", "dropped_expired", "worker_niceness",
+    ]  # fmt: skip
+    assert {k: answered[k] for k in engine} == engine and answered["batches"] == 1
+    assert json.loads(json.dumps(answered)) == answered
 
 
 def test_steps_beside_a_compile_are_left_out_of_the_work_rate(settings: ReplicaSettings) -> None:
