@@ -21,6 +21,7 @@ from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 from replicas.contract import EmbedWork
 from tests.support.embed_helpers import (
     QUERY_PROMPT,
+    assert_split_as_whole,
     chunk_reference,
     reference_vectors,
     texts_of,
@@ -55,13 +56,7 @@ def test_vectors_equal_sentence_transformers_alone_and_in_mixed_batches(family) 
     computed = after.computed_tokens - before.computed_tokens
     assert computed / (after.useful_tokens - before.useful_tokens) <= 1.3  # last row pads
     # the same inputs split over concurrent works of 1, 8 and the rest, in another order
-    order = np.random.default_rng(2).permutation(count)
-    parts = [order[:1], order[1:9], order[9:]]
-    answers = engine.score_batch([EmbedWork(tuple(work.inputs[i] for i in p)) for p in parts])
-    for part, answer in zip(parts, answers, strict=True):
-        np.testing.assert_allclose(answer, reference[part], atol=TOL, rtol=0)
-    (alone,) = engine.score_batch([EmbedWork((work.inputs[5],))])
-    np.testing.assert_allclose(alone[0], reference[5], atol=TOL, rtol=0)
+    assert_split_as_whole(engine, work, reference, [1, 9], seed=2, alone=(5,), tol=TOL)
     assert engine.stats().request_path_compiles == 0
     assert engine.info.pooling.dimension == reference.shape[1]
 

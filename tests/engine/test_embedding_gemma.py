@@ -21,8 +21,12 @@ import pytest
 
 from app.embeddings import Embedder
 from replicas.checkpoints.sources import load_hf_config, load_tokenizer, resolve_model_source
-from replicas.contract import EmbedWork
-from tests.support.embed_helpers import embed_settings, reference_vectors, texts_of
+from tests.support.embed_helpers import (
+    assert_split_as_whole,
+    embed_settings,
+    reference_vectors,
+    texts_of,
+)
 from tests.support.embedding_gemma import CONFIG, PROMPTS, WIDE
 
 TOL = 1e-5  # tiny models: docs/semantics.md, "The float32 floor"
@@ -80,13 +84,7 @@ def test_vectors_equal_sentence_transformers_alone_and_in_mixed_batches(
     assert max(len(ids) for ids in work.inputs) > 256 > 2 * CONFIG["sliding_window"]
     (together,) = engine.score_batch([work])
     np.testing.assert_allclose(together, reference, atol=TOL, rtol=0)
-    order = np.random.default_rng(4).permutation(len(texts))
-    parts = [order[:1], order[1:7], order[7:]]
-    answers = engine.score_batch([EmbedWork(tuple(work.inputs[i] for i in p)) for p in parts])
-    for part, answer in zip(parts, answers, strict=True):
-        np.testing.assert_allclose(answer, reference[part], atol=TOL, rtol=0)
-    (alone,) = engine.score_batch([EmbedWork((work.inputs[3],))])
-    np.testing.assert_allclose(alone[0], reference[3], atol=TOL, rtol=0)
+    assert_split_as_whole(engine, work, reference, [1, 7], seed=4, alone=(3,), tol=TOL)
     assert engine.info.pooling.dimension == reference.shape[1] == 64
 
 

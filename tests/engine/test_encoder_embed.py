@@ -22,7 +22,7 @@ import pytest
 from app.embeddings import Embedder
 from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 from replicas.contract import EmbedWork
-from tests.support.embed_helpers import embed_settings, reference_vectors
+from tests.support.embed_helpers import assert_split_as_whole, embed_settings, reference_vectors
 from tests.support.encoder_helpers import save_bert_embedder, sentences
 
 TOL = 1e-5
@@ -60,14 +60,7 @@ def test_vectors_equal_sentence_transformers_alone_and_packed(bert) -> None:
     assert sum(ids.count(1) for ids in work.inputs) > 3  # [UNK]: XLM-R's pad_token_id
     (together,) = engine.score_batch([work])
     np.testing.assert_allclose(together, reference, atol=TOL, rtol=0)
-    order = np.random.default_rng(2).permutation(len(texts))
-    parts = [order[:1], order[1:9], order[9:]]
-    answers = engine.score_batch([EmbedWork(tuple(work.inputs[i] for i in p)) for p in parts])
-    for part, answer in zip(parts, answers, strict=True):
-        np.testing.assert_allclose(answer, reference[part], atol=TOL, rtol=0)
-    for i in (0, 5):
-        (alone,) = engine.score_batch([EmbedWork((work.inputs[i],))])
-        np.testing.assert_allclose(alone[0], reference[i], atol=TOL, rtol=0)
+    assert_split_as_whole(engine, work, reference, [1, 9], seed=2, alone=(0, 5), tol=TOL)
     assert engine.info.kind == "embedding" and engine.info.pooling.dimension == 32
 
 

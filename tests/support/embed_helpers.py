@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from replicas.contract import EmbedWork
 from tests.support.model_helpers import GEMMA3, TINY, randomize_
 
 VOCAB = 49152  # SmolLM2's tokenizer
@@ -142,3 +143,20 @@ def texts_of(seed: int, count: int, longest: int = 512) -> list[str]:
     words = ["alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue"]
     lengths = np.exp(rng.uniform(0, np.log(longest - 2), count)).astype(int) + 1
     return [" ".join(rng.choice(words, n)) for n in lengths]
+
+
+def assert_split_as_whole(
+    engine: Any, work: Any, reference: np.ndarray, cuts: list[int], seed: int,
+    alone: tuple[int, ...], tol: float,
+) -> None:  # fmt: skip
+    """``work``'s inputs, split over concurrent works at ``cuts`` of a seeded permutation,
+    and the ``alone`` ones each in a work of its own, embed as ``reference [N, D]`` says:
+    what shares a row or a step never changes a vector."""
+    order = np.random.default_rng(seed).permutation(len(work.inputs))
+    parts = np.split(order, cuts)
+    answers = engine.score_batch([EmbedWork(tuple(work.inputs[i] for i in p)) for p in parts])
+    for part, answer in zip(parts, answers, strict=True):
+        np.testing.assert_allclose(answer, reference[part], atol=tol, rtol=0)
+    for i in alone:
+        (single,) = engine.score_batch([EmbedWork((work.inputs[i],))])
+        np.testing.assert_allclose(single[0], reference[i], atol=tol, rtol=0)
