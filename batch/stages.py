@@ -5,7 +5,8 @@ written once; a mode (batch.modes) supplies only what differs.
 the route's own code (a subclass's ``prepare``) -> the mode's helper columns (its works as
 token ids), or the route's 400 in ``error`` / ``error_message``. ``EngineStage`` (one engine
 per accelerator host) makes the engine as a serving replica makes it; a subclass packs the
-batch's works into one ``score_batch`` call (``call``) and writes the answers' columns.
+batch's works into one ``score_batch`` call (``call``: the works' limits checked first, as a
+replica checks them) and writes the answers' columns.
 ``finish_rows`` (CPU): the tally, the helper columns dropped.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, Self
 import pyarrow as pa
 
 from app.service import ScoringService
+from replicas.contract import check_model_limits
 from replicas.errors import ScoringError
 from replicas.serving.setup import DEFAULT_ENGINE, load_engine_factory
 from replicas.settings import ReplicaSettings
@@ -123,7 +125,11 @@ class EngineStage:
         return stage
 
     def call(self, works: list[Any]) -> list[Any]:
-        """The engine's answers to ``works``, its counters to the tally."""
+        """The engine's answers to ``works``, its counters to the tally; each work is checked
+        against the limits first, as a replica checks it (the engine trusts both)."""
+        info = self._engine.info
+        for work in works:
+            check_model_limits(work, info)
         return counted_call(self._engine, works, self._tally)
 
 

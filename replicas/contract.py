@@ -124,7 +124,7 @@ class Envelope:
 
 @dataclass(frozen=True)
 class ScoringLimits:
-    """Request limits shared by the ingress (400s) and the engine (exceptions)."""
+    """Request limits shared by the ingress and the replica (400s, ``check_model_limits``)."""
 
     max_items_per_request: int = DEFAULT_MAX_ITEMS_PER_REQUEST
     max_multi_item_seq_len: int = DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
@@ -318,7 +318,7 @@ def check_limits(
     work: ScoreWork | PromptWork | EmbedWork, limits: ScoringLimits, multi_item: bool
 ) -> None:
     """Raise ScoringError if ``work`` breaks ``limits``; used on both sides of the handle."""
-    if isinstance(work, EmbedWork):  # the model's max_seq_length: the engine checks it too
+    if isinstance(work, EmbedWork):  # the model's max_seq_length: check_model_limits
         check_embed_limits(work, limits, None)
         return
     if isinstance(work, PromptWork):
@@ -359,6 +359,18 @@ def check_limits(
             f"the request needs {tokens} tokens computed{how}, over max_request_tokens="
             f"{limits.max_request_tokens}",
         )
+
+
+def check_model_limits(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo) -> None:
+    """``check_limits`` as a replica runs it (and a batch job before its engine, which trusts
+    both): multi-item when the model has a delimiter, an input within its ``max_seq_length``
+    (a cross-encoder's pair within its ``max_length``)."""
+    if isinstance(work, EmbedWork):
+        longest = info.pooling.max_seq_length if info.pooling else None
+        pair = info.head.max_length if info.head else None
+        check_embed_limits(work, info.limits, longest or pair)
+        return
+    check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
 
 
 def _check_envelopes(work: ScoreWork, envelopes: Sequence[Envelope], shared: bool) -> None:

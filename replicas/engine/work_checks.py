@@ -1,18 +1,12 @@
-"""The engine's own checks of the work it is handed (the ingress runs the same rules first):
-anything that breaks one raises before a step runs, with the HTTP 400's ``reason``."""
+"""The engine's own checks of the work it is handed: anything that breaks one raises before a
+step runs, with the HTTP 400's ``reason``. Limits are not among them: the replica checks
+them (``check_model_limits``), and a batch job before its engine does."""
 
 from __future__ import annotations
 
 import itertools
 
-from replicas.contract import (
-    MAX_TOP_LOGPROBS,
-    EmbedWork,
-    ModelInfo,
-    PromptWork,
-    ScoreWork,
-    check_limits,
-)
+from replicas.contract import MAX_TOP_LOGPROBS, EmbedWork, ModelInfo, PromptWork, ScoreWork
 from replicas.engine.layouts.embed import check_embed_work
 from replicas.errors import Reason, ScoringError
 
@@ -37,7 +31,6 @@ def validate_work(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo, mul
     head = info.head  # a head model's labels index its outputs
     if head is not None and max(work.label_ids) >= head.num_labels:
         raise ScoringError(Reason.INVALID_REQUEST, f"head outputs are [0, {head.num_labels})")
-    check_limits(work, info.limits, multi)
     delimiter = info.multi_item_scoring_delimiter
     if multi and any(delimiter in part for part in (work.query_ids, *work.item_ids)):
         raise ScoringError(
@@ -57,4 +50,3 @@ def _validate_prompts(work: PromptWork, info: ModelInfo) -> None:
         raise ScoringError(Reason.INVALID_REQUEST, f"top_k must be in [0, {MAX_TOP_LOGPROBS}]")
     if work.scored_tail is not None and work.scored_tail < 1:
         raise ScoringError(Reason.INVALID_REQUEST, "scored_tail must be None or >= 1")
-    check_limits(work, info.limits, True)

@@ -37,7 +37,7 @@ from replicas.contract import (
     ModelInfo,
     ScoredWork,
     ScoreWork,
-    check_limits,
+    check_model_limits,
     work_cost,
 )
 from replicas.engine.memory import release_free_heap
@@ -215,8 +215,7 @@ class ScoringReplica:
         self._requests += 1
         if self._adapters is not None:
             await self._adapters.follow(work.adapter)
-        info = self._engine.info
-        check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
+        check_model_limits(work, self._engine.info)  # the engine trusts this check
         batching = self._settings.batching
         cold_calls = max(batching.max_batch_size, MIN_COMPLETIONS)  # before a work rate
         verdict = admit(self._queue, batching.max_queue_wait_s, cold_calls)

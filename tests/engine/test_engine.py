@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
-from replicas.contract import ScoreWork
+from replicas.contract import ScoreWork, check_model_limits
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.engine_contract import EngineStats
 from replicas.errors import ScoringError
@@ -315,6 +315,8 @@ def test_the_queries_of_a_step_run_in_one_batched_prefix_step(tiny):
 
 
 def test_limits_raise_clear_errors(tiny):
+    """The replica refuses over-limit work (``check_model_limits`` on its engine's info, in
+    ``ScoringReplica.score_timed``); the engine trusts it."""
     engine = make_engine(
         tiny,
         multi_item_scoring_delimiter=DELIMITER,
@@ -322,10 +324,10 @@ def test_limits_raise_clear_errors(tiny):
         max_multi_item_seq_len=40,
     )
     with pytest.raises(ScoringError, match="max_items_per_request") as too_many:
-        engine.score_batch([work(15, item_lens=(1,) * 5)])
+        check_model_limits(work(15, item_lens=(1,) * 5), engine.info)
     assert too_many.value.reason == "too_many_items"
     with pytest.raises(ScoringError, match="max_multi_item_seq_len"):
-        engine.score_batch([work(16, query=30, item_lens=(4, 4))])  # 30 + 1 + 2 * 5 = 41
+        check_model_limits(work(16, query=30, item_lens=(4, 4)), engine.info)  # 30+1+2*5: 41
 
 
 @pytest.mark.parametrize(

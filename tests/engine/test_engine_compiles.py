@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cluster.mesh import build_mesh
-from replicas.contract import ScoreWork
+from replicas.contract import ScoreWork, check_model_limits
 from replicas.engine.group_engine import GroupEngine
 from replicas.engine.layouts.dense import DenseDims
 from replicas.engine.query_cache import QueryCache
@@ -148,17 +148,17 @@ def test_many_items_are_bounded_by_the_configured_limit_up_to_4096(tiny):
     with pytest.raises(SettingsError, match="max_items_per_request"):
         ReplicaSettings.from_keys(max_items_per_request=4097)
     engine = make_engine(tiny, max_items_per_request=10)
-    with pytest.raises(ScoringError, match="max_items_per_request"):
-        engine.score_batch([work(9, item_lens=(1,) * 11)])
+    with pytest.raises(ScoringError, match="max_items_per_request"):  # the replica's check
+        check_model_limits(work(9, item_lens=(1,) * 11), engine.info)
 
 
 def test_a_query_or_item_longer_than_one_step_holds_is_refused_by_name(tiny):
-    engine = make_engine(tiny)  # longest row: min(64, 128) tokens
+    engine = make_engine(tiny)  # longest row: min(64, 128) tokens; the replica checks it
     with pytest.raises(ScoringError, match="longest row") as error:
-        engine.score_batch([work(10, query=65, item_lens=(1,))])
+        check_model_limits(work(10, query=65, item_lens=(1,)), engine.info)
     assert error.value.reason == "sequence_too_long"
     with pytest.raises(ScoringError, match="longest row"):
-        engine.score_batch([work(11, query=4, item_lens=(65,))])
+        check_model_limits(work(11, query=4, item_lens=(65,)), engine.info)
 
 
 def test_a_stale_or_foreign_compile_record_entry_is_skipped(tiny, tmp_path):

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from replicas.contract import PromptWork, ScoreWork
+from replicas.contract import PromptWork, ScoreWork, check_model_limits
 from replicas.engine.layouts.prompt_plan import group_prompts
 from replicas.engine.layouts.token_steps import PREFIX_BLOCK
 from replicas.engine.scoring_engine import ScoringEngine
@@ -181,8 +181,8 @@ def test_bad_prompt_work_is_refused_by_reason(tiny) -> None:
     with pytest.raises(ScoringError) as error:
         engine.score_batch([PromptWork(((VOCAB,),))])
     assert error.value.reason == "token_id_exceeds_vocab"
-    with pytest.raises(ScoringError) as limit:
-        engine.score_batch([PromptWork(((1,), (2,), (3,)))])
+    with pytest.raises(ScoringError) as limit:  # the replica's check (the engine trusts it)
+        check_model_limits(PromptWork(((1,), (2,), (3,))), engine.info)
     assert limit.value.reason == "too_many_items"
 
 
@@ -228,8 +228,8 @@ def test_warm_completions_never_compile_on_the_request_path(tiny) -> None:
             check(tiny, prompt, answer, work.top_k)
     engine.wait_for_background_compiles()
     assert engine.stats().request_path_compiles == 0
-    with pytest.raises(ScoringError, match="completion_warmup_shapes") as error:
-        engine.score_batch([PromptWork((ids(rng, 81),))])
+    with pytest.raises(ScoringError, match="completion_warmup_shapes") as error:  # the replica's
+        check_model_limits(PromptWork((ids(rng, 81),)), engine.info)
     assert error.value.reason == "sequence_too_long"
 
 

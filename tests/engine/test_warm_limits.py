@@ -17,7 +17,7 @@ import yaml
 from app.openapi import score_request_schema
 from app.service import ScoringService
 from cluster.mesh import build_mesh
-from replicas.contract import Envelope, ModelInfo, ScoreWork, check_limits
+from replicas.contract import Envelope, ModelInfo, ScoreWork, check_limits, check_model_limits
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.engine.warm_coverage import full_step_items
 from replicas.errors import ScoringError
@@ -172,7 +172,8 @@ def test_every_admitted_request_runs_on_warm_signatures_and_the_rest_is_refused(
     rng = np.random.default_rng(0)
     admitted, refused = [], 0
     for candidate in [random_work(rng) for _ in range(40)]:
-        try:
+        try:  # the replica's limits (the engine trusts them), then the engine's own checks
+            check_model_limits(candidate, engine.info)
             engine.validate(candidate)
         except ScoringError:
             refused += 1

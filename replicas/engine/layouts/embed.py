@@ -28,14 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.contract import (
-    EmbedWork,
-    ModelInfo,
-    PoolingHead,
-    PromptWork,
-    ScoreHead,
-    check_embed_limits,
-)
+from replicas.contract import EmbedWork, ModelInfo, PoolingHead, PromptWork, ScoreHead
 from replicas.embed_contract import l2_normalized
 from replicas.engine.layouts.common import data_buckets, step_capacity
 from replicas.engine.layouts.embed_packing import EmbedDims, EmbedPacking, Piece, slots
@@ -270,8 +263,6 @@ def check_embed_work(work: Any, info: ModelInfo) -> None:
     vocab = info.vocab_size
     if any(not 0 <= t < vocab for tokens in work.inputs for t in tokens):
         raise ScoringError(Reason.TOKEN_ID_EXCEEDS_VOCAB, f"token ids must be in [0, {vocab})")
-    limit = pooling.max_seq_length or (info.head.max_length if info.head else None)
-    check_embed_limits(work, info.limits, limit)
 
 
 def empty_result(work: Any, info: ModelInfo) -> Any:
