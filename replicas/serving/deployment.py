@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -113,7 +113,8 @@ class ScoringReplica:
         self._shed = {"overloaded": 0, "expired": 0}
         self._metrics = ReplicaMetrics()
         self._trimmed_at = time.monotonic()
-        self._waiting: deque[tuple[list[ScoreWork], asyncio.Future]] = deque()  # _shared_step
+        # _shared_step's batches: each work with its cost (``work_cost``, from score_timed)
+        self._waiting: deque[tuple[list[tuple[ScoreWork, int]], asyncio.Future]] = deque()
         self._drainer: asyncio.Task | None = None
         vocab_size = check_model_settings(self._settings)
         if engine_factory == DEFAULT_ENGINE and self._settings.placement.hosts_per_replica > 1:
@@ -227,10 +228,11 @@ class ScoringReplica:
                 Reason.OVERLOADED, message, retry_after_s=verdict.retry_after_s,
                 excess_wait_s=None if verdict.cold_calls else excess,
             )  # fmt: skip
-        ticket = self._queue.started(work_cost(work, self._settings.model.multi_item))
+        cost = work_cost(work, self._settings.model.multi_item)  # once: admission, merging
+        ticket = self._queue.started(cost)
         result: Any = None
         try:
-            result = await self._score_batched(work)
+            result = await self._score_batched(work, cost)
         finally:
             served = isinstance(result, ScoredWork)
             self._queue.finished(ticket, served, not served or result.clean)
@@ -238,15 +240,20 @@ class ScoringReplica:
             raise result
         return result
 
-    async def _score_many(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
-        """The @serve.batch target: concurrent score_timed() calls arrive here as one list."""
+    async def _score_many(
+        self, works: list[ScoreWork], costs: list[int]
+    ) -> list[ScoredWork | Exception]:
+        """The @serve.batch target: concurrent score_timed() calls arrive here as one list
+        (with each work's cost)."""
         now = time.time()
         alive = [work.deadline is None or work.deadline > now for work in works]
         if not all(alive):
-            return await self._score_alive(works, alive)
-        return await self._shared_step(works)
+            return await self._score_alive(works, costs, alive)
+        return await self._shared_step(list(zip(works, costs, strict=True)))
 
-    async def _shared_step(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
+    async def _shared_step(
+        self, works: list[tuple[ScoreWork, int]]
+    ) -> list[ScoredWork | Exception]:
         """``_run_engine`` for ``works``, together with every batch that arrives while the
         engine is busy. Serve forms a batch ``batch_wait_timeout_s`` after its first request
         even while a step runs, so a burst arriving during a step would wait as several small
@@ -261,14 +268,14 @@ class ScoringReplica:
 
     async def _drain(self) -> None:
         batching = self._settings.batching
-        if batching.pack_wait_s and waits_for_company(self._waiting, batching.max_batch_size):
+        waiting = [([work for work, _ in works], None) for works, _ in self._waiting]
+        if batching.pack_wait_s and waits_for_company(waiting, batching.max_batch_size):
             await asyncio.sleep(batching.pack_wait_s)  # concurrent requests join this call
         while self._waiting:
-            settings = self._settings
-            cost = partial(work_cost, multi_item=settings.model.multi_item)
-            budget = call_budget(settings.batching.max_call_s, self._queue.work_rate())
-            taken = take_for_one_call(self._waiting, settings.batching.max_batch_size, budget, cost)
-            called = [work for works, _ in taken for work in works]
+            batching = self._settings.batching
+            budget = call_budget(batching.max_call_s, self._queue.work_rate())
+            taken = take_for_one_call(self._waiting, batching.max_batch_size, budget, itemgetter(1))
+            called = [work for works, _ in taken for work, _ in works]
             self._batches += 1  # one engine call: the batch the engine sees
             self._works += len(called)
             self._largest_batch = max(self._largest_batch, len(called))
@@ -309,13 +316,13 @@ class ScoringReplica:
         return isinstance(answer, ScoredWork)
 
     async def _score_alive(
-        self, works: list[ScoreWork], alive: list[bool]
+        self, works: list[ScoreWork], costs: list[int], alive: list[bool]
     ) -> list[ScoredWork | Exception]:
         """Works past their deadline are dropped unscored (nobody waits for them)."""
         self._shed["expired"] += alive.count(False)
         message = "request deadline passed before scoring"
         expired = ScoringError(Reason.OVERLOADED, message, retry_after_s=1)
-        live = [work for work, ok in zip(works, alive, strict=True) if ok]
+        live = [pair for pair, ok in zip(zip(works, costs, strict=True), alive, strict=True) if ok]
         scored = iter(await self._shared_step(live) if live else [])
         return [next(scored) if ok else expired for ok in alive]
 

@@ -13,11 +13,12 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from replicas.contract import ScoreWork
+from replicas.contract import ScoreWork, work_cost
 from replicas.engine_contract import EngineStats
 from replicas.errors import Reason, ScoringError
 from replicas.serving.admission import QueueEstimate
@@ -99,6 +100,12 @@ def settings(tiny_llama_dir: Path) -> ReplicaSettings:
     )
 
 
+def many(replica: Any, works: list[ScoreWork]) -> Any:
+    """``_score_many`` as @serve.batch calls it: the works and their costs (score_timed's)."""
+    multi = replica._settings.model.multi_item
+    return replica._score_many(works, [work_cost(w, multi) for w in works])
+
+
 def work(label: int = 1, query_len: int = 3) -> ScoreWork:
     return ScoreWork(tuple(range(1, query_len + 1)), ((5,), (6, 7)), (label, 2))
 
@@ -123,10 +130,10 @@ def test_batches_that_arrive_during_a_step_share_the_next_engine_call(
     later = [[work(query_len=n)] for n in range(1, 11)]  # ten one-work batches
 
     async def scenario() -> list:
-        first = asyncio.create_task(replica._score_many([work(query_len=11)]))
+        first = asyncio.create_task(many(replica, [work(query_len=11)]))
         while not engine.calls:  # the first step has started and holds the engine
             await asyncio.sleep(0.001)
-        waiting = [asyncio.create_task(replica._score_many(batch)) for batch in later]
+        waiting = [asyncio.create_task(many(replica, batch)) for batch in later]
         while len(replica._waiting) < len(later):
             await asyncio.sleep(0.001)
         engine.release.set()
@@ -142,7 +149,7 @@ def test_a_batch_is_one_engine_call(settings: ReplicaSettings) -> None:
     # @serve.batch itself needs a running Serve replica; tests/serve/test_serve_http.py covers it.
     replica = Replica(settings, "tests.support.fake_engine:FakeEngine")
     works = [work(query_len=n) for n in range(1, 7)]
-    results = asyncio.run(replica._score_many(works))
+    results = asyncio.run(many(replica, works))
     for got, w in zip(results, works, strict=True):
         np.testing.assert_array_equal(got.scores, fake_logprobs(w))
         assert got.scores.dtype == np.float32
@@ -158,7 +165,7 @@ def test_the_replica_answers_the_engine_stats_inside_its_own_counters(
     """GET /v1/stats's keys: the replica's, the engine's ``as_dict()`` (a real EngineStats
     under the fake too), then batching and admission; plain JSON."""
     replica = Replica(settings, "tests.support.fake_engine:FakeEngine")
-    asyncio.run(replica._score_many([work()]))
+    asyncio.run(many(replica, [work()]))
     answered = replica.stats()
     engine = EngineStats.zero().as_dict()  # the fake counts nothing
     assert list(answered) == [
@@ -177,8 +184,8 @@ def test_steps_beside_a_compile_are_left_out_of_the_work_rate(settings: ReplicaS
     replica's estimate counts none of them, then counts clean ones again."""
     replica = Replica(settings, "tests.unit.test_serve_replica:CompilingEngine")
 
-    async def one_work_batches(work: ScoreWork) -> object:  # @serve.batch needs a replica
-        return (await replica._score_many([work]))[0]
+    async def one_work_batches(work: ScoreWork, cost: int) -> object:  # @serve.batch: a replica
+        return (await replica._score_many([work], [cost]))[0]
 
     replica._score_batched = one_work_batches
     for n in range(6):
@@ -193,7 +200,7 @@ def test_steps_beside_a_compile_are_left_out_of_the_work_rate(settings: ReplicaS
 
 def test_a_refused_work_does_not_fail_its_batch(settings: ReplicaSettings) -> None:
     replica = Replica(settings, "tests.unit.test_serve_replica:PickyEngine")
-    good, refused, other = asyncio.run(replica._score_many([work(1), work(13), work(2)]))
+    good, refused, other = asyncio.run(many(replica, [work(1), work(13), work(2)]))
     np.testing.assert_array_equal(good.scores, fake_logprobs(work(1)))
     np.testing.assert_array_equal(other.scores, fake_logprobs(work(2)))
     assert isinstance(refused, ScoringError) and refused.reason == "invalid_request"
@@ -214,12 +221,12 @@ def test_work_past_its_deadline_is_dropped_before_the_engine(settings: ReplicaSe
     live = work(1)
     late = dataclasses.replace(work(2), deadline=time.time() - 1)
     later = dataclasses.replace(work(3), deadline=time.time() + 60)
-    got_live, got_late, got_later = asyncio.run(replica._score_many([live, late, later]))
+    got_live, got_late, got_later = asyncio.run(many(replica, [live, late, later]))
     np.testing.assert_array_equal(got_live.scores, fake_logprobs(live))
     np.testing.assert_array_equal(got_later.scores, fake_logprobs(later))
     assert isinstance(got_late, ScoringError) and got_late.reason == "overloaded"
     assert replica._engine.batches == 1 and replica.stats()["dropped_expired"] == 1
-    (alone,) = asyncio.run(replica._score_many([late]))
+    (alone,) = asyncio.run(many(replica, [late]))
     assert isinstance(alone, ScoringError) and replica._engine.batches == 1  # no step
 
 
@@ -248,8 +255,8 @@ def test_a_fresh_replica_admits_one_calls_worth_before_it_has_a_work_rate(
     the most it admits; the next is refused at once (Retry-After 1), not queued behind them."""
     replica = Replica(settings, "tests.support.fake_engine:FakeEngine")
 
-    async def one_work_batches(work: ScoreWork) -> object:  # @serve.batch needs a replica
-        return (await replica._score_many([work]))[0]
+    async def one_work_batches(work: ScoreWork, cost: int) -> object:  # @serve.batch: a replica
+        return (await replica._score_many([work], [cost]))[0]
 
     replica._score_batched = one_work_batches
     for _ in range(7):
@@ -271,7 +278,7 @@ def test_a_request_the_engine_fails_on_alone_is_a_500_and_the_replica_stays_heal
     fault is the engine's on this request: internal_error (500), its neighbours answered."""
     replica = Replica(settings, "tests.unit.test_serve_replica:PickyEngine")
     for _ in range(4):
-        bad, good = asyncio.run(replica._score_many([work(99), work(2)]))
+        bad, good = asyncio.run(many(replica, [work(99), work(2)]))
         assert isinstance(bad, ScoringError) and bad.reason == "internal_error", bad
         assert "IndexError" not in bad.message and "device fell over" in bad.message
         assert "fails the same way" in bad.message and bad.retry_after_s is None
@@ -297,7 +304,7 @@ def test_repeated_engine_failures_make_the_replica_unhealthy(settings: ReplicaSe
     replica = Replica(settings, "tests.unit.test_serve_replica:BrokenEngine")
     replica.check_health()
     for attempt in range(2):
-        (result,) = asyncio.run(replica._score_many([work(1)]))
+        (result,) = asyncio.run(many(replica, [work(1)]))
         assert isinstance(result, ScoringError) and result.reason == "unavailable"
         assert "scoring engine failed" in result.message and result.retry_after_s == 1
         if attempt < 1:
