@@ -41,7 +41,7 @@ from replicas.contract import (
     work_cost,
 )
 from replicas.engine.memory import release_free_heap
-from replicas.engine_contract import Engine
+from replicas.engine_contract import Engine, EngineStats
 from replicas.errors import (
     EngineUnavailable,
     Reason,
@@ -327,7 +327,7 @@ class ScoringReplica:
         return [next(scored) if ok else expired for ok in alive]
 
     async def _run_engine_once(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
-        start, compiles = time.perf_counter(), self._compile_marks()
+        start, compiles = time.perf_counter(), _compile_marks(self._engine.stats())
         try:
             # A thread keeps the event loop (health checks, queueing) alive during the step.
             loop = asyncio.get_running_loop()
@@ -347,19 +347,19 @@ class ScoringReplica:
             # enough in a row turn the health check red and Serve replaces this replica.
             return [engine_failed(repr(error))] * len(works)
         self._failed_batches_in_a_row = 0
-        seconds = time.perf_counter() - start
-        self._metrics.after_step(len(works), seconds, self._engine.stats())
+        seconds, stats = time.perf_counter() - start, self._engine.stats()  # once after
+        self._metrics.after_step(len(works), seconds, stats)
         if time.monotonic() - self._trimmed_at >= TRIM_INTERVAL_S:
             self._trimmed_at = time.monotonic()
             await asyncio.to_thread(release_free_heap)
-        clean = compiles == self._compile_marks() and not compiles[0]
+        clean = compiles == _compile_marks(stats) and not compiles[0]
         return [ScoredWork(_scores(array), seconds, clean) for array in arrays]
 
-    def _compile_marks(self) -> tuple[int, ...]:
-        """(background compiles pending, compiles by source): a step between two equal
-        marks with none pending ran beside no compile and compiled nothing itself."""
-        stats = self._engine.stats()
-        return (stats.background_pending, stats.background_compiles, stats.request_path_compiles)
+
+def _compile_marks(stats: EngineStats) -> tuple[int, ...]:
+    """(background compiles pending, compiles by source): a step between two equal marks
+    with none pending ran beside no compile and compiled nothing itself."""
+    return (stats.background_pending, stats.background_compiles, stats.request_path_compiles)
 
 
 def _engine_failed(result: ScoredWork | Exception) -> bool:
