@@ -27,11 +27,12 @@ import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
 from cluster.sharding import partition_spec
-from replicas.model.causal_lm import CausalLM, CausalSpec, DenseSpec, masked_attention
+from replicas.model.causal_lm import CausalSpec, DenseSpec, masked_attention
 from replicas.model.config import ModelConfig
 from replicas.model.encoder import Encoder
 from replicas.model.layers import attend_item_stream
 from replicas.model.pallas_attention import item_stream_attention, segment_attention
+from replicas.model.protocol import ScoringModel
 from replicas.settings import SettingsError
 
 Array = jax.Array
@@ -63,12 +64,21 @@ def cudnn_lacks(config: ModelConfig) -> list[str]:
     return [name for name, used in named.items() if used]
 
 
-def with_attention(model: CausalLM, choice: str, mesh: Mesh) -> CausalLM:
+def with_attention(model: ScoringModel, choice: str, mesh: Mesh) -> ScoringModel:
     """``model`` running the attention kernels the setting and the mesh call for. The Pallas
     kernels take windows and soft-caps; where cuDNN lacks one (``cudnn_lacks``) dense rows
-    run the XLA reference (logged once, here)."""
+    run the XLA reference (logged once, here). An encoder has only its sequences' attention."""
     if choice == "cudnn" and mesh_platform(mesh) != "gpu":
         raise SettingsError(f"attention: cudnn needs a GPU, this mesh is {mesh_platform(mesh)}")
+    interpret = mesh_platform(mesh) != "tpu"
+    if isinstance(model, Encoder):
+        if not uses_pallas(choice, mesh):
+            return model
+        if model.config.rotary:  # ModernBERT: its local layers' windows are two-sided
+            logger.warning("attention: ModernBERT's layers run the XLA reference, not Pallas")
+            return model
+        segments = partial(sharded_segment_attention, mesh=mesh, interpret=interpret)
+        return dataclasses.replace(model, segment_attention=segments)
     cudnn = uses_cudnn(choice, mesh, model.dtype)
     if cudnn and (missing := cudnn_lacks(model.config)):
         logger.warning(
@@ -77,19 +87,11 @@ def with_attention(model: CausalLM, choice: str, mesh: Mesh) -> CausalLM:
         )  # fmt: skip
         cudnn = False
     dense = cudnn_dense_attention if cudnn else masked_attention
-    interpret = mesh_platform(mesh) != "tpu"
     if not uses_pallas(choice, mesh):
         stream: Callable[..., Array] = attend_item_stream
     else:
         stream = partial(sharded_stream_attention, mesh=mesh, interpret=interpret)
-    model = dataclasses.replace(model, stream_attention=stream, dense_attention=dense)
-    if isinstance(model, Encoder) and uses_pallas(choice, mesh):
-        if model.config.rotary:  # ModernBERT: its local layers' windows are two-sided
-            logger.warning("attention: ModernBERT's layers run the XLA reference, not Pallas")
-            return model
-        segments = partial(sharded_segment_attention, mesh=mesh, interpret=interpret)
-        return dataclasses.replace(model, segment_attention=segments)
-    return model
+    return dataclasses.replace(model, stream_attention=stream, dense_attention=dense)
 
 
 def cudnn_dense_attention(q: Array, k: Array, v: Array, spec: DenseSpec) -> Array:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import flax.linen as nn
 import flax.struct
@@ -197,8 +197,10 @@ class DecoderLayer(nn.Module):
 
 @dataclass(frozen=True)
 class CausalLM:
-    """Functional wrapper: all state is in ``params``; methods are jit-friendly."""
+    """Functional wrapper: all state is in ``params``; methods are jit-friendly. A
+    ``model.protocol.DecoderModel``."""
 
+    decoder: ClassVar[bool] = True
     config: ModelConfig
     dtype: Any = jnp.float32
     # The item stream's attention (layers.attend_item_stream, or the Pallas kernels that
@@ -311,9 +313,11 @@ class CausalLM:
         spec: ItemStreamSpec,
         prefix_k: Array,
         prefix_v: Array,
+        token_types: Array | None = None,
     ) -> Array:
         """Item stream tokens, positions [B, S] behind prefix keys/values [layers, B, T, K, Dh]
-        -> final-normed hidden states [B, S, D]."""
+        -> final-normed hidden states [B, S, D] (a decoder reads no ``token_types``)."""
+        del token_types
         return self.stream_hidden_and_kv(params, tokens, positions, spec, prefix_k, prefix_v)[0]
 
     def stream_hidden_and_kv(

@@ -2,8 +2,8 @@
 
 ``Encoder`` (``replicas.model.encoder``) for the bidirectional encoders (BERT, XLM-RoBERTa,
 ModernBERT), ``EmbeddingGemma`` (``replicas.model.embedding_gemma``) for its family, else
-``CausalLM``. Each has ``CausalLM``'s fields and forward signatures, so the loaders and the
-engine hold any of them.
+``CausalLM``. Each keeps ``model.protocol.ScoringModel`` (the decoders ``DecoderModel``),
+so the loaders and the engine hold any of them.
 """
 
 from __future__ import annotations

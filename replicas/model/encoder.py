@@ -5,9 +5,8 @@ end in a row, each at positions 0..len-1, with its sequence id per token (``item
 padding). A decoder reads them as an item stream behind an empty prefix (causal within each
 sequence); an encoder reads the same row with attention bidirectional within each sequence
 and never across sequences (``masks.segment_block_mask``), so a sequence's output never
-depends on what shares its row. ``Encoder`` has ``CausalLM``'s fields and its
-``stream_hidden`` signature (the prefix it is given is empty and not read), so the engine
-holds either.
+depends on what shares its row. ``Encoder`` keeps ``model.protocol.ScoringModel``, what the
+engine takes (its ``stream_hidden``'s prefix is empty and not read).
 
 BERT: ``LayerNorm(word + position + token type embeddings)``, then per layer
 ``h = LN(x + Attn(x))``, ``x = LN(h + W2 gelu(W1 h + b1) + b2)`` with biases on every
@@ -25,18 +24,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from replicas.model.causal_lm import ItemStreamSpec, masked_attention
+from replicas.model.causal_lm import ItemStreamSpec
 from replicas.model.config import NO_WINDOW, ModelConfig
 from replicas.model.layers import (
     NEG_INF,
     QUERY_BLOCK,
     apply_rope,
-    attend_item_stream,
     rope_inv_freq,
 )
 from replicas.model.lora import layer_inputs, split_tagged, with_delta
@@ -222,15 +220,14 @@ def roberta_positions(tokens: Array, positions: Array, pad: int) -> Array:
 
 @dataclass(frozen=True)
 class Encoder:
-    """Functional wrapper: all state is in ``params``; methods are jit-friendly. The
-    attention fields are ``CausalLM``'s (the engine sets them for every model); an encoder
-    runs ``segment_attention`` (None: ``attend_segments``, the XLA reference; ModernBERT's
-    rotary layers always run it, their local windows being two-sided) whatever they are."""
+    """Functional wrapper: all state is in ``params``; methods are jit-friendly. A
+    ``model.protocol.ScoringModel`` (no decoder layouts' forwards): its sequences attend
+    through ``segment_attention`` (None: ``attend_segments``, the XLA reference; ModernBERT's
+    rotary layers always run it, their local windows being two-sided)."""
 
+    decoder: ClassVar[bool] = False
     config: ModelConfig
     dtype: Any = jnp.float32
-    stream_attention: Callable[..., Array] = attend_item_stream
-    dense_attention: Callable[..., Array] = masked_attention
     segment_attention: SegmentAttention | None = None
     lora_groups: int = 1
     lora_update: str = "auto"
@@ -310,8 +307,8 @@ class Encoder:
         self, params: Params, tokens: Array, positions: Array, spec: ItemStreamSpec,
         prefix_k: Array, prefix_v: Array, token_types: Array | None = None,
     ) -> Array:  # fmt: skip
-        """``CausalLM.stream_hidden``'s signature: the stream's sequences attend to
-        themselves, bidirectionally; the (empty) prefix is not read."""
+        """``ScoringModel.stream_hidden``: the stream's sequences attend to themselves,
+        bidirectionally; the (empty) prefix is not read."""
         del prefix_k, prefix_v
         return self.encode(params, tokens, positions, spec.item_ids, spec.window, token_types)
 
