@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -38,25 +38,9 @@ class ClassifyWork:
     prompt_tokens: int
 
 
-def refuse_score_head(info: ModelInfo, route: str) -> None:
-    """Routes that read token log-probabilities refuse a score-head model (400)."""
-    if info.head is not None:
-        raise ScoringError(
-            Reason.NO_LM_HEAD,
-            f"{route}: model {info.name!r} has a score head, not a language-model head; "
-            "use /v1/score or /v1/classify",
-        )
-
-
 def head_of(info: ModelInfo) -> ScoreHead:
-    """The served head, or a 400 ``no_score_head`` naming the model."""
-    if info.head is None:
-        raise ScoringError(
-            Reason.NO_SCORE_HEAD,
-            f"/v1/classify: model {info.name!r} has no score head (a causal LM is scored "
-            "through /v1/score with label_token_ids)",
-        )
-    return info.head
+    """The served head (only the score-head kind classifies here, app.kinds)."""
+    return cast(ScoreHead, info.head)
 
 
 def prepare_classify(payload: Any, info: ModelInfo, tokenizer: TextTokenizer) -> ClassifyWork:

@@ -1,9 +1,9 @@
-"""Cross-encoders (``ModelInfo.kind == "cross_encoder"``: a ``BertForSequenceClassification``,
-e.g. saved by sentence-transformers' ``CrossEncoder``): each (query, document) pair is one
-sequence, tokenized as ``CrossEncoder.predict`` tokenizes it (``[CLS] q [SEP] d [SEP]``,
-token types 0 then 1, ``longest_first`` truncation to the model's length), and the head's
-logits on its [CLS] token go through the model's activation (sigmoid for one label, unless
-the directory saved another).
+"""Cross-encoders (the ``cross_encoder`` kind, app.kinds.cross_encoder: a
+``BertForSequenceClassification``, e.g. saved by sentence-transformers' ``CrossEncoder``):
+each (query, document) pair is one sequence, tokenized as ``CrossEncoder.predict``
+tokenizes it (``[CLS] q [SEP] d [SEP]``, token types 0 then 1, ``longest_first``
+truncation to the model's length), and the head's logits on its [CLS] token go through
+the model's activation (sigmoid for one label, unless the directory saved another).
 
 - ``/v1/rerank``: documents ranked by ``predict((query, document))`` (one label only).
 - ``/v1/score`` (no ``label_token_ids``, text only): one row per item, ``predict((query,
@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -104,8 +104,8 @@ class Texts:
 
 
 def head_of(info: ModelInfo) -> ScoreHead:
-    assert info.head is not None and info.head.kind == "cross_encoder"
-    return info.head
+    """The served head (only the cross-encoder kind calls this, app.kinds)."""
+    return cast(ScoreHead, info.head)
 
 
 async def cross_encoded(
@@ -150,7 +150,7 @@ def _max_length(tokenizer: Any, info: ModelInfo) -> int | None:
     """The most tokens of a pair: the tokenizer's ``model_max_length``, within the model's
     position embeddings."""
     limits = [getattr(tokenizer, "model_max_length", None)]
-    limits.append(info.head.max_length if info.head is not None else None)
+    limits.append(head_of(info).max_length)
     sane = [int(n) for n in limits if isinstance(n, int | float) and 0 < n < _NO_LIMIT]
     return min(sane) if sane else None
 
@@ -225,11 +225,11 @@ def prepare_pairs(
             )
     adapter = check_model_name(request.model, info)
     check_item_count(len(texts), info)
-    assert info.head is not None
-    if route == "/v1/rerank" and info.head.num_labels != 1:
+    labels = head_of(info).num_labels
+    if route == "/v1/rerank" and labels != 1:
         raise ScoringError(
             Reason.INVALID_REQUEST,
-            f"/v1/rerank: a cross_encoder of {info.head.num_labels} labels has no relevance "
+            f"/v1/rerank: a cross_encoder of {labels} labels has no relevance "
             "to rank by; /v1/score answers its outputs",
         )
     query, texts = _texts(query, texts, route)

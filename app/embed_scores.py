@@ -67,7 +67,7 @@ def cosine_score_work(embedder: Embedder, payload: Any) -> tuple[ScoreRequest, C
     info = embedder.info
     request = validate_request(payload)
     adapter = check_model_name(request.model, info)
-    head = pooling_of(info, "/v1/score")
+    head = pooling_of(info)
     if request.label_token_ids is not None:
         raise ScoringError(
             Reason.LABELS_WITH_HEAD,
@@ -101,7 +101,7 @@ def cosine_rerank_work(
     info = embedder.info
     request = validate_body(payload, RerankRequest)
     adapter = check_model_name(request.model, info)
-    head = pooling_of(info, "/v1/rerank")
+    head = pooling_of(info)
     check_item_count(len(request.documents), info)
     chunks = request_chunks(embedder.tokenizer, request, defaults, info)
     if not chunks.texts:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -83,24 +83,9 @@ class EmbedPrepared:
         return self.chunking.fold(vectors) if self.chunking is not None else vectors
 
 
-def refuse_kind(
-    info: ModelInfo, route: str, serves: Sequence[str], own_reason: Sequence[str] = ()
-) -> None:
-    """A 400 ``unsupported_for_model`` naming ``route`` and the model's kind when the kind
-    is not one of ``serves``, nor of ``own_reason`` (kinds the route refuses later with a
-    reason of its own, app.kinds.OWN_REASON)."""
-    if info.kind not in (*serves, *own_reason):
-        raise ScoringError(
-            Reason.UNSUPPORTED_FOR_MODEL,
-            f"{route}: model {info.name!r} is a {info.kind} model; {route} serves "
-            f"{' and '.join(serves)} models",
-        )
-
-
-def pooling_of(info: ModelInfo, route: str) -> PoolingHead:
-    refuse_kind(info, route, ("embedding",))
-    assert info.pooling is not None
-    return info.pooling
+def pooling_of(info: ModelInfo) -> PoolingHead:
+    """The served pooling (only the embedding kind's answers call this, app.kinds)."""
+    return cast(PoolingHead, info.pooling)
 
 
 def input_limit(info: ModelInfo) -> int:
@@ -170,7 +155,7 @@ class Embedder:
     ) -> EmbedWork:
         """An EmbedWork of ``texts``, each behind ``prompt`` as sentence-transformers puts it
         there (``app.embed_inputs``), checked against the limits."""
-        head = pooling_of(self.info, "/v1/embeddings")
+        head = pooling_of(self.info)
         limit = input_limit(self.info)
         prepared = encode_inputs(self.tokenizer, texts, prompt, head, limit, keep)
         skip, inputs = prepared.skip, prepared.inputs
@@ -184,7 +169,7 @@ class Embedder:
         """``texts`` (else the token-id inputs ``ids``) with every input past the limit cut
         into chunks (``app.embed_chunks``), checked against the limits: chunks count as
         inputs. Text is tokenized up to the most tokens a request may hold."""
-        head, limit = pooling_of(self.info, "/v1/embeddings"), input_limit(self.info)
+        head, limit = pooling_of(self.info), input_limit(self.info)
         skip, inputs = 0, tuple(ids)
         if texts is not None:
             limits = self.info.limits
@@ -218,7 +203,7 @@ class Embedder:
 
     def _length(self, prompt: str | None) -> Callable[[str], int]:
         """A text -> its input's tokens behind ``prompt`` (more than the limit: overflows)."""
-        head, limit = pooling_of(self.info, "/v2/embed"), input_limit(self.info)
+        head, limit = pooling_of(self.info), input_limit(self.info)
 
         def length(text: str) -> int:
             encoded = encode_inputs(self.tokenizer, [text], prompt, head, limit, None)
@@ -227,7 +212,7 @@ class Embedder:
         return length
 
     def _prompt(self, name: str | None, instruction: str | None) -> str | None:
-        head = pooling_of(self.info, "/v1/embeddings")
+        head = pooling_of(self.info)
         if name is not None and instruction is not None:
             raise ScoringError(
                 Reason.INVALID_REQUEST,
@@ -253,7 +238,7 @@ class Embedder:
         """/v1/embeddings: validate, then tokenize."""
         request = validate_body(payload, EmbeddingRequest)
         adapter = check_model_name(request.model, self.info)
-        head = pooling_of(self.info, "/v1/embeddings")
+        head = pooling_of(self.info)
         check_dimensions(request.dimensions, head, "dimensions")
         keep = request.truncate_prompt_tokens
         limit = input_limit(self.info)
@@ -316,7 +301,7 @@ class Embedder:
         """/v2/embed: its texts behind the prompt ``input_type`` names."""
         request = validate_body(payload, CohereEmbedRequest)
         adapter = check_model_name(request.model, self.info)
-        head = pooling_of(self.info, "/v2/embed")
+        head = pooling_of(self.info)
         check_dimensions(request.output_dimension, head, "output_dimension")
         if not request.texts:
             raise ScoringError(Reason.EMPTY_INPUT, "texts: the list is empty", "texts")

@@ -250,7 +250,7 @@ def _workload_routes(
 
     async def answered(request: Request) -> Response:
         payload = await payload_of(request)
-        body, timings = await workload.answer(service, payload, backend)
+        body, timings = await workload.respond(service, payload, backend)
         _note_scored(request, timings, workload.counted(body, payload), prompt_tokens(body))
         return JSONResponse(body, headers=timing_headers(timings))
 

@@ -184,7 +184,7 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
         """``workload``'s body for ``payload`` (the HTTP body's fields); raises ScoringError
         like a 400/503. Every workload's handle method comes here (``workload_methods``)."""
         await self._know(payload)
-        body, _ = await workload.answer(self._service, payload, self._call_replica)
+        body, _ = await workload.respond(self._service, payload, self._call_replica)
         return body
 
     async def _know(self, payload: dict[str, Any]) -> None:

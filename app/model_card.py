@@ -25,7 +25,7 @@ def base_card(
     info: ModelInfo, rerank_method: str | None, chunking: ChunkOptions, created: int
 ) -> dict[str, Any]:
     pooling = info.pooling
-    reranks = rerank_method is not None or pooling is not None or info.kind == "cross_encoder"
+    reranks = rerank_method is not None or info.model_kind.embeds  # cosine, or pairs
     return {
         "id": info.name,
         "object": "model",

@@ -36,7 +36,7 @@ from app.schema import (
 from replicas.contract import ModelInfo
 
 if TYPE_CHECKING:
-    from app.service import ScoringService
+    from app.served import Served
 
 _REF = "#/components/schemas/{model}"
 
@@ -132,7 +132,7 @@ def score_request_schema(
         item_ids["maxItems"] = longest_item(info)
         props["items"]["maxItems"] = info.limits.max_items_per_request
         props["model"] = model_name_schema(info)
-        if info.pooling is not None:  # cosine scores: every text and token list embedded
+        if info.model_kind.vectors:  # cosine scores: every text and token list embedded
             text["minLength"] = item_text["minLength"] = item_ids["minItems"] = 1
     props["query"]["anyOf"] = [text, query_ids]
     props["items"]["items"]["anyOf"] = [item_text, item_ids]
@@ -149,7 +149,7 @@ def score_request_schema(
         },
     ]
     schema["description"] = f"{schema['description']} {NOT_EXPRESSIBLE}"
-    if info is not None and info.kind == "cross_encoder":
+    if info is not None and info.model_kind.pairs:
         _text_pairs_only(schema)
     return schema
 
@@ -181,7 +181,7 @@ def _label_rules(schema: dict[str, Any], info: ModelInfo | None) -> None:
     """label_token_ids: required, >= 1 in-vocabulary ids for a causal LM; absent for a
     score-head model (semantics 18)."""
     props = schema["properties"]
-    if info is not None and (info.head is not None or info.pooling is not None):
+    if info is not None and not info.model_kind.lm_head:
         del props["label_token_ids"]
         return
     labels: dict[str, Any] = {"type": "array", "minItems": 1}
@@ -204,7 +204,7 @@ class Documented(Protocol):
 
 
 def served_openapi(
-    api: FastAPI, service: ScoringService, workloads: Sequence[Documented]
+    api: FastAPI, service: Served, workloads: Sequence[Documented]
 ) -> dict[str, Any]:
     """The document FastAPI generates from ``api``'s routes and their response models, with
     each workload's request schema as the served model states it (``Workload.document``)
@@ -245,11 +245,11 @@ def rerank_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[str
     """On an embedding model (cosine rerank, every document embedded) RerankRequest without
     empty documents; on a cross-encoder without ``instruction`` (it scores the pair as
     given: app.cross_encoder refuses one); None (pydantic's schema) on the others."""
-    if info.pooling is None and info.kind != "cross_encoder":
+    if not info.model_kind.embeds:
         return None
     schema = RerankRequest.model_json_schema(ref_template=_REF)
     schema.pop("$defs", None)  # app.schema's shared definitions, already in the document
-    if info.kind == "cross_encoder":
+    if info.model_kind.pairs:
         del schema["properties"]["instruction"]
         return schema
     schema["properties"]["documents"]["items"] = NON_EMPTY_DOCUMENT
@@ -263,7 +263,7 @@ def embed_schema(name: str) -> Callable[[ModelInfo, int], dict[str, Any] | None]
     rules = {"EmbeddingRequest": embedding_request_schema}.get(name, cohere_embed_request_schema)
 
     def document(info: ModelInfo, text_min_length: int = 0) -> dict[str, Any] | None:
-        return None if info.pooling is None else rules(info, info.pooling)
+        return rules(info, info.pooling) if info.model_kind.vectors else None  # type: ignore[arg-type]
 
     return document
 
@@ -346,7 +346,7 @@ def classify_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[s
     if text_min_length:
         text["minLength"] = text_min_length
     entry: dict[str, Any] = text
-    if info.kind == "cross_encoder":  # [text, text_pair]
+    if info.model_kind.pairs:  # [text, text_pair]
         pair = {"type": "array", "items": text, "minItems": 2, "maxItems": 2}
         entry = {"anyOf": [text, pair]}
     texts = {"type": "array", "items": entry, "maxItems": info.limits.max_items_per_request}

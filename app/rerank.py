@@ -181,7 +181,7 @@ def reranker_for(
     only with ``head`` (its default when the head has one label) and no other method."""
     method = http.rerank_method
     if head is not None or method == "head":
-        return _head_reranker(http, tokenizer, head)
+        return head_reranker(http, tokenizer, head)
     if http.rerank_template or method != "yes_no":
         return Reranker.build(http.rerank_template, tokenizer, method)
     try:
@@ -190,7 +190,7 @@ def reranker_for(
         return None
 
 
-def _head_reranker(
+def head_reranker(
     http: HttpSettings, tokenizer: TextTokenizer, head: ScoreHead | None
 ) -> Reranker | None:
     """rerank_method head: a one-label score head, relevance = sigmoid(logit)."""

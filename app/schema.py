@@ -14,6 +14,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
+from replicas.kinds import KINDS
+
+KIND_NAMES = tuple(kind.name for kind in KINDS)
+
 _STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
@@ -240,7 +244,7 @@ class ModelCard(BaseModel):
     )
     num_labels: int | None = Field(description="A score head's outputs (null: no head).")
     id2label: dict[str, str] | None = Field(description="A score head's label names.")
-    kind: Literal["causal_lm", "score_head", "embedding", "cross_encoder"] = Field(
+    kind: Literal[KIND_NAMES] = Field(  # replicas.kinds
         description="What the model is, and so which routes it answers."
     )
     pooling: Literal["lasttoken", "mean", "cls"] | None = Field(

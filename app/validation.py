@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ValidationError
 
 from app.schema import ScoreRequest
-from replicas.contract import ModelInfo, ScoreWork, check_limits
+from replicas.contract import ModelInfo, ScoreHead, ScoreWork, check_limits
 from replicas.errors import Reason, ScoringError
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -125,10 +125,10 @@ def check_labels(labels: Sequence[int], vocab_size: int) -> None:
 def score_labels(labels: Sequence[int] | None, info: ModelInfo) -> tuple[int, ...]:
     """A ScoreWork's label ids: the request's (checked) for a causal LM; every output of a
     score-head model, which takes no label_token_ids (semantics 18)."""
-    head = info.head
-    if head is None:
+    if info.model_kind.lm_head:
         check_labels(labels or [], info.vocab_size)
         return tuple(labels or ())
+    head = cast(ScoreHead, info.head)
     if labels is not None:
         raise ScoringError(
             Reason.LABELS_WITH_HEAD,

@@ -13,11 +13,11 @@ answer) and ``<name>_stream`` where ``stream``. Adding a workload is a module wi
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.kinds import served_kinds
+from app.kinds import Answer, answers_of, kinds_serving
 from app.openapi import (
     RESPONSES,
     classify_request_schema,
@@ -27,12 +27,12 @@ from app.openapi import (
     score_request_schema,
 )
 from app.schema import RerankResponse, ScoreResponse
-from app.service import ScoringService
 from app.timings import Backend, Timings
 from replicas.contract import ModelInfo
+from replicas.kinds import KINDS
 
-# (service, the decoded body, the replica call) -> (the response body, where its time went)
-Answer = Callable[[ScoringService, Any, Backend], Awaitable[tuple[dict[str, Any], Timings]]]
+KIND_NAMES = tuple(kind.name for kind in KINDS)
+
 # The request schema as the served model states it (model card, shortest text query), or
 # None for the request model's own.
 Document = Callable[[ModelInfo, int], dict[str, Any] | None]
@@ -52,10 +52,11 @@ class Workload:
     """That model's JSON schema with the served model's rules (app.openapi)."""
     summary: str
     """One line for the OpenAPI document."""
-    answer: Answer
-    """The response body for a decoded request body, and its timings."""
     counted: Callable[[dict[str, Any], Any], int]
     """How many items (documents, inputs, prompts) an answered body scored, for metrics."""
+    answer: Answer | None = None
+    """The answer every kind gives (a workload that does not depend on the model's kind);
+    None: each kind's own (app.kinds), and the kinds without one refuse it."""
     responses: dict[int | str, dict[str, Any]] = field(default_factory=dict)
     """OpenAPI responses beside the error envelopes (app.openapi.RESPONSES)."""
     stream: bool = False
@@ -66,44 +67,28 @@ class Workload:
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """The model kinds (``ModelInfo.kind``) that serve it (app.kinds); the others answer
-        every body with a 400, so its routes are left out of their OpenAPI document."""
-        return served_kinds(self.paths[0])
+        """The model kinds that serve it (those whose ingress half answers it, app.kinds);
+        the others answer every body with a 400, so its routes are left out of their OpenAPI
+        document."""
+        return KIND_NAMES if self.answer is not None else kinds_serving(self.name)
+
+    async def respond(self, service: Any, payload: Any, backend: Backend) -> tuple[Any, Timings]:
+        """The response body for a decoded request body, and its timings: ``answer``, or
+        the served kind's (app.service.ScoringService.answer)."""
+        if self.answer is not None:
+            return await self.answer(service, payload, backend)
+        return await service.answer(self, payload, backend)
 
     def operation_id(self, path: str) -> str | None:
         return f"{self.operation}{path.replace('/', '_')}" if self.operation else None
 
     def served_by(self, info: ModelInfo) -> bool:
-        return info.kind in self.kinds
+        return self.answer is not None or self.name in answers_of(info).answers
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:
     """The tokens an answered body reports (0 where it reports none, Cohere's embed)."""
     return body.get("usage", {}).get("prompt_tokens", 0)
-
-
-async def _score(service: ScoringService, payload: Any, backend: Backend) -> Any:
-    return await service.score_timed(payload, backend)
-
-
-async def _rerank(service: ScoringService, payload: Any, backend: Backend) -> Any:
-    return await service.rerank_timed(payload, backend)
-
-
-async def _classify(service: ScoringService, payload: Any, backend: Backend) -> Any:
-    return await service.classify_timed(payload, backend)
-
-
-async def _complete(service: ScoringService, payload: Any, backend: Backend) -> Any:
-    return await service.complete_timed(payload, backend)
-
-
-async def _embed_openai(service: ScoringService, payload: Any, backend: Backend) -> Any:
-    return await service.embed_timed(payload, backend)
-
-
-async def _embed_cohere(service: ScoringService, payload: Any, backend: Backend) -> Any:
-    return await service.embed_timed(payload, backend, cohere=True)
 
 
 def _vectors(body: dict[str, Any], payload: Any) -> int:
@@ -117,7 +102,6 @@ WORKLOADS: tuple[Workload, ...] = (
         schema="ScoreRequest",
         document=score_request_schema,
         summary="Score label tokens after query + item for every item",
-        answer=_score,
         counted=lambda body, payload: len(body["scores"]),
         responses={200: {"model": ScoreResponse, "description": "One row per item"}},
         stream=True,
@@ -128,7 +112,6 @@ WORKLOADS: tuple[Workload, ...] = (
         schema="RerankRequest",
         document=rerank_request_schema,
         summary="Rank documents for a query (Cohere/Jina shape)",
-        answer=_rerank,
         counted=lambda body, payload: len(payload["documents"]),
         responses={
             200: {"model": RerankResponse, "description": "Results, best first"},
@@ -143,7 +126,6 @@ WORKLOADS: tuple[Workload, ...] = (
         schema="EmbeddingRequest",
         document=embed_schema("EmbeddingRequest"),
         summary="Embed texts (OpenAI shape)",
-        answer=_embed_openai,
         counted=_vectors,
         responses={200: {"description": "One vector per input"}},
         operation="embed",
@@ -154,7 +136,6 @@ WORKLOADS: tuple[Workload, ...] = (
         schema="CohereEmbedRequest",
         document=embed_schema("CohereEmbedRequest"),
         summary="Embed texts (Cohere v2 shape)",
-        answer=_embed_cohere,
         counted=_vectors,
         responses={200: {"description": "One vector per input"}},
         operation="embed",
@@ -165,7 +146,6 @@ WORKLOADS: tuple[Workload, ...] = (
         schema="ClassifyRequest",
         document=classify_request_schema,
         summary="Classify texts with a score-head model or cross-encoder (vLLM/SGLang shape)",
-        answer=_classify,
         counted=lambda body, payload: len(body["data"]),
         responses={200: {"description": "One entry per input"}},
         stream=True,
@@ -176,8 +156,9 @@ WORKLOADS: tuple[Workload, ...] = (
         schema="CompletionRequest",
         document=completion_request_schema,
         summary="Prompt log-probabilities (OpenAI completions shape, prefill-only)",
-        answer=_complete,
         counted=lambda body, payload: len(body["choices"]),
         responses={200: {"description": "One choice per prompt"}},
     ),
 )
+
+WORKLOAD_NAMED: dict[str, Workload] = {workload.name: workload for workload in WORKLOADS}

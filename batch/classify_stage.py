@@ -25,6 +25,7 @@ from batch.rows import plain
 from batch.works import PrepareWorks, Work
 from replicas.contract import EmbedWork, ScoreHead, ScoreWork
 from replicas.errors import Reason, ScoringError
+from replicas.kinds import recognize
 from replicas.settings import ReplicaSettings, SettingsError
 
 
@@ -46,7 +47,7 @@ class ClassifyPrepare(PrepareWorks):
         service = self._service
         payload = {"input": text, "activation": self._columns.activation}
         try:
-            if service.info.kind == "cross_encoder":  # the text alone, as predict(text)
+            if service.info.model_kind.pairs:  # the text alone, as predict(text)
                 return prepare_texts(service.tokenizer, service.info, payload)
             return prepare_classify(payload, service.info, service.tokenizer)
         except ScoringError as error:
@@ -87,7 +88,7 @@ class ClassifyResults:
         ``CrossEncoder.predict``), other heads ``classify_probs``; raw without activation."""
         if not self.activation:
             return outputs
-        if self.head.kind == "cross_encoder" and self.head.num_labels == 1:
+        if recognize(self.head, None).pairs and self.head.num_labels == 1:
             return activated(outputs, self.head.activation)
         return classify_probs(outputs, self.head.problem_type)
 

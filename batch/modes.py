@@ -135,7 +135,7 @@ def _rerank_columns(args: argparse.Namespace, adapter: str | None) -> RerankColu
 
 def _rerank_results(settings: ReplicaSettings, columns: RerankColumns) -> RerankResults:
     head = model_head(settings)
-    activation = head.activation if head is not None and head.kind == "cross_encoder" else None
+    activation = head.activation if head is not None else None  # a cross-encoder's only
     return RerankResults(columns.chunk_aggregation or settings.http.chunk_aggregation, activation)
 
 

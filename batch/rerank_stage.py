@@ -58,7 +58,7 @@ class RerankPrepare(PrepareWorks):
         }
         service = self._service
         reranker = service.reranker
-        if reranker is None and service.info.kind != "cross_encoder":
+        if reranker is None and not service.info.model_kind.pairs:
             raise ValueError("rerank: the model has no rerank template (setting rerank_template)")
         try:
             if reranker is None:  # a cross-encoder scores the pairs themselves

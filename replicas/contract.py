@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from replicas.embed_contract import EmbedWork, PoolingHead  # the embedding half
 from replicas.errors import Reason, ScoringError
+from replicas.kinds import ModelKind, recognize
 
 DEFAULT_MAX_ITEMS_PER_REQUEST = 128
 DEFAULT_MAX_MULTI_ITEM_SEQ_LEN = 8192
@@ -213,14 +214,14 @@ class ModelInfo:
     adapters: Collection[str] = ()  # LoRA adapters a request may name as its ``model``
 
     @property
+    def model_kind(self) -> ModelKind:
+        """What the model is (replicas.kinds), recognized from its head and pooling."""
+        return recognize(self.head, self.pooling)
+
+    @property
     def kind(self) -> str:
-        """``causal_lm``, ``score_head``, ``embedding`` or ``cross_encoder``: what /v1/models
-        reports."""
-        if self.pooling is not None:
-            return "embedding"
-        if self.head is not None and self.head.kind == "cross_encoder":
-            return "cross_encoder"
-        return "causal_lm" if self.head is None else "score_head"
+        """The kind's name, what /v1/models reports."""
+        return self.model_kind.name
 
 
 def packed_length(query_len: int, item_lens: Sequence[int]) -> int:

@@ -309,9 +309,9 @@ class ScoringReplica:
         """Whether the engine scores a one-token query with one empty item (a warm step)."""
         info = self._engine.info
         token = 2 if info.multi_item_scoring_delimiter == 1 else 1
-        labels = info.head.label_ids if info.head is not None else (0,)
-        embeds = info.pooling is not None or info.kind == "cross_encoder"
-        probe = EmbedWork(((token,),)) if embeds else ScoreWork((token,), ((),), labels)
+        kind = info.model_kind
+        labels = (0,) if kind.lm_head else info.head.label_ids  # type: ignore[union-attr]
+        probe = EmbedWork(((token,),)) if kind.embeds else ScoreWork((token,), ((),), labels)
         (answer,) = await self._run_engine_once([probe])  # type: ignore[list-item]
         return isinstance(answer, ScoredWork)
 

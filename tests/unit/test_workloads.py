@@ -14,14 +14,22 @@ import pytest
 from app.completions import Completions
 from app.http import build_api
 from app.ingress import workload_methods
-from app.kinds import KINDS, OWN_REASON
+from app.kinds import INGRESS_HALVES
 from app.openapi import served_openapi
 from app.service import ScoringService, Timings
 from app.workloads import WORKLOADS, Workload
 from replicas.contract import ModelInfo, PoolingHead, ScoreHead
 from replicas.errors import ScoringError
+from replicas.kinds import KINDS as MODEL_KINDS
 from tests.support.http_support import ask
 from tests.unit.test_app_http import SERVICE
+
+KINDS = tuple(kind.name for kind in MODEL_KINDS)
+# Route -> the kinds it refuses with a reason of its own (their refusals, app.kinds).
+OWN_REASON = {
+    workload.paths[0]: tuple(k for k in KINDS if workload.name in INGRESS_HALVES[k].refusals)
+    for workload in WORKLOADS
+}
 
 
 async def _health() -> None:
@@ -128,7 +136,7 @@ def test_a_new_workload_gets_its_route_document_and_handle_methods() -> None:
         _call_replica = staticmethod(_backend)
 
         async def answer(self, workload: Workload, payload: dict[str, Any]) -> dict[str, Any]:
-            body, _ = await workload.answer(self._service, payload, self._call_replica)
+            body, _ = await workload.respond(self._service, payload, self._call_replica)
             return body
 
     assert asyncio.run(Ingress().echo(query="q")) == {  # type: ignore[attr-defined]
@@ -156,7 +164,7 @@ ONE_BODY = {  # a body each workload would take on a kind it serves
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_kind_a_workload_is_not_offered_to_is_refused_with_a_400(kind: str) -> None:
-    """app.kinds states once which kinds serve a route: the document leaves the route out
+    """app.kinds states once per kind which routes it serves: the document leaves the route out
     for the others (above), and the service answers each of them a 400, with the route's
     own reason for a kind in OWN_REASON, else unsupported_for_model naming route and kind."""
     info = _info_of(kind)
@@ -168,7 +176,7 @@ def test_every_kind_a_workload_is_not_offered_to_is_refused_with_a_400(kind: str
     for workload in refused:
         route = workload.paths[0]
         with pytest.raises(ScoringError) as error:
-            asyncio.run(workload.answer(service, ONE_BODY[workload.name], _backend))
+            asyncio.run(workload.respond(service, ONE_BODY[workload.name], _backend))
         own = {"/v1/classify": "no_score_head", "/v1/completions": "no_lm_head"}
         expected = own[route] if kind in OWN_REASON.get(route, ()) else "unsupported_for_model"
         assert (error.value.status_code, error.value.reason.value) == (400, expected), route
