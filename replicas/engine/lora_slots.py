@@ -22,8 +22,8 @@ from cluster.sharding import tree_shardings
 from replicas.checkpoints.adapters import LoraAdapter, load_adapter
 from replicas.contract import EmbedWork, PromptWork, ScoreWork
 from replicas.errors import Reason, ScoringError
-from replicas.model.causal_lm import CausalLM, Params
 from replicas.model.lora import has_head_slots, lora_logical_axes, lora_shapes
+from replicas.model.protocol import Params, ScoringModel
 from replicas.settings import AdapterSettings
 
 Work = ScoreWork | PromptWork | EmbedWork
@@ -33,7 +33,7 @@ class AdapterSlots:
     """``max_loras`` adapter slots beside the base weights, on ``mesh``."""
 
     def __init__(
-        self, model: CausalLM, params: Params, mesh: Mesh, max_loras: int, max_rank: int
+        self, model: ScoringModel, params: Params, mesh: Mesh, max_loras: int, max_rank: int
     ) -> None:
         config = model.config
         self._config, self._max_rank = config, max_rank
@@ -155,7 +155,7 @@ def refuse_without_slots(work: Work) -> None:
 
 
 def start_slots(
-    model: CausalLM, params: Params, mesh: Mesh, adapters: AdapterSettings, name: str
+    model: ScoringModel, params: Params, mesh: Mesh, adapters: AdapterSettings, name: str
 ) -> AdapterSlots | None:
     """The configured slots with ``lora_adapters`` loaded (None: ``max_loras`` 0); an
     adapter that does not fit the base fails start-up naming it."""

@@ -1,14 +1,16 @@
 """The scoring engine: token-id work in, label log-probabilities out.
 
-It validates work and hands each layout (``layouts.contract.Layout``) the works it selects:
+It takes a ``model.protocol.ScoringModel``, builds the layouts (``layouts.contract.Layout``)
+its kind's steps use, validates work and hands each layout the works it selects: a decoder's
 multi-item ScoreWork to the shared-prefix layout (small works fused, with
-``fused_step_tokens``) or, with ``layout: packed_reference``, the packed reference; other
-ScoreWork (no delimiter, or ``item_first``) to the single-item layout; PromptWork to the
-prompt layout; EmbedWork (an embedding model) to the embedding layout. It implements what
-layouts need to run (``layouts.runner.Runner``): compiled steps by signature
-(``compiler.StepCompiler``, with covering look-ups and background compiles), the query
-cache, arguments placed on the mesh, and counters. Returns per work a float32 ``[items,
-labels]`` array, a list of PromptLogprobs, or float32 ``[inputs, dimension]`` vectors.
+``fused_step_tokens``) or, with ``layout: packed_reference``, the packed reference, other
+ScoreWork (no delimiter, or ``item_first``) to the single-item layout, PromptWork to the
+prompt layout; an embedding model's or a cross-encoder's EmbedWork to the embedding layout
+(the one it builds). It implements what layouts need to run (``layouts.runner.Runner``):
+compiled steps by signature (``compiler.StepCompiler``, with covering look-ups and
+background compiles), the query cache, arguments placed on the mesh, and counters. Returns
+per work a float32 ``[items, labels]`` array, a list of PromptLogprobs, or float32
+``[inputs, dimension]`` vectors.
 """
 
 from __future__ import annotations
@@ -25,12 +27,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
-from replicas.contract import (
-    EmbedWork,
-    ModelInfo,
-    PromptWork,
-    ScoreWork,
-)
+from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoreWork
 from replicas.engine.compiler import StepCompiler
 from replicas.engine.layouts.contract import Layout, multi_item
 from replicas.engine.layouts.embed import EmbedLayout, empty_result
@@ -55,8 +52,9 @@ from replicas.engine.work_checks import validate_work
 from replicas.engine_contract import EngineStats
 from replicas.errors import Reason, ScoringError
 from replicas.model.attention import mesh_platform, with_attention
-from replicas.model.causal_lm import CausalLM, Params
+from replicas.model.causal_lm import Params
 from replicas.model.layer_loop import layers_for_loop
+from replicas.model.protocol import DecoderModel, ScoringModel
 from replicas.model.token_split import token_split
 from replicas.settings import ReplicaSettings, check_delimiter_in_vocab
 
@@ -76,7 +74,7 @@ class ScoringEngine:
 
     def __init__(
         self,
-        model: CausalLM,
+        model: ScoringModel,
         params: Params,
         mesh: Mesh,
         settings: ReplicaSettings,
@@ -88,22 +86,19 @@ class ScoringEngine:
         check_delimiter_in_vocab(settings.model, vocab, name)
         model = with_attention(model, settings.engine.attention, mesh)
         model = dataclasses.replace(model, lora_groups=int(mesh.shape["data"]))
-        if not model.config.encoder:
-            model = dataclasses.replace(
-                model, token_split=token_split(model.config.quantization, mesh)
-            )
         self._lora = start_slots(model, params, mesh, settings.adapters, name)
         if self._lora is not None:  # the stacks ride in params: loading one compiles nothing
             params = {**params, "lora": self._lora.params}
-        if not model.config.encoder:
+        if model.decoder:  # its residual stream split by tokens, its layers as layer_loop says
+            split = token_split(model.config.quantization, mesh)
+            model = dataclasses.replace(model, token_split=split)
             params = layers_for_loop(params, settings.engine.layer_loop, mesh_platform(mesh))
         self._model, self._params, self._settings = model, params, settings
-        delimiter, head = settings.model.multi_item_scoring_delimiter, model.config.head
-        pooling = model.config.pooling
+        delimiter, c = settings.model.multi_item_scoring_delimiter, model.config
         adapters = () if self._lora is None else self._lora.names
-        self._info = ModelInfo(name, vocab, delimiter, settings.limits, head, pooling, adapters)
-        has_lm_head = head is None and pooling is None
-        self._completion_shapes = completion_shapes_for(settings.warmup, has_lm_head, name)
+        self._info = ModelInfo(name, vocab, delimiter, settings.limits, c.head, c.pooling, adapters)
+        model_kind = self._info.model_kind
+        self._completion_shapes = completion_shapes_for(settings.warmup, model_kind.lm_head, name)
         self._placement = Placement(mesh)
         self._cache = QueryCache(settings.engine.query_cache_bytes)
         self._lock = threading.Lock()  # one score_batch at a time
@@ -117,19 +112,12 @@ class ScoringEngine:
         }
         self._engine_seconds = 0.0
         self.last_signatures: list[tuple[str, Any]] = []  # what the last score_batch ran
-        self._single = SingleItemLayout(model, self)
-        self._multi = (
-            PackedReferenceLayout(model, self)
-            if settings.engine.layout == "packed_reference"
-            else SharedPrefixLayout(model, self)
-        )
-        self._prompts = PromptLayout(model, self)
-        embeds = pooling is not None or model.config.encoder  # a cross-encoder: pairs
+        # Only the layouts the kind's steps use, in the order they score a batch (and plan
+        # one): an embedding model's or a cross-encoder's embed steps (an encoder only
+        # embeds), a decoder's multi-item, single-item and prompt steps.
+        embeds = model_kind.embeds or not model.decoder
         self._embed = EmbedLayout(model, self, dense) if embeds else None
-        # In the order they score a batch (and plan one).
-        self._layouts: tuple[Layout, ...] = (
-            *filter(None, [self._embed]), self._multi, self._single, self._prompts,
-        )  # fmt: skip
+        self._layouts = (self._embed,) if self._embed else self._decoder_layouts(model)
         owners = step_owners(self._layouts)
         identity = record_identity(name, model, params, mesh, settings)  # the record's owner
         self._compiler = StepCompiler(
@@ -142,6 +130,14 @@ class ScoringEngine:
         )
         if settings.warmup.limit_to_warmup and not embeds:  # before minutes of compiles
             check_warm_coverage(settings, self.plan, self._configured_keys())
+
+    def _decoder_layouts(self, model: DecoderModel) -> tuple[Layout, ...]:
+        """A decoder's: multi-item (shared-prefix, or the packed reference), single-item and
+        prompt layouts."""
+        packed = self._settings.engine.layout == "packed_reference"
+        self._multi = (PackedReferenceLayout if packed else SharedPrefixLayout)(model, self)
+        self._prompts = PromptLayout(model, self)
+        return self._multi, SingleItemLayout(model, self), self._prompts
 
     @classmethod
     def from_settings(cls, settings: ReplicaSettings, warm: bool = True) -> ScoringEngine:
@@ -161,7 +157,7 @@ class ScoringEngine:
         return engine
 
     @property
-    def model(self) -> CausalLM:
+    def model(self) -> ScoringModel:
         return self._model
 
     @property

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replicas.contract import ScoreWork
-from replicas.model.causal_lm import CausalLM, Params
+from replicas.model.protocol import DecoderModel, Params
 from replicas.settings import EngineSettings
 
 Array = jax.Array
@@ -91,7 +91,7 @@ def data_buckets(buckets: Sequence[int], groups: int) -> tuple[int, ...]:
 
 
 def score_rows(
-    model: CausalLM,
+    model: DecoderModel,
     params: Params,
     hidden: Array,  # [G, X, D]: G = data shards, each group's own hidden states
     rows: Array,  # [G, Rg] int32 indices into each group's X, Rg a score_capacity

@@ -19,8 +19,9 @@ import jax
 import numpy as np
 
 from replicas.engine.layouts.common import BucketDims, Spec, grouped, score_capacity, score_rows
-from replicas.model.causal_lm import AttentionSpec, CausalLM, CausalSpec, DenseSpec, Params
+from replicas.model.causal_lm import AttentionSpec, CausalSpec, DenseSpec, Params
 from replicas.model.masks import segment_mask, work_segment_mask
+from replicas.model.protocol import DecoderModel
 
 Array = jax.Array
 
@@ -47,7 +48,7 @@ class DenseDims(BucketDims):
 
 
 def _scored(
-    model: CausalLM,
+    model: DecoderModel,
     params: Params,
     tokens: Array,  # [R, T]
     positions: Array,  # [R, T]
@@ -61,14 +62,15 @@ def _scored(
 
 
 def dense_step(
-    model: CausalLM, params: Params, tokens: Array, positions: Array, segments: Array, *score: Array
-) -> Array:
+    model: DecoderModel, params: Params, tokens: Array, positions: Array, segments: Array,
+    *score: Array,
+) -> Array:  # fmt: skip
     """Rows whose mask comes from segment ids ``[R, T]`` (the packed reference)."""
     return _scored(model, params, tokens, positions, AttentionSpec(segment_mask(segments)), *score)
 
 
 def fused_step(
-    model: CausalLM,
+    model: DecoderModel,
     params: Params,
     tokens: Array,  # [R, T]
     positions: Array,  # [R, T]
@@ -83,8 +85,9 @@ def fused_step(
 
 
 def causal_step(
-    model: CausalLM, params: Params, tokens: Array, positions: Array, lengths: Array, *score: Array
-) -> Array:
+    model: DecoderModel, params: Params, tokens: Array, positions: Array, lengths: Array,
+    *score: Array,
+) -> Array:  # fmt: skip
     """Causal rows of ``lengths [R]`` real tokens each (the single-item layout)."""
     return _scored(model, params, tokens, positions, CausalSpec(lengths), *score)
 
@@ -111,7 +114,7 @@ def dense_specs(spec: Spec, dims: DenseDims, groups: int, step: str = "dense") -
     )
 
 
-def compile_dense(model: CausalLM, runner: Any, dims: DenseDims, step: str = "dense") -> Any:
+def compile_dense(model: DecoderModel, runner: Any, dims: DenseDims, step: str = "dense") -> Any:
     """The ``step`` (``STEPS``) of ``dims``, compiled ahead of time through the runner."""
     jitted = jax.jit(
         partial(STEPS[step], model), out_shardings=runner.placement.replicated

@@ -36,17 +36,20 @@ from replicas.engine.layouts.prefix_blocks import KV_AXES
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.layouts.stream import window_for
 from replicas.errors import Reason, ScoringError
-from replicas.model.causal_lm import CausalLM, ItemStreamSpec, Params
+from replicas.kinds import recognize
+from replicas.model.causal_lm import ItemStreamSpec, Params
 from replicas.model.heads import head_outputs
+from replicas.model.protocol import ScoringModel
 
 Array = jax.Array
 EMPTY_PREFIX = 16  # width of the (never readable) prefix every row sits behind
 
 
 def embed_step(
-    model: CausalLM,
+    model: ScoringModel,
     window: int,
     pooling: str,
+    head: ScoreHead | None,  # a cross-encoder's, run on each pair's pooled token
     params: Params,
     empty: Array,  # [layers, B, EMPTY_PREFIX, K, Dh] zeros (an argument: not constant-folded)
     tokens: Array,  # [B, S]
@@ -65,13 +68,10 @@ def embed_step(
         item_ids=item_ids,
         window=window,
     )
-    typed = {"token_types": types} if model.config.encoder else {}
-    hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty, **typed)
+    hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty, types)
     hidden = hidden.astype(jnp.float32)  # [B, S, D]
     pooled = _pool(hidden, pooling, pick, segments, counts)  # [B, M, D]
-    if model.config.head is not None:  # a cross-encoder: its head on the pooled pair
-        return head_outputs(model.config.head, params["head"], pooled)  # [B, M, L]
-    return pooled
+    return pooled if head is None else head_outputs(head, params["head"], pooled)  # [B, M, L]
 
 
 def _pool(hidden: Array, pooling: str, pick: Array, segments: Array, counts: Array) -> Array:
@@ -113,22 +113,24 @@ class EmbedLayout:
 
     kinds: ClassVar[dict[str, type]] = {"embed": EmbedDims}
 
-    def __init__(self, model: CausalLM, runner: Runner, dense: Sequence[Any] = ()) -> None:
-        head = model.config.pooling or cross_encoder_pooling(model.config.head)
+    def __init__(self, model: ScoringModel, runner: Runner, dense: Sequence[Any] = ()) -> None:
+        c = model.config
+        head = c.pooling or cross_encoder_pooling(c.head)
         if head is None:
             raise ValueError("EmbedLayout needs a model with a PoolingHead or a cross-encoder")
         self._model, self._runner, self._dense = model, runner, tuple(dense)
         self._head: PoolingHead = head
+        self._score_head = c.head if recognize(c.head, c.pooling).pairs else None
         engine = runner.settings.engine
         self._packing = EmbedPacking(
             step_capacity(engine), tuple(engine.item_token_buckets),
-            data_buckets(engine.batch_buckets, runner.placement.groups), model.config.encoder,
+            data_buckets(engine.batch_buckets, runner.placement.groups), not model.decoder,
         )  # fmt: skip
 
     def compile(self, kind: str, dims: EmbedDims) -> Any:
         runner = self._runner
         step = jax.jit(
-            partial(embed_step, self._model, dims.window, self._head.pooling),
+            partial(embed_step, self._model, dims.window, self._head.pooling, self._score_head),
             out_shardings=runner.placement.replicated,
         )
         b, s, m = dims.batch, dims.tokens, slots(dims.tokens)

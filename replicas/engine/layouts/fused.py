@@ -31,8 +31,8 @@ from replicas.engine.layouts.common import (
 from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
-from replicas.model.causal_lm import CausalLM
 from replicas.model.masks import PAD, QUERY
+from replicas.model.protocol import DecoderModel
 
 
 def fused_length(work: ScoreWork) -> int:
@@ -53,7 +53,7 @@ class FusedLayout:
 
     kinds: ClassVar[dict[str, type]] = {"fused": DenseDims}
 
-    def __init__(self, model: CausalLM, runner: Runner) -> None:
+    def __init__(self, model: DecoderModel, runner: Runner) -> None:
         self._model = model
         self._runner = runner
 

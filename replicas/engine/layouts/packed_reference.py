@@ -29,8 +29,8 @@ from replicas.engine.layouts.common import (
 from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
-from replicas.model.causal_lm import CausalLM
 from replicas.model.masks import DELIMITER, PAD, QUERY
+from replicas.model.protocol import DecoderModel
 
 Array = jax.Array
 
@@ -77,7 +77,7 @@ def _packed(work: ScoreWork, row: PackedRow, delimiter: int) -> tuple[list[int],
 class PackedReferenceLayout:
     kinds: ClassVar[dict[str, type]] = {"dense": DenseDims}
 
-    def __init__(self, model: CausalLM, runner: Runner) -> None:
+    def __init__(self, model: DecoderModel, runner: Runner) -> None:
         self._model = model
         self._runner = runner
 

@@ -33,7 +33,8 @@ from replicas.engine.layouts.prefix_blocks import (
 )
 from replicas.engine.layouts.runner import Runner
 from replicas.engine.prefix_index import PREFIX_BLOCK, QUERY
-from replicas.model.causal_lm import CausalLM, ItemStreamSpec, Params
+from replicas.model.causal_lm import ItemStreamSpec, Params
+from replicas.model.protocol import DecoderModel
 
 Array = jax.Array
 
@@ -53,7 +54,7 @@ class ExtendDims(BucketDims):
 
 
 def extend_step(
-    model: CausalLM,
+    model: DecoderModel,
     params: Params,
     prefix_keys: Array,  # [layers, B, T, K, Dh]
     prefix_values: Array,  # [layers, B, T, K, Dh]
@@ -85,7 +86,7 @@ class Extension:
 class PrefixExtender:
     """Finds, batches and runs extensions for the shared-prefix layout."""
 
-    def __init__(self, model: CausalLM, runner: Runner) -> None:
+    def __init__(self, model: DecoderModel, runner: Runner) -> None:
         self._model = model
         self._runner = runner
 

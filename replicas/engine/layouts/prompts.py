@@ -63,7 +63,7 @@ from replicas.engine.layouts.stream import (
 )
 from replicas.engine.layouts.token_steps import PREFIX_BLOCK
 from replicas.engine.prefix_index import PROMPT, CacheKey
-from replicas.model.causal_lm import CausalLM
+from replicas.model.protocol import DecoderModel
 
 
 class PromptLayout:
@@ -71,7 +71,7 @@ class PromptLayout:
 
     kinds: ClassVar[dict[str, type]] = {"prefix": PrefixDims, "items": StreamDims}
 
-    def __init__(self, model: CausalLM, runner: Runner) -> None:
+    def __init__(self, model: DecoderModel, runner: Runner) -> None:
         self._model = model
         self._runner = runner
 
@@ -381,7 +381,7 @@ class PromptLayout:
             out.top_ids[j], out.top_logprobs[j] = ids[row, :k], best[row, :k]
 
 
-def _kv_shape(model: CausalLM) -> tuple[int, int, int, int]:
+def _kv_shape(model: DecoderModel) -> tuple[int, int, int, int]:
     c = model.config
     return c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size
 

@@ -49,7 +49,7 @@ from replicas.engine.layouts.stream import (
     pack_stream,
 )
 from replicas.engine.prefix_index import QUERY, CacheKey
-from replicas.model.causal_lm import CausalLM
+from replicas.model.protocol import DecoderModel
 
 
 def chunk_items(
@@ -131,7 +131,7 @@ class SharedPrefixLayout:
         "fused": DenseDims,
     }
 
-    def __init__(self, model: CausalLM, runner: Runner) -> None:
+    def __init__(self, model: DecoderModel, runner: Runner) -> None:
         self._model = model
         self._runner = runner
         self._turn = -1  # whose turn to hold a query many blocks read (see _homes)

@@ -30,7 +30,7 @@ from replicas.engine.layouts.common import (
 from replicas.engine.layouts.contract import single_item_pairs
 from replicas.engine.layouts.dense import DenseDims, compile_dense
 from replicas.engine.layouts.runner import Runner
-from replicas.model.causal_lm import CausalLM
+from replicas.model.protocol import DecoderModel
 
 Pair = tuple[int, int]  # (work, item)
 
@@ -64,7 +64,7 @@ def group_rows(
 class SingleItemLayout:
     kinds: ClassVar[dict[str, type]] = {"rows": DenseDims}
 
-    def __init__(self, model: CausalLM, runner: Runner) -> None:
+    def __init__(self, model: DecoderModel, runner: Runner) -> None:
         self._model = model
         self._runner = runner
 

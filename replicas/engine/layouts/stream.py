@@ -48,7 +48,8 @@ from replicas.engine.layouts.token_steps import (
     prefix_specs,
     score_tokens,
 )
-from replicas.model.causal_lm import CausalLM, CausalSpec, ItemStreamSpec, Params
+from replicas.model.causal_lm import CausalSpec, ItemStreamSpec, Params
+from replicas.model.protocol import DecoderModel
 
 Array = jax.Array
 MIN_WINDOW = 4
@@ -212,7 +213,7 @@ def pack_stream(
 
 
 def stream_step(
-    model: CausalLM,
+    model: DecoderModel,
     window: int,
     top_k: int,
     params: Params,
@@ -242,7 +243,7 @@ def stream_step(
 
 
 def prefix_step(
-    model: CausalLM,
+    model: DecoderModel,
     top_k: int,
     params: Params,
     tokens: Array,  # [B, T]
@@ -267,7 +268,7 @@ def prefix_step(
     return keys, values, lasts, blocks, *scores
 
 
-def prefix_shardings(model: CausalLM, sharding: Any, dims: Any) -> tuple[Any, Any, Any]:
+def prefix_shardings(model: DecoderModel, sharding: Any, dims: Any) -> tuple[Any, Any, Any]:
     """Where a prefix step of ``dims`` leaves its outputs: batch over ``data``, kv heads
     over ``model``; ``sharding(axes, shape)`` places by the logical-axis table."""
     c = model.config
@@ -290,7 +291,7 @@ def batch_arguments(batch: StreamBatch, prefixes: tuple[Array, Array, Array]) ->
     )
 
 
-def stream_specs(model: CausalLM, spec: Spec, dims: StreamDims, groups: int) -> tuple[Any, ...]:
+def stream_specs(model: DecoderModel, spec: Spec, dims: StreamDims, groups: int) -> tuple[Any, ...]:
     """Abstract arguments (after params) of an item-stream step of ``dims``: every per-row
     input, prefix keys/values included, split over ``data`` by the logical-axis table."""
     c = model.config
@@ -313,7 +314,7 @@ def stream_specs(model: CausalLM, spec: Spec, dims: StreamDims, groups: int) -> 
     )
 
 
-def compile_prefix(model: CausalLM, runner: Any, dims: PrefixDims) -> Any:
+def compile_prefix(model: DecoderModel, runner: Any, dims: PrefixDims) -> Any:
     """The prefix step of ``dims``, compiled through the runner: prefixes split over
     ``data``, each left on the block computing it; a prompt prefix's log-probs come back
     whole."""
@@ -329,7 +330,7 @@ def compile_prefix(model: CausalLM, runner: Any, dims: PrefixDims) -> Any:
     return runner.lower(step, specs)
 
 
-def compile_stream(model: CausalLM, runner: Any, dims: StreamDims) -> Any:
+def compile_stream(model: DecoderModel, runner: Any, dims: StreamDims) -> Any:
     """The item-stream step of ``dims``, compiled through the runner (a query stream's prefix
     step of the same batch and width first: every query stream reads one)."""
     placement = runner.placement

@@ -23,15 +23,15 @@ import numpy as np
 from replicas.engine.layouts.common import Spec, score_capacity, score_chunk
 from replicas.engine.layouts.prefix_blocks import KV_AXES, LAST_AXES
 from replicas.engine.prefix_index import PREFIX_BLOCK as PREFIX_BLOCK  # re-exported
-from replicas.model.causal_lm import CausalLM, Params
 from replicas.model.lora import untag
+from replicas.model.protocol import DecoderModel, Params
 
 Array = jax.Array
 BLOCK_AXES = ("batch", None, None)  # [B, T / PREFIX_BLOCK, D]
 
 
 def score_tokens(
-    model: CausalLM,
+    model: DecoderModel,
     params: Params,
     states: Array,  # [G, X, D]: each data shard's own hidden states
     rows: Array,  # [G, Rg] int32 indices into X, Rg a score_capacity
@@ -82,7 +82,7 @@ def prefix_specs(spec: Spec, batch: int, width: int, groups: int) -> tuple[Any, 
     )
 
 
-def prefix_out_shardings(model: CausalLM, sharding: Any, batch: int, width: int) -> tuple:
+def prefix_out_shardings(model: DecoderModel, sharding: Any, batch: int, width: int) -> tuple:
     """Keys, values, lasts and block states stay on the data shard that computed them (as
     the shared-prefix layout's); the log-probs come back whole."""
     c = model.config
