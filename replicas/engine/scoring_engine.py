@@ -73,14 +73,9 @@ class ScoringEngine:
     """Owns model parameters on a mesh, the layouts, their compiled steps and the cache."""
 
     def __init__(
-        self,
-        model: ScoringModel,
-        params: Params,
-        mesh: Mesh,
-        settings: ReplicaSettings,
-        name: str,
-        dense: Sequence[Any] = (),
-    ) -> None:
+        self, model: ScoringModel, params: Params, mesh: Mesh, settings: ReplicaSettings,
+        name: str, dense: Sequence[Any] = (),
+    ) -> None:  # fmt: skip
         """``dense``: an embedding model's Dense layers (``replicas.checkpoints.dense``)."""
         vocab = model.config.vocab_size
         check_delimiter_in_vocab(settings.model, vocab, name)
@@ -112,9 +107,8 @@ class ScoringEngine:
         }
         self._engine_seconds = 0.0
         self.last_signatures: list[tuple[str, Any]] = []  # what the last score_batch ran
-        # Only the layouts the kind's steps use, in the order they score a batch (and plan
-        # one): an embedding model's or a cross-encoder's embed steps (an encoder only
-        # embeds), a decoder's multi-item, single-item and prompt steps.
+        # Only the layouts its kind's steps use, in the order they score a batch (and plan
+        # one): embed steps (an embedding model, a cross-encoder, any encoder), or a decoder's.
         embeds = model_kind.embeds or not model.decoder
         self._embed = EmbedLayout(model, self, dense) if embeds else None
         self._layouts = (self._embed,) if self._embed else self._decoder_layouts(model)
@@ -132,8 +126,7 @@ class ScoringEngine:
             check_warm_coverage(settings, self.plan, self._configured_keys())
 
     def _decoder_layouts(self, model: DecoderModel) -> tuple[Layout, ...]:
-        """A decoder's: multi-item (shared-prefix, or the packed reference), single-item and
-        prompt layouts."""
+        """A decoder's multi-item (shared-prefix or packed reference), single-item, prompts."""
         packed = self._settings.engine.layout == "packed_reference"
         self._multi = (PackedReferenceLayout if packed else SharedPrefixLayout)(model, self)
         self._prompts = PromptLayout(model, self)

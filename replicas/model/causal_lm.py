@@ -197,8 +197,7 @@ class DecoderLayer(nn.Module):
 
 @dataclass(frozen=True)
 class CausalLM:
-    """Functional wrapper: all state is in ``params``; methods are jit-friendly. A
-    ``model.protocol.DecoderModel``."""
+    """Functional wrapper: all state is in ``params``; methods are jit-friendly. A DecoderModel."""
 
     decoder: ClassVar[bool] = True
     config: ModelConfig
@@ -317,7 +316,6 @@ class CausalLM:
     ) -> Array:
         """Item stream tokens, positions [B, S] behind prefix keys/values [layers, B, T, K, Dh]
         -> final-normed hidden states [B, S, D] (a decoder reads no ``token_types``)."""
-        del token_types
         return self.stream_hidden_and_kv(params, tokens, positions, spec, prefix_k, prefix_v)[0]
 
     def stream_hidden_and_kv(
