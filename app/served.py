@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from app.validation import (
 from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoreWork
 from replicas.errors import Reason, ScoringError
 
+T = TypeVar("T")
 # What a kind answers a workload with: the response body and where its time went.
 Answered = tuple[dict[str, Any], Timings]
 
@@ -97,9 +98,6 @@ class Served:
         """1 when "" encodes to no tokens (no BOS), so an empty text query is empty_query."""
         return 0 if len(self.tokenizer("", add_special_tokens=True)["input_ids"]) else 1
 
-    def created(self) -> int:
-        return int(self.clock())
-
 
 async def scored(work: ScoreWork, backend: Backend, timings: Timings) -> tuple[np.ndarray, Timings]:
     """The replica's rows ``[n_items, n_labels]``, checked, and timings."""
@@ -130,10 +128,8 @@ async def prompted(
     return list(answer), timings
 
 
-def started() -> float:
-    return time.perf_counter()
-
-
-def tokenized_since(start: float) -> Timings:
-    """Timings of a request whose tokenization began at ``start`` (``started()``)."""
-    return Timings(tokenization_s=time.perf_counter() - start)
+def tokenized(prepare: Callable[..., T], *args: Any) -> tuple[T, Timings]:
+    """``prepare(*args)`` (a request's rules and tokenization), and the seconds it took."""
+    start = time.perf_counter()
+    prepared = prepare(*args)
+    return prepared, Timings(tokenization_s=time.perf_counter() - start)

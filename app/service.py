@@ -116,7 +116,7 @@ class ScoringService(Served):
     def models_body(self) -> dict[str, Any]:
         """/v1/models (app.model_card)."""
         method = self.reranker.method if self.reranker else None
-        return models_body(self.info, method, self.chunking, self.created())
+        return models_body(self.info, method, self.chunking, int(self.clock()))
 
     def model_card(self, name: str) -> dict[str, Any]:
         """/v1/models/{name}: the card /v1/models lists under ``name`` (the base model or a

@@ -13,7 +13,7 @@ from app.kinds.kind import Answer, KindAnswers
 from app.rerank import reranker_for
 from app.schema import ClassifyRequest
 from app.scores import to_scores
-from app.served import Answered, Served, prompted, scored, started, tokenized_since
+from app.served import Answered, Served, prompted, scored, tokenized
 from app.timings import Backend
 from app.validation import check_model_name, validate_body
 from replicas.contract import PromptWork
@@ -24,9 +24,7 @@ def label_scores(to_rows: Any) -> Answer:
     """/v1/score on a decoder: its rows through ``to_rows`` (label log-probs or a head's)."""
 
     async def score(served: Served, payload: Any, backend: Backend) -> Answered:
-        start = started()
-        prepared = served.prepare(payload)
-        timings = tokenized_since(start)
+        prepared, timings = tokenized(served.prepare, payload)
         scores: list[list[float]] = []
         if prepared.work.num_items:
             logprobs, timings = await scored(prepared.work, backend, timings)
@@ -37,7 +35,7 @@ def label_scores(to_rows: Any) -> Answer:
             "model": prepared.work.adapter or served.info.name,  # the adapter a request named
             "scores": scores,
             "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
-            "created": served.created(),
+            "created": int(served.clock()),
         }
         return body, timings
 
@@ -52,9 +50,8 @@ async def template_rerank(served: Served, payload: Any, backend: Backend) -> Ans
             f"model {served.info.name!r} has no rerank template (setting rerank_template)",
             status_code=404,
         )
-    start = started()
-    prepared = served.reranker.prepare(payload, served.info, served.chunking)
-    timings = tokenized_since(start)
+    reranker = served.reranker
+    prepared, timings = tokenized(reranker.prepare, payload, served.info, served.chunking)
     relevance = np.zeros((0,), np.float64)
     work = prepared.work
     if work.num_items:
@@ -68,11 +65,9 @@ async def template_rerank(served: Served, payload: Any, backend: Backend) -> Ans
 async def complete(served: Served, payload: Any, backend: Backend) -> Answered:
     """/v1/completions (app.completions)."""
     completions = served.served_tokenizer()
-    start = started()
-    prompts = completions.prepare(payload)
-    timings = tokenized_since(start)
+    prompts, timings = tokenized(completions.prepare, payload)
     answers, timings = await prompted(prompts.work, backend, timings)
-    return completions.body(prompts, answers, served.created()), timings
+    return completions.body(prompts, answers, int(served.clock())), timings
 
 
 async def no_score_head(served: Served, payload: Any, backend: Backend) -> Answered:

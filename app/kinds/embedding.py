@@ -13,7 +13,7 @@ from app.embed_scores import cosine_rerank_work, cosine_score_work
 from app.embeddings import cohere_body, cosines, openai_body, pooling_of
 from app.kinds.kind import Answer, KindAnswers
 from app.rerank import rerank_body
-from app.served import Answered, Served, started, tokenized_since
+from app.served import Answered, Served, tokenized
 from app.timings import Backend, Timings, replica_answer
 from replicas.contract import EmbedWork
 from replicas.errors import Reason, ScoringError
@@ -40,13 +40,11 @@ def vectors_in(cohere: bool) -> Answer:
     """/v1/embeddings (OpenAI's shape) or, with ``cohere``, /v2/embed."""
 
     async def embed(served: Served, payload: Any, backend: Backend) -> Answered:
-        start = started()
         texts: list[str] = []
         if cohere:
-            prepared, texts = served.embedder.prepare_cohere(payload)
+            (prepared, texts), timings = tokenized(served.embedder.prepare_cohere, payload)
         else:
-            prepared = served.embedder.prepare(payload)
-        timings = tokenized_since(start)
+            prepared, timings = tokenized(served.embedder.prepare, payload)
         vectors, timings = await embedded(served, prepared.work, backend, timings)
         vectors = prepared.fold(vectors)
         if cohere:
@@ -59,9 +57,7 @@ def vectors_in(cohere: bool) -> Answer:
 
 
 async def cosine_scores(served: Served, payload: Any, backend: Backend) -> Answered:
-    start = started()
-    request, cosine = cosine_score_work(served.embedder, payload)
-    timings = tokenized_since(start)
+    (request, cosine), timings = tokenized(cosine_score_work, served.embedder, payload)
     scores: list[list[float]] = []
     tokens = 0
     if cosine is not None:
@@ -71,13 +67,12 @@ async def cosine_scores(served: Served, payload: Any, backend: Backend) -> Answe
     usage = {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens}
     model = request.model or served.info.name  # checked: the base's name or an adapter's
     body = {"object": "scoring", "model": model, "scores": scores, "usage": usage}
-    return {**body, "created": served.created()}, timings
+    return {**body, "created": int(served.clock())}, timings
 
 
 async def cosine_rerank(served: Served, payload: Any, backend: Backend) -> Answered:
-    start = started()
-    request, cosine, chunks = cosine_rerank_work(served.embedder, payload, served.chunking)
-    timings = tokenized_since(start)
+    embedder, chunking = served.embedder, served.chunking
+    (request, cosine, chunks), timings = tokenized(cosine_rerank_work, embedder, payload, chunking)
     relevance, tokens = np.zeros((0,), np.float64), 0
     if cosine is not None:
         vectors, timings = await embedded(served, cosine.work, backend, timings)

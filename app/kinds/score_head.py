@@ -15,7 +15,7 @@ from app.kinds.causal_lm import label_scores, template_rerank
 from app.kinds.kind import KindAnswers
 from app.rerank import head_reranker
 from app.scores import head_scores
-from app.served import Answered, Served, scored, started, tokenized_since
+from app.served import Answered, Served, scored, tokenized
 from app.timings import Backend
 from replicas.errors import Reason, ScoringError
 
@@ -23,14 +23,12 @@ from replicas.errors import Reason, ScoringError
 async def classify(served: Served, payload: Any, backend: Backend) -> Answered:
     """/v1/classify: every input one row, scored concurrently (the replica packs them into
     its steps)."""
-    start = started()
-    prepared = prepare_classify(payload, served.info, served.tokenizer)
-    timings = tokenized_since(start)
+    prepared, timings = tokenized(prepare_classify, payload, served.info, served.tokenizer)
     answers = await asyncio.gather(*(scored(work, backend, timings) for work in prepared.works))
     if answers:
         timings = answers[-1][1]
     outputs = np.concatenate([logits for logits, _ in answers]) if answers else None
-    return classify_body(prepared, outputs, served.info, served.created()), timings
+    return classify_body(prepared, outputs, served.info, int(served.clock())), timings
 
 
 async def no_lm_head(served: Served, payload: Any, backend: Backend) -> Answered:
