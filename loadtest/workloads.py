@@ -60,6 +60,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "first_minute": ("first_minute", "RFC-008 from a server's first request on, cold"),
     "rerank_quality": ("rerank_quality", "rerank quality (top-1, pairwise, NDCG@4) on the "
                        "relevance set"),
+    "request_walk": ("request_walk", "the functions and files one /v1/score request runs "
+                     "through (ingress, replica, engine), traced, for one tree or several"),
     "quant_quality": ("quant_quality", "quantized scoring (int8 forms) against float32: "
                       "KL, rerank, cosine; with --speed engine steps"),
 }  # fmt: skip
