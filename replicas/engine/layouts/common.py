@@ -211,3 +211,28 @@ def unpack(
         num_labels = len(works[slot.work].label_ids)
         rows = outputs[slot.first_row : slot.first_row + slot.num_items, :num_labels]
         into[slot.work][slot.first_item : slot.first_item + slot.num_items] = rows
+
+
+def lay_row(
+    arrays: tuple[np.ndarray, np.ndarray, np.ndarray],
+    row: int,
+    pieces: Sequence[Sequence[int]],
+    offsets: int | Sequence[int] = 0,
+    ids: Sequence[int] | None = None,
+    start: int = 0,
+) -> list[tuple[int, int]]:
+    """The one row packer: ``pieces`` end to end in row ``row`` of a step's ``(tokens,
+    positions, segment ids)`` arrays ``[B, S]``, from ``start``: each piece's tokens, its
+    positions counted from its offset (``offsets[n]``, or one for every piece) and its
+    segment id (``ids[n]``, default ``n``). Returns each piece's ``(start, end)``."""
+    tokens, positions, segments = arrays
+    spans = []
+    for n, piece in enumerate(pieces):
+        end = start + len(piece)
+        tokens[row, start:end] = piece
+        offset = offsets[n] if isinstance(offsets, Sequence) else offsets
+        positions[row, start:end] = offset + np.arange(len(piece))
+        segments[row, start:end] = n if ids is None else ids[n]
+        spans.append((start, end))
+        start = end
+    return spans

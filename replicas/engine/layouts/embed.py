@@ -30,7 +30,7 @@ import numpy as np
 
 from replicas.contract import EmbedWork, ModelInfo, PoolingHead, PromptWork, ScoreHead
 from replicas.embed_contract import l2_normalized
-from replicas.engine.layouts.common import data_buckets, step_capacity
+from replicas.engine.layouts.common import data_buckets, lay_row, step_capacity
 from replicas.engine.layouts.embed_packing import EmbedDims, EmbedPacking, Piece, slots
 from replicas.engine.layouts.prefix_blocks import KV_AXES
 from replicas.engine.layouts.runner import Runner
@@ -215,19 +215,13 @@ class EmbedLayout:
         types = np.zeros((b, s), np.int32)
         first = self._head.pooling == "cls"
         for r, row in enumerate(chunk):
-            cursor = 0
-            for n, piece in enumerate(row):
-                length = len(piece.tokens)
-                end = cursor + length
-                tokens[r, cursor:end] = piece.tokens
-                positions[r, cursor:end] = np.arange(length)
-                item_ids[r, cursor:end] = n
-                skip = min(piece.skip, length - 1)
-                pick[r, n] = cursor + skip if first else end - 1
-                segments[r, cursor + skip : end] = n
-                counts[r, n] = length - skip
-                types[r, cursor + piece.second : end] = 1
-                cursor = end
+            spans = lay_row((tokens, positions, item_ids), r, [piece.tokens for piece in row])
+            for n, (piece, (start, end)) in enumerate(zip(row, spans, strict=True)):
+                skip = min(piece.skip, end - start - 1)
+                pick[r, n] = start + skip if first else end - 1
+                segments[r, start + skip : end] = n
+                counts[r, n] = end - start - skip
+                types[r, start + piece.second : end] = 1
         real = sum(len(p.tokens) for row in chunk for p in row)
         runner.count_tokens(b * s, real)
         c = self._model.config

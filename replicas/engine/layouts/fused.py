@@ -26,6 +26,7 @@ from replicas.engine.layouts.common import (
     bucket_for,
     label_bucket,
     labels_by_row,
+    lay_row,
     unpack,
 )
 from replicas.engine.layouts.contract import multi_item_works
@@ -127,22 +128,17 @@ class FusedLayout:
         index = ScoreIndex(self._runner.placement.groups, dims.rows, dims.tokens)
         slots = []
         for r, row in enumerate(rows):
-            cursor = 0
+            end = 0  # works back to back: the query, then its items (segments 1..)
             for i in row:
-                work = works[i]
-                query = len(work.query_ids)
-                query_last = cursor + query - 1  # an empty item's score row reads it
-                parts = [(work.query_ids, QUERY, 0)]
-                parts += [(item, n + 1, query) for n, item in enumerate(work.item_ids)]
-                slots.append(RowSlot(i, 0, work.num_items, index.first_row(r)))
-                for ids, segment, offset in parts:
-                    end = cursor + len(ids)
-                    tokens[r, cursor:end] = ids
-                    positions[r, cursor:end] = offset + np.arange(len(ids))
-                    segments[r, cursor:end], owners[r, cursor:end] = segment, i
-                    if segment != QUERY:  # each item's last token
-                        index.add(r, end - 1 if ids else query_last)
-                    cursor = end
+                work, n = works[i], works[i].num_items
+                slots.append(RowSlot(i, 0, n, index.first_row(r)))
+                pieces, ids = (work.query_ids, *work.item_ids), (QUERY, *range(1, n + 1))
+                offsets = (0, *[len(work.query_ids)] * n)
+                spans = lay_row((tokens, positions, segments), r, pieces, offsets, ids, end)
+                (start, query_end), end = spans[0], spans[-1][1]
+                owners[r, start:end] = i
+                for item, (_, last) in zip(work.item_ids, spans[1:], strict=True):
+                    index.add(r, last - 1 if item else query_end - 1)  # empty: the query's last
         labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
         labels = labels.reshape(*index.rows.shape, dims.labels)
         useful = sum(fused_length(works[i]) for row in rows for i in row)

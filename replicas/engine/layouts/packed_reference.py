@@ -23,6 +23,7 @@ from replicas.engine.layouts.common import (
     data_buckets,
     label_bucket,
     labels_by_row,
+    lay_row,
     spread_row,
     unpack,
 )
@@ -43,6 +44,9 @@ class PackedRow:
     first: int
     count: int
 
+    def items(self, works: Sequence[ScoreWork]) -> tuple[tuple[int, ...], ...]:
+        return works[self.work].item_ids[self.first : self.first + self.count]
+
 
 def split_rows(work: ScoreWork, index: int, max_length: int) -> list[PackedRow]:
     """Consecutive items per row so that every packed row fits ``max_length``."""
@@ -55,23 +59,6 @@ def split_rows(work: ScoreWork, index: int, max_length: int) -> list[PackedRow]:
             first = n - 1
     rows.append(PackedRow(index, first, work.num_items - first))
     return rows
-
-
-def _packed(work: ScoreWork, row: PackedRow, delimiter: int) -> tuple[list[int], ...]:
-    """tokens, positions, segments and score indices of ``query<d>item<d>...``."""
-    q = len(work.query_ids)
-    tokens, positions, segments = list(work.query_ids), list(range(q)), [QUERY] * q
-    scored = []
-    for i in range(row.first, row.first + row.count):
-        item = work.item_ids[i]
-        tokens += [delimiter, *item]
-        positions += [q, *range(q, q + len(item))]
-        segments += [DELIMITER] + [i + 1] * len(item)
-        scored.append(len(tokens) - 1 if item else q - 1)
-    tokens.append(delimiter)
-    positions.append(q)
-    segments.append(DELIMITER)
-    return tokens, positions, segments, scored
 
 
 class PackedReferenceLayout:
@@ -90,55 +77,56 @@ class PackedReferenceLayout:
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
         """The exact signatures ``score`` would run (warm-up compiles these)."""
-        return [("dense", dims) for dims, _, _ in self._steps(works, indices)]
+        return [("dense", dims) for dims, _ in self._steps(works, indices)]
 
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
-        for exact, rows, packed in self._steps(works, indices):
+        for exact, rows in self._steps(works, indices):
             dims = self._runner.resolve("dense", exact)
             for start in range(0, len(rows), dims.rows):  # pieces if dims holds fewer rows
-                end = start + dims.rows
-                self._run_step(works, rows[start:end], packed[start:end], dims, results)
+                self._run_step(works, rows[start : start + dims.rows], dims, results)
 
     def _steps(
         self, works: Sequence[ScoreWork], indices: Sequence[int]
-    ) -> Iterator[tuple[DenseDims, list[PackedRow], list[tuple[list[int], ...]]]]:
+    ) -> Iterator[tuple[DenseDims, list[PackedRow]]]:
         engine = self._runner.settings.engine
-        delimiter = self._runner.settings.model.multi_item_scoring_delimiter
         rows = [r for i in indices for r in split_rows(works[i], i, engine.token_buckets[-1])]
         buckets = data_buckets(engine.batch_buckets, self._runner.placement.groups)
         for start in range(0, len(rows), buckets[-1]):
             step_rows = rows[start : start + buckets[-1]]
-            packed = [_packed(works[r.work], r, delimiter) for r in step_rows]
+            shapes = [
+                (len(works[r.work].query_ids), [*map(len, r.items(works))]) for r in step_rows
+            ]
+            longest = max(packed_length(*shape) for shape in shapes)  # query<d>item<d>...
             dims = DenseDims(
                 bucket_for(len(step_rows), buckets, "batch_buckets"),
-                bucket_for(max(len(p[0]) for p in packed), engine.token_buckets, "token_buckets"),
+                bucket_for(longest, engine.token_buckets, "token_buckets"),
                 label_bucket(max(len(works[r.work].label_ids) for r in step_rows)),
             )
-            yield dims, step_rows, packed
+            yield dims, step_rows
 
     def _run_step(
-        self,
-        works: Sequence[ScoreWork],
-        rows: list[PackedRow],
-        packed: list[tuple[list[int], ...]],
-        dims: DenseDims,
-        results: list,
+        self, works: Sequence[ScoreWork], rows: list[PackedRow], dims: DenseDims, results: list
     ) -> None:
+        d = (self._runner.settings.model.multi_item_scoring_delimiter,)
         tokens = np.zeros((dims.rows, dims.tokens), np.int32)
         positions = np.zeros_like(tokens)
         segments = np.full_like(tokens, PAD)
         groups = self._runner.placement.groups
         index = ScoreIndex(groups, dims.rows, dims.tokens)
-        slots = []
-        for i, (row, (tok, pos, seg, scored)) in enumerate(zip(rows, packed, strict=True)):
-            r = spread_row(i, dims.rows, groups)
-            tokens[r, : len(tok)], positions[r, : len(pos)], segments[r, : len(seg)] = tok, pos, seg
+        slots, useful = [], 0
+        for i, row in enumerate(rows):  # query<d>item<d>...: every <d> and item at len(query)
+            r, work, items = spread_row(i, dims.rows, groups), works[row.work], row.items(works)
+            q, numbers = len(work.query_ids), range(row.first + 1, row.first + row.count + 1)
+            pieces = [work.query_ids, *[p for item in items for p in (d, item)], d]
+            ids = [QUERY, *[s for n in numbers for s in (DELIMITER, n)], DELIMITER]
+            offsets = [0, *[q] * (len(pieces) - 1)]
+            spans = lay_row((tokens, positions, segments), r, pieces, offsets, ids)
             slots.append(RowSlot(row.work, row.first, row.count, index.first_row(r)))
-            for position in scored:
-                index.add(r, position)
+            for item, (_, end) in zip(items, spans[2::2], strict=True):  # items: pieces 2, 4, ..
+                index.add(r, end - 1 if item else q - 1)
+            useful += spans[-1][1]
         labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
         labels = labels.reshape(*index.rows.shape, dims.labels)
-        useful = sum(len(p[0]) for p in packed)
         self._runner.count_tokens(dims.rows * dims.tokens, useful)
         args = (tokens, positions, segments, index.rows, labels, index.count)
         outputs = np.asarray(self._runner.run_device("dense", dims, args))

@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.engine.layouts.common import BucketDims, bucket_for, data_buckets
+from replicas.engine.layouts.common import BucketDims, bucket_for, data_buckets, lay_row
 from replicas.engine.layouts.prefix_blocks import (
     KV_AXES,
     LAST_AXES,
@@ -171,9 +171,7 @@ class PrefixExtender:
             entries[b] = _read(e.base, e.reused, dims.prefix)
             valid[b, : e.reused] = True
             rest = e.query[e.reused :]
-            tokens[b, : len(rest)] = rest
-            positions[b, : len(rest)] = e.reused + np.arange(len(rest))
-            item_ids[b, : len(rest)] = 0
+            lay_row((tokens, positions, item_ids), b, [rest], e.reused)
             lengths[b] = len(rest)
         c = self._model.config
         kv_shape = (c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size)

@@ -26,6 +26,7 @@ from replicas.engine.layouts.common import (
     bucket_for,
     data_buckets,
     label_bucket,
+    lay_row,
     step_capacity,
 )
 from replicas.engine.layouts.contract import prompt_works
@@ -347,12 +348,8 @@ class PromptLayout:
                 entries[u] = unit.source.read(unit.reused, dims.prefix)
                 prefix_valid[u, : unit.reused] = True
             tail = works[unit.work].scored_tail
-            cursor = 0
-            for n, (member, item) in enumerate(zip(unit.members, unit.items, strict=True)):
-                end = cursor + len(item)
-                tokens[u, cursor:end] = item
-                positions[u, cursor:end] = unit.reused + np.arange(len(item))
-                item_ids[u, cursor:end] = n
+            spans = lay_row((tokens, positions, item_ids), u, unit.items, unit.reused)
+            for member, item, (cursor, _) in zip(unit.members, unit.items, spans, strict=True):
                 # j: the prompt position a row scores, from ``first`` on (reused + len: next)
                 length = unit.reused + len(item)
                 first, last = (1, length) if tail is None else (length - tail, length - 1)
@@ -364,7 +361,6 @@ class PromptLayout:
                     row = index.add(u, cursor + k)
                     targets[row] = item[k + 1] if k + 1 < len(item) else 0
                     wanted.append((row, unit.work, member, unit.reused + k + 1))
-                cursor = end
         kv_shape = _kv_shape(self._model)
         prefixes = assemble(
             runner.placement.mesh, entries, self._model.dtype, kv_shape, dims.prefix

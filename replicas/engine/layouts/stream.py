@@ -37,6 +37,7 @@ from replicas.engine.layouts.common import (
     grouped,
     label_bucket,
     labels_by_row,
+    lay_row,
     score_capacity,
     score_rows,
     spread_row,
@@ -193,17 +194,12 @@ def pack_stream(
         for work, first_item, num_items in unit.runs:
             slots.append(RowSlot(work, first_item, num_items, first))
             first += num_items
-        cursor = 0
-        for n, item in enumerate(unit.items):
-            end = cursor + len(item)
-            tokens[u, cursor:end] = item
-            positions[u, cursor:end] = unit.offset + np.arange(len(item))
-            item_ids[u, cursor:end] = n
+        spans = lay_row((tokens, positions, item_ids), u, unit.items, unit.offset)
+        for item, (_, end) in zip(unit.items, spans, strict=True):
             if item:
                 index.add(u, end - 1)
             else:
                 index.add_extra(u)
-            cursor = end
     labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
     useful = sum(unit.tokens for unit in units)
     return StreamBatch(
