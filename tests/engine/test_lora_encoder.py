@@ -28,6 +28,7 @@ from replicas.contract import EmbedWork
 from replicas.engine.scoring_engine import ScoringEngine
 from tests.support.embed_helpers import embed_settings, reference_vectors
 from tests.support.encoder_helpers import save_bert_cross_encoder, save_bert_embedder, sentences
+from tests.support.fp32 import assert_fp32_close
 from tests.support.lora_helpers import save_embedding_adapter
 
 TOL = 1e-5
@@ -128,7 +129,9 @@ def test_a_cross_encoder_adapter_scores_as_peft(tmp_path: Path, family: str) -> 
             seconds.append(encoded["token_type_ids"][row].index(1))
     work = EmbedWork(tuple(inputs), adapter="tuned", second_starts=tuple(seconds))
     got, base_got = engine.score_batch([work, dataclasses.replace(work, adapter=None)])
-    np.testing.assert_allclose(np.asarray(got)[:, 0], want, atol=TOL, rtol=0)
+    # logits past 1 in size: the float32 floor's relative term counts (1.04e-5 at 1.23 seen)
+    layers = 3 if family == "modernbert" else 2  # tests/support/encoder_helpers.py's configs
+    assert_fp32_close(np.asarray(got)[:, 0], want, layers, "adapter logits vs peft")
     assert np.abs(np.asarray(base_got)[:, 0] - want).min() > 1e-3  # the adapter changes each
     service = ScoringService.from_settings(settings(directory, adapter))
 
