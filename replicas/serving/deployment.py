@@ -73,6 +73,7 @@ UNHEALTHY_AFTER_FAILED_BATCHES = 3
 TRIM_INTERVAL_S = 10.0
 # Serve batches admitted into _score_many at once; those waiting for the engine are merged.
 CONCURRENT_BATCHES = 4
+Answers = list[ScoredWork | Exception]  # an engine call's, one per work
 
 
 def deployed_user_config() -> Mapping[str, Any]:
@@ -240,20 +241,15 @@ class ScoringReplica:
             raise result
         return result
 
-    async def _score_many(
-        self, works: list[ScoreWork], costs: list[int]
-    ) -> list[ScoredWork | Exception]:
-        """The @serve.batch target: concurrent score_timed() calls arrive here as one list
-        (with each work's cost)."""
+    async def _score_many(self, works: list[ScoreWork], costs: list[int]) -> Answers:
+        """The @serve.batch target: concurrent score_timed() calls (work, cost) as two lists."""
         now = time.time()
         alive = [work.deadline is None or work.deadline > now for work in works]
         if not all(alive):
             return await self._score_alive(works, costs, alive)
         return await self._shared_step(list(zip(works, costs, strict=True)))
 
-    async def _shared_step(
-        self, works: list[tuple[ScoreWork, int]]
-    ) -> list[ScoredWork | Exception]:
+    async def _shared_step(self, works: list[tuple[ScoreWork, int]]) -> Answers:
         """``_run_engine`` for ``works``, together with every batch that arrives while the
         engine is busy. Serve forms a batch ``batch_wait_timeout_s`` after its first request
         even while a step runs, so a burst arriving during a step would wait as several small
@@ -293,7 +289,7 @@ class ScoringReplica:
                     future.set_result(results[start : start + len(works)])
                 start += len(works)
 
-    async def _run_engine(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
+    async def _run_engine(self, works: list[ScoreWork]) -> Answers:
         """One engine call; when every work is refused, each alone (one bad work must not fail
         its neighbours). A work the engine fails on alone while it still scores a probe is a
         defect of the engine on that request: 500, not a retryable 503 (issue 43: the same
@@ -317,7 +313,7 @@ class ScoringReplica:
 
     async def _score_alive(
         self, works: list[ScoreWork], costs: list[int], alive: list[bool]
-    ) -> list[ScoredWork | Exception]:
+    ) -> Answers:
         """Works past their deadline are dropped unscored (nobody waits for them)."""
         self._shed["expired"] += alive.count(False)
         message = "request deadline passed before scoring"
@@ -326,7 +322,7 @@ class ScoringReplica:
         scored = iter(await self._shared_step(live) if live else [])
         return [next(scored) if ok else expired for ok in alive]
 
-    async def _run_engine_once(self, works: list[ScoreWork]) -> list[ScoredWork | Exception]:
+    async def _run_engine_once(self, works: list[ScoreWork]) -> Answers:
         start, compiles = time.perf_counter(), _compile_marks(self._engine.stats())
         try:
             # A thread keeps the event loop (health checks, queueing) alive during the step.
