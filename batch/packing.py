@@ -2,8 +2,9 @@
 
 Inside what one engine call receives, rows whose works have the same query ids, labels and
 ``item_first`` are merged into one ScoreWork: their items end to end, in row order, cut into
-further works where the merged work would break a limit the engine enforces (items per
-request, packed length, tokens per request, warm envelopes). Items are isolated (semantics
+further works where the merged work would break a limit (items per request, packed length,
+tokens per request, warm envelopes: what a replica checks, and the engine stage before its
+engine, ``EngineStage.call``). Items are isolated (semantics
 3), so an item's scores do not depend on which rows it was packed with.
 """
 

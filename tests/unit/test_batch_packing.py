@@ -1,5 +1,6 @@
-"""Rows that share a query become one multi-item work per engine call, cut by the limits the
-engine enforces, and each row gets back exactly its own items' scores (batch/packing.py);
+"""Rows that share a query become one multi-item work per engine call, cut by the limits (the
+engine stage checks each work before its engine, as a replica does), and each row gets back
+exactly its own items' scores (batch/packing.py);
 ``--engine serve`` keeps a bounded number of calls in flight and retries 503s
 (batch/serve_stage.py)."""
 
@@ -10,13 +11,45 @@ import pytest
 
 from batch.packing import Slot, pack_works, unpack
 from batch.rows import ScoreColumns, is_one_item, row_payload
-from replicas.contract import ScoreWork, ScoringLimits
+from batch.stages import EngineStage
+from replicas.contract import ModelInfo, ScoreWork, ScoringLimits
+from replicas.engine_contract import EngineStats
+from replicas.errors import ScoringError
 
 LABELS = (5, 6)
 
 
 def work(query: tuple[int, ...], *items: tuple[int, ...]) -> ScoreWork:
     return ScoreWork(query, items, LABELS)
+
+
+class CountingEngine:
+    """Counts its calls; checks nothing (a ScoringEngine trusts the limits to its caller)."""
+
+    def __init__(self, limits: ScoringLimits) -> None:
+        self.info, self.calls = ModelInfo("tiny", 300, 0, limits), 0
+
+    def score_batch(self, works: list[ScoreWork]) -> list[np.ndarray]:
+        self.calls += 1
+        return [np.zeros((w.num_items, len(w.label_ids)), np.float32) for w in works]
+
+    def stats(self) -> EngineStats:
+        return EngineStats.zero()
+
+
+def test_the_engine_stage_checks_every_works_limits_before_its_engine() -> None:
+    """``python -m batch`` drives the engine without a replica, so its engine stage makes the
+    replica's check (``check_model_limits``) on every work it hands over."""
+    engine = CountingEngine(ScoringLimits(max_items_per_request=2, max_multi_item_seq_len=20))
+    stage = EngineStage.around(engine)
+    with pytest.raises(ScoringError) as refused:
+        stage.call([work((1,), (2,)), work((1,), (2,), (3,), (4,))])
+    assert refused.value.reason == "too_many_items" and engine.calls == 0
+    with pytest.raises(ScoringError, match="max_multi_item_seq_len"):
+        stage.call([work((1,) * 16, (2,), (3,))])  # 16 + 1 + 2 + 2 = 21
+    assert engine.calls == 0
+    stage.call([work((1,), (2,), (3,))])
+    assert engine.calls == 1
 
 
 def test_rows_of_one_query_are_one_work_in_row_order() -> None:
