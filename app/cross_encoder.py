@@ -42,6 +42,7 @@ from app.validation import (
     validate_body,
     validate_request,
 )
+from replicas.answers import Vectors
 from replicas.contract import EmbedWork, ModelInfo, ScoreHead
 from replicas.errors import Reason, ScoringError
 
@@ -126,10 +127,11 @@ async def cross_encoded(
     else:
         prepared = prepare_pairs(tokenizer, info, payload, route, chunking)
     timings = Timings(tokenization_s=time.perf_counter() - start)
-    logits = np.zeros((0, head_of(info).num_labels), np.float32)
+    labels = head_of(info).num_labels
+    logits = np.zeros((0, labels), np.float32)
     if prepared.work.num_items:
         answer, timings = await replica_answer(prepared.work, backend, timings)
-        logits = np.asarray(answer, np.float32)
+        logits = np.asarray(Vectors.checked(answer, prepared.work.num_items, labels))
     return prepared.body(logits, info, int(clock())), timings
 
 

@@ -10,8 +10,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import numpy as np
-
 from app.chunks import NO_CHUNKING, ChunkOptions
 from app.completions import Completions
 from app.embed_types import NO_CALIBRATION, Calibration
@@ -30,7 +28,8 @@ from app.validation import (
     score_labels,
     validate_request,
 )
-from replicas.contract import ModelInfo, PromptLogprobs, PromptWork, ScoreWork
+from replicas.answers import LabelScores, PromptScores
+from replicas.contract import ModelInfo, PromptWork, ScoreWork
 from replicas.errors import Reason, ScoringError
 
 T = TypeVar("T")
@@ -99,33 +98,20 @@ class Served:
         return 0 if len(self.tokenizer("", add_special_tokens=True)["input_ids"]) else 1
 
 
-async def scored(work: ScoreWork, backend: Backend, timings: Timings) -> tuple[np.ndarray, Timings]:
+async def scored(
+    work: ScoreWork, backend: Backend, timings: Timings
+) -> tuple[LabelScores, Timings]:
     """The replica's rows ``[n_items, n_labels]``, checked, and timings."""
     answer, timings = await replica_answer(work, backend, timings)
-    logprobs = np.asarray(answer)
-    expected = (work.num_items, len(work.label_ids))
-    if logprobs.shape != expected:
-        raise ScoringError(
-            Reason.INTERNAL,
-            f"replica returned shape {logprobs.shape}, expected {expected}",
-            status_code=500,
-        )
-    if not np.isfinite(logprobs).all():
-        raise ScoringError(
-            Reason.INTERNAL, "replica returned non-finite log-probabilities", status_code=500
-        )
-    return logprobs, timings
+    return LabelScores.checked(answer, work.num_items, len(work.label_ids)), timings
 
 
 async def prompted(
     work: PromptWork, backend: Backend, timings: Timings
-) -> tuple[list[PromptLogprobs], Timings]:
+) -> tuple[PromptScores, Timings]:
     """The replica's PromptLogprobs, one per prompt, checked, and timings."""
     answer, timings = await replica_answer(work, backend, timings)
-    if len(answer) != work.num_items:
-        message = f"replica answered {len(answer)} prompts of {work.num_items}"
-        raise ScoringError(Reason.INTERNAL, message, status_code=500)
-    return list(answer), timings
+    return PromptScores.checked(answer, work.num_items), timings
 
 
 def tokenized(prepare: Callable[..., T], *args: Any) -> tuple[T, Timings]:

@@ -10,6 +10,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from replicas.answers import LabelScores, PromptScores, Vectors
 from replicas.embed_contract import EmbedWork, PoolingHead  # the embedding half
 from replicas.errors import Reason, ScoringError
 from replicas.kinds import ModelKind, recognize
@@ -36,10 +37,50 @@ class ScoreWork:
     deadline: float | None = None
     adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
     packs_across_requests: ClassVar[bool] = False  # batch_wait_timeout_s gathers these
+    answer: ClassVar[type[LabelScores]] = LabelScores
+    noun: ClassVar[str] = "items"
 
     @property
     def num_items(self) -> int:
         return len(self.item_ids)
+
+    def empty_answer(self, vector_width: int) -> LabelScores:
+        return LabelScores.empty(self.num_items, len(self.label_ids))
+
+    def computed_tokens(self, multi_item: bool) -> int:
+        """The query once when its items share it as a prefix, else once per item row, plus
+        every item."""
+        items = sum(len(item) for item in self.item_ids)
+        if multi_item and not self.item_first:
+            return len(self.query_ids) + items
+        return items + len(self.query_ids) * self.num_items
+
+    def check_rows(self, limits: ScoringLimits, multi_item: bool, max_input: int | None) -> None:
+        """The packed sequence, each row and the warm envelopes (check_limits)."""
+        item_lens = [len(item) for item in self.item_ids]
+        shared = multi_item and not self.item_first
+        query = len(self.query_ids)
+        length = packed_length(query, item_lens) if shared else longest_row(query, item_lens)
+        if length > limits.max_multi_item_seq_len:
+            raise ScoringError(
+                Reason.SEQUENCE_TOO_LONG,
+                f"sequence length {length} exceeds max_multi_item_seq_len="
+                f"{limits.max_multi_item_seq_len}",
+            )
+        row = max([query, *item_lens]) if shared else length
+        if row > limits.max_row_tokens:
+            what = "query or item" if shared else "query + item row"
+            raise ScoringError(
+                Reason.SEQUENCE_TOO_LONG,
+                f"a {what} of {row} tokens exceeds the longest row a step holds "
+                f"({limits.max_row_tokens} tokens)",
+            )
+        _check_envelopes(self, limits.envelopes, shared)
+
+    def tokens_held(self, tokens: int, multi_item: bool) -> str:
+        shared = multi_item and not self.item_first
+        how = "" if shared else " (without a shared prefix the query counts once per item)"
+        return f"the request needs {tokens} tokens computed{how}"
 
 
 MAX_TOP_LOGPROBS = 20
@@ -68,10 +109,39 @@ class PromptWork:
     scored_tail: int | None = None
     adapter: str | None = None  # a LoRA adapter's name (semantics 21); None: the base model
     packs_across_requests: ClassVar[bool] = False
+    answer: ClassVar[type[PromptScores]] = PromptScores
+    noun: ClassVar[str] = "prompts"
 
     @property
     def num_items(self) -> int:
         return len(self.prompts)
+
+    def empty_answer(self, vector_width: int) -> PromptScores:
+        return PromptScores()
+
+    def computed_tokens(self, multi_item: bool) -> int:
+        """Every prompt token: the most a shared or cached prefix leaves to compute."""
+        return sum(len(prompt) for prompt in self.prompts)
+
+    def check_rows(self, limits: ScoringLimits, multi_item: bool, max_input: int | None) -> None:
+        """Each prompt within the longest row a step holds (and the warm prompts')."""
+        longest = max((len(prompt) for prompt in self.prompts), default=0)
+        if longest > limits.max_row_tokens:
+            raise ScoringError(
+                Reason.SEQUENCE_TOO_LONG,
+                f"a prompt of {longest} tokens exceeds the longest row a step holds "
+                f"({limits.max_row_tokens} tokens)",
+            )
+        if limits.max_prompt_tokens is not None and longest > limits.max_prompt_tokens:
+            raise ScoringError(
+                Reason.SEQUENCE_TOO_LONG,
+                f"a prompt of {longest} tokens is beyond what this deployment serves without a "
+                f"compile (completion_warmup_shapes: prompts <= {limits.max_prompt_tokens} "
+                "tokens)",
+            )
+
+    def tokens_held(self, tokens: int, multi_item: bool) -> str:
+        return f"the prompts hold {tokens} tokens"
 
 
 @dataclass(frozen=True)
@@ -95,7 +165,7 @@ class ScoredWork:
     ``clean``: no compile ran beside or inside that step, so its time says how fast the
     engine drains work (admission's work rate counts only clean answers, semantics 16)."""
 
-    scores: Any
+    scores: LabelScores | PromptScores | Vectors  # the work's ``answer`` type
     inference_s: float
     clean: bool = True
 
@@ -223,6 +293,13 @@ class ModelInfo:
         """The kind's name, what /v1/models reports."""
         return self.model_kind.name
 
+    @property
+    def max_input_tokens(self) -> int | None:
+        """The most tokens one EmbedWork input may hold: an embedding model's
+        ``max_seq_length``, a cross-encoder's pair's ``max_length``; None: no bound of its own."""
+        pooling = self.pooling.max_seq_length if self.pooling else None
+        return pooling or (self.head.max_length if self.head else None)
+
 
 def packed_length(query_len: int, item_lens: Sequence[int]) -> int:
     """Length of RFC-008's packed multi-item sequence ``query<d>item1<d>...itemN<d>``.
@@ -241,137 +318,53 @@ CALL_OVERHEAD_TOKENS = 32  # a call's fixed cost (routing, a batch slot, unpacki
 
 
 def computed_tokens(work: ScoreWork | PromptWork | EmbedWork, multi_item: bool) -> int:
-    """The tokens a replica computes for ``work``: the query once when its items share it as
-    a prefix, else once per item row, plus every item (a PromptWork: every prompt token, the
-    most a shared or cached prefix leaves to compute)."""
-    if isinstance(work, PromptWork):
-        return sum(len(prompt) for prompt in work.prompts)
-    if isinstance(work, EmbedWork):
-        return sum(len(tokens) for tokens in work.inputs)
-    items = sum(len(item) for item in work.item_ids)
-    if multi_item and not work.item_first:
-        return len(work.query_ids) + items
-    return items + len(work.query_ids) * work.num_items
+    """The tokens a replica computes for ``work`` (each work's own count)."""
+    return work.computed_tokens(multi_item)
 
 
 def work_cost(work: ScoreWork | PromptWork | EmbedWork, multi_item: bool) -> int:
     """What admission counts for ``work`` (semantics 16): its computed tokens plus a call's
     fixed cost."""
-    return CALL_OVERHEAD_TOKENS + computed_tokens(work, multi_item)
+    return CALL_OVERHEAD_TOKENS + work.computed_tokens(multi_item)
 
 
-def check_prompt_limits(work: PromptWork, limits: ScoringLimits) -> None:
-    """Raise ScoringError if a PromptWork breaks ``limits``: prompts per request as
-    items, each prompt within the longest row a step holds, the computed tokens in all."""
+def check_limits(
+    work: ScoreWork | PromptWork | EmbedWork,
+    limits: ScoringLimits,
+    multi_item: bool,
+    max_input_tokens: int | None = None,
+) -> None:
+    """Raise ScoringError if ``work`` breaks ``limits``; used on both sides of the handle:
+    its items (prompts, inputs) per request, its rows (the work's own rule,
+    ``check_rows``), the tokens it needs computed. ``max_input_tokens``: the model's bound
+    on one EmbedWork input (``ModelInfo.max_input_tokens``)."""
     if work.num_items > limits.max_items_per_request:
         raise ScoringError(
             Reason.TOO_MANY_ITEMS,
-            f"{work.num_items} prompts exceed max_items_per_request={limits.max_items_per_request}",
+            f"{work.num_items} {work.noun} exceed max_items_per_request="
+            f"{limits.max_items_per_request}",
         )
-    longest = max((len(prompt) for prompt in work.prompts), default=0)
-    if longest > limits.max_row_tokens:
-        raise ScoringError(
-            Reason.SEQUENCE_TOO_LONG,
-            f"a prompt of {longest} tokens exceeds the longest row a step holds "
-            f"({limits.max_row_tokens} tokens)",
-        )
-    if limits.max_prompt_tokens is not None and longest > limits.max_prompt_tokens:
-        raise ScoringError(
-            Reason.SEQUENCE_TOO_LONG,
-            f"a prompt of {longest} tokens is beyond what this deployment serves without a "
-            f"compile (completion_warmup_shapes: prompts <= {limits.max_prompt_tokens} tokens)",
-        )
-    tokens = computed_tokens(work, multi_item=True)
+    work.check_rows(limits, multi_item, max_input_tokens)
+    tokens = work.computed_tokens(multi_item)
     if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
         raise ScoringError(
             Reason.TOO_MANY_TOKENS,
-            f"the prompts hold {tokens} tokens, over max_request_tokens="
+            f"{work.tokens_held(tokens, multi_item)}, over max_request_tokens="
             f"{limits.max_request_tokens}",
         )
 
 
 def check_embed_limits(work: EmbedWork, limits: ScoringLimits, max_seq_length: int | None) -> None:
-    """Raise ScoringError if an EmbedWork breaks ``limits``: inputs per request as items,
-    each input within the model's ``max_seq_length`` and the longest row a step holds, the
-    tokens in all within ``max_request_tokens``."""
-    if work.num_items > limits.max_items_per_request:
-        raise ScoringError(
-            Reason.TOO_MANY_ITEMS,
-            f"{work.num_items} inputs exceed max_items_per_request={limits.max_items_per_request}",
-        )
-    longest = max((len(tokens) for tokens in work.inputs), default=0)
-    limit = min(limits.max_row_tokens, max_seq_length or limits.max_row_tokens)
-    if longest > limit:
-        raise ScoringError(
-            Reason.SEQUENCE_TOO_LONG,
-            f"an input of {longest} tokens exceeds the model's limit of {limit} tokens "
-            "(truncate_prompt_tokens keeps the first k)",
-        )
-    tokens = computed_tokens(work, multi_item=True)
-    if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
-        raise ScoringError(
-            Reason.TOO_MANY_TOKENS,
-            f"the inputs hold {tokens} tokens, over max_request_tokens={limits.max_request_tokens}",
-        )
-
-
-def check_limits(
-    work: ScoreWork | PromptWork | EmbedWork, limits: ScoringLimits, multi_item: bool
-) -> None:
-    """Raise ScoringError if ``work`` breaks ``limits``; used on both sides of the handle."""
-    if isinstance(work, EmbedWork):  # the model's max_seq_length: check_model_limits
-        check_embed_limits(work, limits, None)
-        return
-    if isinstance(work, PromptWork):
-        check_prompt_limits(work, limits)
-        return
-    if work.num_items > limits.max_items_per_request:
-        raise ScoringError(
-            Reason.TOO_MANY_ITEMS,
-            f"{work.num_items} items exceed max_items_per_request={limits.max_items_per_request}",
-        )
-    item_lens = [len(item) for item in work.item_ids]
-    shared = multi_item and not work.item_first
-    length = (
-        packed_length(len(work.query_ids), item_lens)
-        if shared
-        else longest_row(len(work.query_ids), item_lens)
-    )
-    if length > limits.max_multi_item_seq_len:
-        raise ScoringError(
-            Reason.SEQUENCE_TOO_LONG,
-            f"sequence length {length} exceeds max_multi_item_seq_len="
-            f"{limits.max_multi_item_seq_len}",
-        )
-    row = max([len(work.query_ids), *item_lens]) if shared else length
-    if row > limits.max_row_tokens:
-        what = "query or item" if shared else "query + item row"
-        raise ScoringError(
-            Reason.SEQUENCE_TOO_LONG,
-            f"a {what} of {row} tokens exceeds the longest row a step holds "
-            f"({limits.max_row_tokens} tokens)",
-        )
-    _check_envelopes(work, limits.envelopes, shared)
-    tokens = computed_tokens(work, multi_item)
-    if limits.max_request_tokens is not None and tokens > limits.max_request_tokens:
-        how = "" if shared else " (without a shared prefix the query counts once per item)"
-        raise ScoringError(
-            Reason.TOO_MANY_TOKENS,
-            f"the request needs {tokens} tokens computed{how}, over max_request_tokens="
-            f"{limits.max_request_tokens}",
-        )
+    """``check_limits`` of an EmbedWork, each input within ``max_seq_length`` too."""
+    check_limits(work, limits, True, max_seq_length)
 
 
 def check_model_limits(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo) -> None:
     """``check_limits`` as a replica runs it (and a batch job before its engine, which trusts
-    both): multi-item when the model has a delimiter, an input within its ``max_seq_length``
-    (a cross-encoder's pair within its ``max_length``)."""
-    if isinstance(work, EmbedWork):
-        longest = info.pooling.max_seq_length if info.pooling else None
-        pair = info.head.max_length if info.head else None
-        check_embed_limits(work, info.limits, longest or pair)
-        return
-    check_limits(work, info.limits, info.multi_item_scoring_delimiter is not None)
+    both): multi-item when the model has a delimiter, an input within its
+    ``max_input_tokens``."""
+    multi_item = info.multi_item_scoring_delimiter is not None
+    check_limits(work, info.limits, multi_item, info.max_input_tokens)
 
 
 def _check_envelopes(work: ScoreWork, envelopes: Sequence[Envelope], shared: bool) -> None:

@@ -12,6 +12,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from replicas.answers import Vectors
+from replicas.errors import Reason, ScoringError
+
 POOLINGS = ("lasttoken", "mean", "cls")
 INPUT_FORMATS = ("text", "chat_template")
 MESSAGE_FORMATS = ("flat", "structured")
@@ -113,10 +116,34 @@ class EmbedWork:
     # Inputs of concurrent requests share rows and steps: an idle replica waits
     # ``pack_wait_s`` for them (replicas.serving.deployment)
     packs_across_requests: ClassVar[bool] = True
+    answer: ClassVar[type[Vectors]] = Vectors
+    noun: ClassVar[str] = "inputs"
 
     @property
     def num_items(self) -> int:
         return len(self.inputs)
+
+    def computed_tokens(self, multi_item: bool) -> int:
+        return sum(len(tokens) for tokens in self.inputs)
+
+    def check_rows(self, limits: Any, multi_item: bool, max_input: int | None) -> None:
+        """Each input within the model's ``max_input`` and the longest row a step holds
+        (``limits``: a ScoringLimits, check_limits)."""
+        longest = max((len(tokens) for tokens in self.inputs), default=0)
+        limit = min(limits.max_row_tokens, max_input or limits.max_row_tokens)
+        if longest > limit:
+            raise ScoringError(
+                Reason.SEQUENCE_TOO_LONG,
+                f"an input of {longest} tokens exceeds the model's limit of {limit} tokens "
+                "(truncate_prompt_tokens keeps the first k)",
+            )
+
+    def tokens_held(self, tokens: int, multi_item: bool) -> str:
+        return f"the inputs hold {tokens} tokens"
+
+    def empty_answer(self, vector_width: int) -> Vectors:
+        """``vector_width``: the model's (its vectors' dimension, a cross-encoder's labels)."""
+        return Vectors.empty(self.num_items, vector_width)
 
     def second_start(self, i: int) -> int:
         """Where input i's token type 1 starts (its length: nowhere)."""

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, Protocol, runtime_checkable
 
+from replicas.answers import Answer
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.errors import Reason, ScoringError
 
@@ -95,9 +96,10 @@ class Engine(Protocol):
         """Executables compiled so far (a signature never compiles twice)."""
         ...
 
-    def score_batch(self, works: Sequence[ScoreWork]) -> list[Any]:
-        """One step's answers, one per work in order: log-probs ``[items, labels]`` of a
-        ScoreWork, a ``PromptLogprobs`` list of a PromptWork, vectors of an EmbedWork.
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[Answer]:
+        """One step's answers, one per work in order, each its work's ``answer`` type
+        (replicas.answers): log-probs ``[items, labels]`` of a ScoreWork, a
+        ``PromptLogprobs`` list of a PromptWork, vectors of an EmbedWork.
         Raises ScoringError for work it must not run (before any of it runs) and
         EngineUnavailable when it can no longer score."""
         ...

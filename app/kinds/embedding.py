@@ -15,8 +15,8 @@ from app.kinds.kind import Answer, KindAnswers
 from app.rerank import rerank_body
 from app.served import Answered, Served, tokenized
 from app.timings import Backend, Timings, replica_answer
+from replicas.answers import Vectors
 from replicas.contract import EmbedWork
-from replicas.errors import Reason, ScoringError
 
 
 async def embedded(
@@ -24,16 +24,8 @@ async def embedded(
 ) -> tuple[np.ndarray, Timings]:
     """The replica's vectors ``[inputs, dimension]``, checked, and timings."""
     answer, timings = await replica_answer(work, backend, timings)
-    vectors = np.asarray(answer, np.float32)
-    expected = (work.num_items, pooling_of(served.info).dimension)
-    if vectors.shape != expected or not np.isfinite(vectors).all():
-        raise ScoringError(
-            Reason.INTERNAL,
-            f"replica returned {vectors.shape} vectors (finite: {np.isfinite(vectors).all()}), "
-            f"expected {expected}",
-            status_code=500,
-        )
-    return vectors, timings
+    dimension = pooling_of(served.info).dimension
+    return Vectors.checked(answer, work.num_items, dimension), timings
 
 
 def vectors_in(cohere: bool) -> Answer:

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from cluster.host_group import HostGroup, HostGroupError
+from replicas.answers import Answer
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.engine_contract import EngineStats, refuse_adapter_change
@@ -108,7 +109,7 @@ class GroupEngine:
     def compile_count(self) -> int:
         return self._engine.compile_count
 
-    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[Answer]:
         for work in works:  # bad work is refused here, before any host steps
             self._engine.validate(work)
         publish = self._publishable()

@@ -27,10 +27,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
+from replicas.answers import Answer
 from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoreWork
 from replicas.engine.compiler import StepCompiler
 from replicas.engine.layouts.contract import Layout, multi_item
-from replicas.engine.layouts.embed import EmbedLayout, empty_result
+from replicas.engine.layouts.embed import EmbedLayout, vector_width
 from replicas.engine.layouts.packed_reference import PackedReferenceLayout
 from replicas.engine.layouts.prompts import PromptLayout
 from replicas.engine.layouts.runner import Placement
@@ -232,13 +233,14 @@ class ScoringEngine:
         routed = [(layout, layout.select(works)) for layout in self._layouts]
         return [(layout, selected) for layout, selected in routed if selected]
 
-    def score_batch(self, works: Sequence[ScoreWork | PromptWork | EmbedWork]) -> list[Any]:
-        """Per work, in order: a ScoreWork's float32 ``[items, labels]`` log-probs, a
-        PromptWork's list of PromptLogprobs (one per prompt), an EmbedWork's float32
-        ``[inputs, dimension]`` vectors."""
+    def score_batch(self, works: Sequence[ScoreWork | PromptWork | EmbedWork]) -> list[Answer]:
+        """Per work, in order, its ``answer`` (replicas.answers): a ScoreWork's float32
+        ``[items, labels]`` log-probs, a PromptWork's PromptLogprobs (one per prompt), an
+        EmbedWork's float32 ``[inputs, dimension]`` vectors."""
         for work in works:
             self.validate(work)
-        results: list[Any] = [empty_result(w, self._info) for w in works]
+        width = vector_width(self._info)
+        results: list[Any] = [w.empty_answer(width) for w in works]
         routed = self._route(works)
         with self._lock:
             if self._lora is not None:  # each work's token ids carry its adapter's slot
@@ -250,7 +252,7 @@ class ScoringEngine:
                     layout.score(works, selected, results)
             finally:
                 self._engine_seconds += time.perf_counter() - start
-        return results
+        return [type(w).answer.of(r) for w, r in zip(works, results, strict=True)]
 
     def warmup(self, shapes: Sequence[tuple[int, int, int, int]] | None = None) -> int:
         """Compile ``warmup_keys(shapes)``; returns how many executables were compiled."""

@@ -14,10 +14,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from cluster.host_group import HostGroupError
 from cluster.slice_group import SliceGroup, slice_names
+from replicas.answers import Answer
 from replicas.contract import ModelInfo, ScoreWork
 from replicas.engine_contract import EngineStats, refuse_adapter_change
 from replicas.errors import EngineUnavailable
@@ -53,7 +52,7 @@ class SliceEngine:
     def compile_count(self) -> int:
         return int(self._call("compile_count"))
 
-    def score_batch(self, works: Sequence[ScoreWork]) -> list[np.ndarray]:
+    def score_batch(self, works: Sequence[ScoreWork]) -> list[Answer]:
         return self._call("score_batch", list(works), bounded_by_leader=True)
 
     def check_health(self) -> None:

@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from operator import itemgetter
 from typing import Any
 
-import numpy as np
 from ray import serve
 from ray.serve.exceptions import RayServeException
 
@@ -349,7 +348,8 @@ class ScoringReplica:
             self._trimmed_at = time.monotonic()
             await asyncio.to_thread(release_free_heap)
         clean = compiles == _compile_marks(stats) and not compiles[0]
-        return [ScoredWork(_scores(array), seconds, clean) for array in arrays]
+        answers = (type(work).answer.of(answer) for work, answer in zip(works, arrays, strict=True))
+        return [ScoredWork(answer, seconds, clean) for answer in answers]
 
 
 def _compile_marks(stats: EngineStats) -> tuple[int, ...]:
@@ -361,8 +361,3 @@ def _compile_marks(stats: EngineStats) -> tuple[int, ...]:
 def _engine_failed(result: ScoredWork | Exception) -> bool:
     """Whether ``result`` says the engine failed on the step (not that it refused the work)."""
     return isinstance(result, ScoringError) and result.engine_failure is not None
-
-
-def _scores(answer: Any) -> Any:
-    """A ScoreWork's log-probs as float32; a PromptWork's PromptLogprobs list as it is."""
-    return answer if isinstance(answer, list) else np.asarray(answer, dtype=np.float32)

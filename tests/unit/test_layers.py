@@ -24,6 +24,7 @@ REPLICAS_RANK = {
     "embed_contract": 0,  # the embedding half of the contract
     "errors": 0,  # the one error a request is refused with, and its reasons
     "engine_contract": 0,  # what a replica uses of its engine (a Protocol)
+    "answers": 0,  # what a replica answers per work (contract imports it)
     "kinds": 0,  # the model kinds, one registry (contract reads a model's kind from it)
     "settings": 1,
     "model": 2,
