@@ -15,7 +15,7 @@ def validate_work(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo, mul
     """Raise ScoringError for work that must not run on the model
     ``info`` describes; ``multi``: a ScoreWork runs through a multi-item layout."""
     vocab = info.vocab_size
-    if isinstance(work, EmbedWork) or info.pooling is not None or info.kind == "cross_encoder":
+    if isinstance(work, EmbedWork) or info.model_kind.embeds:
         check_embed_work(work, info)
         return
     if isinstance(work, PromptWork):
@@ -40,7 +40,7 @@ def validate_work(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo, mul
 
 def _validate_prompts(work: PromptWork, info: ModelInfo) -> None:
     vocab = info.vocab_size
-    if info.head is not None:
+    if not info.model_kind.lm_head:
         raise ScoringError(Reason.NO_LM_HEAD, "a score-head model has no token log-probs")
     if any(not prompt for prompt in work.prompts):
         raise ScoringError(Reason.EMPTY_PROMPT, "every prompt must contain at least one token")

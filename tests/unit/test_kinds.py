@@ -38,7 +38,7 @@ KIND_CHECKS = re.compile(
     r"|\.kind\s*(==|!=)\s*\"cross_encoder\""
     r"|\"(causal_lm|score_head|cross_encoder)\""
 )
-CHECKED = ("app", "batch", "replicas/serving")
+CHECKED = ("app", "batch", "replicas/serving", "replicas/engine")
 KIND_MODULES = ("app/kinds/",)
 
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.contract import EmbedWork, ModelInfo, PoolingHead, PromptWork, ScoreHead
+from replicas.contract import EmbedWork, ModelInfo, PoolingHead, ScoreHead
 from replicas.embed_contract import l2_normalized
 from replicas.engine.layouts.common import data_buckets, lay_row, step_capacity
 from replicas.engine.layouts.embed_packing import EmbedDims, EmbedPacking, Piece, slots
@@ -90,7 +90,7 @@ def cross_encoder_pooling(head: ScoreHead | None) -> PoolingHead | None:
     """How the layout runs a cross-encoder: each pair's [CLS] token (ModernBERT's mean
     pooling: its tokens' mean) through the head, its
     logits returned as they are (no Dense, no normalization); None for other heads."""
-    if head is None or head.kind != "cross_encoder":
+    if not recognize(head, None).pairs:
         return None
     return PoolingHead(pooling=head.pooling, normalize=False, dimension=head.num_labels)
 
@@ -247,10 +247,10 @@ class EmbedLayout:
 def check_embed_work(work: Any, info: ModelInfo) -> None:
     """Raise ScoringError (its ``reason`` the HTTP 400's) for an EmbedWork that must
     not run, or for other work on an embedding model (and an EmbedWork on any other)."""
-    pooling = info.pooling or cross_encoder_pooling(info.head)
-    if not isinstance(work, EmbedWork) or pooling is None:
-        what = "an embedding model only embeds" if pooling else "this model does not embed"
-        what = "a cross-encoder scores pairs" if info.kind == "cross_encoder" else what
+    kind = info.model_kind
+    if not isinstance(work, EmbedWork) or not kind.embeds:
+        what = "an embedding model only embeds" if kind.embeds else "this model does not embed"
+        what = "a cross-encoder scores pairs" if kind.pairs else what
         raise ScoringError(
             Reason.UNSUPPORTED_FOR_MODEL, f"{type(work).__name__}: {what} ({info.kind})"
         )
@@ -261,12 +261,8 @@ def check_embed_work(work: Any, info: ModelInfo) -> None:
         raise ScoringError(Reason.TOKEN_ID_EXCEEDS_VOCAB, f"token ids must be in [0, {vocab})")
 
 
-def empty_result(work: Any, info: ModelInfo) -> Any:
-    """What ``ScoringEngine.score_batch`` fills for ``work``."""
-    if isinstance(work, PromptWork):
-        return []
-    if isinstance(work, EmbedWork):
-        pooling = info.pooling or cross_encoder_pooling(info.head)
-        assert pooling is not None
-        return np.zeros((work.num_items, pooling.dimension), np.float32)
-    return np.zeros((work.num_items, len(work.label_ids)), np.float32)
+def vector_width(info: ModelInfo) -> int:
+    """An EmbedWork's answer width on this model: its vectors' dimension (a cross-encoder:
+    its head's labels); 0 on a model that takes no EmbedWork."""
+    pooling = info.pooling or cross_encoder_pooling(info.head)
+    return pooling.dimension if pooling is not None else 0
