@@ -2,8 +2,9 @@
 
 ``ScoringModel`` is what every model the engine takes has (the embedding layout reads
 nothing else, nor the engine of a model that is no ``decoder``): ``Encoder`` (BERT,
-XLM-RoBERTa, ModernBERT) keeps it and nothing more. ``DecoderModel`` adds the decoder layouts' forwards (dense rows, prefixes, item
-streams, the LM head): ``CausalLM`` and ``EmbeddingGemma`` keep it. Which layouts an engine
+XLM-RoBERTa, ModernBERT) keeps it and nothing more. ``DecoderModel`` adds the decoder
+layouts' forwards (dense rows, prefixes, item streams, the LM head): ``CausalLM`` and
+``EmbeddingGemma`` keep it. Which layouts an engine
 builds is the model kind's (``replicas.kinds``) and ``decoder``'s: an embedding model or a
 cross-encoder only the embedding layout, any other kind (decoders only) the decoder layouts.
 ``tests/unit/test_model_protocol.py`` checks each model class has every member, and that the
