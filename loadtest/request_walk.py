@@ -41,18 +41,22 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     for tree in trees:
         run.say(f"tracing one request on {tree}")
         calls = traced_calls(tree)
-        stops = list(dict.fromkeys(calls))
+        stops = list(dict.fromkeys((path, name) for path, name, _ in calls))
+        hops = list(dict.fromkeys((path, name) for path, name, hop in calls if hop))
         layers = Counter(layer_of(path) for path, _ in stops)
-        rows.append((commit_of(tree), len(stops), len({p for p, _ in stops}), returns(stops),
-                     len(calls), returns(calls), *(layers[name] for name in LAYERS)))  # fmt: skip
-        figures[str(tree)] = {"stops": stops, "calls": len(calls)}
-    columns = [col("tree", left=True), col("stops"), col("files"), col("returns"),
-               col("calls"), col("call returns"),
-               *(col(f"{name} stops") for name in LAYERS)]  # fmt: skip
+        files = len({path for path, _ in stops})
+        rows.append((commit_of(tree), len(hops), returns(hops), len(stops), returns(stops),
+                     files, len(calls), *(layers[name] for name in LAYERS)))  # fmt: skip
+        figures[str(tree)] = {"hops": hops, "stops": stops, "calls": len(calls)}
+    columns = [col("tree", left=True), col("file stops"), col("their returns"),
+               col("function stops"), col("their returns"), col("files"), col("calls"),
+               *(col(f"{name} functions") for name in LAYERS)]  # fmt: skip
     notes = ["the shipped serve_config.yaml with only model changed (a tiny random Llama), "
              "warm-up cut to one small tier; the cold request: a 5-token query, 3 items, 2 labels",
-             "stops: the functions of app/, replicas/ and cluster/ the request runs, each once; "
-             "returns: stops in a file the walk had already left"]  # fmt: skip
+             "function stops: the functions of app/, replicas/ and cluster/ the request runs, "
+             "each once; file stops: those of them it enters from another file (the walk's "
+             "hops, as docs/architecture.md's walk names them); returns: stops in a file the "
+             "walk had already left"]  # fmt: skip
     title = "The walk of one /v1/score request, from the calls it makes"
     result = run.result(title, [table(columns, rows)], key="request-walk", notes=notes,
                         figures=figures, doc="docs/architecture.md")  # fmt: skip
@@ -66,11 +70,11 @@ def layer_of(path: str) -> str:
     return next((name for name in LAYERS[:-1] if path.startswith(name + "/")), "other")
 
 
-def returns(stops: Sequence[tuple[str, str]]) -> int:
+def returns(stops: Sequence[tuple[str, ...]]) -> int:
     """How many times the walk enters a file it had already left."""
     left: set[str] = set()
     count, current = 0, None
-    for path, _ in stops:
+    for path, *_ in stops:
         if path != current:
             count += path in left
             if current is not None:
@@ -87,14 +91,15 @@ def commit_of(tree: Path) -> str:
     return f"{head}{'+' if dirty else ''}"
 
 
-def traced_calls(tree: Path) -> list[tuple[str, str]]:
-    """The calls of one cold request on ``tree``'s code, in a child process."""
+def traced_calls(tree: Path) -> list[tuple[str, str, bool]]:
+    """The calls of one cold request on ``tree``'s code, in a child process: (file,
+    function, whether it was called from another file)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "JAX_PLATFORMS": "cpu"}
     child = [sys.executable, str(Path(__file__).resolve()), "--child"]
     done = subprocess.run(child, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"the traced request failed on {tree}:\n{done.stderr[-4000:]}")
-    return [tuple(call) for call in json.loads(done.stdout.splitlines()[-1])]
+    return [(path, name, hop) for path, name, hop in json.loads(done.stdout.splitlines()[-1])]
 
 
 def child() -> None:
@@ -116,14 +121,16 @@ def child() -> None:
     batching._BatchQueue._warn_if_max_batch_size_exceeds_max_ongoing_requests = lambda q: None
     root = Path.cwd()
     prefixes = tuple(f"{root / name}/" for name in TRACED)
-    calls: list[tuple[str, str]] = []
+    calls: list[tuple[str, str, bool]] = []
     recording = threading.Event()
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         code = frame.f_code
         traced = event == "call" and recording.is_set() and code.co_name not in UNNAMED
         if traced and code.co_filename.startswith(prefixes):
-            calls.append((code.co_filename[len(str(root)) + 1 :], code.co_qualname))
+            caller = frame.f_back.f_code.co_filename if frame.f_back else ""
+            path = code.co_filename[len(str(root)) + 1 :]
+            calls.append((path, code.co_qualname, caller != code.co_filename))
 
     threading.setprofile(profile)  # the replica's and engine's threads, started below
     directory = Path(tempfile.mkdtemp()) / "tiny"

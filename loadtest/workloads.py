@@ -60,6 +60,8 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "first_minute": ("first_minute", "RFC-008 from a server's first request on, cold"),
     "rerank_quality": ("rerank_quality", "rerank quality (top-1, pairwise, NDCG@4) on the "
                        "relevance set"),
+    "served_ab": ("bench_served_ab", "two running servers (two trees) side by side: the same "
+                  "requests in turn on each, RFC-008's served shapes and a rerank"),
     "request_walk": ("request_walk", "the functions and files one /v1/score request runs "
                      "through (ingress, replica, engine), traced, for one tree or several"),
     "quant_quality": ("quant_quality", "quantized scoring (int8 forms) against float32: "
