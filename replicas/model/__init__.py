@@ -3,7 +3,8 @@
 BERT and XLM-RoBERTa (embedders and cross-encoders); quantized projections.
 
 ``config`` (ModelConfig from a Hugging Face config; the architectures it accepts),
-``families`` (the Mistral and Gemma fields: windows, soft-caps, Gemma norms), ``layers``
+``family`` (one file per family and their registry: what selects it, its fields, its
+tensor names, its class), ``tensors`` (TensorMapping: a leaf's checkpoint names), ``layers``
 (RMSNorm, RoPE, attention over dense masks and item streams, MLP), ``causal_lm`` (CausalLM
 with the attention spec it runs under), ``heads`` and ``head_config`` (seq-cls and reward
 score heads), ``pooling_config`` and ``st_inputs`` (embedding models' pooling and input
@@ -11,11 +12,11 @@ format), ``lora`` and ``slot_routing`` (LoRA adapter slots, dense or grouped by 
 ``attention`` (the backend choice: XLA reference, Pallas on TPU, cuDNN on GPU),
 ``pallas_attention`` (the TPU kernels beside their XLA reference), ``masks`` (built from
 lengths), ``params`` (logical axes and shardings of every parameter), ``flops`` and
-``catalog`` (production sizes for deviceless compiles), ``errors`` (the parsers' one error),
+``catalog`` (production sizes for deviceless compiles), ``errors`` (the parsers' errors),
 ``encoder`` (Encoder: BERT-style post-norm blocks over packed sequences),
 ``embedding_gemma`` (EmbeddingGemma: Gemma 3's layers read both ways), ``classes`` (the
-model class a config runs: ``model_for``), ``quant`` (the quantized projection and its numpy
-reference).
+model class a config's family runs: ``model_for``), ``quant`` (the quantized projection and
+its numpy reference).
 """
 
 from replicas._exports import lazy_exports

@@ -1,7 +1,8 @@
-"""Typed model configuration for the Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3 families.
+"""Typed model configuration of every family (``replicas.model.family.registry``).
 
 Built from a transformers ``PretrainedConfig`` (config.json or GGUF metadata) so that one
-parser covers every source. Errors name the field that is unsupported.
+parser covers every source: the family its config selects reads its fields. Errors name
+the field that is unsupported.
 """
 
 from __future__ import annotations
@@ -12,30 +13,13 @@ from typing import Any
 
 from replicas.contract import PoolingHead, ScoreHead
 from replicas.model.errors import UnsupportedModelError
-from replicas.model.families import (
-    EMBEDDING_GEMMA,
-    ENCODER_FAMILIES,
-    family_fields,
-    text_config,
-)
-from replicas.model.head_config import HEAD_ARCHITECTURES, score_head_from_hf
-from replicas.model.pooling_config import BASE_ARCHITECTURES
+from replicas.model.family.fields import RopeScaling, text_config
+from replicas.model.family.registry import ENCODERS, recognize
+from replicas.model.family.registry import NAMES as FAMILIES
+from replicas.model.head_config import score_head_from_hf
 from replicas.settings.model import QUANTIZATIONS
 
-FAMILIES = (
-    "llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", EMBEDDING_GEMMA, *ENCODER_FAMILIES,
-)  # fmt: skip
 NO_WINDOW = 1 << 30  # the window of a global layer: every earlier key is inside it
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Llama 3 frequency-dependent RoPE scaling (``rope_type: llama3``)."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_position_embeddings: int
 
 
 @dataclass(frozen=True)
@@ -57,8 +41,8 @@ class ModelConfig:
     max_position_embeddings: int = 8192
     head: ScoreHead | None = None  # a seq-cls / reward head in place of the LM head
     pooling: PoolingHead | None = None  # an embedding model: pooled hidden states, no LM head
-    # Options of the shared layers that Mistral and Gemma turn on (replicas.model.families
-    # reads them from the transformers config); the defaults are Llama's behaviour.
+    # Options of the shared layers that Mistral and Gemma turn on (their family files read
+    # them from the transformers config); the defaults are Llama's behaviour.
     hidden_act: str = "silu"  # MLP gate activation: silu, or gelu_tanh (Gemma)
     norm_offset: bool = False  # Gemma: every RMSNorm scales by (1 + w), not w
     post_norms: bool = False  # Gemma 2/3: RMSNorm on each block's output before the residual
@@ -118,7 +102,7 @@ class ModelConfig:
     @property
     def encoder(self) -> bool:
         """A bidirectional encoder (BERT): ``replicas.model.encoder`` runs it."""
-        return self.family in ENCODER_FAMILIES
+        return self.family in ENCODERS
 
     @property
     def embeds(self) -> bool:
@@ -158,94 +142,6 @@ class ModelConfig:
         return self.replace(num_layers=num_layers, sliding_layers=kinds)
 
 
-_ARCH_TO_FAMILY = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    **{arch: family for arch, (family, _) in HEAD_ARCHITECTURES.items()},
-    **BASE_ARCHITECTURES,
-}
-_MODEL_TYPE_TO_FAMILY = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-# Families whose fields replicas.model.families reads (windows, soft-caps, Gemma norms).
-OPTION_FAMILIES = {
-    "MistralForCausalLM": "mistral",
-    "Gemma2ForCausalLM": "gemma2",
-    "Gemma3ForCausalLM": "gemma3",
-    "Gemma3ForConditionalGeneration": "gemma3",  # its text tower
-    "BertModel": "bert",
-    "XLMRobertaModel": "xlm_roberta",
-    "ModernBertModel": "modernbert",
-}
-_ARCH_TO_FAMILY.update(OPTION_FAMILIES)
-_MODEL_TYPE_TO_FAMILY.update(
-    {"mistral": "mistral", "gemma2": "gemma2", "gemma3_text": "gemma3", "gemma3": "gemma3"}
-    | {"bert": "bert", "xlm-roberta": "xlm_roberta", "modernbert": "modernbert"}
-)
-
-
-def _family(hf: Any) -> str:
-    for arch in getattr(hf, "architectures", None) or ():
-        if arch in _ARCH_TO_FAMILY:
-            return _ARCH_TO_FAMILY[arch]
-    model_type = getattr(hf, "model_type", None)
-    if model_type in _MODEL_TYPE_TO_FAMILY:
-        return _MODEL_TYPE_TO_FAMILY[model_type]
-    raise UnsupportedModelError(
-        f"architecture: {getattr(hf, 'architectures', None) or model_type!r} is not supported "
-        f"(supported: {sorted(_ARCH_TO_FAMILY)})"
-    )
-
-
-def _rope(hf: Any) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) from transformers v5 ``rope_parameters`` or v4 ``rope_theta``."""
-    params = dict(getattr(hf, "rope_parameters", None) or getattr(hf, "rope_scaling", None) or {})
-    theta = float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        return theta, None
-    if rope_type == "llama3":
-        return theta, RopeScaling(
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-        )
-    raise UnsupportedModelError(f"rope_type: {rope_type!r} is not supported (default, llama3)")
-
-
-def _check_unsupported(hf: Any, family: str) -> None:
-    if family == "llama" and getattr(hf, "mlp_bias", False):
-        raise UnsupportedModelError("mlp_bias: MLP biases are not supported")
-    if family in ("llama", "qwen3") and getattr(hf, "attention_bias", False):
-        raise UnsupportedModelError("attention_bias: output-projection biases are not supported")
-    if family != "llama" and getattr(hf, "use_sliding_window", False):
-        raise UnsupportedModelError("use_sliding_window: sliding-window attention is not supported")
-
-
 def config_from_hf(hf: Any) -> ModelConfig:
     """Translate a transformers config of a supported family into ModelConfig."""
-    family = _family(hf)
-    if family in OPTION_FAMILIES.values():
-        return ModelConfig(**family_fields(text_config(hf), family), head=score_head_from_hf(hf))
-    _check_unsupported(hf, family)
-    theta, scaling = _rope(hf)
-    heads = int(hf.num_attention_heads)
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-    return ModelConfig(
-        family=family,
-        vocab_size=int(hf.vocab_size),
-        hidden_size=int(hf.hidden_size),
-        intermediate_size=int(hf.intermediate_size),
-        num_layers=int(hf.num_hidden_layers),
-        num_heads=heads,
-        num_kv_heads=int(getattr(hf, "num_key_value_heads", None) or heads),
-        head_dim=int(head_dim),
-        rms_norm_eps=float(hf.rms_norm_eps),
-        rope_theta=theta,
-        tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
-        qkv_bias=family == "qwen2",
-        qk_norm=family == "qwen3",
-        rope_scaling=scaling,
-        max_position_embeddings=int(getattr(hf, "max_position_embeddings", 8192)),
-        head=score_head_from_hf(hf),
-    )
+    return ModelConfig(**recognize(hf).fields(text_config(hf)), head=score_head_from_hf(hf))

@@ -5,8 +5,8 @@ google/embeddinggemma-300m is a sentence-transformers directory: a ``Gemma3TextM
 mean Pooling, Dense 768 -> 3072 and 3072 -> 768 (no biases, identity), Normalize, its task
 prompts (``query``: "task: search result | query: ", ``document``: "title: none | text: ",
 ...) in ``config_sentence_transformers.json`` and ``max_seq_length`` 2048.
-``replicas.model.families`` maps such a config to the family ``embeddinggemma`` with Gemma
-3's fields (``(1 + w)`` norms before and after each block, QK-norm, embeddings times
+Its family (``replicas.model.family.embedding_gemma``, ``embeddinggemma``) has Gemma 3's
+fields (``(1 + w)`` norms before and after each block, QK-norm, embeddings times
 sqrt(hidden), gelu-tanh MLP, ``query_pre_attn_scalar``, a RoPE base per layer kind); the
 tensor names are Gemma 3's, the Pooling, Dense and Normalize modules every
 sentence-transformers directory's (``pooling_config``, ``checkpoints.dense``, the embedding
@@ -36,10 +36,8 @@ from replicas.model.causal_lm import CausalLM, DecoderLayer
 from replicas.model.config import NO_WINDOW
 from replicas.model.encoder import attend_segments
 from replicas.model.errors import UnsupportedModelError
-from replicas.model.families import EMBEDDING_GEMMA
 
 Array = jax.Array
-FAMILY = EMBEDDING_GEMMA
 
 
 def attend_bidirectional(
@@ -85,4 +83,4 @@ class EmbeddingGemma(CausalLM):
         )
 
 
-__all__ = ["FAMILY", "EmbeddingGemma", "attend_bidirectional"]
+__all__ = ["EmbeddingGemma", "attend_bidirectional"]

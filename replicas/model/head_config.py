@@ -1,10 +1,9 @@
 """Which score head a Hugging Face config asks for (jax-free: the ingress reads it too).
 
-``*ForSequenceClassification`` of the Llama, Qwen2, Qwen3, Mistral, Gemma 2 and Gemma 3
-(text) families put a bias-free linear ``score`` [D -> num_labels] on the final hidden state
-(no final soft-cap: that belongs to Gemma's LM head); ``Qwen2ForRewardModel`` (remote code of
-Qwen2.5-Math-RM and process reward models) puts D -> D, ReLU, D -> 1 there. Both read the
-last token of a sequence.
+The families declare their head architectures (``Family.heads``). A decoder's
+``*ForSequenceClassification`` puts a bias-free linear ``score`` [D -> num_labels] on the
+final hidden state (no final soft-cap: that belongs to Gemma's LM head); Qwen2's reward
+model D -> D, ReLU, D -> 1. Both read the last token of a sequence.
 """
 
 from __future__ import annotations
@@ -15,29 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from replicas.contract import PROBLEM_TYPES, ScoreHead
+from replicas.model.errors import UnsupportedHeadError
+from replicas.model.family.bert import position_offset
+from replicas.model.family.registry import HEAD_ARCHITECTURES, family_named
 
-HEAD_ARCHITECTURES = {
-    "LlamaForSequenceClassification": ("llama", "linear"),
-    "Qwen2ForSequenceClassification": ("qwen2", "linear"),
-    "Qwen3ForSequenceClassification": ("qwen3", "linear"),
-    "Qwen2ForRewardModel": ("qwen2", "reward_mlp"),
-    "MistralForSequenceClassification": ("mistral", "linear"),
-    "Gemma2ForSequenceClassification": ("gemma2", "linear"),
-    "Gemma3TextForSequenceClassification": ("gemma3", "linear"),
-    "BertForSequenceClassification": ("bert", "cross_encoder"),
-    "XLMRobertaForSequenceClassification": ("xlm_roberta", "cross_encoder"),
-    "ModernBertForSequenceClassification": ("modernbert", "cross_encoder"),
-}
 # CrossEncoder's ``activation_fn`` (config_sentence_transformers.json, else config.json's
 # ``sentence_transformers``) -> ScoreHead.activation
 CROSS_ENCODER_ACTIVATIONS = {
     "torch.nn.modules.activation.Sigmoid": "sigmoid",
     "torch.nn.modules.linear.Identity": "identity",
 }
-
-
-class UnsupportedHeadError(ValueError):
-    """The config's head fields are unusable (they are named in the message)."""
 
 
 def _head_architecture(hf: Any) -> str | None:
@@ -59,7 +45,7 @@ def score_head_from_hf(hf: Any) -> ScoreHead | None:
     arch = _head_architecture(hf)
     if arch is None:
         return None
-    kind = HEAD_ARCHITECTURES[arch][1]
+    family, kind = HEAD_ARCHITECTURES[arch]
     num_labels = 1 if kind == "reward_mlp" else int(getattr(hf, "num_labels", 0) or 0)
     if num_labels < 1:
         raise UnsupportedHeadError(f"num_labels: {num_labels} (a head needs at least one)")
@@ -73,27 +59,8 @@ def score_head_from_hf(hf: Any) -> ScoreHead | None:
         kind, num_labels, _id2label(hf, num_labels), problem_type,
         activation=_activation(saved, num_labels, "config.json"),
         max_length=int(hf.max_position_embeddings) - position_offset(hf),
-        **_modernbert_head(hf, arch),
+        **family_named(family).head_fields(hf),
     )  # fmt: skip
-
-
-def _modernbert_head(hf: Any, arch: str) -> dict[str, Any]:
-    """ModernBERT's head: its pooling and LayerNorm eps (its activation must be GELU)."""
-    if arch != "ModernBertForSequenceClassification":
-        return {}
-    act = getattr(hf, "classifier_activation", "gelu")
-    if act != "gelu":
-        raise UnsupportedHeadError(f"classifier_activation: {act!r} (only gelu)")
-    pooling = getattr(hf, "classifier_pooling", "cls")
-    if pooling not in ("cls", "mean"):
-        raise UnsupportedHeadError(f"classifier_pooling: {pooling!r} not in ('cls', 'mean')")
-    return {"pooling": pooling, "norm_eps": float(hf.norm_eps)}
-
-
-def position_offset(hf: Any) -> int:
-    """What an encoder adds to each position: XLM-RoBERTa counts from ``pad_token_id + 1``
-    (transformers' ``create_position_ids_from_input_ids`` on an unpadded sequence)."""
-    return int(hf.pad_token_id) + 1 if getattr(hf, "model_type", None) == "xlm-roberta" else 0
 
 
 def _activation(saved: Any, num_labels: int, where: str) -> str:

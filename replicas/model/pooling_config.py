@@ -23,23 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from replicas.embed_contract import POOLINGS, InputFormat, PoolingHead
-from replicas.model.families import ENCODER_FAMILIES, text_config
+from replicas.model.family.fields import text_config
+from replicas.model.family.registry import BASE_ARCHITECTURES, ENCODERS
 from replicas.model.head_config import is_cross_encoder, position_offset
 from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format
 from replicas.settings import ModelSettings, SettingsError
 
-# transformers base models (what sentence-transformers saves) -> family
-BASE_ARCHITECTURES = {
-    "LlamaModel": "llama",
-    "Qwen2Model": "qwen2",
-    "Qwen3Model": "qwen3",
-    "MistralModel": "mistral",
-    "Gemma2Model": "gemma2",
-    "Gemma3TextModel": "gemma3",
-    "BertModel": "bert",
-    "XLMRobertaModel": "xlm_roberta",
-    "ModernBertModel": "modernbert",
-}
 ACTIVATIONS = {
     "torch.nn.modules.activation.Tanh": "tanh",
     "torch.nn.modules.linear.Identity": "identity",
@@ -176,7 +165,7 @@ def st_pooling_head(
 def _within_positions(head: PoolingHead, hf: Any) -> PoolingHead:
     """An encoder's inputs within its learned positions (beyond them there are none)."""
     archs = getattr(hf, "architectures", None) or ()
-    if not any(BASE_ARCHITECTURES.get(arch) in ENCODER_FAMILIES for arch in archs):
+    if not any(BASE_ARCHITECTURES.get(arch) in ENCODERS for arch in archs):
         return head
     positions = int(hf.max_position_embeddings) - position_offset(hf)
     limit = min(head.max_seq_length or positions, positions)
