@@ -4,8 +4,8 @@ process that built an engine exits cleanly while background compiles run."""
 
 from __future__ import annotations
 
+import json
 import logging
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -95,13 +95,18 @@ def test_one_cache_folder_serves_several_models_one_after_another(tmp_path: Path
 
 def test_a_recorded_step_the_engine_cannot_build_is_skipped(tmp_path: Path, caplog) -> None:
     causal = serve("causal", tmp_path)
-    embed = engine_of("embed", tmp_path)  # an edited record: the causal model's label steps
-    shutil.copy(record_of(causal), record_of(embed))
+    embed = serve("embed", tmp_path)
+    (row, *_) = json.loads(record_of(embed).read_text())
+    unbuildable = {**row, "dims": [-1] * len(row["dims"])}  # an edited record
+    foreign = json.loads(record_of(causal).read_text())  # the causal model's label steps
+    record_of(embed).write_text(json.dumps([*foreign, unbuildable]))
     embed = engine_of("embed", tmp_path)
-    assert "items" in {kind for kind, _ in embed._compiler.recorded()}
+    recorded = {kind for kind, _ in embed._compiler.recorded()}
+    # An embedding engine builds only embedding steps: another kind's are not its to replay.
+    assert "items" not in recorded and row["kind"] in recorded
     with caplog.at_level(logging.WARNING, "replicas.engine.compiler"):
         embed.warmup()
-    assert "skipping recorded signature items" in caplog.text  # no lm_head: never built
+    assert f"skipping recorded signature {row['kind']}" in caplog.text  # never built
     (vectors,) = embed.score_batch([EmbedWork(((1, 2, 3),))])
     assert vectors.shape == (1, 32)
 
