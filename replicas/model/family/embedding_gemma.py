@@ -1,9 +1,6 @@
-"""EmbeddingGemma: a Gemma 3 config with ``use_bidirectional_attention`` (google/
-embeddinggemma-300m's ``Gemma3TextModel``), Gemma 3's fields and tensor names, run by
-``replicas.model.embedding_gemma.EmbeddingGemma`` (its layers read each input both ways).
-``sliding_window`` is kept as transformers holds it (config.json's ``// 2 + 1``: keys less
-than it apart).
-"""
+"""EmbeddingGemma: a Gemma 3 config with ``use_bidirectional_attention``, Gemma 3's fields
+and names, run by ``replicas.model.embedding_gemma.EmbeddingGemma`` (each input read both
+ways; ``sliding_window`` as transformers holds it: config.json's ``// 2 + 1``)."""
 
 from __future__ import annotations
 

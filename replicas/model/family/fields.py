@@ -46,12 +46,19 @@ def decoder_dims(hf: Any, family: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def refuse(hf: Any, *flags: tuple[str, str]) -> None:
+    """An error naming the first of ``flags`` (the field, what it asks for) the config sets."""
+    for flag, what in flags:
+        if getattr(hf, flag, False):
+            raise UnsupportedModelError(f"{flag}: {what} not supported")
+
+
+MLP_BIAS = ("mlp_bias", "MLP biases are")
+
+
 def decoder_fields(hf: Any, family: str) -> dict[str, Any]:
     """A decoder's sizes (Mistral, Gemma), no biases, an optional ``sliding_window``."""
-    if getattr(hf, "attention_bias", False):
-        raise UnsupportedModelError("attention_bias: attention biases are not supported")
-    if getattr(hf, "mlp_bias", False):
-        raise UnsupportedModelError("mlp_bias: MLP biases are not supported")
+    refuse(hf, ("attention_bias", "attention biases are"), MLP_BIAS)
     window = getattr(hf, "sliding_window", None)
     return {**decoder_dims(hf, family), "sliding_window": None if window is None else int(window)}
 
@@ -96,3 +103,16 @@ def rope_theta(hf: Any, supported: str = "for this family") -> float:
     if kind != "default":
         raise UnsupportedModelError(f"rope_type: {kind!r} is not supported {supported}")
     return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+
+
+def rope(hf: Any) -> tuple[float, RopeScaling | None]:
+    """(theta, Llama 3's frequency-dependent scaling or None): Llama, Qwen."""
+    params = rope_parameters(hf)
+    if params.get("rope_type", params.get("type")) != "llama3":
+        return rope_theta(hf, "(default, llama3)"), None
+    return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))), RopeScaling(
+        factor=float(params["factor"]),
+        low_freq_factor=float(params["low_freq_factor"]),
+        high_freq_factor=float(params["high_freq_factor"]),
+        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
+    )

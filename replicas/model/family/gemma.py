@@ -23,17 +23,14 @@ from replicas.model.family.qwen import QK_NORM
 from replicas.model.tensors import SAME
 
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
-_NORMS = (
-    layer(("mlp_norm", "scale"), "pre_feedforward_layernorm.weight", "ffn_norm.weight", SAME),
-    layer(
-        ("post_attn_norm", "scale"), "post_attention_layernorm.weight",
-        "post_attention_norm.weight", SAME,
-    ),
-    layer(
-        ("post_mlp_norm", "scale"), "post_feedforward_layernorm.weight", "post_ffw_norm.weight",
-        SAME,
-    ),
-)  # fmt: skip
+_NORMS = tuple(
+    layer((ours, "scale"), f"{hf}.weight", f"{gguf}.weight", SAME)
+    for ours, hf, gguf in (
+        ("mlp_norm", "pre_feedforward_layernorm", "ffn_norm"),
+        ("post_attn_norm", "post_attention_layernorm", "post_attention_norm"),
+        ("post_mlp_norm", "post_feedforward_layernorm", "post_ffw_norm"),
+    )
+)
 
 
 def _gemma(hf: Any, family: str) -> dict[str, Any]:
@@ -45,16 +42,13 @@ def _gemma(hf: Any, family: str) -> dict[str, Any]:
     final_cap = getattr(hf, "final_logit_softcapping", None)
     attn_cap = getattr(hf, "attn_logit_softcapping", None)
     return {
-        **decoder_fields(hf, family),
-        "hidden_act": "gelu_tanh",
-        "norm_offset": True,
-        "post_norms": True,
-        "embed_scale": True,
+        **decoder_fields(hf, family), "hidden_act": "gelu_tanh", "norm_offset": True,
+        "post_norms": True, "embed_scale": True,
         "query_scale": float(hf.query_pre_attn_scalar) ** -0.5,
         "attn_softcap": None if attn_cap is None else float(attn_cap),
         "final_softcap": None if final_cap is None else float(final_cap),
         "sliding_layers": sliding_layers(hf),
-    }
+    }  # fmt: skip
 
 
 def _gemma2(hf: Any) -> dict[str, Any]:

@@ -1,16 +1,13 @@
 """Llama (``LlamaForCausalLM``): the decoder every other decoder family extends, and the
-tensor names they share (Hugging Face's and GGUF's); Llama 3's frequency-dependent RoPE
-scaling (``rope_type: llama3``). GGUF tensors are first brought to the Hugging Face layout
-(``replicas.checkpoints.gguf_loading``), so one layout serves both formats.
-"""
+tensor names they share (Hugging Face's and GGUF's). GGUF tensors are first brought to the
+Hugging Face layout (``replicas.checkpoints.gguf_loading``): one layout serves both formats."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from replicas.model.errors import UnsupportedModelError
 from replicas.model.family.entry import Family
-from replicas.model.family.fields import RopeScaling, decoder_dims, rope_parameters, rope_theta
+from replicas.model.family.fields import MLP_BIAS, decoder_dims, refuse, rope
 from replicas.model.tensors import HEADS_IN, HEADS_OUT, SAME, TRANSPOSE, TensorMapping
 
 
@@ -58,34 +55,17 @@ def decoder_mappings(config: Any, *parts: tuple[TensorMapping, ...]) -> tuple[Te
     return tuple(mappings)
 
 
-def _rope(hf: Any) -> tuple[float, RopeScaling | None]:
-    """(theta, scaling) from transformers v5 ``rope_parameters`` or v4 ``rope_theta``."""
-    params = rope_parameters(hf)
-    if params.get("rope_type", params.get("type")) != "llama3":
-        return rope_theta(hf, "(default, llama3)"), None
-    return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0))), RopeScaling(
-        factor=float(params["factor"]),
-        low_freq_factor=float(params["low_freq_factor"]),
-        high_freq_factor=float(params["high_freq_factor"]),
-        original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-    )
-
-
-def no_attention_bias(hf: Any) -> None:
-    if getattr(hf, "attention_bias", False):
-        raise UnsupportedModelError("attention_bias: output-projection biases are not supported")
+OUTPUT_BIAS = ("attention_bias", "output-projection biases are")
 
 
 def llama_fields(hf: Any, family: str) -> dict[str, Any]:
     """The fields of a Llama-like config (Llama, Qwen2, Qwen3), its checks made."""
-    theta, scaling = _rope(hf)
+    theta, scaling = rope(hf)
     return {**decoder_dims(hf, family), "rope_theta": theta, "rope_scaling": scaling}
 
 
 def _llama(hf: Any) -> dict[str, Any]:
-    if getattr(hf, "mlp_bias", False):
-        raise UnsupportedModelError("mlp_bias: MLP biases are not supported")
-    no_attention_bias(hf)
+    refuse(hf, MLP_BIAS, OUTPUT_BIAS)
     return llama_fields(hf, "llama")
 
 

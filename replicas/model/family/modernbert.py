@@ -13,15 +13,13 @@ from typing import Any
 from replicas.model.errors import UnsupportedHeadError, UnsupportedModelError
 from replicas.model.family.bert import GELU_EXACT, encoder_dims
 from replicas.model.family.entry import Family
-from replicas.model.family.fields import rope_bases, sliding_layers
+from replicas.model.family.fields import refuse, rope_bases, sliding_layers
 from replicas.model.tensors import SAME, TRANSPOSE, TensorMapping
 
 
 def _fields(hf: Any) -> dict[str, Any]:
     """``sliding_window`` is the half window (``local_attention // 2``)."""
-    for flag in ("attention_bias", "mlp_bias"):
-        if getattr(hf, flag, False):
-            raise UnsupportedModelError(f"{flag}: ModernBERT's biases are not supported")
+    refuse(hf, *((flag, "ModernBERT's biases are") for flag in ("attention_bias", "mlp_bias")))
     act = getattr(hf, "hidden_activation", None)
     if act not in GELU_EXACT:
         raise UnsupportedModelError(f"hidden_activation: {act!r} not in {GELU_EXACT}")

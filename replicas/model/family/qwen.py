@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from replicas.model.errors import UnsupportedModelError
 from replicas.model.family.entry import Family
-from replicas.model.family.llama import decoder_mappings, layer, llama_fields, no_attention_bias
+from replicas.model.family.fields import refuse
+from replicas.model.family.llama import OUTPUT_BIAS, decoder_mappings, layer, llama_fields
 from replicas.model.tensors import HEADS_BIAS, SAME
 
 QKV_BIAS = (
@@ -24,19 +24,16 @@ QK_NORM = (  # Gemma 3's too
 )
 
 
-def _unwindowed(hf: Any) -> None:
-    if getattr(hf, "use_sliding_window", False):
-        raise UnsupportedModelError("use_sliding_window: sliding-window attention is not supported")
+_WINDOW = ("use_sliding_window", "sliding-window attention is")
 
 
 def _qwen2(hf: Any) -> dict[str, Any]:
-    _unwindowed(hf)
+    refuse(hf, _WINDOW)
     return {**llama_fields(hf, "qwen2"), "qkv_bias": True}
 
 
 def _qwen3(hf: Any) -> dict[str, Any]:
-    no_attention_bias(hf)
-    _unwindowed(hf)
+    refuse(hf, OUTPUT_BIAS, _WINDOW)
     return {**llama_fields(hf, "qwen3"), "qk_norm": True}
 
 

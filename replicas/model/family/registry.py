@@ -1,9 +1,6 @@
-"""The model families, one registry: one line per family, each declared once in its file
-(``replicas/model/family/<name>.py``, a ``Family``). ``config``, ``head_config``,
-``pooling_config``, ``classes`` and ``replicas.checkpoints.name_map`` derive what they need
-from it (docs/architecture.md, "What a new model family touches"). Jax-free: the ingress
-reads it through ``head_config`` and ``pooling_config``.
-"""
+"""The model families, one registry: a line per family, each a ``Family`` of its own file.
+``config``, ``head_config``, ``pooling_config``, ``classes`` and ``checkpoints.name_map``
+derive their tables from it. Jax-free: the ingress reads it (``head_config``)."""
 
 from __future__ import annotations
 
