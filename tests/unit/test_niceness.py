@@ -29,7 +29,7 @@ def test_a_reniced_process_sees_its_niceness_and_is_told_the_setting() -> None:
         [sys.executable, "-c", RENICED], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     before, after, warning = json.loads(out)
-    assert after == before + 3
+    assert after == min(before + 3, 19)  # Linux caps niceness at 19 (a suite run under nice)
     assert f"the scoring replica runs at niceness {after}" in warning
     assert f"{NICENESS_ENV}=0" in warning
 
