@@ -15,13 +15,34 @@ from typing import Any
 from replicas.model.config import ModelConfig, config_from_hf
 from replicas.model.pooling_config import pooling_head_for
 
-_QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "rope_theta": 1000000.0}
+_QWEN3 = {
+    "model_type": "qwen3",
+    "architectures": ["Qwen3ForCausalLM"],
+    "rope_theta": 1000000.0,
+    "vocab_size": 151936,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "max_position_embeddings": 40960,
+}
 _LLAMA3 = {
     "model_type": "llama",
     "architectures": ["LlamaForCausalLM"],
     "rms_norm_eps": 1e-5,
     "vocab_size": 128256,
-    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+}
+_MISTRAL = {
+    "model_type": "mistral",
+    "architectures": ["MistralForCausalLM"],
+    "vocab_size": 32000,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "sliding_window": 4096,
+    "max_position_embeddings": 32768,
+    "tie_word_embeddings": False,
 }
 
 _GEMMA2 = {
@@ -73,81 +94,15 @@ def _sized(base: Mapping[str, Any], *shape: int, **changes: Any) -> dict[str, An
 
 
 HF_CONFIGS: Mapping[str, Mapping[str, Any]] = {
-    "Qwen3-0.6B": {
-        **_QWEN3,
-        "vocab_size": 151936,
-        "hidden_size": 1024,
-        "intermediate_size": 3072,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 40960,
-        "tie_word_embeddings": True,
-    },
-    "Qwen3-8B": {
-        **_QWEN3,
-        "vocab_size": 151936,
-        "hidden_size": 4096,
-        "intermediate_size": 12288,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 40960,
-        "tie_word_embeddings": False,
-    },
-    "Llama-3.2-1B": {
-        **_LLAMA3,
-        "hidden_size": 2048,
-        "intermediate_size": 8192,
-        "num_hidden_layers": 16,
-        "num_attention_heads": 32,
-        "head_dim": 64,
-        "max_position_embeddings": 131072,
-        "tie_word_embeddings": True,
-        "rope_scaling": _llama3_rope(32.0),
-    },
-    "Llama-3.1-8B": {
-        **_LLAMA3,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "head_dim": 128,
-        "max_position_embeddings": 131072,
-        "tie_word_embeddings": False,
-        "rope_scaling": _llama3_rope(8.0),
-    },
-    "Llama-3.1-70B": {
-        **_LLAMA3,
-        "hidden_size": 8192,
-        "intermediate_size": 28672,
-        "num_hidden_layers": 80,
-        "num_attention_heads": 64,
-        "head_dim": 128,
-        "max_position_embeddings": 131072,
-        "tie_word_embeddings": False,
-        "rope_scaling": _llama3_rope(8.0),
-    },
-    "Mistral-7B-v0.1": {
-        "model_type": "mistral",
-        "architectures": ["MistralForCausalLM"],
-        "vocab_size": 32000,
-        "hidden_size": 4096,
-        "intermediate_size": 14336,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "sliding_window": 4096,
-        "max_position_embeddings": 32768,
-        "tie_word_embeddings": False,
-    },
+    "Qwen3-0.6B": _sized(_QWEN3, 1024, 3072, 28, 16, 8, tie_word_embeddings=True),
+    "Qwen3-8B": _sized(_QWEN3, 4096, 12288, 36, 32, 8, tie_word_embeddings=False),
+    "Llama-3.2-1B": _sized(
+        _LLAMA3, 2048, 8192, 16, 32, 8, head_dim=64, tie_word_embeddings=True,
+        rope_scaling=_llama3_rope(32.0),
+    ),
+    "Llama-3.1-8B": _sized(_LLAMA3, 4096, 14336, 32, 32, 8, rope_scaling=_llama3_rope(8.0)),
+    "Llama-3.1-70B": _sized(_LLAMA3, 8192, 28672, 80, 64, 8, rope_scaling=_llama3_rope(8.0)),
+    "Mistral-7B-v0.1": _sized(_MISTRAL, 4096, 14336, 32, 32, 8),
     "Gemma-2-2B": _sized(_GEMMA2, 2304, 9216, 26, 8, 4),
     "Gemma-2-9B": _sized(_GEMMA2, 3584, 14336, 42, 16, 8),
     "Gemma-2-27B": _sized(
