@@ -129,9 +129,8 @@ def _projected(x: Array, p: Params, name: str, pattern: str, lora: Any) -> Array
 
 
 def _attention(
-    c: ModelConfig, p: Params, x: Array, item_ids: Array, window: int, attend: SegmentAttention,
-    lora: Any = None,
-) -> Array:  # fmt: skip
+    p: Params, x: Array, item_ids: Array, window: int, attend: SegmentAttention, lora: Any = None
+) -> Array:
     """x: [B, S, D] -> the attention block's output [B, S, D] (before its residual)."""
     q, k, v = (_projected(x, p, name, "bsd,dhk->bshk", lora) for name in "qkv")  # [B, S, H, Dh]
     attended = attend(q, k, v, item_ids, window)
@@ -152,7 +151,7 @@ def encoder_layer(
     """One post-norm encoder layer: x [B, S, D] -> [B, S, D]; ``lora``: (this layer's
     adapter stacks, how the tokens reach their slots) or None (model.lora)."""
     eps = c.rms_norm_eps
-    attended = _attention(c, p["attn"], x, item_ids, window, attend, lora)
+    attended = _attention(p["attn"], x, item_ids, window, attend, lora)
     h = layer_norm(p["attn_norm"], x + attended, eps)
     return layer_norm(p["mlp_norm"], h + _mlp(p["mlp"], h, lora), eps)
 
@@ -267,41 +266,25 @@ class Encoder:
         c = self.config
         tokens, slots = split_tagged(params, tokens, c.vocab_size)
         stacks, slot_map = layer_inputs(params, slots, self.lora_groups, self.lora_update)
-        if c.rotary:
-            return self._encode_rotary(
-                params, tokens, positions, item_ids, window, stacks, slot_map
-            )
-        types = jnp.zeros_like(tokens) if token_types is None else token_types
         attend = self.segment_attention or attend_segments
 
-        def step(h: Array, scanned: tuple[Params, Params | None]) -> tuple[Array, None]:
-            layer_params, lora = scanned
-            lora_in = None if lora is None else (lora, slot_map)
-            return encoder_layer(c, layer_params, h, item_ids, window, attend, lora_in), None
-
-        embedded = self.embed(params, tokens, positions, types)
-        x, _ = jax.lax.scan(step, embedded, (params["layers"], stacks))
-        return x
-
-    def _encode_rotary(
-        self, params: Params, tokens: Array, positions: Array, item_ids: Array, window: int,
-        stacks: Params | None, slot_map: Any,
-    ) -> Array:  # fmt: skip
-        """ModernBERT: normed token embeddings, the layers, the final norm -> [B, S, D]."""
-        c = self.config
-        x = jnp.take(params["embed"], tokens, axis=0, mode="clip").astype(self.dtype)
-        x = layer_norm(params["embed_norm"], x, c.rms_norm_eps)
-
-        def step(h: Array, xs: tuple[Params, Array, Params | None]) -> tuple[Array, None]:
+        def step(h: Array, xs: tuple[Params, Array | None, Params | None]) -> tuple[Array, None]:
             layer_params, index, lora = xs
             lora_in = None if lora is None else (lora, slot_map)
-            return rotary_layer(
-                c, layer_params, h, positions, item_ids, window, index, lora_in
-            ), None
+            if c.rotary:
+                h = rotary_layer(c, layer_params, h, positions, item_ids, window, index, lora_in)
+                return h, None
+            return encoder_layer(c, layer_params, h, item_ids, window, attend, lora_in), None
 
-        layers = (params["layers"], jnp.arange(c.num_layers), stacks)
-        x, _ = jax.lax.scan(step, x, layers)
-        return layer_norm(params["final_norm"], x, c.rms_norm_eps)
+        if c.rotary:  # ModernBERT: normed token embeddings, the layers, the final norm
+            x = jnp.take(params["embed"], tokens, axis=0, mode="clip").astype(self.dtype)
+            x = layer_norm(params["embed_norm"], x, c.rms_norm_eps)
+        else:
+            types = jnp.zeros_like(tokens) if token_types is None else token_types
+            x = self.embed(params, tokens, positions, types)
+        index = jnp.arange(c.num_layers) if c.rotary else None
+        x, _ = jax.lax.scan(step, x, (params["layers"], index, stacks))
+        return layer_norm(params["final_norm"], x, c.rms_norm_eps) if c.rotary else x
 
     def stream_hidden(
         self, params: Params, tokens: Array, positions: Array, spec: ItemStreamSpec,
