@@ -33,6 +33,12 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
         raise SettingsError(f"{name}: must be one of {choices}, got {value!r}")
 
 
+def check_at_least(name: str, value: Any, low: int, note: str = "") -> None:
+    """Raise naming ``name`` when ``value`` is below ``low`` (``note``: what ``low`` means)."""
+    if value < low:
+        raise SettingsError(f"{name}: must be >= {low}{note}, got {value}")
+
+
 def as_tuples(value: Any) -> Any:
     """YAML lists (also nested) -> tuples, so settings stay hashable and frozen."""
     return tuple(as_tuples(v) for v in value) if isinstance(value, list) else value

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replicas.contract import DEFAULT_MAX_ITEMS_PER_REQUEST, DEFAULT_MAX_MULTI_ITEM_SEQ_LEN
-from replicas.settings.common import SettingsError, check_choice
+from replicas.settings.common import SettingsError, check_at_least, check_choice
 
 RERANK_METHODS = ("yes_no", "query_likelihood", "head")
 CHUNK_AGGREGATIONS = ("max", "mean")
@@ -45,18 +45,13 @@ class BatchingSettings:
     def __post_init__(self) -> None:
         if not self.max_call_s >= 0:
             raise SettingsError(f"max_call_s: must be >= 0 (0 = unbounded), got {self.max_call_s}")
-        if self.max_queue_wait_s < 0:
-            raise SettingsError(f"max_queue_wait_s: must be >= 0, got {self.max_queue_wait_s}")
+        check_at_least("max_queue_wait_s", self.max_queue_wait_s, 0)
         if self.request_deadline_s <= 0:
             raise SettingsError(f"request_deadline_s: must be > 0, got {self.request_deadline_s}")
-        if self.max_batch_size < 1:
-            raise SettingsError(f"max_batch_size: must be >= 1, got {self.max_batch_size}")
+        check_at_least("max_batch_size", self.max_batch_size, 1)
         if not self.pack_wait_s >= 0:
             raise SettingsError(f"pack_wait_s: must be >= 0, got {self.pack_wait_s}")
-        if self.batch_wait_timeout_s < 0:
-            raise SettingsError(
-                f"batch_wait_timeout_s: must be >= 0, got {self.batch_wait_timeout_s}"
-            )
+        check_at_least("batch_wait_timeout_s", self.batch_wait_timeout_s, 0)
 
 
 @dataclass(frozen=True)
@@ -104,13 +99,8 @@ class HttpSettings:
     def __post_init__(self) -> None:
         check_choice("rerank_method", self.rerank_method, RERANK_METHODS)
         check_choice("chunk_aggregation", self.chunk_aggregation, CHUNK_AGGREGATIONS)
-        if self.max_chunks_per_doc < 1:
-            raise SettingsError(
-                "max_chunks_per_doc: must be >= 1 (1 = chunking off), "
-                f"got {self.max_chunks_per_doc}"
-            )
-        if self.chunk_tokens < 1:
-            raise SettingsError(f"chunk_tokens: must be >= 1, got {self.chunk_tokens}")
+        check_at_least("max_chunks_per_doc", self.max_chunks_per_doc, 1, " (1 = chunking off)")
+        check_at_least("chunk_tokens", self.chunk_tokens, 1)
         if not 0 <= self.chunk_overlap < self.chunk_tokens:
             raise SettingsError(
                 f"chunk_overlap: must be in [0, chunk_tokens={self.chunk_tokens}), "
