@@ -279,24 +279,7 @@ class CausalLM:
         """tokens, positions: [B, T] -> final-normed hidden [B, T, D] and every layer's
         keys and values [layers, B, T, K, Dh] (what an item stream reads as its prefix).
         With adapter slots (``params["lora"]``) tokens are tagged ids (model.lora)."""
-        layer = self.layer
-        tokens, slots = split_tagged(params, tokens, self.config.vocab_size)
-        stacks, slot_map = layer_inputs(params, slots, self.lora_groups, self.lora_update)
-
-        def step(
-            h: Array, scanned: tuple[Params, LayerKind | None, Params | None]
-        ) -> tuple[Array, tuple[Array, Array]]:
-            layer_params, kind, lora = scanned
-            lora_in = None if lora is None else (lora, slot_map)
-            h, k, v = layer.apply({"params": layer_params}, h, positions, spec, kind, lora_in)
-            return h, (k, v)
-
-        embedded = self._embed(params, tokens)
-        x, (keys, values) = loop_layers(
-            step, embedded, params["layers"], self.layer_kinds(), stacks,
-            small=small_steps(params),
-        )  # fmt: skip
-        return self._final_norm(params, x), keys, values
+        return self._through_layers(params, tokens, positions, spec)
 
     def hidden_states(
         self, params: Params, tokens: Array, positions: Array, spec: DenseSpec
@@ -329,25 +312,32 @@ class CausalLM:
     ) -> tuple[Array, Array, Array]:
         """``stream_hidden``, and the stream's keys and values [layers, B, S, K, Dh] (a prefix
         extended by its stream: one item of the query's remaining tokens)."""
+        stream = DecoderLayer.stream
+        return self._through_layers(params, tokens, positions, spec, prefix_k, prefix_v, stream)
+
+    def _through_layers(
+        self, params: Params, tokens: Array, positions: Array, spec: DenseSpec | ItemStreamSpec,
+        prefix_k: Array | None = None, prefix_v: Array | None = None,
+        method: Callable[..., Any] | None = None,
+    ) -> tuple[Array, Array, Array]:  # fmt: skip
+        """Tagged ``tokens`` embedded and through every layer (``DecoderLayer.__call__``, or
+        ``method`` reading each layer's slice of ``prefix_k``/``prefix_v``) -> final-normed
+        hidden and every layer's keys and values stacked ``[layers, ...]``."""
         layer = self.layer
+        prefix = () if prefix_k is None else (prefix_k, prefix_v)
         tokens, slots = split_tagged(params, tokens, self.config.vocab_size)
         stacks, slot_map = layer_inputs(params, slots, self.lora_groups, self.lora_update)
 
-        def step(
-            h: Array, scanned: tuple[Params, Array, Array, LayerKind | None, Params | None]
-        ) -> tuple[Array, tuple[Array, Array]]:
-            layer_params, k, v, kind, lora = scanned
+        def step(h: Array, scanned: tuple[Any, ...]) -> tuple[Array, tuple[Array, Array]]:
+            layer_params, *kv, kind, lora = scanned
             lora_in = None if lora is None else (lora, slot_map)
-            out, own_k, own_v = layer.apply(
-                {"params": layer_params}, h, positions, spec, k, v, kind, lora_in,
-                method=DecoderLayer.stream,
-            )  # fmt: skip
-            return out, (own_k, own_v)
+            variables = {"params": layer_params}
+            h, k, v = layer.apply(variables, h, positions, spec, *kv, kind, lora_in, method=method)
+            return h, (k, v)
 
-        embedded = self._embed(params, tokens)
         x, (keys, values) = loop_layers(
-            step, embedded, params["layers"], prefix_k, prefix_v,
-            self.layer_kinds(), stacks, small=small_steps(params),
+            step, self._embed(params, tokens), params["layers"], *prefix, self.layer_kinds(),
+            stacks, small=small_steps(params),
         )  # fmt: skip
         return self._final_norm(params, x), keys, values
 
@@ -365,11 +355,11 @@ class CausalLM:
         hidden: [..., D] (scoring positions only); labels: [..., C] -> [..., C] float32.
         A model with a score head returns its outputs instead, ``labels`` indexing them.
         """
-        if self.config.head is not None and "lora" in params and has_head_slots(self.config):
-            outputs = head_slot_outputs(params, hidden)  # [..., M * L]: labels are tagged
-            return jnp.take_along_axis(outputs, labels, axis=-1)
         if self.config.head is not None:
-            outputs = head_outputs(self.config.head, params["head"], hidden)  # [..., L]
+            if "lora" in params and has_head_slots(self.config):
+                outputs = head_slot_outputs(params, hidden)  # [..., M * L]: labels are tagged
+            else:
+                outputs = head_outputs(self.config.head, params["head"], hidden)  # [..., L]
             return jnp.take_along_axis(outputs, labels, axis=-1)
         logprobs = jax.nn.log_softmax(self.logits(params, hidden), axis=-1)  # [..., V]
         return jnp.take_along_axis(logprobs, labels, axis=-1)
