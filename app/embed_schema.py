@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import Field, StrictStr
 
-from app.schema import WholeInt
+from app.schema import Strict, WholeInt
 
 EmbeddingType = Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]
 _TYPES = (
@@ -26,13 +26,10 @@ _TRUNCATE = (
     "folded into one (mean pooling: weighted by their tokens) before normalization; NONE: a "
     "400."
 )
-_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
-class EmbeddingRequest(BaseModel):
+class EmbeddingRequest(Strict):
     """POST /v1/embeddings (OpenAI's shape; also /embeddings)."""
-
-    model_config = _STRICT
 
     input: StrictStr | list[StrictStr] | list[WholeInt] | list[list[WholeInt]] = Field(
         description=(
@@ -76,10 +73,8 @@ class EmbeddingRequest(BaseModel):
     )
 
 
-class CohereEmbedRequest(BaseModel):
+class CohereEmbedRequest(Strict):
     """POST /v2/embed (Cohere's v2 shape): texts only, any of Cohere's embedding types."""
-
-    model_config = _STRICT
 
     texts: list[StrictStr] = Field(description="Texts to embed.")
     model: StrictStr | None = Field(default=None, description="Served model name; optional.")

@@ -18,7 +18,11 @@ from replicas.kinds import KINDS
 
 KIND_NAMES = tuple(kind.name for kind in KINDS)
 
-_STRICT = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+class Strict(BaseModel):
+    """The edge's models: strict types, unknown fields refused, frozen."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
 def _whole_number(value: Any) -> Any:
@@ -34,10 +38,8 @@ PositiveInt = Annotated[int, Field(ge=1), BeforeValidator(_whole_number)]
 TopK = Annotated[int, Field(ge=0, le=20), BeforeValidator(_whole_number)]
 
 
-class ScoreRequest(BaseModel):
+class ScoreRequest(Strict):
     """POST /v1/score. Query and items are all text or all token ids (never mixed)."""
-
-    model_config = _STRICT
 
     query: StrictStr | list[WholeInt] = Field(
         description="Text (encoded with the tokenizer's special tokens) or token ids."
@@ -71,17 +73,13 @@ class ScoreRequest(BaseModel):
     )
 
 
-class RerankDocument(BaseModel):
-    model_config = _STRICT
-
+class RerankDocument(Strict):
     text: StrictStr
 
 
-class RelevantSpans(BaseModel):
+class RelevantSpans(Strict):
     """Cohere v2's ``relevant_spans``: return each document's chunks that scored at least
     ``threshold`` (asking turns chunking on for the request)."""
-
-    model_config = _STRICT
 
     mode: Literal["enabled", "disabled"] = Field(description="enabled: spans in each result.")
     threshold: Annotated[float, Field(ge=-1.0, le=1.0)] | None = Field(
@@ -93,10 +91,8 @@ class RelevantSpans(BaseModel):
     )
 
 
-class RerankRequest(BaseModel):
+class RerankRequest(Strict):
     """POST /v1/rerank (also /rerank, /v2/rerank): Cohere's and Jina's request shape."""
-
-    model_config = _STRICT
 
     query: StrictStr = Field(min_length=1, description="What the documents are ranked for.")
     documents: list[StrictStr | RerankDocument] = Field(
@@ -143,17 +139,13 @@ class RerankRequest(BaseModel):
     )
 
 
-class RelevantSpan(BaseModel):
-    model_config = _STRICT
-
+class RelevantSpan(Strict):
     start: int = Field(description="The chunk's first codepoint in the document.")
     end: int = Field(description="Just past its last codepoint: document[start:end].")
     score: float = Field(description="The chunk's relevance.")
 
 
-class RerankResult(BaseModel):
-    model_config = _STRICT
-
+class RerankResult(Strict):
     index: int = Field(description="The document's position in the request.")
     relevance_score: float = Field(description="P(yes) / (P(yes) + P(no)) after the document.")
     document: RerankDocument | None = Field(default=None, description="With return_documents.")
@@ -163,9 +155,7 @@ class RerankResult(BaseModel):
     )
 
 
-class RerankResponse(BaseModel):
-    model_config = _STRICT
-
+class RerankResponse(Strict):
     id: str
     model: str
     results: list[RerankResult] = Field(description="Best first; top_n of them.")
@@ -173,9 +163,7 @@ class RerankResponse(BaseModel):
     usage: dict[str, int]
 
 
-class Usage(BaseModel):
-    model_config = _STRICT
-
+class Usage(Strict):
     prompt_tokens: int = Field(
         description="Tokens the model reads, counted as single-item rows: "
         "sum over items of len(query) + len(item)."
@@ -184,9 +172,7 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class ScoreResponse(BaseModel):
-    model_config = _STRICT
-
+class ScoreResponse(Strict):
     object: Literal["scoring"] = "scoring"
     model: str
     scores: list[list[float]] = Field(
@@ -196,9 +182,7 @@ class ScoreResponse(BaseModel):
     created: int = Field(description="Unix time in seconds.")
 
 
-class ErrorResponse(BaseModel):
-    model_config = _STRICT
-
+class ErrorResponse(Strict):
     object: Literal["error"] = "error"
     message: str
     type: str = Field(description="BadRequestError for every 400.")
@@ -207,11 +191,9 @@ class ErrorResponse(BaseModel):
     reason: str = Field(description="Machine-readable cause, e.g. token_id_exceeds_vocab.")
 
 
-class RerankChunking(BaseModel):
+class RerankChunking(Strict):
     """/v1/rerank's chunking defaults: the config's ``max_chunks_per_doc`` (1: off),
     ``chunk_tokens``, ``chunk_overlap`` and ``chunk_aggregation``."""
-
-    model_config = _STRICT
 
     max_chunks_per_doc: int
     chunk_tokens: int
@@ -219,9 +201,7 @@ class RerankChunking(BaseModel):
     chunk_aggregation: Literal["max", "mean"]
 
 
-class ModelCard(BaseModel):
-    model_config = _STRICT
-
+class ModelCard(Strict):
     id: str
     object: Literal["model"] = "model"
     created: int
@@ -293,18 +273,14 @@ class ModelCard(BaseModel):
     )
 
 
-class ModelList(BaseModel):
-    model_config = _STRICT
-
+class ModelList(Strict):
     object: Literal["list"] = "list"
     data: list[ModelCard]
 
 
-class CompletionRequest(BaseModel):
+class CompletionRequest(Strict):
     """POST /v1/completions: OpenAI's legacy completions shape, served prefill-only
     (semantics 14): prompt log-probabilities and at most one greedy token."""
-
-    model_config = _STRICT
 
     prompt: StrictStr | list[StrictStr] | list[WholeInt] | list[list[WholeInt]] = Field(
         description="A text, texts, token ids, or token-id lists (a batch of prompts). Text "
@@ -333,10 +309,8 @@ class CompletionRequest(BaseModel):
 TextPair = Annotated[list[StrictStr], Field(min_length=2, max_length=2)]
 
 
-class ClassifyRequest(BaseModel):
+class ClassifyRequest(Strict):
     """POST /v1/classify (vLLM's and SGLang's shape) on a score-head model."""
-
-    model_config = _STRICT
 
     input: StrictStr | list[StrictStr | TextPair] = Field(
         description="A text or texts, each encoded with the tokenizer's special tokens; on a "
@@ -350,29 +324,23 @@ class ClassifyRequest(BaseModel):
     )
 
 
-class TokenizeRequest(BaseModel):
+class TokenizeRequest(Strict):
     """POST /tokenize (the shape lm-evaluation-harness's remote tokenizer sends)."""
-
-    model_config = _STRICT
 
     prompt: StrictStr
     add_special_tokens: StrictBool = True
     model: StrictStr | None = None
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(Strict):
     """POST /detokenize."""
-
-    model_config = _STRICT
 
     tokens: list[WholeInt]
     model: StrictStr | None = None
 
 
-class LoadLoraAdapterRequest(BaseModel):
+class LoadLoraAdapterRequest(Strict):
     """POST /v1/load_lora_adapter (vLLM's shape): a PEFT adapter directory, by name."""
-
-    model_config = _STRICT
 
     lora_name: StrictStr = Field(min_length=1, description="The `model` requests will name.")
     lora_path: StrictStr = Field(
@@ -381,10 +349,8 @@ class LoadLoraAdapterRequest(BaseModel):
     )
 
 
-class UnloadLoraAdapterRequest(BaseModel):
+class UnloadLoraAdapterRequest(Strict):
     """POST /v1/unload_lora_adapter (vLLM's shape)."""
-
-    model_config = _STRICT
 
     lora_name: StrictStr = Field(min_length=1)
     lora_int_id: WholeInt | None = Field(default=None, description="vLLM's; accepted, unused.")
