@@ -99,12 +99,6 @@ class TensorFile(Protocol):
         ...
 
 
-def _check_dtype(dtype: str) -> np.dtype:
-    if dtype not in DTYPES:
-        raise CheckpointError(f"dtype: {dtype!r} not in {sorted(DTYPES)}")
-    return DTYPES[dtype]
-
-
 # ----------------------------------------------------------------------------- safetensors
 
 
@@ -222,13 +216,6 @@ def check_tensors(tensors: TensorFile, config: ModelConfig) -> None:
         raise CheckpointError("; ".join(problems[:5]) + more)
 
 
-def _quantized_n_in(config: ModelConfig, path: tuple[str, ...]) -> int | None:
-    """How many input axes the leaf at ``path`` contracts if it is quantized, else None."""
-    if config.quantization == "none" or path[0] != "layers":
-        return None
-    return QUANTIZED.get(path[1:])  # type: ignore[arg-type]
-
-
 def _quantized_leaf(
     tensors: TensorFile,
     mapping: TensorMapping,
@@ -270,8 +257,9 @@ def assemble_params(
     used: set[str] = set()
     for mapping in tensor_mappings(config):
         full = get_path(shapes, mapping.path)
-        n_in = _quantized_n_in(config, mapping.path)
-        if n_in is not None:
+        quantized = config.quantization != "none" and mapping.path[0] == "layers"
+        n_in = QUANTIZED.get(mapping.path[1:]) if quantized else None  # type: ignore[arg-type]
+        if n_in is not None:  # the input axes it contracts
             values, scale = _quantized_leaf(tensors, mapping, config, full, n_in)
             scale_path = (*mapping.path[:-1], mapping.path[-1] + SCALE_SUFFIX)
             set_path(params, mapping.path, _place(values, get_path(shardings, mapping.path)))
@@ -292,12 +280,6 @@ def assemble_params(
         set_path(params, mapping.path, _place(host, get_path(shardings, mapping.path)))
         del host
     return params, used
-
-
-def _warn_unused(tensors: TensorFile, used: set[str], ignorable: tuple[str, ...]) -> None:
-    unused = sorted(n for n in tensors.names() - used if not n.endswith(ignorable))
-    if unused:
-        logger.warning("checkpoint tensors not used by the model: %s", ", ".join(unused[:10]))
 
 
 def _as_source(source: ModelSource | str | os.PathLike[str]) -> ModelSource:
@@ -351,7 +333,9 @@ def load_model(
     ``SettingsError``); a form the mesh's backend cannot run is refused before any tensor is
     read.
     """
-    np_dtype = _check_dtype(dtype)
+    if dtype not in DTYPES:
+        raise CheckpointError(f"dtype: {dtype!r} not in {sorted(DTYPES)}")
+    np_dtype = DTYPES[dtype]
     source = _as_source(source)
     with contextlib.ExitStack() as stack:
         config, tensors, ignorable, found = _open(source, stack)
@@ -366,7 +350,9 @@ def load_model(
         smooth = quantization == "int8_smooth"  # placed in float first, calibrated, then int8
         float_config = config.replace(quantization="none") if smooth else config
         params, used = assemble_params(tensors, float_config, mesh, np_dtype)
-        _warn_unused(tensors, used, ignorable)
+        unused = sorted(n for n in tensors.names() - used if not n.endswith(ignorable))
+        if unused:
+            logger.warning("checkpoint tensors not used by the model: %s", ", ".join(unused[:10]))
     if smooth:
         float_model = model_for(float_config, jnp.dtype(np_dtype))
         params = smoothed_params(params, float_model, config, calibration_ids(source), mesh)
