@@ -71,16 +71,6 @@ def _axes(target: str, letters: str) -> tuple[str, ...]:
     return ("kv_heads", "head_dim") if target in _KV_IN_OUT and letters == "he" else axes
 
 
-def _sizes(config: ModelConfig) -> dict[str, int]:
-    return {
-        "embed": config.hidden_size,
-        "heads": config.num_heads,
-        "kv_heads": config.num_kv_heads,
-        "head_dim": config.head_dim,
-        "mlp": config.intermediate_size,
-    }
-
-
 def target_axes(target: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """Logical axes of one target's A ``[layers, M, *in, r]`` and B ``[layers, M, r, *out]``:
     sharded like the base matrix on the model axis (heads, kv_heads, mlp)."""
@@ -109,8 +99,16 @@ def has_head_slots(config: ModelConfig) -> bool:
 
 def lora_shapes(config: ModelConfig, slots: int, rank: int) -> dict[str, Any]:
     """The shape of every leaf of ``lora_logical_axes``."""
-    sizes = {**_sizes(config), "layers": config.num_layers, "lora_slots": slots}
-    sizes["lora_rank"] = rank
+    sizes = {
+        "embed": config.hidden_size,
+        "heads": config.num_heads,
+        "kv_heads": config.num_kv_heads,
+        "head_dim": config.head_dim,
+        "mlp": config.intermediate_size,
+        "layers": config.num_layers,
+        "lora_slots": slots,
+        "lora_rank": rank,
+    }
     if config.head is not None:
         sizes["labels"] = config.head.num_labels
     return jax.tree_util.tree_map(
@@ -162,24 +160,21 @@ def layer_inputs(
     return stacks, route_slots(slots, count, math.gcd(slots.shape[0], groups))
 
 
-def lora_delta(x: Array, target: str, stacks: Params, slots: Any) -> Array:
-    """The low-rank update of ``target`` for inputs ``x [B, T, *in]`` whose tokens reach
-    their slots by ``slots`` (``layer_inputs``' second); one layer's ``stacks[target]``:
-    a ``[M, *in, r]``, b ``[M, r, *out]`` -> ``[B, T, *out]``."""
-    _, _, inputs, outputs = TARGETS[target]
-    pair = stacks[target]
-    if isinstance(slots, SlotRoute):
-        return grouped_delta(x, pair["a"], pair["b"], slots, inputs, outputs)
-    return dense_delta(x, pair["a"], pair["b"], slots, inputs, outputs)
-
-
 def with_delta(base: Array, x: Array, target: str, lora: tuple[Params, Any] | None) -> Array:
-    """``base`` (the projection of ``x``) plus its LoRA update when ``lora`` is set and
-    allocates ``target``."""
+    """``base`` (the projection of ``x [B, T, *in]``, ``[B, T, *out]``) plus its low-rank
+    update when ``lora`` (one layer's stacks, how the tokens reach their slots:
+    ``layer_inputs``' second) is set and allocates ``target``: a ``[M, *in, r]``, b
+    ``[M, r, *out]``."""
     if lora is None or target not in lora[0]:
         return base
     stacks, slots = lora
-    return base + lora_delta(x, target, stacks, slots).astype(base.dtype)
+    _, _, inputs, outputs = TARGETS[target]
+    a, b = stacks[target]["a"], stacks[target]["b"]
+    if isinstance(slots, SlotRoute):
+        delta = grouped_delta(x, a, b, slots, inputs, outputs)
+    else:
+        delta = dense_delta(x, a, b, slots, inputs, outputs)
+    return base + delta.astype(base.dtype)
 
 
 def head_slot_outputs(params: Params, hidden: Array) -> Array:

@@ -82,10 +82,6 @@ _SIZES = {
 }
 
 
-def _is_axes(node: Any) -> bool:
-    return isinstance(node, tuple)
-
-
 def served_logical_axes(config: ModelConfig) -> dict[str, Any]:
     """``param_logical_axes`` (the checkpoint's tensors) and, quantized, each quantized
     weight's scale (model.quant): the tree the model runs on."""
@@ -97,17 +93,15 @@ def served_logical_axes(config: ModelConfig) -> dict[str, Any]:
     return tree
 
 
-def _shapes_of(config: ModelConfig, axes: dict[str, Any]) -> dict[str, Any]:
+def param_shapes(config: ModelConfig) -> dict[str, Any]:
+    """The expected shape of every checkpoint tensor, derived from its logical axes."""
     import jax
 
     return jax.tree_util.tree_map(
-        lambda names: tuple(_SIZES[name](config) for name in names), axes, is_leaf=_is_axes
+        lambda names: tuple(_SIZES[name](config) for name in names),
+        param_logical_axes(config),
+        is_leaf=lambda node: isinstance(node, tuple),
     )
-
-
-def param_shapes(config: ModelConfig) -> dict[str, Any]:
-    """The expected shape of every checkpoint tensor, derived from its logical axes."""
-    return _shapes_of(config, param_logical_axes(config))
 
 
 def param_shardings(config: ModelConfig, mesh: Mesh) -> dict[str, Any]:

@@ -112,13 +112,6 @@ def dequantize(values: Array, scale: Array, n_in: int, xp: Any = jnp) -> Array:
     return values.astype(np.float32) * xp.repeat(scale.astype(np.float32), block, axis=axis)
 
 
-def token_scale(x: Array, n_in: int, quantization: str) -> Array:
-    """One float32 scale per token: ``x [..., *in]`` -> ``[..., 1 (n_in times)]``."""
-    axes = tuple(range(x.ndim - n_in, x.ndim))
-    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=True)
-    return jnp.where(amax > 0, amax / _LIMITS[quantization], 1.0)
-
-
 def _contract(x: Array, w: Array, n_in: int, out_type: Any) -> Array:
     """``x [..., *in]`` . ``w [*in, *out]`` -> ``[..., *out]`` in ``out_type``."""
     x_axes = tuple(range(x.ndim - n_in, x.ndim))
@@ -146,7 +139,9 @@ def quantized_project(
 def quantize_tokens(x: Array, n_in: int, quantization: str) -> tuple[Array, Array]:
     """W8A8 / fp8: ``x [..., *in]`` -> (its stored values ``[..., *in]``, one float32 scale
     per token ``[..., 1 * n_in]``)."""
-    x_scale = token_scale(x, n_in, quantization)  # [..., 1 * n_in]
+    axes = tuple(range(x.ndim - n_in, x.ndim))
+    amax = jnp.max(jnp.abs(x.astype(jnp.float32)), axis=axes, keepdims=True)
+    x_scale = jnp.where(amax > 0, amax / _LIMITS[quantization], 1.0)  # [..., 1 * n_in]
     return _to_stored(x.astype(jnp.float32) / x_scale, quantization, jnp), x_scale
 
 
@@ -173,7 +168,6 @@ def reference_project(
         w64 = dequantize(np.asarray(values), np.asarray(scale), n_in, np).astype(np.float64)
     else:
         w64 = np.asarray(values).astype(np.float64) * np.asarray(scale, np.float64)
-    if quantization != "int8_weight":
         axes = tuple(range(x64.ndim - n_in, x64.ndim))
         amax = np.max(np.abs(x64.astype(np.float32)), axis=axes, keepdims=True)
         s = np.where(amax > 0, amax.astype(np.float32) / np.float32(_LIMITS[quantization]), 1.0)
