@@ -26,6 +26,7 @@ import numpy as np
 
 from app.schema import RerankRequest
 from app.tokenization import fast_offsets
+from app.validation import encodable
 from replicas.contract import ModelInfo
 from replicas.errors import Reason, ScoringError
 from replicas.settings import HttpSettings
@@ -216,12 +217,3 @@ def cut_texts(tokenizer: Any, texts: list[str], limit: int) -> list[str]:
         text if len(ids) <= limit else tokenizer.decode(ids[:limit])
         for text, ids in zip(texts, encoded, strict=True)
     ]
-
-
-def encodable(text: str) -> bool:
-    """Whether ``text`` is valid Unicode (no lone surrogates) a tokenizer can take."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

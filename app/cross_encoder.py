@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, request_chunks
-from app.classify import classify_envelope
+from app.classify import classify_envelope, head_of
 from app.rerank import rerank_body
 from app.schema import ClassifyRequest, RerankRequest, ScoreRequest
 from app.scores import classify_probs
@@ -43,7 +43,7 @@ from app.validation import (
     validate_request,
 )
 from replicas.answers import Vectors
-from replicas.contract import EmbedWork, ModelInfo, ScoreHead
+from replicas.contract import EmbedWork, ModelInfo
 from replicas.errors import Reason, ScoringError
 
 _NO_LIMIT = 1 << 40  # tokenizers without a limit say int(1e30)
@@ -104,11 +104,6 @@ class Texts:
         return classify_envelope(self.request, values, self.prompt_tokens, info, created)
 
 
-def head_of(info: ModelInfo) -> ScoreHead:
-    """The served head (only the cross-encoder kind calls this, app.kinds)."""
-    return cast(ScoreHead, info.head)
-
-
 async def cross_encoded(
     tokenizer: Any,
     info: ModelInfo,
@@ -148,17 +143,12 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
 
 
-def _max_length(tokenizer: Any, info: ModelInfo) -> int | None:
-    """The most tokens of a pair: the tokenizer's ``model_max_length``, within the model's
-    position embeddings."""
-    limits = [getattr(tokenizer, "model_max_length", None)]
-    limits.append(head_of(info).max_length)
-    sane = [int(n) for n in limits if isinstance(n, int | float) and 0 < n < _NO_LIMIT]
-    return min(sane) if sane else None
-
-
 def _truncation(tokenizer: Any, info: ModelInfo) -> dict[str, Any]:
-    limit = _max_length(tokenizer, info)
+    """``longest_first`` to the most tokens of a pair: the tokenizer's ``model_max_length``,
+    within the model's position embeddings."""
+    limits = (getattr(tokenizer, "model_max_length", None), head_of(info).max_length)
+    sane = [int(n) for n in limits if isinstance(n, int | float) and 0 < n < _NO_LIMIT]
+    limit = min(sane, default=0)
     return {"truncation": "longest_first", "max_length": limit} if limit else {}
 
 
@@ -181,7 +171,7 @@ def encode_pairs(tokenizer: Any, info: ModelInfo, pairs: list[tuple[str, str]]) 
     return EmbedWork(inputs, second_starts=starts)
 
 
-def _texts(query: Any, items: list[Any], route: str) -> tuple[str, list[str]]:
+def _check_texts(query: Any, items: list[Any], route: str) -> None:
     if not isinstance(query, str) or not all(isinstance(item, str) for item in items):
         raise ScoringError(
             Reason.INVALID_REQUEST,
@@ -190,7 +180,6 @@ def _texts(query: Any, items: list[Any], route: str) -> tuple[str, list[str]]:
         )
     for name, text in (("query", query), *(("items", item) for item in items)):
         check_unicode(text, name)
-    return query, items
 
 
 def prepare_pairs(
@@ -234,11 +223,10 @@ def prepare_pairs(
             f"/v1/rerank: a cross_encoder of {labels} labels has no relevance "
             "to rank by; /v1/score answers its outputs",
         )
-    query, texts = _texts(query, texts, route)
+    _check_texts(query, texts, route)
     pairs = [(text, query) if first else (query, text) for text in texts]
     work = encode_pairs(tokenizer, info, pairs) if pairs else EmbedWork(())
-    work = EmbedWork(work.inputs, adapter=adapter, second_starts=work.second_starts)
-    return Pairs(route, request, work, request.model or info.name, chunks)
+    return Pairs(route, request, replace(work, adapter=adapter), request.model or info.name, chunks)
 
 
 def prepare_texts(tokenizer: Any, info: ModelInfo, payload: Any) -> Texts:
@@ -250,8 +238,7 @@ def prepare_texts(tokenizer: Any, info: ModelInfo, payload: Any) -> Texts:
     for entry in entries:
         for text in (entry,) if isinstance(entry, str) else entry:
             check_unicode(text, "input")
-    work = encode_entries(tokenizer, info, entries)
-    return Texts(request, EmbedWork(work.inputs, adapter=adapter, second_starts=work.second_starts))
+    return Texts(request, replace(encode_entries(tokenizer, info, entries), adapter=adapter))
 
 
 def encode_entries(tokenizer: Any, info: ModelInfo, entries: list[Any]) -> EmbedWork:

@@ -123,9 +123,7 @@ def build_api(
     api.add_exception_handler(ScoringError, _scoring_error)
     api.add_exception_handler(HTTPException, _routing_error)
     api.add_middleware(_Frame, keys=keys, recorder=recorder, set_request_id=set_request_id)
-    known = adapters.know if adapters is not None else _known_already
-    listed = adapters.current if adapters is not None else _listed_already
-    api.include_router(_routes(service, backend, health, stats, (known, listed), workloads))
+    api.include_router(_routes(service, backend, health, stats, adapters, workloads))
     api.include_router(_adapter_routes(adapters))
     if adapters is not None:  # the other ingress replicas' loads and unloads, followed
         api.router.on_startup.append(adapters.start_following)
@@ -172,11 +170,12 @@ def _routes(
     backend: Backend,
     health: HealthCheck,
     stats: StatsSource | None,
-    adapter_names: tuple[Callable[[Any], Awaitable[None]], Callable[[], Awaitable[None]]],
+    adapters: AdapterAdmin | None,
     workloads: Sequence[Workload],
 ) -> APIRouter:
     router = APIRouter()
-    known, listed = adapter_names
+    known = adapters.know if adapters is not None else _known_already
+    listed = adapters.current if adapters is not None else _listed_already
 
     async def payload_of(request: Request) -> Any:
         """The body, with the adapter names current for the ``model`` it names."""
@@ -251,7 +250,9 @@ def _workload_routes(
     async def answered(request: Request) -> Response:
         payload = await payload_of(request)
         body, timings = await workload.respond(service, payload, backend)
-        _note_scored(request, timings, workload.counted(body, payload), prompt_tokens(body))
+        request.state.timings = timings
+        request.state.items = workload.counted(body, payload)
+        request.state.tokens = prompt_tokens(body)
         return JSONResponse(body, headers=timing_headers(timings))
 
     for path in workload.paths:
@@ -273,12 +274,6 @@ async def _listed_already() -> None:
 
 async def _known_already(payload: Any) -> None:
     """No adapters load at run time: the names the service has are all there are."""
-
-
-def _note_scored(request: Request, timings: Timings, items: int, tokens: int) -> None:
-    request.state.timings = timings
-    request.state.items = items
-    request.state.tokens = tokens
 
 
 async def _scoring_error(request: Request, error: Exception) -> Response:

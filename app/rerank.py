@@ -18,12 +18,18 @@ from typing import Any
 
 import numpy as np
 
-from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, encodable, request_chunks
+from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, request_chunks
 from app.query_likelihood import LikelihoodTemplate, likelihood_prompts, likelihood_relevance
 from app.schema import RerankRequest
 from app.templates import template_from_pairs
 from app.tokenization import TextTokenizer, encode_text
-from app.validation import check_item_count, check_model_name, check_work, validate_body
+from app.validation import (
+    check_item_count,
+    check_model_name,
+    check_unicode,
+    check_work,
+    validate_body,
+)
 from replicas.contract import (
     ModelInfo,
     PromptWork,
@@ -31,7 +37,7 @@ from replicas.contract import (
     ScoreWork,
     check_limits,
 )
-from replicas.errors import Reason, ScoringError
+from replicas.errors import ScoringError
 from replicas.settings import HttpSettings, SettingsError
 
 logger = logging.getLogger(__name__)
@@ -124,10 +130,7 @@ class Reranker:
         chunks = request_chunks(self.tokenizer, request, defaults, info)
         texts = list(chunks.texts)
         for param, text in (("query", request.query), *(("documents", t) for t in texts)):
-            if not encodable(text):
-                raise ScoringError(
-                    Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
-                )
+            check_unicode(text, param)
         if isinstance(self.template, LikelihoodTemplate):
             work = likelihood_prompts(self.template, self.tokenizer, request.query, texts)
             work = dataclasses.replace(work, adapter=adapter)
@@ -137,10 +140,7 @@ class Reranker:
         query = template.query.format(
             instruction=request.instruction or template.instruction, query=request.query
         )
-        if not encodable(query):
-            raise ScoringError(
-                Reason.INVALID_REQUEST, "instruction: text is not valid Unicode", "instruction"
-            )
+        check_unicode(query, "instruction")
         items = [template.document.format(document=text) for text in texts]
         tokenized = encode_text(self.tokenizer, query, items)
         work = ScoreWork(tokenized.query_ids, tokenized.item_ids, self.labels, adapter=adapter)

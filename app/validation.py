@@ -154,15 +154,20 @@ def is_text_request(request: ScoreRequest) -> bool:
     return text
 
 
-def check_unicode(text: str, param: str) -> None:
-    """Lone surrogates (legal in JSON escapes) cannot be tokenized: a 400 naming ``param``,
-    never a crash."""
+def encodable(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (no lone surrogates) a tokenizer can take."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise ScoringError(
-            Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param
-        ) from None
+        return False
+    return True
+
+
+def check_unicode(text: str, param: str) -> None:
+    """Lone surrogates (legal in JSON escapes) cannot be tokenized: a 400 naming ``param``,
+    never a crash."""
+    if not encodable(text):
+        raise ScoringError(Reason.INVALID_REQUEST, f"{param}: text is not valid Unicode", param)
 
 
 def check_text_encodable(request: ScoreRequest) -> None:
