@@ -8,7 +8,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from replicas.settings.common import SettingsError
+from replicas.settings.common import SettingsError, check_choice
 
 PLACEMENT_STRATEGIES = ("SPREAD", "STRICT_SPREAD", "PACK", "STRICT_PACK")
 TPU_SLICE = re.compile(r"(?P<generation>v\d+[a-z]*):(?P<topology>\d+(x\d+){1,2})")
@@ -51,11 +51,9 @@ class PlacementSettings:
             raise SettingsError(
                 f"hosts_per_replica: must be an int in [1, 64], got {self.hosts_per_replica!r}"
             )
-        if self.placement_group_strategy not in PLACEMENT_STRATEGIES:
-            raise SettingsError(
-                f"placement_group_strategy: must be one of {PLACEMENT_STRATEGIES}, "
-                f"got {self.placement_group_strategy!r}"
-            )
+        check_choice(
+            "placement_group_strategy", self.placement_group_strategy, PLACEMENT_STRATEGIES
+        )
         resources = dict(self.host_resources)
         if not resources or any(
             not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, int | float) or v < 0
