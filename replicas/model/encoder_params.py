@@ -12,11 +12,9 @@ from typing import Any
 from replicas.model.config import ModelConfig
 from replicas.model.heads import head_logical_axes
 
-_NORM = {"scale": ("norm",), "bias": ("norm",)}
-_LAYER_NORM = {"scale": ("layers", "norm"), "bias": ("layers", "norm")}
-
 
 def _norm(config: ModelConfig, layer: bool) -> dict[str, Any]:
+    """A LayerNorm's axes: its bias with ``norm_bias`` (BERT's always)."""
     axes = ("layers", "norm") if layer else ("norm",)
     return {"scale": axes, "bias": axes} if config.norm_bias else {"scale": axes}
 
@@ -69,7 +67,7 @@ def encoder_logical_axes(config: ModelConfig) -> dict[str, Any]:
         "embed": ("vocab", "embed"),  # [V, D]
         "position_embed": ("positions", "embed"),  # [P, D]
         "type_embed": ("token_types", "embed"),  # [T, D]
-        "embed_norm": dict(_NORM),
+        "embed_norm": _norm(config, layer=False),
         "layers": {
             "attn": {
                 "q": ("layers", "embed", "heads", "head_dim"),  # [L, D, H, Dh]
@@ -81,13 +79,13 @@ def encoder_logical_axes(config: ModelConfig) -> dict[str, Any]:
                 "v_bias": ("layers", "heads", "head_dim"),
                 "o_bias": ("layers", "norm"),  # [L, D]
             },
-            "attn_norm": dict(_LAYER_NORM),
+            "attn_norm": _norm(config, layer=True),
             "mlp": {
                 "up": ("layers", "embed", "mlp"),  # [L, D, F]
                 "up_bias": ("layers", "mlp"),
                 "down": ("layers", "mlp", "embed"),  # [L, F, D]
                 "down_bias": ("layers", "norm"),
             },
-            "mlp_norm": dict(_LAYER_NORM),
+            "mlp_norm": _norm(config, layer=True),
         },
     }
