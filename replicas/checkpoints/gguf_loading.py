@@ -44,8 +44,7 @@ def permute_qk(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -
 
     weights: [heads*Dh, ...] -> same shape, each head's rows reordered (halves -> pairs).
     """
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
+    n_head = n_head if n_head_kv is None else n_head_kv
     rows = weights.shape[0]
     return (
         weights.reshape(n_head, 2, rows // n_head // 2, *weights.shape[1:])
@@ -56,8 +55,7 @@ def permute_qk(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -
 
 def unpermute_qk(weights: np.ndarray, n_head: int, n_head_kv: int | None = None) -> np.ndarray:
     """llama.cpp -> Hugging Face row order of q/k; the inverse of ``permute_qk``."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
+    n_head = n_head if n_head_kv is None else n_head_kv
     rows = weights.shape[0]
     return (
         weights.reshape(n_head, rows // n_head // 2, 2, *weights.shape[1:])
