@@ -50,7 +50,6 @@ ENCODER_MODULES = {
     "intermediate.dense": "up",
     "output.dense": "down",
 }
-_ENCODER_NAMES = {target: module for module, target in ENCODER_MODULES.items()}
 _ENCODER_TENSOR = re.compile(
     r"base_model\.model\.(?:(?:bert|roberta)\.)?encoder\.layer\.(?P<layer>\d+)\."
     r"(?P<module>[\w.]+?)\.lora_(?P<part>[AB])\.weight"
@@ -70,7 +69,6 @@ ROTARY_MODULES = {
     "mlp.Wi": ("up", "gate"),
     "mlp.Wo": ("down",),
 }
-_ROTARY_NAMES = {target: module for module, parts in ROTARY_MODULES.items() for target in parts}
 _ROTARY_TENSOR = re.compile(
     r"base_model\.model\.(?:model\.)?layers\.(?P<layer>\d+)\."
     r"(?P<module>(?:attn|mlp)\.\w+)\.lora_(?P<part>[AB])\.weight"
@@ -148,28 +146,28 @@ def read_adapter_config(name: str, directory: Path) -> dict[str, Any]:
     return config
 
 
-def _module_names(base: ModelConfig) -> set[str]:
-    """The last parts of the module names an adapter of ``base`` may target (an encoder's
-    ``dense`` also names its pooler or head, refused by ``_check_pooler`` where read)."""
+def _scheme(base: ModelConfig) -> tuple[re.Pattern[str], dict[str, tuple[str, ...]]]:
+    """How ``base``'s LoRA tensors are named: their pattern, and a layer's module path ->
+    its targets (a fused module's parts in output order)."""
     if base.rotary:
-        return {module.rsplit(".", 1)[-1] for module in ROTARY_MODULES} | {"dense"}
-    if base.encoder:
-        return {module.rsplit(".", 1)[-1] for module in ENCODER_MODULES}
-    return set(_BY_MODULE)
+        return _ROTARY_TENSOR, ROTARY_MODULES
+    modules = ENCODER_MODULES if base.encoder else _BY_MODULE
+    return (_ENCODER_TENSOR if base.encoder else _TENSOR), {m: (t,) for m, t in modules.items()}
 
 
 def _module_of(base: ModelConfig, target: str) -> str:
     """The Hugging Face module a target of ``base`` comes from (for errors)."""
-    if base.rotary:
-        return _ROTARY_NAMES[target]
-    return _ENCODER_NAMES[target] if base.encoder else TARGETS[target][0]
+    return next(module for module, parts in _scheme(base)[1].items() if target in parts)
 
 
 def _check_targets(name: str, config: dict[str, Any], base: ModelConfig) -> None:
     """Listed target modules (names, or dotted paths ending in one: PEFT matches by the
     last part) must all be projections the model has."""
     targets = config.get("target_modules")
-    names = _module_names(base)
+    # the last parts of the module names (an encoder's ``dense`` also names its pooler or
+    # head, refused by ``_check_pooler`` where read)
+    names = {module.rsplit(".", 1)[-1] for module in _scheme(base)[1]}
+    names |= {"dense"} if base.rotary else set()
     if isinstance(targets, list):
         unknown = sorted({t for t in targets if str(t).rsplit(".", 1)[-1] not in names})
         if unknown:
@@ -181,17 +179,9 @@ def _check_targets(name: str, config: dict[str, Any], base: ModelConfig) -> None
 def _targets_of(key: str, base: ModelConfig) -> tuple[tuple[str, ...], int, str] | None:
     """A LoRA tensor's (targets: one, or a fused module's parts in output order; layer;
     part "A" or "B"), or None: not one of a projection of ``base``'s layers."""
-    if base.rotary:
-        match = _ROTARY_TENSOR.fullmatch(key)
-        targets = None if match is None else ROTARY_MODULES.get(match["module"])
-    elif base.encoder:
-        match = _ENCODER_TENSOR.fullmatch(key)
-        found = None if match is None else ENCODER_MODULES.get(match["module"])
-        targets = None if found is None else (found,)
-    else:
-        match = _TENSOR.fullmatch(key)
-        found = None if match is None else _BY_MODULE.get(match["module"])
-        targets = None if found is None else (found,)
+    pattern, modules = _scheme(base)
+    match = pattern.fullmatch(key)
+    targets = None if match is None else modules.get(match["module"])
     if match is None or targets is None:
         return None
     return targets, int(match["layer"]), match["part"]
