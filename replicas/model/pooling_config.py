@@ -18,7 +18,6 @@ Dense weights are read only from safetensors (``replicas.checkpoints.dense``).
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from replicas.embed_contract import POOLINGS, InputFormat, PoolingHead
 from replicas.model.family.fields import text_config
 from replicas.model.family.registry import BASE_ARCHITECTURES, ENCODERS
 from replicas.model.head_config import is_cross_encoder, position_offset
-from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format
+from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format, read_json
 from replicas.settings import ModelSettings, SettingsError
 
 ACTIVATIONS = {
@@ -47,10 +46,7 @@ def is_base_model(hf: Any) -> bool:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise UnsupportedEmbeddingError(f"{path}: not readable JSON: {error}") from None
+    value = read_json(path)
     if not isinstance(value, dict | list):
         raise UnsupportedEmbeddingError(f"{path}: expected a JSON object")
     return value  # type: ignore[return-value]

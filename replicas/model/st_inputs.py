@@ -43,7 +43,7 @@ class UnsupportedEmbeddingError(ValueError):
     """The embedding model's files or settings are unusable (named in the message)."""
 
 
-def _json(path: Path) -> Any:
+def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as error:
@@ -58,7 +58,7 @@ def chat_template_of(directory: Path) -> Any:
         return jinja.read_text()
     for name in ("chat_template.json", "tokenizer_config.json"):
         path = directory / name
-        template = _json(path).get("chat_template") if path.is_file() else None
+        template = read_json(path).get("chat_template") if path.is_file() else None
         if template:
             return template
     if (directory / "additional_chat_templates").is_dir():
@@ -79,7 +79,7 @@ def message_format_of(template: Any, model_type: str | None) -> str:
 def _st_config(directory: Path) -> dict[str, Any]:
     for name in ST_CONFIG_NAMES:
         if (directory / name).is_file():
-            config = _json(directory / name)
+            config = read_json(directory / name)
             return config if isinstance(config, dict) else {}
     return {}
 
