@@ -242,14 +242,9 @@ def attend_item_stream(
     own_max = jnp.moveaxis(own_logits.max(-1), 1, 3).reshape(batch, kv_heads, groups, padded)
     top = jnp.maximum(prefix_logits.max(-1), own_max[..., :length])
     prefix_p = jnp.exp(prefix_logits - top[..., None])  # [B, K, G, S, T]
-    top_b = jnp.moveaxis(
-        jnp.pad(top, [(0, 0)] * 3 + [(0, padded - length)]).reshape(
-            batch, kv_heads, groups, nb, block
-        ),
-        3,
-        1,
-    )  # [B, nb, K, G, W]
-    own_p = jnp.exp(own_logits - top_b[..., None])  # [B, nb, K, G, W, C]
+    top_padded = jnp.pad(top, [(0, 0)] * 3 + [(0, padded - length)])  # [B, K, G, S']
+    top_b = jnp.moveaxis(top_padded.reshape(batch, kv_heads, groups, nb, block), 3, 1)
+    own_p = jnp.exp(own_logits - top_b[..., None])  # top_b [B, nb, K, G, W]; [B, nb, K, G, W, C]
     own_sum = jnp.moveaxis(own_p.sum(-1), 1, 3).reshape(batch, kv_heads, groups, padded)
     total = prefix_p.sum(-1) + own_sum[..., :length]  # [B, K, G, S]
     out = jnp.einsum("bkgst,btkd->bskgd", prefix_p.astype(v.dtype), prefix_v)
@@ -314,11 +309,6 @@ class Attention(nn.Module):
         observe(self, "o_in", attended, 2)
         out = project(attended, self.o, 2, self.config, self.dtype, spec, "tokens", self.split)
         return with_delta(out, attended, "o", lora)
-
-    def __call__(self, x: Array, positions: Array, mask: Array) -> Array:
-        q, k, v = self.qkv(x, positions)
-        c = self.config
-        return self.out(attend_dense(q, k, v, mask, c.query_scale, c.attn_softcap))
 
 
 class MLP(nn.Module):
