@@ -210,19 +210,17 @@ def attention_part(
     kv_shape = (batch, kv_heads, t_pad // block, block, head_dim)
     kb = _pad_to(jnp.swapaxes(k, 1, 2), t_pad, 2).reshape(kv_shape)  # [B, K, nk, bk, Dh]
     vb = _pad_to(jnp.swapaxes(v, 1, 2), t_pad, 2).reshape(kv_shape)
-    qseg = _pad_to(q_segments.astype(jnp.int32), s_pad, 1, -1)  # [B, S']
-    qseg = jnp.broadcast_to(qseg[:, :, None], (batch, s_pad, LANES))  # [B, S', 128]
-    kvseg = _pad_to(kv_segments.astype(jnp.int32), t_pad, 1, -2)
-    kvseg = kvseg.reshape(batch, t_pad // block, 1, block)  # [B, nk, 1, bk]
-    sliding_arrays: tuple[Array, ...] = ()
-    if sliding is not None:
-        q_low, kv_pos = sliding
-        q_low = _pad_to(q_low.astype(jnp.int32), s_pad, 1)  # [B, S']
-        kv_pos = _pad_to(kv_pos.astype(jnp.int32), t_pad, 1)
-        sliding_arrays = (
-            jnp.broadcast_to(q_low[:, :, None], (batch, s_pad, LANES)),  # [B, S', 128]
-            kv_pos.reshape(batch, t_pad // block, 1, block),  # [B, nk, 1, bk]
-        )
+
+    def query_lanes(x: Array, fill: int = 0) -> Array:  # [B, S] -> [B, S', 128]
+        x = _pad_to(x.astype(jnp.int32), s_pad, 1, fill)
+        return jnp.broadcast_to(x[:, :, None], (batch, s_pad, LANES))
+
+    def key_rows(x: Array, fill: int = 0) -> Array:  # [B, T] -> [B, nk, 1, bk]
+        x = _pad_to(x.astype(jnp.int32), t_pad, 1, fill)
+        return x.reshape(batch, t_pad // block, 1, block)
+
+    qseg, kvseg = query_lanes(q_segments, -1), key_rows(kv_segments, -2)
+    sliding_arrays = () if sliding is None else (query_lanes(sliding[0]), key_rows(sliding[1]))
     out, lse = _flash(
         qt, kb, vb, qseg, kvseg, sliding_arrays,
         options=options, causal=causal, window=window, interpret=interpret,
