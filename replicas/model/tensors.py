@@ -71,12 +71,10 @@ def hf_shape(layout: str, shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def to_our_layout(layout: str, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """Hugging Face layout -> our layout; ``shape`` is the target (per-layer) shape."""
-    if layout == SAME:
+    if layout in (SAME, HEADS_BIAS):
         return array.reshape(shape)
     if layout == TRANSPOSE:
         return array.T
     if layout in (HEADS_IN, HEADS_OUT):
         return array.T.reshape(shape)  # [H*Dh, D] -> [D, H*Dh]; [D, H*Dh] -> [H*Dh, D]
-    if layout == HEADS_BIAS:
-        return array.reshape(shape)
     raise ValueError(f"layout {layout!r} not in {LAYOUTS}")
