@@ -155,18 +155,10 @@ class Completions:
         for piece in pieces:
             offsets.append(cursor)
             cursor += len(piece)
-        choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": "length"}
-        choice["logprobs"] = (
-            None
-            if request.logprobs is None
-            else {
-                "tokens": pieces,
-                "token_logprobs": logprobs,
-                "top_logprobs": tops,
-                "text_offset": offsets,
-            }
-        )
-        return choice
+        listed = {"tokens": pieces, "token_logprobs": logprobs, "top_logprobs": tops}
+        listed["text_offset"] = offsets
+        listed_or_none = None if request.logprobs is None else listed
+        return {"index": index, "text": text, "finish_reason": "length", "logprobs": listed_or_none}
 
     def _top(
         self, answer: PromptLogprobs, row: int, k: int, chosen: tuple[int, float]

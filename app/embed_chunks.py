@@ -34,12 +34,11 @@ class Chunking:
         """The chunks' vectors ``[chunks, D]`` -> one vector per input ``[inputs, D]``."""
         vectors = np.asarray(vectors, np.float32)
         spans = zip(self.starts[:-1], self.starts[1:], strict=True)
-        folded = [self._one(vectors, lo, hi) for lo, hi in spans]
+        folded = [
+            fold_chunks(vectors[lo:hi], self.weights[lo:hi], self.pooling) for lo, hi in spans
+        ]
         out = np.stack(folded).astype(np.float32)
         return l2_normalized(out) if self.normalize else out
-
-    def _one(self, vectors: np.ndarray, lo: int, hi: int) -> np.ndarray:
-        return fold_chunks(vectors[lo:hi], self.weights[lo:hi], self.pooling)
 
 
 def fold_chunks(vectors: np.ndarray, weights: Sequence[int], pooling: str) -> np.ndarray:

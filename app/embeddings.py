@@ -251,9 +251,7 @@ class Embedder:
         # truncate_prompt_tokens (1..limit) leaves no input past the limit: truncate then
         # has nothing to do
         truncate = None if keep is not None else request.truncate
-        raw = request.input
-        if isinstance(raw, str):
-            raw = [raw]
+        raw = [request.input] if isinstance(request.input, str) else request.input
         if not raw:
             raise ScoringError(Reason.EMPTY_INPUT, "input: the list is empty", "input")
         check_item_count(len(raw) if not isinstance(raw[0], int) else 1, self.info)
@@ -325,13 +323,6 @@ def cosines(query: np.ndarray, items: np.ndarray) -> np.ndarray:
     return (m @ q) / norms
 
 
-def encode_vector(vector: np.ndarray, as_base64: bool) -> Any:
-    """A vector as JSON numbers, or as base64 of its little-endian float32 bytes."""
-    if as_base64:
-        return base64_of(vector)
-    return np.asarray(vector, np.float32).tolist()
-
-
 def openai_body(
     prepared: EmbedPrepared,
     vectors: np.ndarray,
@@ -341,10 +332,9 @@ def openai_body(
     """OpenAI's list; with ``embedding_types`` (scorejax's extension) each item also carries
     ``embeddings: {type: value}`` as /v2/embed gives them."""
     out = matryoshka(vectors, prepared.dimensions)
-    data = [
-        {"object": "embedding", "index": i, "embedding": encode_vector(v, prepared.base64)}
-        for i, v in enumerate(out)
-    ]
+    # each vector as JSON numbers, or as base64 of its little-endian float32 bytes
+    encode = base64_of if prepared.base64 else lambda v: np.asarray(v, np.float32).tolist()
+    data = [{"object": "embedding", "index": i, "embedding": encode(v)} for i, v in enumerate(out)]
     if prepared.types:
         typed = typed_embeddings(out, prepared.types, calibration, prepared.dimensions)
         for i, item in enumerate(data):

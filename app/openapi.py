@@ -103,6 +103,11 @@ def longest_item(info: ModelInfo) -> int:
     return max(min(longest, _warm_row(info) - 1), 0)
 
 
+def _text(min_length: int) -> dict[str, Any]:
+    """A text; ``min_length`` 1 where "" has no tokens (no BOS), 0: any."""
+    return {"type": "string", "minLength": min_length} if min_length else {"type": "string"}
+
+
 def _token_id(info: ModelInfo | None, content: bool) -> dict[str, Any]:
     """One token id: >= 0, < vocab_size, and not the delimiter in a query or an item."""
     schema: dict[str, Any] = {"type": "integer", "minimum": 0}
@@ -123,10 +128,7 @@ def score_request_schema(
     token_ids: dict[str, Any] = {"type": "array", "items": _token_id(info, content=True)}
     query_ids = {**token_ids, "minItems": 1}
     item_ids = dict(token_ids)
-    text: dict[str, Any] = {"type": "string"}
-    if text_query_min_length:
-        text["minLength"] = text_query_min_length
-    item_text: dict[str, Any] = {"type": "string"}
+    text, item_text = _text(text_query_min_length), _text(0)
     if info is not None:
         query_ids["maxItems"] = longest_query(info)
         item_ids["maxItems"] = longest_item(info)
@@ -315,9 +317,7 @@ def completion_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict
     schema = CompletionRequest.model_json_schema(ref_template=_REF)
     props = schema["properties"]
     most = info.limits.max_items_per_request
-    text: dict[str, Any] = {"type": "string"}
-    if text_min_length:
-        text["minLength"] = text_min_length
+    text = _text(text_min_length)
     ids = {"type": "array", "items": _token_id(info, False), "minItems": 1}
     props["prompt"]["anyOf"] = [
         text,
@@ -342,9 +342,7 @@ def classify_request_schema(info: ModelInfo, text_min_length: int = 0) -> dict[s
     [text, text_pair] on a cross-encoder only."""
     schema = ClassifyRequest.model_json_schema(ref_template=_REF)
     props = schema["properties"]
-    text: dict[str, Any] = {"type": "string"}
-    if text_min_length:
-        text["minLength"] = text_min_length
+    text = _text(text_min_length)
     entry: dict[str, Any] = text
     if info.model_kind.pairs:  # [text, text_pair]
         pair = {"type": "array", "items": text, "minItems": 2, "maxItems": 2}
