@@ -285,10 +285,8 @@ def assemble_params(
 def _as_source(source: ModelSource | str | os.PathLike[str]) -> ModelSource:
     if not isinstance(source, ModelSource):
         return resolve_model_source(source)
-    if source.is_gguf and not source.gguf_path.is_file():
-        raise CheckpointError(f"{source.gguf_path}: GGUF file not found")
     if not source.is_gguf and not (source.directory / "config.json").is_file():
-        raise CheckpointError(f"{source.directory}: no config.json")
+        raise CheckpointError(f"{source.directory}: no config.json")  # a GGUF: open_gguf
     return source
 
 
