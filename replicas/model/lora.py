@@ -63,30 +63,25 @@ TARGETS: dict[str, tuple[str, str, str, str]] = {
 # A platform not listed takes the cpu threshold (docs/serving.md, "LoRA").
 GROUPED_FROM_SLOTS = {"cpu": 9, "tpu": 9, "gpu": 10**9}
 _IN_AXES = {"d": ("embed",), "he": ("heads", "head_dim"), "f": ("mlp",)}
-_KV_IN_OUT = {"k", "v"}
 
 
 def _axes(target: str, letters: str) -> tuple[str, ...]:
-    axes = _IN_AXES[letters]
-    return ("kv_heads", "head_dim") if target in _KV_IN_OUT and letters == "he" else axes
-
-
-def target_axes(target: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Logical axes of one target's A ``[layers, M, *in, r]`` and B ``[layers, M, r, *out]``:
-    sharded like the base matrix on the model axis (heads, kv_heads, mlp)."""
-    _, _, inputs, outputs = TARGETS[target]
-    a = ("layers", "lora_slots", *_axes(target, inputs), "lora_rank")
-    b = ("layers", "lora_slots", "lora_rank", *_axes(target, outputs))
-    return a, b
+    """A target's in or out axes, by ``TARGETS``' letters (k and v: the kv heads)."""
+    return (
+        ("kv_heads", "head_dim") if target in ("k", "v") and letters == "he" else _IN_AXES[letters]
+    )
 
 
 def lora_logical_axes(config: ModelConfig) -> dict[str, Any]:
-    """Logical axes of ``params["lora"]``: every target's A and B, and a linear score
-    head's per-slot copy ``[M, D, L]``."""
+    """Logical axes of ``params["lora"]``: every target's A ``[layers, M, *in, r]`` and B
+    ``[layers, M, r, *out]``, sharded like the base matrix on the model axis (heads,
+    kv_heads, mlp), and a linear score head's per-slot copy ``[M, D, L]``."""
     tree: dict[str, Any] = {"layers": {}}
-    for target in TARGETS:
-        a, b = target_axes(target)
-        tree["layers"][target] = {"a": a, "b": b}
+    for target, (_, _, inputs, outputs) in TARGETS.items():
+        tree["layers"][target] = {
+            "a": ("layers", "lora_slots", *_axes(target, inputs), "lora_rank"),
+            "b": ("layers", "lora_slots", "lora_rank", *_axes(target, outputs)),
+        }
     if has_head_slots(config):
         tree["head"] = {"score": ("lora_slots", "embed", "labels")}
     return tree
