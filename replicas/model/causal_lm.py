@@ -50,9 +50,6 @@ class AttentionSpec:
     scale: float | None = flax.struct.field(pytree_node=False, default=None)  # None: Dh**-0.5
     softcap: float | None = flax.struct.field(pytree_node=False, default=None)
 
-    def dense_mask(self) -> Array:
-        return self.mask
-
 
 @flax.struct.dataclass
 class CausalSpec:
