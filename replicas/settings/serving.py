@@ -111,7 +111,5 @@ class HttpSettings:
                 f"max_items_per_request: must be in [1, {MAX_ITEMS_PER_REQUEST}], "
                 f"got {self.max_items_per_request}"
             )
-        if self.max_request_tokens is not None and self.max_request_tokens < 1:
-            raise SettingsError(
-                f"max_request_tokens: must be >= 1 (or null), got {self.max_request_tokens}"
-            )
+        if self.max_request_tokens is not None:
+            check_at_least("max_request_tokens", self.max_request_tokens, 1, " (or null)")
