@@ -112,10 +112,7 @@ class AdapterAdmin:
     async def follow(self) -> None:
         """Refresh ``names`` every ``REFRESH_S`` for as long as the ingress lives."""
         while True:
-            try:
-                await self.refresh()
-            except Exception as error:  # the registry restarting: keep the last names
-                logger.warning("lora adapter registry unavailable: %s", error)
+            await self.current()
             await asyncio.sleep(REFRESH_S)
 
     @staticmethod

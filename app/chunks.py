@@ -172,17 +172,13 @@ def chunk_documents(
         bounds = tuple((0, len(text)) for text in cut)
         return Chunks(tuple(cut), tuple(range(len(texts))), bounds, len(texts), options)
     chunked, owners, bounds = [], [], []
-    for doc, offsets in enumerate(_offsets(tokenizer, texts)):
+    # each text's tokens as [start, end) codepoint offsets (a fast tokenizer's mapping)
+    for doc, offsets in enumerate(fast_offsets(tokenizer, texts, "max_chunks_per_doc")):
         for start, end in _windows(offsets, len(texts[doc]), options, max_tokens):
             chunked.append(texts[doc][start:end])
             owners.append(doc)
             bounds.append((start, end))
     return Chunks(tuple(chunked), tuple(owners), tuple(bounds), len(texts), options)
-
-
-def _offsets(tokenizer: Any, texts: Sequence[str]) -> list[list[tuple[int, int]]]:
-    """Each text's tokens as [start, end) codepoint offsets (a fast tokenizer's mapping)."""
-    return fast_offsets(tokenizer, texts, "max_chunks_per_doc")
 
 
 def _windows(

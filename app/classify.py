@@ -44,7 +44,6 @@ def head_of(info: ModelInfo) -> ScoreHead:
 
 
 def prepare_classify(payload: Any, info: ModelInfo, tokenizer: TextTokenizer) -> ClassifyWork:
-    """Validate and tokenize."""
     request = validate_body(payload, ClassifyRequest)
     adapter = check_model_name(request.model, info)
     head = head_of(info)

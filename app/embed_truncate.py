@@ -20,12 +20,6 @@ from replicas.errors import Reason, ScoringError
 Length = Callable[[str], int]  # a text -> its input's token count, as it would be embedded
 
 
-def _token_starts(tokenizer: Any, text: str) -> list[int]:
-    """The start offsets of ``text``'s tokens (no special tokens), ascending."""
-    (offsets,) = fast_offsets(tokenizer, [text], "truncate")
-    return sorted({start for start, _ in offsets})
-
-
 def cut_start(tokenizer: Any, text: str, limit: int, length: Length) -> str:
     """``text`` less its first tokens, the longest tail (at a token start) whose input fits
     ``limit`` tokens; ``text`` itself when it fits."""
@@ -33,7 +27,8 @@ def cut_start(tokenizer: Any, text: str, limit: int, length: Length) -> str:
         return text
     width = (limit + 1) * CHARS_PER_TOKEN  # a tail this long overflows: the cut lies inside
     base = max(0, len(text) - width)
-    starts = [base + s for s in _token_starts(tokenizer, text[base:])]
+    (offsets,) = fast_offsets(tokenizer, [text[base:]], "truncate")  # its tokens, no specials
+    starts = [base + s for s in sorted({start for start, _ in offsets})]
     starts = starts[1:] if base else starts  # the tail's first token may be a word's middle
     low, high = 0, len(starts)  # starts[high:] fit (an empty tail counts as fitting)
     while low < high:  # the smallest index whose tail fits: tails only shrink as it grows

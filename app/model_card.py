@@ -24,6 +24,7 @@ def models_body(
 def base_card(
     info: ModelInfo, rerank_method: str | None, chunking: ChunkOptions, created: int
 ) -> dict[str, Any]:
+    """The base model's card; app.schema.ModelCard describes its fields."""
     pooling = info.pooling
     reranks = rerank_method is not None or info.model_kind.embeds  # cosine, or pairs
     return {
@@ -35,23 +36,16 @@ def base_card(
         "multi_item_scoring_delimiter": info.multi_item_scoring_delimiter,
         "max_items_per_request": info.limits.max_items_per_request,
         "max_multi_item_seq_len": info.limits.max_multi_item_seq_len,
-        # limit_to_warmup: a request fits one (query, longest item, labels).
         "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
-        # /v1/rerank's method (None: no rerank route for this model).
         "rerank_method": rerank_method,
         **head_card(info.head),
         **({"rerank_method": "cosine", "scoring": "cosine"} if pooling else {}),
-        # causal_lm, score_head, embedding or cross_encoder; an embedding model's pooling, size
         "kind": info.kind,
         "pooling": pooling.pooling if pooling else None,
         "dimension": pooling.dimension if pooling else None,
-        # how an embedding model's text becomes tokens: as it is, or its chat template's render
         "input_format": pooling.inputs.kind if pooling else None,
-        # an embedding input's most tokens (truncate: END/START cut to it, CHUNK by it)
         "max_input_tokens": input_limit(info) if pooling else None,
-        # the sizes dimensions / output_dimension may cut its vector to (app.embeddings)
         **matryoshka_card(pooling),
-        # /v1/rerank's chunking defaults (a request's own fields override them)
         "rerank_chunking": chunking_card(chunking) if reranks else None,
     }
 

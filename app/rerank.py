@@ -154,7 +154,6 @@ class Reranker:
         return work_relevance(prepared.work, answer)
 
     def body(self, prepared: RerankWork, relevance: np.ndarray, model: str) -> dict[str, Any]:
-        """``rerank_body`` of the texts' relevance."""
         request, tokens = prepared.request, prepared.prompt_tokens
         return rerank_body(request, relevance, tokens, model, prepared.chunks)
 

@@ -26,8 +26,7 @@ def _reject_constant(name: str) -> Any:
 def parse_json(raw: bytes) -> Any:
     """Decode a request body; anything that is not strict JSON is ``invalid_json``."""
     try:
-        text = raw.decode("utf-8")
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (ValueError, RecursionError) as error:  # JSONDecodeError/UnicodeDecodeError: ValueError
         raise ScoringError(
             Reason.INVALID_JSON, f"request body is not valid JSON: {_short(error)}"
@@ -112,22 +111,15 @@ def check_token_ids(ids: Iterable[int], vocab_size: int, param: str) -> None:
             )
 
 
-def check_labels(labels: Sequence[int], vocab_size: int) -> None:
-    if not labels:
-        raise ScoringError(
-            Reason.EMPTY_LABEL_TOKEN_IDS,
-            "label_token_ids must list at least one token id",
-            param="label_token_ids",
-        )
-    check_token_ids(labels, vocab_size, "label_token_ids")
-
-
 def score_labels(labels: Sequence[int] | None, info: ModelInfo) -> tuple[int, ...]:
     """A ScoreWork's label ids: the request's (checked) for a causal LM; every output of a
     score-head model, which takes no label_token_ids (semantics 18)."""
     if info.model_kind.lm_head:
-        check_labels(labels or [], info.vocab_size)
-        return tuple(labels or ())
+        if not labels:
+            message = "label_token_ids must list at least one token id"
+            raise ScoringError(Reason.EMPTY_LABEL_TOKEN_IDS, message, param="label_token_ids")
+        check_token_ids(labels, info.vocab_size, "label_token_ids")
+        return tuple(labels)
     head = cast(ScoreHead, info.head)
     if labels is not None:
         raise ScoringError(
