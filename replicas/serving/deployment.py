@@ -119,10 +119,8 @@ class ScoringReplica:
         vocab_size = check_model_settings(self._settings)
         if engine_factory == DEFAULT_ENGINE and self._settings.placement.hosts_per_replica > 1:
             engine_factory = SLICE_ENGINE if self._settings.placement.tpu_slice else GROUP_ENGINE
-        factory, niceness = (
-            load_engine_factory(engine_factory),
-            self._settings.engine.engine_niceness,
-        )
+        factory = load_engine_factory(engine_factory)
+        niceness = self._settings.engine.engine_niceness
         self._engine: Engine = start_compute_niced(niceness, lambda: factory(self._settings))
         # Steps run on one thread at the engine's niceness; the event loop keeps its own.
         self._steps = ThreadPoolExecutor(1, "scorejax-step", set_thread_niceness, (niceness,))
@@ -146,14 +144,11 @@ class ScoringReplica:
             self._adapters = AdapterFollower(adapter_registry, known, apply)
         self._ready = True  # from_settings returns after weights load and warm-up
 
-    def _apply_batch_settings(self) -> None:
-        self._score_batched.set_max_batch_size(self._settings.batching.max_batch_size)
-        self._score_batched.set_batch_wait_timeout_s(self._settings.batching.batch_wait_timeout_s)
-
     def reconfigure(self, user_config: Mapping[str, Any]) -> None:
         """Serve calls this with ``user_config`` at start and on every config change."""
         self._settings = apply_user_config(self._settings, user_config or {})
-        self._apply_batch_settings()
+        self._score_batched.set_max_batch_size(self._settings.batching.max_batch_size)
+        self._score_batched.set_batch_wait_timeout_s(self._settings.batching.batch_wait_timeout_s)
 
     def check_health(self) -> None:
         if not self._ready:
@@ -241,12 +236,16 @@ class ScoringReplica:
         return result
 
     async def _score_many(self, works: list[ScoreWork], costs: list[int]) -> Answers:
-        """The @serve.batch target: concurrent score_timed() calls (work, cost) as two lists."""
+        """The @serve.batch target: concurrent score_timed() calls (work, cost) as two lists.
+        Works past their deadline are dropped unscored (nobody waits for them)."""
         now = time.time()
         alive = [work.deadline is None or work.deadline > now for work in works]
-        if not all(alive):
-            return await self._score_alive(works, costs, alive)
-        return await self._shared_step(list(zip(works, costs, strict=True)))
+        self._shed["expired"] += alive.count(False)
+        message = "request deadline passed before scoring"
+        expired = ScoringError(Reason.OVERLOADED, message, retry_after_s=1)
+        live = [pair for pair, ok in zip(zip(works, costs, strict=True), alive, strict=True) if ok]
+        scored = iter(await self._shared_step(live) if live else [])
+        return [next(scored) if ok else expired for ok in alive]
 
     async def _shared_step(self, works: list[tuple[ScoreWork, int]]) -> Answers:
         """``_run_engine`` for ``works``, together with every batch that arrives while the
@@ -309,17 +308,6 @@ class ScoringReplica:
         probe = EmbedWork(((token,),)) if kind.embeds else ScoreWork((token,), ((),), labels)
         (answer,) = await self._run_engine_once([probe])  # type: ignore[list-item]
         return isinstance(answer, ScoredWork)
-
-    async def _score_alive(
-        self, works: list[ScoreWork], costs: list[int], alive: list[bool]
-    ) -> Answers:
-        """Works past their deadline are dropped unscored (nobody waits for them)."""
-        self._shed["expired"] += alive.count(False)
-        message = "request deadline passed before scoring"
-        expired = ScoringError(Reason.OVERLOADED, message, retry_after_s=1)
-        live = [pair for pair, ok in zip(zip(works, costs, strict=True), alive, strict=True) if ok]
-        scored = iter(await self._shared_step(live) if live else [])
-        return [next(scored) if ok else expired for ok in alive]
 
     async def _run_engine_once(self, works: list[ScoreWork]) -> Answers:
         start, compiles = time.perf_counter(), _compile_marks(self._engine.stats())

@@ -137,15 +137,8 @@ class ReplicaMetrics:
         "scorejax_step_seconds",
         "scorejax_padding_ratio",
         "scorejax_compiles",
-        "scorejax_declined_compiles",
-        "scorejax_evicted_signatures",
-        "scorejax_query_cache_hits",
-        "scorejax_query_cache_misses",
-        "scorejax_computed_tokens",
-        "scorejax_useful_tokens",
-        "scorejax_prompt_tokens",
-        "scorejax_reused_prefix_tokens",
-        "scorejax_computed_prompt_tokens",
+        *(metric for metric, _, _ in BY_REASON),
+        *(f"scorejax_{name}" for name in STEP_COUNTERS),
     )
 
     def __init__(self, sink: MetricSink | None = None) -> None:
