@@ -144,9 +144,13 @@ class DecoderLayer(nn.Module):
         return AttentionSpec(mask=mask, scale=c.query_scale, softcap=c.attn_softcap)
 
     def __call__(
-        self, x: Array, positions: Array, spec: DenseSpec, kind: LayerKind | None = None,
+        self,
+        x: Array,
+        positions: Array,
+        spec: DenseSpec,
+        kind: LayerKind | None = None,
         lora: Any = None,
-    ) -> tuple[Array, Array, Array]:  # fmt: skip
+    ) -> tuple[Array, Array, Array]:
         """x: [B, T, D] -> (x one layer on, this layer's keys and values [B, T, K, Dh]).
         ``lora``: (this layer's adapter stacks, how the step's tokens reach their slots), see
         model.lora."""
@@ -168,9 +172,15 @@ class DecoderLayer(nn.Module):
         return options
 
     def stream(
-        self, x: Array, positions: Array, spec: ItemStreamSpec, prefix_k: Array,
-        prefix_v: Array, kind: LayerKind | None = None, lora: Any = None,
-    ) -> tuple[Array, Array, Array]:  # fmt: skip
+        self,
+        x: Array,
+        positions: Array,
+        spec: ItemStreamSpec,
+        prefix_k: Array,
+        prefix_v: Array,
+        kind: LayerKind | None = None,
+        lora: Any = None,
+    ) -> tuple[Array, Array, Array]:
         """x: [B, S, D] item stream reading prefix keys/values [B, T, K, Dh] -> (x one layer
         on [B, S, D], the stream's own keys and values [B, S, K, Dh])."""
         x = self._tokens(x)
@@ -275,17 +285,28 @@ class CausalLM:
         return self.hidden_and_kv(params, tokens, positions, spec)[0]
 
     def stream_hidden(
-        self, params: Params, tokens: Array, positions: Array, spec: ItemStreamSpec,
-        prefix_k: Array, prefix_v: Array, token_types: Array | None = None,
-    ) -> Array:  # fmt: skip
+        self,
+        params: Params,
+        tokens: Array,
+        positions: Array,
+        spec: ItemStreamSpec,
+        prefix_k: Array,
+        prefix_v: Array,
+        token_types: Array | None = None,
+    ) -> Array:
         """Item stream tokens, positions [B, S] behind prefix keys/values [layers, B, T, K, Dh]
         -> final-normed hidden states [B, S, D] (a decoder reads no ``token_types``)."""
         return self.stream_hidden_and_kv(params, tokens, positions, spec, prefix_k, prefix_v)[0]
 
     def stream_hidden_and_kv(
-        self, params: Params, tokens: Array, positions: Array, spec: ItemStreamSpec,
-        prefix_k: Array, prefix_v: Array,
-    ) -> tuple[Array, Array, Array]:  # fmt: skip
+        self,
+        params: Params,
+        tokens: Array,
+        positions: Array,
+        spec: ItemStreamSpec,
+        prefix_k: Array,
+        prefix_v: Array,
+    ) -> tuple[Array, Array, Array]:
         """``stream_hidden``, and the stream's keys and values [layers, B, S, K, Dh] (a prefix
         extended by its stream: one item of the query's remaining tokens)."""
         stream = DecoderLayer.stream
