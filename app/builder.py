@@ -52,29 +52,26 @@ def replica_placement(settings: ReplicaSettings) -> dict[str, Any]:
     and ``tpu_slice`` the replica is a driver that reserves a whole slice when it starts
     (``cluster/slice_group.py``): no placement group from Serve."""
     placement = settings.placement
-    if placement.hosts_per_replica > 1 and placement.tpu_slice:
+    hosts = placement.hosts_per_replica
+    if hosts > 1 and placement.tpu_slice:
         return {"ray_actor_options": dict(SLICE_DRIVER)}
     bundle, labels = placement.host_bundle, dict(placement.host_label_selector)
-    single = placement.hosts_per_replica == 1  # else the bundles carry the labels
-    actor = actor_resources(bundle) | ({"label_selector": labels} if labels and single else {})
-    options: dict[str, Any] = {"ray_actor_options": actor}
-    if placement.hosts_per_replica > 1 and ray.is_initialized():
+    if hosts == 1:  # else the bundles carry the labels
+        selector = {"label_selector": labels} if labels else {}
+        return {"ray_actor_options": actor_resources(bundle) | selector}
+    strategy = placement.placement_group_strategy
+    if ray.is_initialized():
         try:
-            check_placement_fits(
-                placement.hosts_per_replica,
-                bundle,
-                placement.placement_group_strategy,
-                ray.nodes(),
-            )
+            check_placement_fits(hosts, bundle, strategy, ray.nodes())
         except HostGroupError as error:
             raise SettingsError(str(error)) from None
-    if placement.hosts_per_replica > 1:
-        options["placement_group_bundles"] = [bundle] * placement.hosts_per_replica
-        options["placement_group_strategy"] = placement.placement_group_strategy
-        if labels:
-            options["placement_group_bundle_label_selector"] = [
-                labels
-            ] * placement.hosts_per_replica
+    options: dict[str, Any] = {
+        "ray_actor_options": actor_resources(bundle),
+        "placement_group_bundles": [bundle] * hosts,
+        "placement_group_strategy": strategy,
+    }
+    if labels:
+        options["placement_group_bundle_label_selector"] = [labels] * hosts
     return options
 
 

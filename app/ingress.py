@@ -57,6 +57,10 @@ def _unwrap(error: BaseException) -> BaseException:
     return error
 
 
+def _unavailable(error: BaseException) -> ScoringError:
+    return ScoringError(Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503)
+
+
 def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
     """What the replica serves that the ingress would validate differently, if anything."""
     for name in ("vocab_size", "multi_item_scoring_delimiter", "limits", "head", "pooling"):
@@ -155,10 +159,6 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
         self._metrics = IngressMetrics()
         self._refusals = RefusalWindow()  # the replicas' last overload refusal, for <= 1 s
 
-    @property
-    def info(self) -> ModelInfo:
-        return self._service.info
-
     def __serve_build_asgi_app__(self) -> FastAPI:
         """Serve calls this after ``__init__``: the FastAPI app of app.http (routes,
         generated OpenAPI and /docs) over this replica's service and handles."""
@@ -183,14 +183,10 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
     async def answer(self, workload: Workload, payload: dict[str, Any]) -> dict[str, Any]:
         """``workload``'s body for ``payload`` (the HTTP body's fields); raises ScoringError
         like a 400/503. Every workload's handle method comes here (``workload_methods``)."""
-        await self._know(payload)
+        if self._adapters is not None:  # the adapter names current for the ``model`` named
+            await self._adapters.know(payload)
         body, _ = await workload.respond(self._service, payload, self._call_replica)
         return body
-
-    async def _know(self, payload: dict[str, Any]) -> None:
-        """The adapter names current for the ``model`` a handle call names (AdapterAdmin)."""
-        if self._adapters is not None:
-            await self._adapters.know(payload)
 
     async def describe(self) -> ModelInfo:
         return self._service.info
@@ -227,9 +223,7 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
                     Reason.OVERLOADED, "scoring replicas are overloaded; retry later", None, 503, 1
                 ) from None
             if isinstance(error, RayActorError | RayServeException):
-                raise ScoringError(
-                    Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
-                ) from None
+                raise _unavailable(error) from None
             logger.exception("scoring replica failed")
             raise ScoringError(Reason.INTERNAL, "scoring failed", None, 500) from None
 
@@ -238,19 +232,13 @@ class ScoreIngress(workload_methods(WORKLOADS)):  # type: ignore[misc]
         try:
             return await self._replica.stats.remote()
         except Exception as error:
-            raise ScoringError(
-                Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
-            ) from None
+            raise _unavailable(error) from None
 
     async def _check_replica(self) -> None:
         try:
             replica_info = await self._replica.describe.remote()
         except Exception as error:
-            raise ScoringError(
-                Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503
-            ) from None
+            raise _unavailable(error) from None
         mismatch = compare_info(self._service.info, replica_info)
         if mismatch:
-            raise ScoringError(
-                Reason.UNAVAILABLE, f"ingress and replica disagree on {mismatch}", None, 503
-            )
+            raise ScoringError(Reason.UNAVAILABLE, f"ingress and replica disagree on {mismatch}")
