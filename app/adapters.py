@@ -128,6 +128,4 @@ class AdapterAdmin:
                 raise ScoringError(Reason.NOT_FOUND, message, "lora_path", 404) from None
             if isinstance(error, ValueError | KeyError):
                 raise ScoringError(Reason.INVALID_REQUEST, message, "lora_path") from None
-            raise ScoringError(
-                Reason.UNAVAILABLE, f"lora adapter change failed: {error}", None, 503
-            ) from None
+            raise ScoringError(Reason.UNAVAILABLE, f"lora adapter change failed: {error}") from None

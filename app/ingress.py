@@ -58,7 +58,7 @@ def _unwrap(error: BaseException) -> BaseException:
 
 
 def _unavailable(error: BaseException) -> ScoringError:
-    return ScoringError(Reason.UNAVAILABLE, f"scoring replica unavailable: {error}", None, 503)
+    return ScoringError(Reason.UNAVAILABLE, f"scoring replica unavailable: {error}")
 
 
 def compare_info(ingress: ModelInfo, replica: ModelInfo) -> str | None:
