@@ -76,10 +76,9 @@ def classify_body(
 ) -> dict[str, Any]:
     """``{id, object: "list", created, model, data: [{index, label, probs, num_classes}],
     usage}``; ``outputs``: the head's logits ``[inputs, num_labels]`` (None: no inputs)."""
-    head = head_of(info)
     values = outputs
     if outputs is not None and prepared.request.activation:
-        values = classify_probs(outputs, head.problem_type)
+        values = classify_probs(outputs, head_of(info).problem_type)
     return classify_envelope(prepared.request, values, prepared.prompt_tokens, info, created)
 
 

@@ -43,9 +43,7 @@ class Prompts:
 
 def prompt_list(prompt: Any) -> list[str] | list[list[int]]:
     """The request's ``prompt`` as a batch: one text or one token list becomes a batch of one."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if prompt and all(isinstance(token, int) for token in prompt):
+    if isinstance(prompt, str) or (prompt and all(isinstance(token, int) for token in prompt)):
         return [prompt]
     return list(prompt)
 
