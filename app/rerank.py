@@ -147,21 +147,17 @@ class Reranker:
         _check(work, info)
         return RerankWork(request, work, tokenized.prompt_tokens, chunks)
 
-    def relevance(self, prepared: RerankWork, answer: Any) -> np.ndarray:
-        """Each scored text's (document's or chunk's) relevance in [0, 1] from the replica's
-        answer: P(yes) / (P(yes) + P(no)) from the label log-probs (yes_no), the sigmoid of
-        a one-label head's logit (head), or the query's per-token likelihood (query_likelihood)."""
-        return work_relevance(prepared.work, answer)
-
     def body(self, prepared: RerankWork, relevance: np.ndarray, model: str) -> dict[str, Any]:
         request, tokens = prepared.request, prepared.prompt_tokens
         return rerank_body(request, relevance, tokens, model, prepared.chunks)
 
 
 def work_relevance(work: ScoreWork | PromptWork, answer: Any) -> np.ndarray:
-    """``Reranker.relevance`` from the work alone (its labels say the method: ``(0,)`` a
-    head, two ids yes/no; a PromptWork query_likelihood), as a batch job's engine stage
-    computes it from token ids."""
+    """Each scored text's (document's or chunk's) relevance in [0, 1] from the replica's
+    answer: P(yes) / (P(yes) + P(no)) from the label log-probs (yes_no), the sigmoid of a
+    one-label head's logit (head), or the query's per-token likelihood (query_likelihood);
+    the work's labels say the method (``(0,)`` a head, two ids yes/no; a PromptWork
+    query_likelihood), so a batch job's engine stage computes it from token ids too."""
     if isinstance(work, PromptWork):
         return likelihood_relevance(work, answer)
     logprobs = np.asarray(answer)

@@ -14,9 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictStr
 
-from replicas.kinds import KINDS
-
-KIND_NAMES = tuple(kind.name for kind in KINDS)
+from replicas.kinds import KIND_NAMES
 
 
 class Strict(BaseModel):

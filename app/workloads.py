@@ -29,9 +29,7 @@ from app.openapi import (
 from app.schema import RerankResponse, ScoreResponse
 from app.timings import Backend, Timings
 from replicas.contract import ModelInfo
-from replicas.kinds import KINDS
-
-KIND_NAMES = tuple(kind.name for kind in KINDS)
+from replicas.kinds import KIND_NAMES
 
 # The request schema as the served model states it (model card, shortest text query), or
 # None for the request model's own.

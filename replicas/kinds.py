@@ -82,6 +82,7 @@ CAUSAL_LM = ModelKind(
 # Exactly one recognizes any checkpoint (tests/unit/test_kinds.py); in the order messages
 # and documents list them.
 KINDS: tuple[ModelKind, ...] = (CAUSAL_LM, SCORE_HEAD, EMBEDDING, CROSS_ENCODER)
+KIND_NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS)
 
 
 def recognize(head: Any, pooling: Any) -> ModelKind:

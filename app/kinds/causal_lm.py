@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from app.kinds.kind import Answer, KindAnswers
-from app.rerank import reranker_for
+from app.rerank import reranker_for, work_relevance
 from app.schema import ClassifyRequest
 from app.scores import to_scores
 from app.served import Answered, Served, prompted, scored, tokenized
@@ -57,7 +57,7 @@ async def template_rerank(served: Served, payload: Any, backend: Backend) -> Ans
     if work.num_items:
         call = prompted if isinstance(work, PromptWork) else scored
         answers, timings = await call(work, backend, timings)  # type: ignore[arg-type]
-        relevance = served.reranker.relevance(prepared, answers)
+        relevance = work_relevance(work, answers)
     model = work.adapter or served.info.name
     return served.reranker.body(prepared, relevance, model), timings
 
