@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -357,8 +358,9 @@ def test_the_replica_runs_at_niceness_zero_where_ray_is_started_like_make_serve(
     client: httpx.Client,
 ) -> None:
     # start_cluster sets Ray's worker_niceness to 0 as make serve does; Ray's default (15)
-    # made the replica 10-20x slower beside busy processes (cluster/niceness.py).
-    assert replica_stats("multi")["worker_niceness"] == 0
+    # made the replica 10-20x slower beside busy processes (cluster/niceness.py). Workers add
+    # their niceness to the cluster's starter's (this process: 0, or 19 under nice -n 19).
+    assert replica_stats("multi")["worker_niceness"] == os.getpriority(os.PRIO_PROCESS, 0)
 
 
 def test_every_answer_carries_its_request_id_and_a_scored_one_tei_timings(
