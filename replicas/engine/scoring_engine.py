@@ -1,12 +1,9 @@
 """The scoring engine: token-id work in, label log-probabilities out.
 
 It takes a ``model.protocol.ScoringModel``, builds the layouts (``layouts.contract.Layout``)
-its kind's steps use, validates work and hands each layout the works it selects: a decoder's
-multi-item ScoreWork to the shared-prefix layout (small works fused, with
-``fused_step_tokens``) or, with ``layout: packed_reference``, the packed reference, other
-ScoreWork (no delimiter, or ``item_first``) to the single-item layout, PromptWork to the
-prompt layout; an embedding model's or a cross-encoder's EmbedWork to the embedding layout
-(the one it builds). It implements what layouts need to run (``layouts.runner.Runner``):
+its kind's steps use, validates work and hands each layout the works it selects (which works
+each takes: ``layouts.contract``; a decoder's small multi-item works run fused, with
+``fused_step_tokens``). It implements what layouts need to run (``layouts.runner.Runner``):
 compiled steps by signature (``compiler.StepCompiler``, with covering look-ups and
 background compiles), the query cache, arguments placed on the mesh, and counters. Returns
 per work a float32 ``[items, labels]`` array, a list of PromptLogprobs, or float32
@@ -193,13 +190,9 @@ class ScoringEngine:
 
     # -- validation ---------------------------------------------------------------------
 
-    def uses_multi_item(self, work: ScoreWork) -> bool:
-        """Multi-item layouts serve query-first work; item_first goes through single-item."""
-        return multi_item(self._settings, work)
-
     def validate(self, work: ScoreWork | PromptWork | EmbedWork) -> None:
         """Raise ScoringError for work that must not run."""
-        multi = isinstance(work, ScoreWork) and self.uses_multi_item(work)
+        multi = isinstance(work, ScoreWork) and multi_item(self._settings, work)
         validate_work(work, self._info, multi)
         if self._lora is None:
             refuse_without_slots(work)
@@ -277,28 +270,19 @@ class ScoringEngine:
             return self._embed.warmup_keys()
         keys: list[tuple[str, Any]] = []
         for batch_size in self._settings.warmup.warmup_batch_sizes:
-            keys += self.workload_keys(shapes or self._settings.warmup_shapes, batch_size)
+            for work in warmup_works(self._settings, shapes or self._settings.warmup_shapes):
+                keys += self.plan([work] * batch_size)
             if not shapes:
                 prompts = warmup_prompts(self._completion_shapes)
                 keys += self.plan([work for work in prompts for _ in range(batch_size)])
         labels = max((shape[3] for shape in shapes or self._settings.warmup_shapes), default=0)
         if labels and isinstance(self._multi, SharedPrefixLayout):
-            keys += self._multi.fused_keys(labels)  # every small work's one pass
+            keys += self._multi.fused.warm_keys(labels)  # every small work's one pass
         if self._settings.warmup.limit_to_warmup and not shapes:
             keys += [k for k in full_step_keys(self._settings, self.plan) if not covered(k, keys)]
             full = self._prompts.full_keys(self._completion_shapes)
             keys += [k for k in full if not covered(k, keys)]
         return list(dict.fromkeys(keys))
-
-    def workload_keys(
-        self, shapes: Sequence[tuple[int, int, int, int]], batch_size: int
-    ) -> list[tuple[str, Any]]:
-        """The signatures (nested prefix steps included) that ``batch_size`` concurrent
-        requests of each shape would run; nothing is compiled or scored."""
-        keys: list[tuple[str, Any]] = []
-        for work in warmup_works(self._settings, shapes):
-            keys += self.plan([work] * batch_size)
-        return keys
 
     def plan(self, works: Sequence[ScoreWork | PromptWork]) -> list[tuple[str, Any]]:
         """The exact signatures scoring ``works`` as one batch would run (prompt works: as

@@ -77,12 +77,7 @@ def spread_row(i: int, rows: int, groups: int) -> int:
     """Where the i-th real row of a step goes: round-robin over the ``groups`` blocks of
     ``rows // groups`` rows, so a step with fewer real rows than ``rows`` still keeps every
     data shard busy."""
-    return spread_block(i, groups) * (rows // groups) + i // groups
-
-
-def spread_block(i: int, groups: int) -> int:
-    """The data block (shard) of the i-th real row of a step (``spread_row``)."""
-    return i % groups
+    return i % groups * (rows // groups) + i // groups
 
 
 def data_buckets(buckets: Sequence[int], groups: int) -> tuple[int, ...]:
@@ -161,9 +156,15 @@ class ScoreIndex:
     def count(self) -> np.ndarray:
         return np.asarray(max(self._next), np.int32)
 
-    @property
-    def flat_rows(self) -> int:
-        return self.rows.size
+    def labels(
+        self, works: Sequence[ScoreWork], slots: Sequence[RowSlot], width: int
+    ) -> np.ndarray:
+        """``[G, Rg, width]`` int32: each score row gets its work's label ids."""
+        labels = np.zeros((self.rows.size, width), np.int32)
+        for slot in slots:
+            ids = works[slot.work].label_ids
+            labels[slot.first_row : slot.first_row + slot.num_items, : len(ids)] = ids
+        return labels.reshape(*self.rows.shape, width)
 
 
 class BucketDims:
@@ -194,19 +195,12 @@ class RowSlot:
     first_row: int
 
 
-def labels_by_row(works: Sequence[ScoreWork], slots: Sequence[RowSlot], shape: tuple) -> np.ndarray:
-    """[R, C] int32: each score row gets its work's label ids."""
-    labels = np.zeros(shape, np.int32)
-    for slot in slots:
-        ids = works[slot.work].label_ids
-        labels[slot.first_row : slot.first_row + slot.num_items, : len(ids)] = ids
-    return labels
-
-
 def unpack(
     outputs: np.ndarray, slots: Sequence[RowSlot], works: Sequence[ScoreWork], into: list
 ) -> None:
-    """Scatter ``outputs [R, C]`` into ``into[w]`` arrays of shape [items, labels]."""
+    """Scatter ``outputs [G, Rg, C]`` (flat row ``g * Rg + r``) into ``into[w]`` arrays of
+    shape [items, labels]."""
+    outputs = outputs.reshape(-1, outputs.shape[-1])
     for slot in slots:
         num_labels = len(works[slot.work].label_ids)
         rows = outputs[slot.first_row : slot.first_row + slot.num_items, :num_labels]

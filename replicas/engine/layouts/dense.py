@@ -116,9 +116,6 @@ def dense_specs(spec: Spec, dims: DenseDims, groups: int, step: str = "dense") -
 
 def compile_dense(model: DecoderModel, runner: Any, dims: DenseDims, step: str = "dense") -> Any:
     """The ``step`` (``STEPS``) of ``dims``, compiled ahead of time through the runner."""
-    jitted = jax.jit(
-        partial(STEPS[step], model), out_shardings=runner.placement.replicated
-    )  # scores gathered once, readable by every host of a group
-    return runner.lower(
-        jitted, dense_specs(runner.placement.spec, dims, runner.placement.groups, step)
-    )
+    placement = runner.placement  # scores gathered once, readable by every host of a group
+    jitted = jax.jit(partial(STEPS[step], model), out_shardings=placement.replicated)
+    return runner.lower(jitted, dense_specs(placement.spec, dims, placement.groups, step))

@@ -43,6 +43,8 @@ from replicas.model.protocol import ScoringModel
 
 Array = jax.Array
 EMPTY_PREFIX = 16  # width of the (never readable) prefix every row sits behind
+ROWS, SLOTS = ("batch", "seq"), ("batch", None)
+ARGUMENT_AXES = (KV_AXES, ROWS, ROWS, ROWS, SLOTS, ROWS, SLOTS, ROWS)  # embed_step's, after params
 
 
 def embed_step(
@@ -63,11 +65,8 @@ def embed_step(
     """Pooled float32 vectors ``[B, M, D]`` (unused slots: zeros or garbage, never read); a
     cross-encoder's head outputs ``[B, M, L]`` on each pair's [CLS] token."""
     batch, _ = tokens.shape
-    spec = ItemStreamSpec(
-        prefix_valid=jnp.zeros((batch, EMPTY_PREFIX), bool) | (tokens[:, :1] < 0),
-        item_ids=item_ids,
-        window=window,
-    )
+    valid = jnp.zeros((batch, EMPTY_PREFIX), bool) | (tokens[:, :1] < 0)
+    spec = ItemStreamSpec(prefix_valid=valid, item_ids=item_ids, window=window)
     hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty, types)
     hidden = hidden.astype(jnp.float32)  # [B, S, D]
     pooled = _pool(hidden, pooling, pick, segments, counts)  # [B, M, D]
@@ -88,8 +87,8 @@ def _pool(hidden: Array, pooling: str, pick: Array, segments: Array, counts: Arr
 
 def cross_encoder_pooling(head: ScoreHead | None) -> PoolingHead | None:
     """How the layout runs a cross-encoder: each pair's [CLS] token (ModernBERT's mean
-    pooling: its tokens' mean) through the head, its
-    logits returned as they are (no Dense, no normalization); None for other heads."""
+    pooling: its tokens' mean) through the head, its logits returned as they are (no Dense,
+    no normalization); None for other heads."""
     if not recognize(head, None).pairs:
         return None
     return PoolingHead(pooling=head.pooling, normalize=False, dimension=head.num_labels)
@@ -133,38 +132,38 @@ class EmbedLayout:
             partial(embed_step, self._model, dims.window, self._head.pooling, self._score_head),
             out_shardings=runner.placement.replicated,
         )
+        arguments = zip(self._arguments(dims), ARGUMENT_AXES, strict=True)
+        specs = tuple(runner.placement.spec(a.shape, a.dtype, axes) for a, axes in arguments)
+        return runner.lower(step, specs)
+
+    def _arguments(self, dims: EmbedDims) -> tuple[np.ndarray, ...]:
+        """``embed_step``'s arguments after params, as empty host arrays (item ids -1, every
+        token's slot M: none)."""
         b, s, m = dims.batch, dims.tokens, slots(dims.tokens)
-        rows = ("batch", "seq")
         c = self._model.config
         kv = (c.num_layers, b, EMPTY_PREFIX, c.num_kv_heads, c.head_dim)
-        specs = (
-            runner.placement.spec(kv, self._model.dtype, KV_AXES),
-            runner.placement.spec((b, s), np.int32, rows),
-            runner.placement.spec((b, s), np.int32, rows),
-            runner.placement.spec((b, s), np.int32, rows),
-            runner.placement.spec((b, m), np.int32, ("batch", None)),
-            runner.placement.spec((b, s), np.int32, rows),
-            runner.placement.spec((b, m), np.float32, ("batch", None)),
-            runner.placement.spec((b, s), np.int32, rows),
+        return (
+            np.zeros(kv, self._model.dtype),
+            np.zeros((b, s), np.int32),  # tokens
+            np.zeros((b, s), np.int32),  # positions
+            np.full((b, s), -1, np.int32),  # item ids
+            np.zeros((b, m), np.int32),  # pick
+            np.full((b, s), m, np.int32),  # segments
+            np.zeros((b, m), np.float32),  # counts
+            np.zeros((b, s), np.int32),  # types
         )
-        return runner.lower(step, specs)
 
     # -- planning -----------------------------------------------------------------------
 
     def _pieces(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[Piece]:
-        include = self._head.include_prompt
-        return [
-            Piece(
-                w,
-                i,
-                tuple(tokens),
-                0 if include else works[w].prompt_length(i),
-                works[w].second_start(i),
-                works[w].normalize,
-            )
-            for w in indices
-            for i, tokens in enumerate(works[w].inputs)
-        ]
+        pieces = []
+        for w in indices:
+            work = works[w]
+            for i, tokens in enumerate(work.inputs):
+                skip = 0 if self._head.include_prompt else work.prompt_length(i)
+                second = work.second_start(i)
+                pieces.append(Piece(w, i, tuple(tokens), skip, second, work.normalize))
+        return pieces
 
     def _steps(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple]:
         return self._packing.steps(self._packing.rows(self._pieces(works, indices)))
@@ -204,15 +203,8 @@ class EmbedLayout:
     def _run(self, exact: EmbedDims, chunk: list[list[Piece]], results: list) -> None:
         runner = self._runner
         dims = runner.resolve("embed", exact)
-        b, s = dims.batch, dims.tokens
-        m = slots(s)
-        tokens = np.zeros((b, s), np.int32)
-        positions = np.zeros((b, s), np.int32)
-        item_ids = np.full((b, s), -1, np.int32)
-        pick = np.zeros((b, m), np.int32)
-        segments = np.full((b, s), m, np.int32)
-        counts = np.zeros((b, m), np.float32)
-        types = np.zeros((b, s), np.int32)
+        args = self._arguments(dims)
+        _, tokens, positions, item_ids, pick, segments, counts, types = args
         first = self._head.pooling == "cls"
         for r, row in enumerate(chunk):
             spans = lay_row((tokens, positions, item_ids), r, [piece.tokens for piece in row])
@@ -223,19 +215,7 @@ class EmbedLayout:
                 counts[r, n] = end - start - skip
                 types[r, start + piece.second : end] = 1
         real = sum(len(p.tokens) for row in chunk for p in row)
-        runner.count_tokens(b * s, real)
-        c = self._model.config
-        kv = (c.num_layers, b, EMPTY_PREFIX, c.num_kv_heads, c.head_dim)
-        args = (
-            np.zeros(kv, self._model.dtype),
-            tokens,
-            positions,
-            item_ids,
-            pick,
-            segments,
-            counts,
-            types,
-        )
+        runner.count_tokens(dims.batch * dims.tokens, real)
         pooled = np.asarray(runner.run_device("embed", dims, args))  # [B, M, D]
         for r, row in enumerate(chunk):
             normalize = np.asarray([piece.normalize for piece in row])

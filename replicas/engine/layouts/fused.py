@@ -25,15 +25,13 @@ from replicas.engine.layouts.common import (
     ScoreIndex,
     bucket_for,
     label_bucket,
-    labels_by_row,
     lay_row,
     unpack,
 )
 from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims, compile_dense
-from replicas.engine.layouts.runner import Runner
+from replicas.engine.layouts.runner import DecoderSteps
 from replicas.model.masks import PAD, QUERY
-from replicas.model.protocol import DecoderModel
 
 
 def fused_length(work: ScoreWork) -> int:
@@ -49,14 +47,10 @@ def fused_slots(work: ScoreWork) -> int:
     return len(work.query_ids) + sum(max(len(item), 1) for item in work.item_ids)
 
 
-class FusedLayout:
+class FusedLayout(DecoderSteps):
     """Packs small works into fused rows, runs and unpacks them."""
 
     kinds: ClassVar[dict[str, type]] = {"fused": DenseDims}
-
-    def __init__(self, model: DecoderModel, runner: Runner) -> None:
-        self._model = model
-        self._runner = runner
 
     @property
     def capacity(self) -> int:
@@ -67,7 +61,6 @@ class FusedLayout:
         return fitting[-1] if fitting else 0
 
     def fits(self, work: ScoreWork) -> bool:
-        """Whether ``work`` runs fused."""
         return 0 < fused_slots(work) <= self.capacity
 
     def compile(self, kind: str, dims: Any) -> Any:
@@ -88,7 +81,6 @@ class FusedLayout:
         return [i for i in multi_item_works(self._runner.settings, works) if self.fits(works[i])]
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
-        """The exact signatures ``score`` would run (warm-up compiles these)."""
         return [("fused", dims) for dims, _ in self._steps(works, indices)]
 
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
@@ -139,10 +131,9 @@ class FusedLayout:
                 owners[r, start:end] = i
                 for item, (_, last) in zip(work.item_ids, spans[1:], strict=True):
                     index.add(r, last - 1 if item else query_end - 1)  # empty: the query's last
-        labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
-        labels = labels.reshape(*index.rows.shape, dims.labels)
+        labels = index.labels(works, slots, dims.labels)
         useful = sum(fused_length(works[i]) for row in rows for i in row)
         self._runner.count_tokens(dims.rows * dims.tokens, useful)
         args = (tokens, positions, segments, owners, index.rows, labels, index.count)
         outputs = np.asarray(self._runner.run_device("fused", dims, args))
-        unpack(outputs.reshape(-1, outputs.shape[-1]), slots, works, results)
+        unpack(outputs, slots, works, results)

@@ -22,16 +22,14 @@ from replicas.engine.layouts.common import (
     bucket_for,
     data_buckets,
     label_bucket,
-    labels_by_row,
     lay_row,
     spread_row,
     unpack,
 )
 from replicas.engine.layouts.contract import multi_item_works
 from replicas.engine.layouts.dense import DenseDims, compile_dense
-from replicas.engine.layouts.runner import Runner
+from replicas.engine.layouts.runner import DecoderSteps
 from replicas.model.masks import DELIMITER, PAD, QUERY
-from replicas.model.protocol import DecoderModel
 
 Array = jax.Array
 
@@ -61,22 +59,16 @@ def split_rows(work: ScoreWork, index: int, max_length: int) -> list[PackedRow]:
     return rows
 
 
-class PackedReferenceLayout:
+class PackedReferenceLayout(DecoderSteps):
     kinds: ClassVar[dict[str, type]] = {"dense": DenseDims}
-
-    def __init__(self, model: DecoderModel, runner: Runner) -> None:
-        self._model = model
-        self._runner = runner
 
     def compile(self, kind: str, dims: Any) -> Any:
         return compile_dense(self._model, self._runner, dims)
 
     def select(self, works: Sequence[Any]) -> list[int]:
-        """Query-first ScoreWork with items (``contract.multi_item_works``)."""
         return multi_item_works(self._runner.settings, works)
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
-        """The exact signatures ``score`` would run (warm-up compiles these)."""
         return [("dense", dims) for dims, _ in self._steps(works, indices)]
 
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
@@ -125,9 +117,8 @@ class PackedReferenceLayout:
             for item, (_, end) in zip(items, spans[2::2], strict=True):  # items: pieces 2, 4, ..
                 index.add(r, end - 1 if item else q - 1)
             useful += spans[-1][1]
-        labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
-        labels = labels.reshape(*index.rows.shape, dims.labels)
+        labels = index.labels(works, slots, dims.labels)
         self._runner.count_tokens(dims.rows * dims.tokens, useful)
         args = (tokens, positions, segments, index.rows, labels, index.count)
         outputs = np.asarray(self._runner.run_device("dense", dims, args))
-        unpack(outputs.reshape(-1, outputs.shape[-1]), slots, works, results)
+        unpack(outputs, slots, works, results)

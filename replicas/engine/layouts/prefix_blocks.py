@@ -24,6 +24,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cluster.sharding import named_sharding
+from replicas.model.protocol import DecoderModel
 
 Array = jax.Array
 KV_AXES = (None, "batch", None, "kv_heads", None)  # [layers, B, T, K, Dh]
@@ -118,32 +119,28 @@ def _piece(
 
 
 def assemble(
-    mesh: Mesh, entries: Sequence[PrefixEntry | None], dtype: Any, kv_shape: tuple, width: int
+    mesh: Mesh, entries: Sequence[PrefixEntry | None], model: DecoderModel, width: int
 ) -> tuple[Array, Array, Array]:
     """Keys, values ``[layers, B, T, K, Dh]`` and lasts ``[B, D]`` (B over ``data``) of a
     step whose row r reads ``entries[r]`` (None: a padding row, zeros)."""
-    layers, kv_heads, head_dim, hidden = kv_shape
-    batch = len(entries)
-    kv = named_sharding(KV_AXES, (layers, batch, width, kv_heads, head_dim), mesh)
+    c, batch = model.config, len(entries)
+    layers, head_dim, hidden = c.num_layers, c.head_dim, c.hidden_size
+    full_kv = (layers, batch, width, c.num_kv_heads, head_dim)
+    kv = named_sharding(KV_AXES, full_kv, mesh)
     last = named_sharding(LAST_AXES, (batch, hidden), mesh)
     grid, position = np.asarray(mesh.devices), mesh_position(mesh)
     per_block = batch // grid.shape[0]
     blocks: dict[str, list[Array]] = {"keys": [], "values": [], "last": []}
-    for device in kv.addressable_devices_indices_map((layers, batch, width, kv_heads, head_dim)):
+    piece_kv = (layers, 1, width, kv.shard_shape(full_kv)[3], head_dim)
+    for device in kv.addressable_devices_indices_map(full_kv):
         g, m = position[device]
-        local_kv = kv.shard_shape((layers, batch, width, kv_heads, head_dim))
-        piece_kv = (layers, 1, width, local_kv[3], head_dim)
         rows = entries[g * per_block : (g + 1) * per_block]
         for name, shape in (("keys", piece_kv), ("values", piece_kv), ("last", (1, hidden))):
-            zeros = jnp.zeros(shape, dtype, device=device) if None in rows else None
+            zeros = jnp.zeros(shape, model.dtype, device=device) if None in rows else None
             parts = [_piece(e, name, device, grid, m, zeros) for e in rows]
             blocks[name].append(jnp.concatenate(parts, axis=1 if name != "last" else 0))
     return (
-        jax.make_array_from_single_device_arrays(
-            (layers, batch, width, kv_heads, head_dim), kv, blocks["keys"]
-        ),
-        jax.make_array_from_single_device_arrays(
-            (layers, batch, width, kv_heads, head_dim), kv, blocks["values"]
-        ),
+        jax.make_array_from_single_device_arrays(full_kv, kv, blocks["keys"]),
+        jax.make_array_from_single_device_arrays(full_kv, kv, blocks["values"]),
         jax.make_array_from_single_device_arrays((batch, hidden), last, blocks["last"]),
     )

@@ -31,7 +31,7 @@ from replicas.engine.layouts.prefix_blocks import (
     fit_width,
     row_pieces,
 )
-from replicas.engine.layouts.runner import Runner
+from replicas.engine.layouts.runner import DecoderSteps
 from replicas.engine.prefix_index import PREFIX_BLOCK, QUERY
 from replicas.model.causal_lm import ItemStreamSpec, Params
 from replicas.model.protocol import DecoderModel
@@ -83,30 +83,24 @@ class Extension:
     home: int
 
 
-class PrefixExtender:
+class PrefixExtender(DecoderSteps):
     """Finds, batches and runs extensions for the shared-prefix layout."""
-
-    def __init__(self, model: DecoderModel, runner: Runner) -> None:
-        self._model = model
-        self._runner = runner
 
     def compile(self, dims: ExtendDims) -> Any:
         runner, c = self._runner, self._model.config
         kv_in = (c.num_layers, dims.batch, dims.prefix, c.num_kv_heads, c.head_dim)
         kv_out = (c.num_layers, dims.batch, dims.tokens, c.num_kv_heads, c.head_dim)
-        rows = ("batch", "seq")
+        rows, spec = ("batch", "seq"), runner.placement.spec
+        kv = spec(kv_in, self._model.dtype, KV_AXES)
         specs = (
-            runner.placement.spec(kv_in, self._model.dtype, KV_AXES),
-            runner.placement.spec(kv_in, self._model.dtype, KV_AXES),
-            runner.placement.spec((dims.batch, dims.prefix), np.bool_, rows),
-            *(runner.placement.spec((dims.batch, dims.tokens), np.int32, rows) for _ in range(3)),
-            runner.placement.spec((dims.batch,), np.int32, ("batch",)),
+            kv,
+            kv,
+            spec((dims.batch, dims.prefix), np.bool_, rows),
+            *(spec((dims.batch, dims.tokens), np.int32, rows) for _ in range(3)),
+            spec((dims.batch,), np.int32, ("batch",)),
         )
-        out = (
-            runner.placement.sharding(KV_AXES, kv_out),
-            runner.placement.sharding(KV_AXES, kv_out),
-            runner.placement.sharding(LAST_AXES, (dims.batch, c.hidden_size)),
-        )
+        kv = runner.placement.sharding(KV_AXES, kv_out)
+        out = (kv, kv, runner.placement.sharding(LAST_AXES, (dims.batch, c.hidden_size)))
         step = jax.jit(partial(extend_step, self._model), out_shardings=out)
         return runner.lower(step, specs)
 
@@ -173,11 +167,7 @@ class PrefixExtender:
             rest = e.query[e.reused :]
             lay_row((tokens, positions, item_ids), b, [rest], e.reused)
             lengths[b] = len(rest)
-        c = self._model.config
-        kv_shape = (c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size)
-        keys_in, values_in, _ = assemble(
-            runner.placement.mesh, entries, self._model.dtype, kv_shape, dims.prefix
-        )
+        keys_in, values_in, _ = assemble(runner.placement.mesh, entries, self._model, dims.prefix)
         args = (keys_in, values_in, valid, tokens, positions, item_ids, lengths)
         keys, values, lasts = runner.run_device("extend", dims, args)
         runner.count_tokens(dims.batch * dims.tokens, int(sum(lengths[b] for b in rows)))

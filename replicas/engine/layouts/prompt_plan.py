@@ -49,13 +49,16 @@ def group_prompts(
         if members:
             common = min(shared, common_length(prompts[members[0]], prompts[i]))
             joined = [*members, i]
-            if _fits(prompts, joined, common, block, max_remainder):
+            length = prefix_length(prompts, joined, common, block)
+            if length >= block and all(len(prompts[j]) - length <= max_remainder for j in joined):
                 members, shared = joined, common
                 continue
-            groups.append(_group(prompts, members, shared, block))
+            groups.append(
+                PromptGroup(tuple(members), prefix_length(prompts, members, shared, block))
+            )
         members, shared = [i], len(prompts[i])
     if members:
-        groups.append(_group(prompts, members, shared, block))
+        groups.append(PromptGroup(tuple(members), prefix_length(prompts, members, shared, block)))
     return groups
 
 
@@ -93,23 +96,6 @@ def prefix_length(
     """Whole blocks of the members' ``shared`` prefix, one token short of the shortest."""
     shortest = min(len(prompts[i]) for i in members)
     return block_floor(min(shared, shortest - 1), block)
-
-
-def _fits(
-    prompts: Sequence[Sequence[int]],
-    members: Sequence[int],
-    shared: int,
-    block: int,
-    max_remainder: int,
-) -> bool:
-    length = prefix_length(prompts, members, shared, block)
-    return length >= block and all(len(prompts[i]) - length <= max_remainder for i in members)
-
-
-def _group(
-    prompts: Sequence[Sequence[int]], members: Sequence[int], shared: int, block: int
-) -> PromptGroup:
-    return PromptGroup(tuple(members), prefix_length(prompts, members, shared, block))
 
 
 def reuse_pays(reused: int, prefix: int, members: int) -> bool:

@@ -91,19 +91,11 @@ def packed_units(
     return units
 
 
-def per_block_counts(chunk: Sequence[Any], groups: int, block_of: Any = None) -> list[int]:
-    """How many of ``chunk`` each of ``groups`` data blocks holds (``block_of``: a need's
-    block, default its first field)."""
-    counts = [0] * groups
-    for need in chunk:
-        counts[block_of(need) if block_of else need[0]] += 1
-    return counts
-
-
 def block_chunks(
     needs: Sequence[Any], groups: int, per_block: int, block_of: Any = None
-) -> Iterator[list[Any]]:
-    """``needs`` in steps holding at most ``per_block`` of each data block's."""
+) -> Iterator[tuple[list[Any], int]]:
+    """``needs`` in steps holding at most ``per_block`` of each data block's, each with how
+    many its fullest block holds (``block_of``: a need's block, default its first field)."""
     pending = list(needs)
     while pending:
         counts, step, rest = [0] * groups, [], []
@@ -114,5 +106,5 @@ def block_chunks(
                 step.append(need)
             else:
                 rest.append(need)
-        yield step
+        yield step, max(counts)
         pending = rest

@@ -52,9 +52,8 @@ from replicas.engine.layouts.prompt_units import (
     Unit,
     block_chunks,
     packed_units,
-    per_block_counts,
 )
-from replicas.engine.layouts.runner import Runner
+from replicas.engine.layouts.runner import DecoderSteps
 from replicas.engine.layouts.stream import (
     PrefixDims,
     StreamDims,
@@ -64,17 +63,12 @@ from replicas.engine.layouts.stream import (
 )
 from replicas.engine.layouts.token_steps import PREFIX_BLOCK
 from replicas.engine.prefix_index import PROMPT, CacheKey
-from replicas.model.protocol import DecoderModel
 
 
-class PromptLayout:
+class PromptLayout(DecoderSteps):
     """Packs, runs and unpacks PromptWork through prompt prefix and item-stream steps."""
 
     kinds: ClassVar[dict[str, type]] = {"prefix": PrefixDims, "items": StreamDims}
-
-    def __init__(self, model: DecoderModel, runner: Runner) -> None:
-        self._model = model
-        self._runner = runner
 
     # -- compiling ----------------------------------------------------------------------
 
@@ -86,11 +80,9 @@ class PromptLayout:
     # -- planning -----------------------------------------------------------------------
 
     def select(self, works: Sequence[Any]) -> list[int]:
-        """PromptWork with prompts."""
         return prompt_works(works)
 
     def plan(self, works: Sequence[PromptWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
-        """The signatures a cold call (nothing cached) would run."""
         units = self._units(works, indices, use_cache=False)
         keys = [("prefix", dims) for dims, _ in self._prefix_steps(units)]
         return keys + [("items", dims) for dims, _ in self._stream_steps(units)]
@@ -188,8 +180,7 @@ class PromptLayout:
             by_width.setdefault(width, []).append((block, tokens, top_k, key))
         per_block = buckets[-1] // groups
         for width, needs in sorted(by_width.items()):
-            for chunk in block_chunks(needs, groups, per_block):
-                fullest = max(per_block_counts(chunk, groups))
+            for chunk, fullest in block_chunks(needs, groups, per_block):
                 batch = bucket_for(fullest * groups, buckets, "batch_buckets")
                 top_k = max(need[2] for need in chunk)
                 yield PrefixDims(batch, width, top_k), chunk
@@ -208,23 +199,14 @@ class PromptLayout:
             by_width.setdefault(width(unit), []).append(unit)
         per_block = buckets[-1] // groups
         for prefix, group in by_width.items():
-            for chunk in block_chunks(group, groups, per_block, block_of=lambda u: u.block):
-                fullest = max(per_block_counts(chunk, groups, block_of=lambda u: u.block))
-                tokens = bucket_for(
-                    max(u.size for u in chunk), engine.item_token_buckets, "item_token_buckets"
-                )
-                longest = max(len(item) for u in chunk for item in u.items)
-                yield (
-                    StreamDims(
-                        batch=bucket_for(fullest * groups, buckets, "batch_buckets"),
-                        prefix=prefix,
-                        tokens=tokens,
-                        window=window_for(longest, tokens),
-                        labels=0,  # the token head: every scored token, top_k alternatives
-                        top_k=max(u.top_k for u in chunk),
-                    ),
-                    chunk,
-                )
+            for chunk, fullest in block_chunks(group, groups, per_block, lambda u: u.block):
+                batch = bucket_for(fullest * groups, buckets, "batch_buckets")
+                size = max(u.size for u in chunk)
+                tokens = bucket_for(size, engine.item_token_buckets, "item_token_buckets")
+                window = window_for(max(len(item) for u in chunk for item in u.items), tokens)
+                # labels 0: the token head, every scored token with top_k alternatives
+                top_k = max(u.top_k for u in chunk)
+                yield StreamDims(batch, prefix, tokens, window, 0, top_k), chunk
 
     # -- scoring ------------------------------------------------------------------------
 
@@ -253,8 +235,7 @@ class PromptLayout:
         reused = computed = 0
         for unit in units:
             for item in unit.items:
-                fresh = unit.prefix and unit.prefix_key not in seen
-                if fresh:
+                if unit.prefix and unit.prefix_key not in seen:
                     seen.add(unit.prefix_key)
                     computed += unit.reused
                 else:
@@ -272,30 +253,25 @@ class PromptLayout:
         lengths = np.ones((dims.batch,), np.int32)
         index = ScoreIndex(groups, dims.batch, dims.tokens)
         targets = np.zeros(index.rows.shape, np.int32).reshape(-1)
-        placed: list[tuple[int, tuple[int, ...], list[int]]] = []
+        placed: list[tuple[int, tuple[int, ...], list[int], tuple[Any, ...]]] = []
         used = [0] * groups
-        owners = {}
         for block, prefix, _, key in chunk:
             b = block * slots + used[block]
-            owners[b] = key
             used[block] += 1
             tokens[b, : len(prefix)] = prefix
             lengths[b] = len(prefix)
-            rows = []
-            for position in range(len(prefix) - 1):
-                row = index.add(b, position)
-                targets[row] = prefix[position + 1]
-                rows.append(row)
-            placed.append((b, prefix, rows))
+            rows = [index.add(b, position) for position in range(len(prefix) - 1)]
+            targets[rows] = prefix[1:]  # each position scores the token after it
+            placed.append((b, prefix, rows, key))
         args = (tokens, lengths, index.rows, targets.reshape(index.rows.shape), index.count)
         keys, values, lasts, blocks, lp, best, ids = runner.run_device("prefix", dims, args)
-        runner.count_tokens(dims.batch * dims.tokens, sum(len(p) for _, p, _ in placed))
+        runner.count_tokens(dims.batch * dims.tokens, sum(len(p) for _, p, _, _ in placed))
         lp, best, ids = (np.asarray(a).reshape(-1, *a.shape[2:]) for a in (lp, best, ids))
-        real = {b: len(prefix) for b, prefix, _ in placed}
+        real = {b: len(prefix) for b, prefix, _, _ in placed}
         entries = split_entries(runner.placement.mesh, keys, values, lasts, real)
         states = row_pieces(blocks, 0, real.keys())
         out = {}
-        for b, prefix, rows in placed:
+        for b, prefix, rows, key in placed:
             n = len(prefix)
             token_lp = np.full((n,), np.nan, np.float32)
             top_ids = np.full((n, dims.top_k), -1, np.int32)
@@ -304,13 +280,10 @@ class PromptLayout:
             extra = token_lp.nbytes + top_ids.nbytes + top_lp.nbytes
             extra += int(blocks.nbytes // dims.batch)
             cached = CachedPrompt(prefix, entries[b], states[b], token_lp, top_ids, top_lp, extra)
-            out[owners[b]] = cached
-            self._remember(cached)
+            out[key] = cached
+            if runner.settings.engine.prefix_reuse:  # the cache indexes its blocks
+                runner.cache.put(CacheKey(PROMPT, cached.tokens), cached)
         return out
-
-    def _remember(self, cached: CachedPrompt) -> None:
-        if self._runner.settings.engine.prefix_reuse:  # the cache indexes its blocks
-            self._runner.cache.put(CacheKey(PROMPT, cached.tokens), cached)
 
     def _fill_cached(self, unit: Unit, works: Sequence[PromptWork], results: list) -> None:
         """Rows 1..reused-1 of each member: the prefix's own tokens, from its entry."""
@@ -361,10 +334,7 @@ class PromptLayout:
                     row = index.add(u, cursor + k)
                     targets[row] = item[k + 1] if k + 1 < len(item) else 0
                     wanted.append((row, unit.work, member, unit.reused + k + 1))
-        kv_shape = _kv_shape(self._model)
-        prefixes = assemble(
-            runner.placement.mesh, entries, self._model.dtype, kv_shape, dims.prefix
-        )
+        prefixes = assemble(runner.placement.mesh, entries, self._model, dims.prefix)
         args = (*prefixes, prefix_valid, tokens, positions, item_ids, index.rows,
                 targets.reshape(index.rows.shape), index.count)  # fmt: skip
         runner.count_tokens(b * s, sum(u.size for u in chunk))
@@ -375,11 +345,6 @@ class PromptLayout:
             if j < len(out.token_logprobs):
                 out.token_logprobs[j] = lp[row]
             out.top_ids[j], out.top_logprobs[j] = ids[row, :k], best[row, :k]
-
-
-def _kv_shape(model: DecoderModel) -> tuple[int, int, int, int]:
-    c = model.config
-    return c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size
 
 
 def _empty(length: int, k: int) -> PromptLogprobs:

@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 
 from cluster.sharding import named_sharding, replicated
 from replicas.engine.query_cache import QueryCache
+from replicas.model.protocol import DecoderModel
 from replicas.settings import ReplicaSettings
 
 
@@ -90,3 +91,12 @@ class Runner(Protocol):
     def count_prompt_tokens(self, computed: int, reused: int) -> None:
         """Prompt tokens computed, and read from a shared or cached prefix instead."""
         ...
+
+
+class DecoderSteps:
+    """What a decoder layout (or the prefix extender) holds: its model and the runner that
+    compiles and runs its steps."""
+
+    def __init__(self, model: DecoderModel, runner: Runner) -> None:
+        self._model = model
+        self._runner = runner

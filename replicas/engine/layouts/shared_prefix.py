@@ -23,7 +23,6 @@ from replicas.contract import ScoreWork
 from replicas.engine.layouts.common import (
     bucket_for,
     data_buckets,
-    spread_block,
     step_capacity,
     unpack,
 )
@@ -37,12 +36,11 @@ from replicas.engine.layouts.prefix_blocks import (
     split_entries,
 )
 from replicas.engine.layouts.prefix_extension import ExtendDims, PrefixExtender
-from replicas.engine.layouts.runner import Runner
+from replicas.engine.layouts.runner import DecoderSteps, Runner
 from replicas.engine.layouts.stream import (
     PrefixDims,
     StreamDims,
     StreamUnit,
-    batch_arguments,
     compile_prefix,
     compile_stream,
     exact_dims,
@@ -121,7 +119,7 @@ class Recurrence:
             self._seen.popitem(last=False)
 
 
-class SharedPrefixLayout:
+class SharedPrefixLayout(DecoderSteps):
     """Packs, runs and unpacks multi-item work through prefix + item-stream steps."""
 
     kinds: ClassVar[dict[str, type]] = {
@@ -132,11 +130,10 @@ class SharedPrefixLayout:
     }
 
     def __init__(self, model: DecoderModel, runner: Runner) -> None:
-        self._model = model
-        self._runner = runner
+        super().__init__(model, runner)
         self._turn = -1  # whose turn to hold a query many blocks read (see _homes)
         self._extender = PrefixExtender(model, runner)
-        self._fused = FusedLayout(model, runner)
+        self.fused = FusedLayout(model, runner)  # small works; warm-up reads its warm_keys
         groups, engine = runner.placement.groups, runner.settings.engine
         self._recurrence = Recurrence(data_buckets(engine.batch_buckets, groups)[-1])
 
@@ -146,7 +143,7 @@ class SharedPrefixLayout:
         if kind == "extend":
             return self._extender.compile(dims)
         if kind == "fused":
-            return self._fused.compile(kind, dims)
+            return self.fused.compile(kind, dims)
         if kind == "prefix":
             return compile_prefix(self._model, self._runner, dims)
         return compile_stream(self._model, self._runner, dims)
@@ -154,19 +151,12 @@ class SharedPrefixLayout:
     # -- scoring ------------------------------------------------------------------------
 
     def select(self, works: Sequence[Any]) -> list[int]:
-        """Query-first ScoreWork with items (``contract.multi_item_works``)."""
         return multi_item_works(self._runner.settings, works)
 
     def plan(self, works: Sequence[ScoreWork], indices: Sequence[int]) -> list[tuple[str, Any]]:
-        """The exact signatures ``score`` would run with nothing cached (warm-up compiles
-        these)."""
         fused, streamed = self._split(works, indices, use_cache=False)
-        keys = self._fused.plan(works, fused) if fused else []
+        keys = self.fused.plan(works, fused) if fused else []
         return keys + [("items", dims) for dims, _ in self._steps(works, streamed)]
-
-    def fused_keys(self, labels: int) -> list[tuple[str, Any]]:
-        """The fused signatures warm-up compiles for works of up to ``labels`` labels."""
-        return self._fused.warm_keys(labels)
 
     def _split(
         self, works: Sequence[ScoreWork], indices: Sequence[int], use_cache: bool
@@ -174,7 +164,7 @@ class SharedPrefixLayout:
         """Works that run fused (small, and with ``use_cache`` their query neither cached nor
         recurring: a cached query's items take one pass behind it, a recurring one is worth
         caching) and the rest."""
-        small = [i for i in indices if self._fused.fits(works[i])]
+        small = [i for i in indices if self.fused.fits(works[i])]
         if use_cache and self._runner.cache.capacity_bytes:
             small = [i for i in small if not self._cached(works[i])]
             recurring = self._recurrence.recurring(works, small)
@@ -190,39 +180,24 @@ class SharedPrefixLayout:
     def score(self, works: Sequence[ScoreWork], indices: Sequence[int], results: list) -> None:
         fused, indices = self._split(works, indices, use_cache=True)
         if fused:
-            self._fused.score(works, fused, results)
+            self.fused.score(works, fused, results)
             self._recurrence.remember(works, fused)
         local: dict[tuple[Any, int], PrefixCopies] = {}  # this call's prefixes
+        runner, groups = self._runner, self._runner.placement.groups
         for exact, units in self._steps(works, indices):
-            dims = self._runner.resolve("items", exact)
-            groups = self._runner.placement.groups
-            needs = [  # (query, the data block its row lands on)
-                (works[u.runs[0][0]].query_ids, spread_block(i, groups))
-                for i, u in enumerate(units)
-            ]
+            dims = runner.resolve("items", exact)
+            # (query, the data block its row lands on: stream.pack_stream's spread_row)
+            needs = [(works[u.runs[0][0]].query_ids, i % groups) for i, u in enumerate(units)]
             entries = self._fill_prefixes(needs, dims.prefix, local)
             units = [
                 dataclasses.replace(u, prefix=entries[need])
                 for u, need in zip(units, needs, strict=True)
             ]
-            batch = pack_stream(units, works, dims, self._runner.placement.groups)
-            prefixes = assemble(
-                self._runner.placement.mesh,
-                batch.prefixes,
-                self._model.dtype,
-                self._kv_shape,
-                dims.prefix,
-            )
-            self._runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
-            outputs = np.asarray(
-                self._runner.run_device("items", dims, batch_arguments(batch, prefixes))
-            )
-            unpack(outputs.reshape(-1, outputs.shape[-1]), batch.slots, works, results)
-
-    @property
-    def _kv_shape(self) -> tuple[int, int, int, int]:
-        c = self._model.config
-        return c.num_layers, c.num_kv_heads, c.head_dim, c.hidden_size
+            batch = pack_stream(units, works, dims, groups)
+            prefixes = assemble(runner.placement.mesh, batch.prefixes, self._model, dims.prefix)
+            runner.count_tokens(dims.batch * dims.tokens, batch.useful_tokens)
+            outputs = runner.run_device("items", dims, batch.arguments(prefixes))
+            unpack(np.asarray(outputs), batch.slots, works, results)
 
     def _steps(
         self, works: Sequence[ScoreWork], indices: Sequence[int]
@@ -328,10 +303,9 @@ class SharedPrefixLayout:
                     lengths[b] = len(query)
                     placed.append((b, query))
             outputs = self._runner.run_device("prefix", dims, (tokens, lengths))
-            real = sum(len(query) for _, query in placed)
-            self._runner.count_tokens(dims.batch * width, real)
-            real_lengths = {b: len(query) for b, query in placed}
-            entries = split_entries(self._runner.placement.mesh, *outputs, real_lengths)
+            real = {b: len(query) for b, query in placed}
+            self._runner.count_tokens(dims.batch * width, sum(real.values()))
+            entries = split_entries(self._runner.placement.mesh, *outputs, real)
             for b, query in placed:
                 yield query, entries[b]
 

@@ -22,15 +22,13 @@ from replicas.engine.layouts.common import (
     bucket_for,
     data_multiple,
     label_bucket,
-    labels_by_row,
     spread_row,
     step_capacity,
     unpack,
 )
 from replicas.engine.layouts.contract import single_item_pairs
 from replicas.engine.layouts.dense import DenseDims, compile_dense
-from replicas.engine.layouts.runner import Runner
-from replicas.model.protocol import DecoderModel
+from replicas.engine.layouts.runner import DecoderSteps
 
 Pair = tuple[int, int]  # (work, item)
 
@@ -61,12 +59,8 @@ def group_rows(
     return steps
 
 
-class SingleItemLayout:
+class SingleItemLayout(DecoderSteps):
     kinds: ClassVar[dict[str, type]] = {"rows": DenseDims}
-
-    def __init__(self, model: DecoderModel, runner: Runner) -> None:
-        self._model = model
-        self._runner = runner
 
     def compile(self, kind: str, dims: Any) -> Any:
         return compile_dense(self._model, self._runner, dims, "causal")
@@ -76,7 +70,6 @@ class SingleItemLayout:
         return single_item_pairs(self._runner.settings, works)
 
     def plan(self, works: Sequence[ScoreWork], pairs: Sequence[Pair]) -> list[tuple[str, Any]]:
-        """The exact signatures ``score`` would run (warm-up compiles these)."""
         return [("rows", dims) for dims, _ in self._steps(works, pairs)]
 
     def score(self, works: Sequence[ScoreWork], pairs: Sequence[Pair], results: list) -> None:
@@ -110,9 +103,7 @@ class SingleItemLayout:
             lengths[r] = len(row)
             slots.append(RowSlot(work, item, 1, index.add(r, len(row) - 1)))
         positions = np.broadcast_to(np.arange(dims.tokens, dtype=np.int32), tokens.shape).copy()
-        labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
-        labels = labels.reshape(*index.rows.shape, dims.labels)
+        labels = index.labels(works, slots, dims.labels)
         self._runner.count_tokens(dims.rows * dims.tokens, int(lengths[: len(rows)].sum()))
         args = (tokens, positions, lengths, index.rows, labels, index.count)
-        outputs = np.asarray(self._runner.run_device("rows", dims, args))
-        return outputs.reshape(-1, outputs.shape[-1]), slots
+        return np.asarray(self._runner.run_device("rows", dims, args)), slots

@@ -7,10 +7,9 @@ scored-position selector (``rows`` into each data shard's hidden states, ``count
 and one of two heads, chosen by the signature: label log-probs (``labels`` > 0, /v1/score) or
 every scored token's own log-prob and its ``top_k`` best (``top_k`` > 0, prompt
 log-likelihood; ``token_steps.score_tokens``). A prefix step with ``top_k`` 0 scores nothing.
-The compiled program is one per head, as before the two were one kind each: a head is a static
-field of the signature, so a score step never pays a vocabulary top-k and a prompt step never
-label gathers. Single-item rows do not run here (they are causal rows, ``dense.causal_step``);
-the embedding and prefix-extension steps run the same stream attention
+A head is a static field of the signature, so a score step never pays a vocabulary top-k and
+a prompt step never label gathers. Single-item rows do not run here (they are causal rows,
+``dense.causal_step``); the embedding and prefix-extension steps run the same stream attention
 (``CausalLM.stream_hidden``) in steps of their own and take ``window_for`` from here. Per-token
 metadata (item id, position ``len(query) + k``) comes from lengths, never from searching token
 ids.
@@ -36,7 +35,6 @@ from replicas.engine.layouts.common import (
     bucket_for,
     grouped,
     label_bucket,
-    labels_by_row,
     lay_row,
     score_capacity,
     score_rows,
@@ -44,8 +42,8 @@ from replicas.engine.layouts.common import (
 )
 from replicas.engine.layouts.prefix_blocks import KV_AXES, LAST_AXES, PrefixEntry
 from replicas.engine.layouts.token_steps import (
+    BLOCK_AXES,
     PREFIX_BLOCK,
-    prefix_out_shardings,
     prefix_specs,
     score_tokens,
 )
@@ -68,10 +66,6 @@ class StreamUnit:
     prefix: PrefixEntry | None = None
 
     @property
-    def works(self) -> tuple[int, ...]:
-        return tuple(run[0] for run in self.runs)
-
-    @property
     def tokens(self) -> int:
         return sum(len(item) for item in self.items)
 
@@ -79,10 +73,6 @@ class StreamUnit:
     def size(self) -> int:
         """Stream slots needed: every token, and at least one score row per item."""
         return max(self.tokens, len(self.items))
-
-    @property
-    def longest(self) -> int:
-        return max((len(item) for item in self.items), default=0)
 
 
 @dataclass(frozen=True, order=True)
@@ -150,8 +140,8 @@ def exact_dims(
         batch=bucket_for(len(units), batch_buckets, "batch_buckets"),
         prefix=prefix,
         tokens=tokens,
-        window=window_for(max(u.longest for u in units), tokens),
-        labels=label_bucket(max(len(works[w].label_ids) for u in units for w in u.works)),
+        window=window_for(max((len(i) for u in units for i in u.items), default=0), tokens),
+        labels=label_bucket(max(len(works[w].label_ids) for u in units for w, _, _ in u.runs)),
     )
 
 
@@ -170,6 +160,12 @@ class StreamBatch:
     count: np.ndarray  # [] int32
     slots: tuple[RowSlot, ...]
     useful_tokens: int
+
+    def arguments(self, prefixes: tuple[Array, Array, Array]) -> tuple[Any, ...]:
+        """The step's arguments after params, in order; ``prefixes``: the assembled keys,
+        values and lasts of the batch's rows (``prefix_blocks.assemble``)."""
+        return (*prefixes, self.prefix_valid, self.tokens, self.positions, self.item_ids,
+                self.rows, self.labels, self.count)  # fmt: skip
 
 
 def pack_stream(
@@ -200,11 +196,11 @@ def pack_stream(
                 index.add(u, end - 1)
             else:
                 index.add_extra(u)
-    labels = labels_by_row(works, slots, (index.flat_rows, dims.labels))
+    labels = index.labels(works, slots, dims.labels)
     useful = sum(unit.tokens for unit in units)
     return StreamBatch(
         tuple(prefixes), prefix_valid, tokens, positions, item_ids, index.rows,
-        labels.reshape(*index.rows.shape, dims.labels), index.count, tuple(slots), useful,
+        labels, index.count, tuple(slots), useful,
     )  # fmt: skip
 
 
@@ -264,29 +260,6 @@ def prefix_step(
     return keys, values, lasts, blocks, *scores
 
 
-def prefix_shardings(model: DecoderModel, sharding: Any, dims: Any) -> tuple[Any, Any, Any]:
-    """Where a prefix step of ``dims`` leaves its outputs: batch over ``data``, kv heads
-    over ``model``; ``sharding(axes, shape)`` places by the logical-axis table."""
-    c = model.config
-    kv = sharding(KV_AXES, (c.num_layers, dims.batch, dims.tokens, c.num_kv_heads, c.head_dim))
-    return kv, kv, sharding(LAST_AXES, (dims.batch, c.hidden_size))
-
-
-def batch_arguments(batch: StreamBatch, prefixes: tuple[Array, Array, Array]) -> tuple[Any, ...]:
-    """The step's arguments after params, in order; ``prefixes``: the assembled keys,
-    values and lasts of the batch's rows (``prefix_blocks.assemble``)."""
-    return (
-        *prefixes,
-        batch.prefix_valid,
-        batch.tokens,
-        batch.positions,
-        batch.item_ids,
-        batch.rows,
-        batch.labels,
-        batch.count,
-    )
-
-
 def stream_specs(model: DecoderModel, spec: Spec, dims: StreamDims, groups: int) -> tuple[Any, ...]:
     """Abstract arguments (after params) of an item-stream step of ``dims``: every per-row
     input, prefix keys/values included, split over ``data`` by the logical-axis table."""
@@ -312,16 +285,17 @@ def stream_specs(model: DecoderModel, spec: Spec, dims: StreamDims, groups: int)
 
 def compile_prefix(model: DecoderModel, runner: Any, dims: PrefixDims) -> Any:
     """The prefix step of ``dims``, compiled through the runner: prefixes split over
-    ``data``, each left on the block computing it; a prompt prefix's log-probs come back
-    whole."""
-    placement = runner.placement
-    specs = prefix_specs(placement.spec, dims.batch, dims.tokens, placement.groups)
+    ``data`` (kv heads over ``model``), each left on the block computing it with a prompt
+    prefix's block states; a prompt prefix's log-probs come back whole."""
+    placement, c, b, t = runner.placement, model.config, dims.batch, dims.tokens
+    kv = placement.sharding(KV_AXES, (c.num_layers, b, t, c.num_kv_heads, c.head_dim))
+    out: tuple[Any, ...] = (kv, kv, placement.sharding(LAST_AXES, (b, c.hidden_size)))
+    specs = prefix_specs(placement.spec, b, t, placement.groups)
     if dims.top_k:
-        placed = prefix_out_shardings(model, placement.sharding, dims.batch, dims.tokens)
-        whole = placement.replicated
-        out: tuple[Any, ...] = (*placed, whole, whole, whole)
+        blocks = placement.sharding(BLOCK_AXES, (b, t // PREFIX_BLOCK, c.hidden_size))
+        out += (blocks, *[placement.replicated] * 3)
     else:  # tokens and lengths only
-        out, specs = prefix_shardings(model, placement.sharding, dims), specs[:2]
+        specs = specs[:2]
     step = jax.jit(partial(prefix_step, model, dims.top_k), out_shardings=out)
     return runner.lower(step, specs)
 

@@ -9,7 +9,7 @@ target log-prob and its ``k`` best tokens leave the device.
 ``top_k`` is set: a prompt prefix step scores the prefix's own tokens and returns its hidden
 states at block boundaries (a later prompt that shares only the first blocks of it reads
 those); a prompt stream step scores every item token instead of the last. Here too: the
-prompt prefix step's abstract arguments and where it leaves its outputs.
+prompt prefix step's abstract arguments.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from replicas.engine.layouts.common import Spec, score_capacity, score_chunk
-from replicas.engine.layouts.prefix_blocks import KV_AXES, LAST_AXES
 from replicas.engine.prefix_index import PREFIX_BLOCK as PREFIX_BLOCK  # re-exported
 from replicas.model.lora import untag
 from replicas.model.protocol import DecoderModel, Params
@@ -80,13 +79,3 @@ def prefix_specs(spec: Spec, batch: int, width: int, groups: int) -> tuple[Any, 
         spec((groups, rows), np.int32, ("batch", None)),
         spec((), np.int32, None),
     )
-
-
-def prefix_out_shardings(model: DecoderModel, sharding: Any, batch: int, width: int) -> tuple:
-    """Keys, values, lasts and block states stay on the data shard that computed them (as
-    the shared-prefix layout's); the log-probs come back whole."""
-    c = model.config
-    kv = sharding(KV_AXES, (c.num_layers, batch, width, c.num_kv_heads, c.head_dim))
-    last = sharding(LAST_AXES, (batch, c.hidden_size))
-    blocks = sharding(BLOCK_AXES, (batch, width // PREFIX_BLOCK, c.hidden_size))
-    return kv, kv, last, blocks
