@@ -148,10 +148,9 @@ class StepCompiler:
                     with self._lock:
                         self._traffic.pop(key, None)
                 return
-            if key in self._held and source == "background":
-                return
             if key in self._held:  # a deterministic path needs it now: use it on this host
-                self._store(key, self._held.pop(key), None, keep)
+                if source != "background":
+                    self._store(key, self._held.pop(key), None, keep)
                 return
             self._local.source = source
             try:

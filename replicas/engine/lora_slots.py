@@ -50,7 +50,6 @@ class AdapterSlots:
             self._base_head = np.asarray(params["head"]["score"], dtype)  # [D, L]
             self._host["head"]["score"][:] = self._base_head
         self._slots: dict[str, int] = {}  # adapter name -> slot
-        self._adapters: dict[str, LoraAdapter] = {}
         self._device = self._place(self._host)
 
     @property
@@ -62,9 +61,6 @@ class AdapterSlots:
     def params(self) -> Params:
         """``params["lora"]``: the stacks on the mesh."""
         return self._device
-
-    def adapter(self, name: str) -> LoraAdapter:
-        return self._adapters[name]
 
     def _place(self, host: Any) -> Any:
         return jax.tree_util.tree_map(
@@ -89,14 +85,12 @@ class AdapterSlots:
         adapter = load_adapter(name, path, self._config, self._max_rank)
         slot = free[0]
         self._write(slot, adapter)
-        self._slots[name], self._adapters[name] = slot, adapter
+        self._slots[name] = slot
         return slot
 
     def unload(self, name: str) -> None:
         """Free ``name``'s slot (zeros: a stale tag would read the base model)."""
-        slot = self._slots.pop(name)
-        del self._adapters[name]
-        self._write(slot, None)
+        self._write(self._slots.pop(name), None)
 
     def _write(self, slot: int, adapter: LoraAdapter | None) -> None:
         layers = self._host["layers"]
@@ -108,7 +102,7 @@ class AdapterSlots:
                 pair["a"][:, slot, ..., :rank] = adapter.a[target]
                 pair["b"][:, slot, :rank] = adapter.b[target]
         if self._labels:
-            head = adapter.head if adapter is not None and adapter.head is not None else None
+            head = adapter.head if adapter is not None else None
             self._host["head"]["score"][slot] = self._base_head if head is None else head
         self._device = self._place(self._host)
 

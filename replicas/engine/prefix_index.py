@@ -45,9 +45,6 @@ class PrefixIndex:
         self._max_keys = max_keys
         self._keys: dict[tuple[str, int, int], CacheKey] = {}
 
-    def __len__(self) -> int:
-        return len(self._keys)
-
     def add(self, key: CacheKey) -> None:
         """Register ``key.tokens``' whole blocks under ``key``."""
         tokens = key.tokens

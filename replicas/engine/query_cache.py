@@ -55,10 +55,6 @@ class QueryCache:
             self._entries.move_to_end(key)
             self.hits += 1
 
-    def cached_keys(self) -> list[Hashable]:
-        """The cached keys, least recently used first."""
-        return list(self._entries)
-
     def entries(self) -> list[Sized]:
         """What the cache holds, least recently used first (nothing is counted as used)."""
         return list(self._entries.values())

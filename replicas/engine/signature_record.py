@@ -59,16 +59,13 @@ def shape_of(leaf: Any) -> tuple[list[int], str]:
     return list(getattr(leaf, "shape", ())), str(getattr(leaf, "dtype", ""))
 
 
-def fingerprint(identity: Mapping[str, Any]) -> str:
-    text = json.dumps(identity, sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def record_path(directory: str | Path | None, identity: Mapping[str, Any]) -> Path | None:
     """The record of the engine ``identity`` describes, in ``directory`` (None: none)."""
     if not directory:
         return None
-    return Path(directory) / f"{RECORD_PREFIX}{fingerprint(identity)}.json"
+    text = json.dumps(identity, sort_keys=True, default=repr)
+    fingerprint = hashlib.sha256(text.encode()).hexdigest()[:16]
+    return Path(directory) / f"{RECORD_PREFIX}{fingerprint}.json"
 
 
 @dataclass(frozen=True)
@@ -103,23 +100,19 @@ class SignatureRecord:
     """The record file: read, and rewritten whole (atomically) on every change."""
 
     def __init__(self, path: Path | None, dims_types: Mapping[str, type]) -> None:
-        self._path = path
+        self.path = path
         self._dims_types = dict(dims_types)
         self._lock = threading.Lock()  # one writer at a time
-
-    @property
-    def path(self) -> Path | None:
-        return self._path
 
     def read(self) -> list[Entry]:
         """The recorded signatures this engine knows how to build (stale entries, e.g. from
         an older version or another layout, are skipped), in the file's order."""
-        if self._path is None or not self._path.exists():
+        if self.path is None or not self.path.exists():
             return []
         try:
-            rows = json.loads(self._path.read_text())
+            rows = json.loads(self.path.read_text())
         except (OSError, ValueError):
-            logger.warning("ignoring unreadable compile record %s", self._path)
+            logger.warning("ignoring unreadable compile record %s", self.path)
             return []
         entries = []
         for row in rows if isinstance(rows, list) else []:
@@ -130,11 +123,11 @@ class SignatureRecord:
             except Exception:  # any row this version cannot read is stale: skip it
                 continue
             entries.append(Entry(key, usage, saving))
-        logger.info("compile record %s: %d signatures to replay", self._path, len(entries))
+        logger.info("compile record %s: %d signatures to replay", self.path, len(entries))
         return entries
 
     def write(self, entries: Iterable[Entry]) -> None:
-        if self._path is None:
+        if self.path is None:
             return
         rows = [
             {
@@ -149,10 +142,10 @@ class SignatureRecord:
         ]
         with self._lock:
             try:
-                self._path.parent.mkdir(parents=True, exist_ok=True)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
                 writer = f"{os.getpid()}-{threading.get_ident()}"  # engines may share a file
-                tmp = self._path.with_name(f"{self._path.name}.{writer}.tmp")
+                tmp = self.path.with_name(f"{self.path.name}.{writer}.tmp")
                 tmp.write_text(json.dumps(rows))
-                tmp.replace(self._path)
+                tmp.replace(self.path)
             except OSError:
-                logger.warning("cannot write compile record %s", self._path)
+                logger.warning("cannot write compile record %s", self.path)

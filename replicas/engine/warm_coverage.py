@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from replicas.contract import Envelope, PromptWork, ScoreWork, packed_length
@@ -43,19 +44,30 @@ def full_step_items(envelope: Envelope, settings: ReplicaSettings) -> list[int]:
 def extreme_works(settings: ReplicaSettings) -> list[tuple[Envelope, ScoreWork, bool]]:
     """Per envelope, the work whose steps dominate every admitted request's, and whether its
     items share the query as a prefix (multi-item mode: also its ``item_first`` form)."""
-    token = 1 if settings.model.multi_item_scoring_delimiter != 1 else 2
-    works = []
-    for envelope in settings.limits.envelopes:
-        items = tuple((token,) * n for n in full_step_items(envelope, settings))
-        work = ScoreWork(
-            query_ids=(token,) * envelope.query_tokens,
-            item_ids=items,
-            label_ids=tuple(range(envelope.labels)),
+    return [
+        (envelope, work, settings.model.multi_item and not work.item_first)
+        for envelope in settings.limits.envelopes
+        for work in synthetic_works(
+            settings,
+            envelope.query_tokens,
+            full_step_items(envelope, settings),
+            envelope.labels,
         )
-        works.append((envelope, work, settings.model.multi_item))
-        if settings.model.multi_item:
-            works.append((envelope, ScoreWork(work.query_ids, items, work.label_ids, True), False))
-    return works
+    ]
+
+
+def synthetic_works(
+    settings: ReplicaSettings, query_tokens: int, item_tokens: Sequence[int], labels: int
+) -> list[ScoreWork]:
+    """A work of one token that is not the delimiter, with items of ``item_tokens`` tokens
+    (multi-item mode: also its ``item_first`` form)."""
+    token = 1 if settings.model.multi_item_scoring_delimiter != 1 else 2
+    work = ScoreWork(
+        query_ids=(token,) * query_tokens,
+        item_ids=tuple((token,) * n for n in item_tokens),
+        label_ids=tuple(range(labels)),
+    )
+    return [work, replace(work, item_first=True)] if settings.model.multi_item else [work]
 
 
 def covered(key: Key, warm: Sequence[Key]) -> bool:
@@ -100,19 +112,12 @@ def warmup_works(
     settings: ReplicaSettings, shapes: Sequence[tuple[int, int, int, int]]
 ) -> list[ScoreWork]:
     """Synthetic work of each (query_tokens, items, item_tokens, labels) shape (multi-item
-    mode: also its ``item_first`` form), of one token that is not the delimiter."""
-    token = 1 if settings.model.multi_item_scoring_delimiter != 1 else 2
-    works = []
-    for query_len, num_items, item_len, num_labels in shapes:
-        work = ScoreWork(
-            query_ids=(token,) * query_len,
-            item_ids=((token,) * item_len,) * num_items,
-            label_ids=tuple(range(num_labels)),
-        )
-        works.append(work)
-        if settings.model.multi_item:
-            works.append(ScoreWork(work.query_ids, work.item_ids, work.label_ids, True))
-    return works
+    mode: also its ``item_first`` form)."""
+    return [
+        work
+        for query_len, num_items, item_len, num_labels in shapes
+        for work in synthetic_works(settings, query_len, [item_len] * num_items, num_labels)
+    ]
 
 
 def warmup_prompts(shapes: Sequence[tuple[int, int, int, int]]) -> list[PromptWork]:
