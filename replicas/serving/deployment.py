@@ -241,6 +241,8 @@ class ScoringReplica:
         now = time.time()
         alive = [work.deadline is None or work.deadline > now for work in works]
         self._shed["expired"] += alive.count(False)
+        if all(alive):  # the common case: nothing to drop, no refusal built
+            return await self._shared_step(list(zip(works, costs, strict=True)))
         message = "request deadline passed before scoring"
         expired = ScoringError(Reason.OVERLOADED, message, retry_after_s=1)
         live = [pair for pair, ok in zip(zip(works, costs, strict=True), alive, strict=True) if ok]
