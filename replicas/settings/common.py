@@ -34,8 +34,9 @@ def check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def check_at_least(name: str, value: Any, low: int, note: str = "") -> None:
-    """Raise naming ``name`` when ``value`` is below ``low`` (``note``: what ``low`` means)."""
-    if value < low:
+    """Raise naming ``name`` when ``value`` is below ``low`` or NaN (``note``: what ``low``
+    means)."""
+    if not value >= low:
         raise SettingsError(f"{name}: must be >= {low}{note}, got {value}")
 
 

@@ -43,14 +43,12 @@ class BatchingSettings:
     dropped (503 overloaded); keep it below the proxy's http_options.request_timeout_s."""
 
     def __post_init__(self) -> None:
-        if not self.max_call_s >= 0:
-            raise SettingsError(f"max_call_s: must be >= 0 (0 = unbounded), got {self.max_call_s}")
+        check_at_least("max_call_s", self.max_call_s, 0, " (0 = unbounded)")
         check_at_least("max_queue_wait_s", self.max_queue_wait_s, 0)
         if self.request_deadline_s <= 0:
             raise SettingsError(f"request_deadline_s: must be > 0, got {self.request_deadline_s}")
         check_at_least("max_batch_size", self.max_batch_size, 1)
-        if not self.pack_wait_s >= 0:
-            raise SettingsError(f"pack_wait_s: must be >= 0, got {self.pack_wait_s}")
+        check_at_least("pack_wait_s", self.pack_wait_s, 0)
         check_at_least("batch_wait_timeout_s", self.batch_wait_timeout_s, 0)
 
 

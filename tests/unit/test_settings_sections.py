@@ -4,6 +4,7 @@ a stated workload (the shipped one: the four envelopes serve_config.yaml used to
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -164,6 +165,9 @@ def test_sections_load_as_the_flat_keys_do() -> None:
         ({"dtype": "float16"}, r"^dtype: must be one of"),
         ({"layout": "dense"}, r"^layout: must be one of"),
         ({"max_queue_wait_s": -1}, r"^max_queue_wait_s: must be >= 0"),
+        ({"max_queue_wait_s": math.nan}, r"^max_queue_wait_s: must be >= 0, got nan"),
+        ({"batch_wait_timeout_s": math.nan}, r"^batch_wait_timeout_s: must be >= 0, got nan"),
+        ({"max_call_s": math.nan}, r"^max_call_s: must be >= 0 \(0 = unbounded\), got nan"),
         ({"rerank_method": "bm25"}, r"^rerank_method: must be one of"),
         ({"placement_group_strategy": "ANY"}, r"^placement_group_strategy: must be one of"),
         ({"host_timeout_s": 0}, r"^host_timeout_s: must be > 0"),
