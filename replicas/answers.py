@@ -5,8 +5,9 @@ shape from a replica is a 500 naming what came back, never a body built from it.
 
 The array answers are float32 arrays (``numpy.ndarray`` subclasses: everything that reads
 an array reads them); a prompt's answer is a list of ``PromptLogprobs``. A work names its
-answer type (``ScoreWork.answer``, ...). Answers of other shapes (per-token vectors, sparse
-vectors) are further types here, with their own ``checked``.
+answer type (``ScoreWork.answer``, ...; an EmbedWork's by its ``output``): a
+late-interaction model's per-token vectors are ``TokenVectors``, a sparse model's
+``SparseVectors``, each with its own ``checked``.
 
 Jax-free and rank 0: nothing of the tree is imported.
 """
@@ -80,4 +81,75 @@ class PromptScores(list):
         return answer
 
 
-Answer = LabelScores | PromptScores | Vectors  # what score_batch returns per work
+def _refused(message: str) -> ScoringError:
+    return ScoringError(Reason.INTERNAL, f"replica returned {message}", status_code=500)
+
+
+class TokenVectors(list):
+    """An EmbedWork's answer for ``output`` ``tokens``: per input, float32 ``[tokens,
+    dimension]``, one vector per token of the input in order."""
+
+    @classmethod
+    def of(cls, value: Iterable[Any]) -> TokenVectors:
+        if isinstance(value, cls):
+            return value
+        return cls(np.asarray(vectors, np.float32) for vectors in value)
+
+    @classmethod
+    def empty(cls, inputs: int, dimension: int) -> TokenVectors:
+        return cls(np.zeros((0, dimension), np.float32) for _ in range(inputs))
+
+    @classmethod
+    def checked(cls, value: Any, lengths: Iterable[int], dimension: int) -> TokenVectors:
+        """Refused (500) unless one finite ``[length, dimension]`` array per input."""
+        answer, lengths = cls.of(value), list(lengths)
+        shapes = [vectors.shape for vectors in answer]
+        if shapes != [(n, dimension) for n in lengths]:
+            expected = f"{lengths[:4]} x {dimension}"
+            raise _refused(f"token vectors of shapes {shapes[:4]}, expected {expected}")
+        if not all(np.isfinite(vectors).all() for vectors in answer):
+            raise _refused("token vectors that are not finite")
+        return answer
+
+
+class SparseVectors(list):
+    """An EmbedWork's answer for ``output`` ``sparse``: per input, ``(indices int32 [k],
+    values float32 [k])``, its non-zero weights by ascending vocabulary index."""
+
+    @classmethod
+    def of(cls, value: Iterable[Any]) -> SparseVectors:
+        if isinstance(value, cls):
+            return value
+        return cls(
+            (np.asarray(indices, np.int32), np.asarray(values, np.float32))
+            for indices, values in value
+        )
+
+    @classmethod
+    def empty(cls, inputs: int, dimension: int) -> SparseVectors:
+        return cls((np.zeros(0, np.int32), np.zeros(0, np.float32)) for _ in range(inputs))
+
+    @classmethod
+    def checked(cls, value: Any, inputs: int, dimension: int) -> SparseVectors:
+        """Refused (500) unless ``inputs`` pairs of matching length, indices ascending in
+        ``[0, dimension)``, values finite."""
+        answer = cls.of(value)
+        if len(answer) != inputs:
+            raise _refused(f"{len(answer)} sparse vectors for {inputs} inputs")
+        for indices, values in answer:
+            ordered = indices.shape == values.shape and bool(np.all(np.diff(indices) > 0))
+            inside = not indices.size or (indices[0] >= 0 and indices[-1] < dimension)
+            if not (ordered and inside and np.isfinite(values).all()):
+                raise _refused(f"a sparse vector of {indices.size} weights out of order or range")
+        return answer
+
+
+# what score_batch returns per work
+Answer = LabelScores | PromptScores | Vectors | TokenVectors | SparseVectors
+
+
+def answered(work: Any, value: Any) -> Any:
+    """``value`` as ``work``'s answer: its class's ``answer``, or what its ``answered`` says
+    (an EmbedWork's, by its ``output``)."""
+    answer_of = getattr(work, "answered", None)
+    return answer_of(value) if answer_of is not None else type(work).answer.of(value)

@@ -12,12 +12,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from replicas.answers import Vectors
+from replicas.answers import SparseVectors, TokenVectors, Vectors
 from replicas.errors import Reason, ScoringError
 
 POOLINGS = ("lasttoken", "mean", "cls")
+# What an EmbedWork asks for (``EmbedWork.output``): one vector per input, every token's
+# vector (a late-interaction model's), or a vocabulary-wide sparse vector (a sparse model's)
+OUTPUTS = ("vector", "tokens", "sparse")
 INPUT_FORMATS = ("text", "chat_template")
 MESSAGE_FORMATS = ("flat", "structured")
+ANSWERS: dict[str, Any] = {"vector": Vectors, "tokens": TokenVectors, "sparse": SparseVectors}
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,60 @@ class InputFormat:
 
 
 @dataclass(frozen=True)
+class LateInteraction:
+    """A late-interaction (ColBERT) model's token vectors (semantics 20), as
+    sentence-transformers 6's ``MultiVectorEncoder`` reads its directory: every token's final
+    hidden state through the bias-free Dense projections, then L2-normalized per token.
+
+    ``query_length``: a query is cut to, then filled with ``expansion_token`` (None: the
+    tokenizer's mask token) up to, this many tokens (``query_expansion``; None: no
+    expansion; ``expansion`` ``fixed`` cuts, ``min`` only fills); ``attend_expansion``
+    False: the encoder does not read the fill tokens (their own vectors still read the
+    query), PyLate's ``attend_to_expansion_tokens``. ``query_max_length`` and
+    ``document_length``: the most tokens of each (None: the model's). ``skiplist``: words
+    whose tokens a document's scoring leaves out (``MultiVectorMask``), in the inputs of
+    ``skiplist_tasks``. ``similarity``: ``maxsim`` (the sum over query tokens of the best
+    document token's dot product) or ``meanmaxsim`` (over the query's token count)."""
+
+    query_length: int | None = None
+    expansion: str = "fixed"
+    attend_expansion: bool = False
+    expansion_token: str | None = None
+    query_max_length: int | None = None
+    document_length: int | None = None
+    skiplist: tuple[str, ...] = ()
+    skiplist_tasks: tuple[str, ...] = ("document",)
+    similarity: str = "maxsim"
+
+    def __post_init__(self) -> None:
+        if self.expansion not in ("fixed", "min"):
+            raise ValueError(f"query_expansion strategy: {self.expansion!r} not fixed or min")
+        if self.similarity not in ("maxsim", "meanmaxsim"):
+            raise ValueError(f"similarity_fn_name: {self.similarity!r} not maxsim/meanmaxsim")
+
+
+@dataclass(frozen=True)
+class SparseOutput:
+    """A sparse (SPLADE) model's vector (semantics 20), as sentence-transformers 6's
+    ``SparseEncoder`` computes it: the masked-LM head's logits per token, ``log(1 +
+    relu(x))`` (``log1p_relu``: that twice), then the max (``sum``: the sum) over an input's
+    tokens, one weight per vocabulary token; ``max_active_dims``: only the largest that many
+    kept (None: every non-zero weight)."""
+
+    pooling: str = "max"
+    activation: str = "relu"
+    max_active_dims: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.pooling not in ("max", "sum"):
+            raise ValueError(f"SpladePooling pooling_strategy: {self.pooling!r} not max/sum")
+        if self.activation not in ("relu", "log1p_relu"):
+            raise ValueError(f"SpladePooling activation_function: {self.activation!r}")
+        if self.max_active_dims is not None and self.max_active_dims < 1:
+            raise ValueError(f"max_active_dims: must be >= 1, got {self.max_active_dims}")
+
+
+@dataclass(frozen=True)
 class PoolingHead:
     """An embedding model's pooling (semantics 20): one vector per input, read from the
     decoder's final hidden states in float32. ``lasttoken``: the last real token's state;
@@ -68,7 +126,10 @@ class PoolingHead:
     ``matryoshka``: the sizes a request may cut the vector to (``dimensions``), as the model
     declares them or the config says: None: none (not trained for a cut), (): any of
     1..dimension, else those. The ingress's rule alone (the replica never cuts), so it is
-    not compared: an ingress and a replica agree on a head whatever it says."""
+    not compared: an ingress and a replica agree on a head whatever it says. ``late``: a
+    late-interaction model's token vectors (``pooling`` then ``tokens``, ``dimension`` the
+    projection's); ``sparse``: a sparse model's weights (``pooling`` ``splade``,
+    ``dimension`` the vocabulary's)."""
 
     pooling: str
     normalize: bool
@@ -80,9 +141,14 @@ class PoolingHead:
     max_seq_length: int | None = None
     inputs: InputFormat = field(default_factory=InputFormat)
     matryoshka: tuple[int, ...] | None = field(default=None, compare=False)
+    late: LateInteraction | None = None
+    sparse: SparseOutput | None = None
 
     def __post_init__(self) -> None:
-        if self.pooling not in POOLINGS:
+        expected = "tokens" if self.late else "splade" if self.sparse else None
+        if expected is not None and self.pooling != expected:
+            raise ValueError(f"pooling: {self.pooling!r}, expected {expected!r}")
+        if expected is None and self.pooling not in POOLINGS:
             raise ValueError(f"pooling: {self.pooling!r} not in {POOLINGS}")
         if self.dimension < 1:
             raise ValueError(f"dimension: must be >= 1, got {self.dimension}")
@@ -91,6 +157,11 @@ class PoolingHead:
                 f"matryoshka_dimensions: {list(self.matryoshka)} must be within "
                 f"1..{self.dimension} (the model's dimension)"
             )
+
+    @property
+    def output(self) -> str:
+        """What its EmbedWork asks for (``OUTPUTS``)."""
+        return "tokens" if self.late else "sparse" if self.sparse else "vector"
 
     def prompt(self, name: str) -> str | None:
         """The text of the prompt called ``name`` (None: the model has no such prompt)."""
@@ -103,7 +174,12 @@ class EmbedWork:
     model's PoolingHead says, before any Matryoshka cut (the ingress does that). The first
     ``prompt_lengths[i]`` tokens of input i are its prompt (pooled only with
     ``include_prompt``); () means none has one. On a cross-encoder each input is a pair
-    and its tokens from ``second_starts[i]`` on have token type 1 (the document)."""
+    and its tokens from ``second_starts[i]`` on have token type 1 (the document).
+
+    ``output`` (``OUTPUTS``): ``tokens`` answers every token's vector per input
+    (``TokenVectors``), ``sparse`` one sparse vector per input (``SparseVectors``), as the
+    model's ``late`` and ``sparse`` say; ``query_only[i]``: input i's last that many tokens
+    read the input but no token reads them (a late-interaction query's fill tokens)."""
 
     inputs: tuple[tuple[int, ...], ...]
     prompt_lengths: tuple[int, ...] = ()
@@ -113,11 +189,17 @@ class EmbedWork:
     # False: vectors before the model's L2 normalization (Dense applied), for the ingress to
     # fold chunks of one long input into one vector first (app.embed_chunks)
     normalize: bool = True
+    output: str = "vector"
+    query_only: tuple[int, ...] = ()
     # Inputs of concurrent requests share rows and steps: an idle replica waits
     # ``pack_wait_s`` for them (replicas.serving.deployment)
     packs_across_requests: ClassVar[bool] = True
-    answer: ClassVar[type[Vectors]] = Vectors
+    answer: ClassVar[type[Vectors]] = Vectors  # output "vector"; answered() for all
     noun: ClassVar[str] = "inputs"
+
+    def answered(self, value: Any) -> Any:
+        """``value`` as this work's answer type (its ``output``'s)."""
+        return ANSWERS[self.output].of(value)
 
     @property
     def num_items(self) -> int:
@@ -141,9 +223,9 @@ class EmbedWork:
     def tokens_held(self, tokens: int, multi_item: bool) -> str:
         return f"the inputs hold {tokens} tokens"
 
-    def empty_answer(self, vector_width: int) -> Vectors:
+    def empty_answer(self, vector_width: int) -> Any:
         """``vector_width``: the model's (its vectors' dimension, a cross-encoder's labels)."""
-        return Vectors.empty(self.num_items, vector_width)
+        return ANSWERS[self.output].empty(self.num_items, vector_width)
 
     def second_start(self, i: int) -> int:
         """Where input i's token type 1 starts (its length: nowhere)."""
@@ -151,6 +233,9 @@ class EmbedWork:
 
     def prompt_length(self, i: int) -> int:
         return self.prompt_lengths[i] if self.prompt_lengths else 0
+
+    def query_only_tokens(self, i: int) -> int:
+        return self.query_only[i] if self.query_only else 0
 
 
 def l2_normalized(vectors: np.ndarray) -> np.ndarray:

@@ -35,20 +35,27 @@ class ModelKind:
     """Its inputs are (query, document) pairs read by a head (a cross-encoder)."""
     answer: str
     """What its steps return per work."""
+    output: str = "vector"
+    """What its EmbedWork asks for (``replicas.embed_contract.OUTPUTS``)."""
 
     @property
     def vectors(self) -> bool:
-        """Its steps answer one vector per input (an embedding model)."""
-        return self.embeds and not self.pairs
+        """Its steps answer one dense vector per input (an embedding model)."""
+        return self.embeds and not self.pairs and self.output == "vector"
 
 
 def _is_cross_encoder(head: Any, pooling: Any) -> bool:
     return pooling is None and head is not None and head.kind == "cross_encoder"
 
 
+def _output(pooling: Any) -> str | None:
+    """What a model with this pooling embeds (None: it has none)."""
+    return None if pooling is None else pooling.output
+
+
 EMBEDDING = ModelKind(
     "embedding",
-    lambda head, pooling: pooling is not None,
+    lambda head, pooling: _output(pooling) == "vector",
     embeds=True,
     lm_head=False,
     pairs=False,
@@ -61,6 +68,24 @@ CROSS_ENCODER = ModelKind(
     lm_head=False,
     pairs=True,
     answer="logits [pairs, labels]",
+)
+LATE_INTERACTION = ModelKind(
+    "late_interaction",
+    lambda head, pooling: _output(pooling) == "tokens",
+    embeds=True,
+    lm_head=False,
+    pairs=False,
+    answer="token vectors, per input [tokens, dimension]",
+    output="tokens",
+)
+SPARSE = ModelKind(
+    "sparse",
+    lambda head, pooling: _output(pooling) == "sparse",
+    embeds=True,
+    lm_head=False,
+    pairs=False,
+    answer="sparse vectors, per input (indices [k], values [k]) over the vocabulary",
+    output="sparse",
 )
 SCORE_HEAD = ModelKind(
     "score_head",
@@ -81,7 +106,9 @@ CAUSAL_LM = ModelKind(
 
 # Exactly one recognizes any checkpoint (tests/unit/test_kinds.py); in the order messages
 # and documents list them.
-KINDS: tuple[ModelKind, ...] = (CAUSAL_LM, SCORE_HEAD, EMBEDDING, CROSS_ENCODER)
+KINDS: tuple[ModelKind, ...] = (
+    CAUSAL_LM, SCORE_HEAD, EMBEDDING, CROSS_ENCODER, LATE_INTERACTION, SPARSE,
+)  # fmt: skip
 KIND_NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS)
 
 

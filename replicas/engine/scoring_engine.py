@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from cluster.mesh import build_mesh
-from replicas.answers import Answer
+from replicas.answers import Answer, answered
 from replicas.contract import EmbedWork, ModelInfo, PromptWork, ScoreWork
 from replicas.engine.compiler import StepCompiler
 from replicas.engine.layouts.contract import Layout, multi_item
@@ -245,7 +245,7 @@ class ScoringEngine:
                     layout.score(works, selected, results)
             finally:
                 self._engine_seconds += time.perf_counter() - start
-        return [type(w).answer.of(r) for w, r in zip(works, results, strict=True)]
+        return [answered(w, r) for w, r in zip(works, results, strict=True)]
 
     def warmup(self, shapes: Sequence[tuple[int, int, int, int]] | None = None) -> int:
         """Compile ``warmup_keys(shapes)``; returns how many executables were compiled."""

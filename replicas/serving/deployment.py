@@ -30,6 +30,7 @@ from cluster.niceness import (
     warn_if_niced,
     worker_niceness,
 )
+from replicas.answers import answered
 from replicas.checkpoints.name_map import AdapterNotFound
 from replicas.contract import (
     EmbedWork,
@@ -338,7 +339,7 @@ class ScoringReplica:
             self._trimmed_at = time.monotonic()
             await asyncio.to_thread(release_free_heap)
         clean = compiles == _compile_marks(stats) and not compiles[0]
-        answers = (type(work).answer.of(answer) for work, answer in zip(works, arrays, strict=True))
+        answers = (answered(work, answer) for work, answer in zip(works, arrays, strict=True))
         return [ScoredWork(answer, seconds, clean) for answer in answers]
 
 
