@@ -14,7 +14,7 @@ import numpy as np
 
 from replicas.checkpoints.name_map import CheckpointError
 from replicas.contract import PoolingHead
-from replicas.model.pooling_config import st_modules
+from replicas.model.retrieval_config import dense_paths
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ def load_dense_layers(directory: Path, head: PoolingHead) -> tuple[DenseLayer, .
         return ()
     from safetensors.numpy import load_file
 
-    paths = [path for kind, path in st_modules(directory) if kind == "Dense"]
+    paths = dense_paths(directory)
     layers = []
     for path, (inputs, outputs, activation) in zip(paths, head.dense, strict=True):
         file = path / "model.safetensors"

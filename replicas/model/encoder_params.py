@@ -2,7 +2,9 @@
 
 Shapes: V vocabulary, P positions, T token types, D hidden, H heads, Dh head dim, F MLP
 width; layer leaves lead with ``layers``. ``replicas.model.params`` derives shapes and
-shardings from these as it does for the decoder's tree.
+shardings from these as it does for the decoder's tree. A sparse model's tree holds the
+masked-LM head (``mlm``, ``replicas.model.mlm_head``), its decoder weight the tree's
+``embed`` (tied).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from replicas.model.config import ModelConfig
+from replicas.model.family.bert import reads_mlm_head
 from replicas.model.heads import head_logical_axes
 
 
@@ -35,10 +38,29 @@ def _modernbert_head_axes(config: ModelConfig) -> dict[str, Any]:
     return axes
 
 
+def mlm_logical_axes(config: ModelConfig) -> dict[str, Any]:
+    """A ``*ForMaskedLM``'s head: dense [D, D] and its bias (ModernBERT's with
+    classifier_bias), LayerNorm, the decoder's bias [V] (its weight: ``embed``)."""
+    axes: dict[str, Any] = {
+        "dense": ("embed", "norm"),  # [D, D]
+        "norm": _norm(config, layer=False),
+        "bias": ("vocab",),  # [V]
+    }
+    if config.classifier_bias or not config.rotary:
+        axes["dense_bias"] = ("norm",)  # [D]
+    return axes
+
+
+def _extras(config: ModelConfig, head: dict[str, Any]) -> dict[str, Any]:
+    """The score head's axes (``head``) and the masked-LM head's, where the tree has them."""
+    extras = {} if config.head is None else {"head": head}
+    return extras | ({"mlm": mlm_logical_axes(config)} if reads_mlm_head(config) else {})
+
+
 def modernbert_logical_axes(config: ModelConfig) -> dict[str, Any]:
     """ModernBERT: fused q/k/v and GeGLU input projections, no biases, no positions; layer
     0's ``attn_norm`` is held but not read (its attention reads its input unnormed)."""
-    head = {} if config.head is None else {"head": _modernbert_head_axes(config)}
+    head = _extras(config, {} if config.head is None else _modernbert_head_axes(config))
     return head | {
         "embed": ("vocab", "embed"),  # [V, D]
         "embed_norm": _norm(config, layer=False),
@@ -59,10 +81,11 @@ def modernbert_logical_axes(config: ModelConfig) -> dict[str, Any]:
 
 
 def encoder_logical_axes(config: ModelConfig) -> dict[str, Any]:
-    """Logical axes of every parameter of an encoder (a cross-encoder's head too)."""
+    """Logical axes of every parameter of an encoder (a cross-encoder's head, a sparse
+    model's masked-LM head too)."""
     if config.rotary:
         return modernbert_logical_axes(config)
-    head = {} if config.head is None else {"head": head_logical_axes(config.head)}
+    head = _extras(config, {} if config.head is None else head_logical_axes(config.head))
     return head | {
         "embed": ("vocab", "embed"),  # [V, D]
         "position_embed": ("positions", "embed"),  # [P, D]

@@ -84,11 +84,20 @@ def own_item_mask(item_ids: Array, block: int, back: int) -> Array:
     return same & causal
 
 
+def reader_ids(item_ids: Array) -> Array:
+    """[B, S] sequence ids -> the sequence each token reads as a query: its own, and for a
+    query-only token (id ``-3 - n``: it reads sequence n, no token reads it; a
+    late-interaction query's fill tokens) n. As a key every negative id is read by none."""
+    return jnp.where(item_ids <= -3, -3 - item_ids, item_ids)
+
+
 def bidirectional_mask(item_ids: Array) -> Array:
-    """[B, S] sequence ids (-1 padding) -> [B, S, S]: token t reads s iff both are in the same
-    sequence, whatever their order (an encoder's packed row); padding reads nothing."""
-    same = item_ids[:, :, None] == item_ids[:, None, :]
-    return same & (item_ids[:, :, None] >= 0)
+    """[B, S] sequence ids (-1 padding, ``reader_ids``' query-only ids) -> [B, S, S]: token t
+    reads s iff both are in the same sequence, whatever their order (an encoder's packed
+    row); padding reads nothing, a query-only token is read by nothing."""
+    readers = reader_ids(item_ids)
+    same = readers[:, :, None] == item_ids[:, None, :]
+    return same & (readers[:, :, None] >= 0)
 
 
 def bidirectional_window_mask(item_ids: Array, positions: Array, half: int) -> Array:
@@ -115,7 +124,7 @@ def segment_block_mask(item_ids: Array, block: int, reach: int) -> Array:
     C] with C = (2 * reach + 1) * block (``neighbor_blocks``' keys): ``bidirectional_mask``
     restricted to the keys each block reads."""
     batch, length = item_ids.shape
-    queries = item_ids.reshape(batch, length // block, block)  # [B, nb, block]
+    queries = reader_ids(item_ids).reshape(batch, length // block, block)  # [B, nb, block]
     keys = neighbor_blocks(jnp.where(item_ids < 0, -2, item_ids), block, reach, fill=-2)
     return (queries[..., :, None] == keys[..., None, :]) & (queries[..., :, None] >= 0)
 

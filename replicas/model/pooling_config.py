@@ -25,6 +25,13 @@ from replicas.embed_contract import POOLINGS, InputFormat, PoolingHead
 from replicas.model.family.fields import text_config
 from replicas.model.family.registry import BASE_ARCHITECTURES, ENCODERS
 from replicas.model.head_config import is_cross_encoder, position_offset
+from replicas.model.retrieval_config import (
+    LATE_TYPES,
+    SPARSE_TYPES,
+    late_head,
+    sparse_head,
+    st_model_type,
+)
 from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format, read_json
 from replicas.settings import ModelSettings, SettingsError
 
@@ -233,8 +240,7 @@ def pooling_head_for(
                 "pooling: a sentence-transformers directory sets its own pooling and "
                 "normalization (1_Pooling, Normalize); leave pooling and normalize unset"
             )
-        head = st_pooling_head(directory, hidden, getattr(hf, "model_type", None))
-        return _declared(_within_positions(head, hf), hf)
+        return _declared(_within_positions(_st_head(directory, hf, hidden), hf), hf)
     if pooling is None and normalize is None and not is_base_model(hf):
         return None
     if pooling is not None and pooling not in POOLINGS:
@@ -250,6 +256,17 @@ def pooling_head_for(
         else InputFormat(),
     )
     return _declared(_within_positions(head, hf), hf)
+
+
+def _st_head(directory: Path, hf: Any, hidden: int) -> PoolingHead:
+    """A sentence-transformers directory's head, by the model type it saved."""
+    model_type = st_model_type(directory)
+    if model_type in LATE_TYPES:
+        return late_head(directory, hidden, _max_seq_length(directory))
+    if model_type in SPARSE_TYPES:
+        vocab = int(text_config(hf).vocab_size)
+        return sparse_head(directory, vocab, _max_seq_length(directory))
+    return st_pooling_head(directory, hidden, getattr(hf, "model_type", None))
 
 
 def _declared(head: PoolingHead, hf: Any) -> PoolingHead:

@@ -84,7 +84,7 @@ def _st_config(directory: Path) -> dict[str, Any]:
     return {}
 
 
-def _check_modalities(config: dict[str, Any]) -> dict[str, Any]:
+def _check_modalities(config: dict[str, Any], entry_expected: dict[str, str]) -> dict[str, Any]:
     modalities = config["modality_config"]
     where = "sentence_bert_config.json: modality_config"
     if not isinstance(modalities, dict) or not modalities:
@@ -98,8 +98,10 @@ def _check_modalities(config: dict[str, Any]) -> dict[str, Any]:
                 f"{' and '.join(MODALITIES)})"
             )
         got = {key: entry.get(key) for key in _ENTRY} if isinstance(entry, dict) else entry
-        if got != _ENTRY:
-            raise UnsupportedEmbeddingError(f"{where}: {name!r} reads {got!r}; supported: {_ENTRY}")
+        if got != entry_expected:
+            raise UnsupportedEmbeddingError(
+                f"{where}: {name!r} reads {got!r}; supported: {entry_expected}"
+            )
     output = config.get("module_output_name", _OUTPUT_NAME)
     if output != _OUTPUT_NAME:
         raise UnsupportedEmbeddingError(
@@ -109,12 +111,12 @@ def _check_modalities(config: dict[str, Any]) -> dict[str, Any]:
     return modalities
 
 
-def _check_transformer(config: dict[str, Any]) -> None:
-    task = config.get("transformer_task", "feature-extraction")
-    if task != "feature-extraction":
+def _check_transformer(config: dict[str, Any], expected: str) -> None:
+    task = config.get("transformer_task", expected)  # unsaved: the module's own (MLMTransformer)
+    if task != expected:
         raise UnsupportedEmbeddingError(
-            f"sentence_bert_config.json: transformer_task {task!r} is not supported "
-            "(supported: 'feature-extraction')"
+            f"sentence_bert_config.json: transformer_task {task!r} is not supported here "
+            f"(this model kind's: {expected!r})"
         )
     if config.get("do_lower_case"):
         raise UnsupportedEmbeddingError(
@@ -152,17 +154,22 @@ def _template_settings(
     return tuple(sorted((k, json.dumps(v)) for k, v in template.items())), bool(restore)
 
 
-def input_format(directory: Path, st_directory: bool, model_type: str | None) -> InputFormat:
+def input_format(
+    directory: Path, st_directory: bool, model_type: str | None, masked_lm: bool = False
+) -> InputFormat:
     """The InputFormat of the model in ``directory``: a sentence-transformers directory
     (``st_directory``: its ``modality_config``, text only when it has none) or a bare
-    transformers directory (inferred from the tokenizer); raises UnsupportedEmbeddingError."""
+    transformers directory (inferred from the tokenizer); raises UnsupportedEmbeddingError.
+    ``masked_lm``: its Transformer is a ``fill-mask`` one reading the logits (a sparse
+    model's)."""
     template = chat_template_of(directory)
     config = _st_config(directory) if st_directory else {}
-    _check_transformer(config)
+    _check_transformer(config, "fill-mask" if masked_lm else "feature-extraction")
+    entry = {**_ENTRY, "method_output_name": "logits"} if masked_lm else _ENTRY
     if not st_directory:
         modalities: dict[str, Any] = {"text": {}, **({"message": {}} if template else {})}
     elif "modality_config" in config:
-        modalities = _check_modalities(config)
+        modalities = _check_modalities(config, entry)
     else:
         modalities = {"text": {}}
     chat = "message" in modalities

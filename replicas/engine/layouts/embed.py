@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from replicas.contract import EmbedWork, ModelInfo, PoolingHead, ScoreHead
-from replicas.embed_contract import l2_normalized
+from replicas.embed_contract import SparseOutput, l2_normalized
 from replicas.engine.layouts.common import data_buckets, lay_row, step_capacity
 from replicas.engine.layouts.embed_packing import EmbedDims, EmbedPacking, Piece, slots
 from replicas.engine.layouts.prefix_blocks import KV_AXES
@@ -43,6 +43,7 @@ from replicas.model.protocol import ScoringModel
 
 Array = jax.Array
 EMPTY_PREFIX = 16  # width of the (never readable) prefix every row sits behind
+QUERY_ONLY = -3  # an item id QUERY_ONLY - n: a token of input n that no token reads
 ROWS, SLOTS = ("batch", "seq"), ("batch", None)
 ARGUMENT_AXES = (KV_AXES, ROWS, ROWS, ROWS, SLOTS, ROWS, SLOTS, ROWS)  # embed_step's, after params
 
@@ -50,7 +51,7 @@ ARGUMENT_AXES = (KV_AXES, ROWS, ROWS, ROWS, SLOTS, ROWS, SLOTS, ROWS)  # embed_s
 def embed_step(
     model: ScoringModel,
     window: int,
-    pooling: str,
+    pooling: PoolingHead,
     head: ScoreHead | None,  # a cross-encoder's, run on each pair's pooled token
     params: Params,
     empty: Array,  # [layers, B, EMPTY_PREFIX, K, Dh] zeros (an argument: not constant-folded)
@@ -63,14 +64,41 @@ def embed_step(
     types: Array,  # [B, S] token types (an encoder reads them; a decoder does not)
 ) -> Array:
     """Pooled float32 vectors ``[B, M, D]`` (unused slots: zeros or garbage, never read); a
-    cross-encoder's head outputs ``[B, M, L]`` on each pair's [CLS] token."""
+    cross-encoder's head outputs ``[B, M, L]`` on each pair's [CLS] token; a late-interaction
+    model's every token's hidden state ``[B, S, D]``; a sparse model's weights ``[B, M, V]``
+    (``sparse_weights``)."""
     batch, _ = tokens.shape
     valid = jnp.zeros((batch, EMPTY_PREFIX), bool) | (tokens[:, :1] < 0)
     spec = ItemStreamSpec(prefix_valid=valid, item_ids=item_ids, window=window)
     hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty, types)
     hidden = hidden.astype(jnp.float32)  # [B, S, D]
-    pooled = _pool(hidden, pooling, pick, segments, counts)  # [B, M, D]
+    if pooling.late is not None:
+        return hidden
+    if pooling.sparse is not None:
+        return sparse_weights(model, pooling.sparse, params, hidden, segments, pick.shape[1])
+    pooled = _pool(hidden, pooling.pooling, pick, segments, counts)  # [B, M, D]
     return pooled if head is None else head_outputs(head, params["head"], pooled)  # [B, M, L]
+
+
+def sparse_weights(
+    model: ScoringModel, sparse: SparseOutput, params: Params, hidden: Array, segments: Array,
+    m: int,
+) -> Array:  # fmt: skip
+    """hidden [B, S, D] -> [B, M, V]: per slot, the max (or sum) over its tokens of
+    ``log(1 + relu(logits))`` of the masked-LM head (``log1p_relu``: log1p once more)."""
+    from replicas.model.mlm_head import mlm_logits
+
+    weights = jnp.log1p(jax.nn.relu(mlm_logits(model.config, params, hidden)))  # [B, S, V]
+    if sparse.activation == "log1p_relu":
+        weights = jnp.log1p(weights)
+    batch, _, vocab = weights.shape
+    ids = jnp.where(segments < m, segments + m * jnp.arange(batch)[:, None], batch * m)
+    flat, ids = weights.reshape(-1, vocab), ids.reshape(-1)
+    if sparse.pooling == "sum":
+        pooled = jax.ops.segment_sum(flat, ids, num_segments=batch * m)
+    else:  # every weight is >= 0: an empty slot's -inf becomes 0
+        pooled = jnp.maximum(jax.ops.segment_max(flat, ids, num_segments=batch * m), 0.0)
+    return pooled.reshape(batch, m, vocab)
 
 
 def _pool(hidden: Array, pooling: str, pick: Array, segments: Array, counts: Array) -> Array:
@@ -83,6 +111,16 @@ def _pool(hidden: Array, pooling: str, pick: Array, segments: Array, counts: Arr
         hidden.reshape(-1, hidden.shape[-1]), ids.reshape(-1), num_segments=batch * m
     )
     return sums.reshape(batch, m, -1) / jnp.maximum(counts, 1.0)[..., None]
+
+
+def top_weights(weights: np.ndarray, keep: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """weights [V] -> its non-zero (indices ascending, values); with ``keep``, only the
+    largest ``keep`` (ties: the lower index first, as a stable sort gives)."""
+    indices = np.flatnonzero(weights > 0)
+    if keep is not None and indices.size > keep:
+        order = np.argsort(-weights[indices], kind="stable")[:keep]
+        indices = np.sort(indices[order])
+    return indices.astype(np.int32), weights[indices].astype(np.float32)
 
 
 def cross_encoder_pooling(head: ScoreHead | None) -> PoolingHead | None:
@@ -129,7 +167,7 @@ class EmbedLayout:
     def compile(self, kind: str, dims: EmbedDims) -> Any:
         runner = self._runner
         step = jax.jit(
-            partial(embed_step, self._model, dims.window, self._head.pooling, self._score_head),
+            partial(embed_step, self._model, dims.window, self._head, self._score_head),
             out_shardings=runner.placement.replicated,
         )
         arguments = zip(self._arguments(dims), ARGUMENT_AXES, strict=True)
@@ -161,8 +199,8 @@ class EmbedLayout:
             work = works[w]
             for i, tokens in enumerate(work.inputs):
                 skip = 0 if self._head.include_prompt else work.prompt_length(i)
-                second = work.second_start(i)
-                pieces.append(Piece(w, i, tuple(tokens), skip, second, work.normalize))
+                second, tail = work.second_start(i), work.query_only_tokens(i)
+                pieces.append(Piece(w, i, tuple(tokens), skip, second, work.normalize, tail))
         return pieces
 
     def _steps(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple]:
@@ -214,14 +252,33 @@ class EmbedLayout:
                 segments[r, start + skip : end] = n
                 counts[r, n] = end - start - skip
                 types[r, start + piece.second : end] = 1
+                item_ids[r, end - piece.query_only : end] = QUERY_ONLY - n  # read by none
         real = sum(len(p.tokens) for row in chunk for p in row)
         runner.count_tokens(dims.batch * dims.tokens, real)
-        pooled = np.asarray(runner.run_device("embed", dims, args))  # [B, M, D]
+        out = np.asarray(runner.run_device("embed", dims, args))  # [B, M, D] ([B, S, D])
         for r, row in enumerate(chunk):
-            normalize = np.asarray([piece.normalize for piece in row])
-            vectors = finish(pooled[r, : len(row)], self._head, self._dense, normalize)
-            for n, piece in enumerate(row):
-                results[piece.work][piece.index] = vectors[n]
+            if self._head.late is not None:
+                self._token_vectors(out[r], row, results)
+            elif self._head.sparse is not None:
+                for n, piece in enumerate(row):
+                    weights = top_weights(out[r, n], self._head.sparse.max_active_dims)
+                    results[piece.work][piece.index] = weights
+            else:
+                normalize = np.asarray([piece.normalize for piece in row])
+                vectors = finish(out[r, : len(row)], self._head, self._dense, normalize)
+                for n, piece in enumerate(row):
+                    results[piece.work][piece.index] = vectors[n]
+
+    def _token_vectors(self, hidden: np.ndarray, row: list[Piece], results: list) -> None:
+        """hidden [S, D] of one row -> each piece's token vectors [tokens, dimension]."""
+        start = 0
+        for piece in row:
+            end = start + len(piece.tokens)
+            every = np.ones(end - start, bool)
+            results[piece.work][piece.index] = finish(
+                hidden[start:end], self._head, self._dense, every
+            )
+            start = end
 
 
 def check_embed_work(work: Any, info: ModelInfo) -> None:
@@ -234,6 +291,17 @@ def check_embed_work(work: Any, info: ModelInfo) -> None:
         raise ScoringError(
             Reason.UNSUPPORTED_FOR_MODEL, f"{type(work).__name__}: {what} ({info.kind})"
         )
+    if work.output != kind.output:
+        raise ScoringError(
+            Reason.UNSUPPORTED_FOR_MODEL,
+            f"EmbedWork output {work.output!r}: a {info.kind} model answers {kind.output!r}",
+        )
+    if work.query_only and (
+        len(work.query_only) != work.num_items
+        or any(not 0 <= q < len(t) for q, t in zip(work.query_only, work.inputs, strict=True))
+    ):
+        message = "query_only: one count per input, each short of its input's tokens"
+        raise ScoringError(Reason.INVALID_REQUEST, message)
     if any(not tokens for tokens in work.inputs):
         raise ScoringError(Reason.EMPTY_INPUT, "every input must hold at least one token")
     vocab = info.vocab_size

@@ -59,6 +59,7 @@ class Piece:
     skip: int  # leading tokens left out of the pooling (the prompt without include_prompt)
     second: int = 0  # a cross-encoder pair's first token of type 1 (its length: none)
     normalize: bool = True  # its work's EmbedWork.normalize
+    query_only: int = 0  # its last tokens no token reads (EmbedWork.query_only)
 
 
 Row = list[Piece]

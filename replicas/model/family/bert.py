@@ -1,8 +1,9 @@
 """BERT and XLM-RoBERTa, encoders (``replicas.model.encoder`` runs them): LayerNorm
 (``layer_norm_eps``, with biases) after each block, an exact-GELU MLP (not gated), learned
 absolute positions and token types, no RoPE. XLM-RoBERTa: BERT with its positions counted
-from ``pad_token_id + 1`` (``position_offset``) and its head's own names. GGUF names are
-never read for them.
+from ``pad_token_id + 1`` (``position_offset``) and its heads' own names. A sparse model's
+masked-LM head (``*ForMaskedLM``): dense, GELU, LayerNorm, then the word embeddings (tied)
+and a bias (``replicas.model.mlm_head``). GGUF names are never read for them.
 """
 
 from __future__ import annotations
@@ -33,8 +34,26 @@ def encoder_dims(hf: Any, family: str, norm_eps: float) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def reads_mlm_head(config: Any) -> bool:
+    """Its tree holds the masked-LM head (``params["mlm"]``): a sparse model's
+    ``ModelConfig``."""
+    return config.pooling is not None and config.pooling.sparse is not None
+
+
+def check_masked_lm(hf: Any) -> None:
+    """A ``*ForMaskedLM`` config's head is one ``mlm_head`` runs: its decoder the word
+    embeddings (tied), else refused naming the field."""
+    archs = getattr(hf, "architectures", None) or ()
+    if any(a.endswith("ForMaskedLM") for a in archs) and not getattr(hf, "tie_word_embeddings", True):
+        raise UnsupportedModelError(
+            "tie_word_embeddings: False (a masked-LM head's decoder is read as the word "
+            "embeddings)"
+        )
+
+
 def _fields(family: str) -> Any:
     def fields(hf: Any) -> dict[str, Any]:
+        check_masked_lm(hf)  # its head's GELU is ``hidden_act`` (BERT's) or exact (XLM-R's)
         act = getattr(hf, "hidden_act", None)
         if act not in GELU_EXACT:
             raise UnsupportedModelError(f"hidden_act: {act!r} not in {GELU_EXACT}")
@@ -101,19 +120,39 @@ def _head(pooler: str, score: str) -> tuple[TensorMapping, ...]:
     )
 
 
-def _mappings(head: tuple[TensorMapping, ...]) -> Any:
-    return lambda config: _BERT if config.head is None else _BERT + head
+def _mlm(dense: str, norm: str, bias: str) -> tuple[TensorMapping, ...]:
+    """A ``*ForMaskedLM``'s head but its decoder weight (tied: the word embeddings)."""
+    return (
+        _bert(("mlm", "dense"), f"{dense}.weight", TRANSPOSE),
+        _bert(("mlm", "dense_bias"), f"{dense}.bias", SAME),
+        *_norm(("mlm", "norm"), norm, layer=False),
+        _bert(("mlm", "bias"), bias, SAME),
+    )
 
 
+def _mappings(head: tuple[TensorMapping, ...], mlm: tuple[TensorMapping, ...]) -> Any:
+    def mappings(config: Any) -> tuple[TensorMapping, ...]:
+        tail = head if config.head is not None else mlm if reads_mlm_head(config) else ()
+        return _BERT + tail
+
+    return mappings
+
+
+# BertForMaskedLM: ``cls.predictions.decoder.bias``, where saved, is ``cls.predictions.bias``
+_BERT_MLM = _mlm("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm",
+                 "cls.predictions.bias")  # fmt: skip
 BERT = Family(
-    "bert", _fields("bert"), _mappings(_head("pooler.dense", "classifier")),
+    "bert", _fields("bert"), _mappings(_head("pooler.dense", "classifier"), _BERT_MLM),
     heads=(("BertForSequenceClassification", "cross_encoder"),), base=("BertModel",),
-    model_types=("bert",), encoder=True, renames=(("bert.", ""),),
+    masked_lm=("BertForMaskedLM",), model_types=("bert",), encoder=True,
+    renames=(("bert.", ""), ("cls.predictions.decoder.bias", "cls.predictions.bias")),
 )  # fmt: skip
 XLM_ROBERTA = Family(  # XLMRobertaForSequenceClassification: BERT's head, its own names
     "xlm_roberta", _fields("xlm_roberta"),
-    _mappings(_head("classifier.dense", "classifier.out_proj")),
+    _mappings(_head("classifier.dense", "classifier.out_proj"),
+              _mlm("lm_head.dense", "lm_head.layer_norm", "lm_head.bias")),
     heads=(("XLMRobertaForSequenceClassification", "cross_encoder"),),
-    base=("XLMRobertaModel",), model_types=("xlm-roberta",), encoder=True,
-    renames=(("roberta.", ""),),
+    base=("XLMRobertaModel",), masked_lm=("XLMRobertaForMaskedLM",),
+    model_types=("xlm-roberta",), encoder=True,
+    renames=(("roberta.", ""), ("lm_head.decoder.bias", "lm_head.bias")),
 )  # fmt: skip

@@ -28,6 +28,9 @@ class Family:
     # (architecture, ScoreHead kind): its *ForSequenceClassification (model.head_config)
     heads: tuple[tuple[str, str], ...] = ()
     base: tuple[str, ...] = ()  # its bare base model: an embedder (model.pooling_config)
+    # its *ForMaskedLM: the encoder and its masked-LM head, which a sparse (SPLADE) model's
+    # weights read (model.mlm_head); the trunk's names as the base model's (``renames``)
+    masked_lm: tuple[str, ...] = ()
     model_types: tuple[str, ...] = ()  # select it when none of the architectures does
     encoder: bool = False  # bidirectional (ModelConfig.encoder): embed steps only
     # ``module:Class`` of its model when not CausalLM (an encoder: Encoder), imported when a

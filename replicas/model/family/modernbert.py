@@ -3,7 +3,8 @@
 GeGLU MLP, no biases, no position embeddings but RoPE (``rope_parameters``: full_attention on
 the global layers, sliding_attention on the local ones, which read +-``local_attention // 2``
 positions). Its cross-encoder head: dense, GELU, LayerNorm, classifier, over the CLS token or
-the mean (``classifier_pooling``).
+the mean (``classifier_pooling``). ModernBertForMaskedLM's head (a sparse model's): the same
+dense, GELU and LayerNorm, then the word embeddings (tied) and ``decoder.bias``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from replicas.model.errors import UnsupportedHeadError, UnsupportedModelError
-from replicas.model.family.bert import GELU_EXACT, encoder_dims
+from replicas.model.family.bert import GELU_EXACT, check_masked_lm, encoder_dims, reads_mlm_head
 from replicas.model.family.entry import Family
 from replicas.model.family.fields import refuse, rope_bases, sliding_layers
 from replicas.model.tensors import SAME, TRANSPOSE, TensorMapping
@@ -23,6 +24,8 @@ def _fields(hf: Any) -> dict[str, Any]:
     act = getattr(hf, "hidden_activation", None)
     if act not in GELU_EXACT:
         raise UnsupportedModelError(f"hidden_activation: {act!r} not in {GELU_EXACT}")
+    if "ModernBertForMaskedLM" in (getattr(hf, "architectures", None) or ()):
+        _check_masked_lm(hf)
     return {
         **encoder_dims(hf, "modernbert", float(hf.norm_eps)),
         "norm_bias": bool(hf.norm_bias),
@@ -31,6 +34,16 @@ def _fields(hf: Any) -> dict[str, Any]:
         "sliding_layers": sliding_layers(hf),
         **rope_bases(hf),
     }
+
+
+def _check_masked_lm(hf: Any) -> None:
+    """ModernBertForMaskedLM's head as ``mlm_head`` runs it: GELU, a decoder bias, tied."""
+    check_masked_lm(hf)
+    act = getattr(hf, "classifier_activation", "gelu")
+    if act not in GELU_EXACT:
+        raise UnsupportedModelError(f"classifier_activation: {act!r} not in {GELU_EXACT}")
+    if not getattr(hf, "decoder_bias", True):
+        raise UnsupportedModelError("decoder_bias: False (the masked-LM head's bias is read)")
 
 
 def _head_fields(hf: Any) -> dict[str, Any]:
@@ -72,11 +85,25 @@ def _head(config: Any) -> tuple[TensorMapping, ...]:
     )
 
 
+def _mlm(config: Any) -> tuple[TensorMapping, ...]:
+    """ModernBertForMaskedLM's head but its decoder weight (tied: the word embeddings)."""
+    if not reads_mlm_head(config):
+        return ()
+    dense_bias = (_mb(("mlm", "dense_bias"), "head.dense.bias", SAME),)
+    return (
+        _mb(("mlm", "dense"), "head.dense.weight", TRANSPOSE),
+        *(dense_bias if config.classifier_bias else ()),
+        *_norm(config, ("mlm", "norm"), "head.norm"),
+        _mb(("mlm", "bias"), "decoder.bias", SAME),
+    )
+
+
 def _mappings(config: Any) -> tuple[TensorMapping, ...]:
     """ModernBertModel's names; layer 0 has no ``attn_norm`` (read from layer 1 on)."""
     layer = "model.layers.{layer}."  # text_tower_name prefixes a base model's layers
     return (
         *_head(config),
+        *_mlm(config),
         _mb(("embed",), "embeddings.tok_embeddings.weight", SAME),
         *_norm(config, ("embed_norm",), "embeddings.norm"),
         *_norm(config, ("final_norm",), "final_norm"),
@@ -92,7 +119,7 @@ def _mappings(config: Any) -> tuple[TensorMapping, ...]:
 MODERNBERT = Family(
     "modernbert", _fields, _mappings, model_types=("modernbert",), encoder=True,
     heads=(("ModernBertForSequenceClassification", "cross_encoder"),),
-    base=("ModernBertModel",), head_fields=_head_fields,
-    # ModernBertForSequenceClassification's: ModernBertModel's names (layers keep ``model.``)
+    base=("ModernBertModel",), masked_lm=("ModernBertForMaskedLM",), head_fields=_head_fields,
+    # ModernBertFor*'s: ModernBertModel's names (layers keep ``model.``)
     renames=(("model.embeddings.", "embeddings."), ("model.final_norm.", "final_norm.")),
 )  # fmt: skip

@@ -34,7 +34,11 @@ _NAMED = {family.name: family for family in FAMILIES}
 # architecture -> (family, ScoreHead kind): the *ForSequenceClassification of each family
 HEAD_ARCHITECTURES = {arch: (f.name, kind) for f in FAMILIES for arch, kind in f.heads}
 BASE_ARCHITECTURES = {arch: f.name for f in FAMILIES for arch in f.base}  # bare base models
-_ARCHITECTURES = {a: f for f in FAMILIES for a in (*f.architectures, *dict(f.heads), *f.base)}
+# an encoder's *ForMaskedLM (a sparse model's checkpoint) -> its family
+MASKED_LM_ARCHITECTURES = {arch: f.name for f in FAMILIES for arch in f.masked_lm}
+_ARCHITECTURES = {
+    a: f for f in FAMILIES for a in (*f.architectures, *dict(f.heads), *f.base, *f.masked_lm)
+}
 _MODEL_TYPES = {model_type: f for f in FAMILIES for model_type in f.model_types}
 
 
