@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from app.embed_openapi import cohere_embed_request_schema, embedding_request_schema
 from app.embed_schema import CohereEmbedRequest, EmbeddingRequest
+from app.retrieval_schema import EmbedSparseRequest, PoolingRequest
 from app.schema import (
     ClassifyRequest,
     CompletionRequest,
@@ -225,6 +226,8 @@ def served_openapi(
                 ClassifyRequest,
                 EmbeddingRequest,
                 CohereEmbedRequest,
+                PoolingRequest,
+                EmbedSparseRequest,
                 LoadLoraAdapterRequest,
                 UnloadLoraAdapterRequest,
             )
@@ -289,6 +292,8 @@ REQUESTS_NAMING_THE_MODEL = (
     "CompletionRequest",
     "EmbeddingRequest",
     "CohereEmbedRequest",
+    "PoolingRequest",
+    "EmbedSparseRequest",
     "TokenizeRequest",
     "DetokenizeRequest",
 )

@@ -86,7 +86,7 @@ class Workload:
 
 def prompt_tokens(body: dict[str, Any]) -> int:
     """The tokens an answered body reports (0 where it reports none, Cohere's embed)."""
-    return body.get("usage", {}).get("prompt_tokens", 0)
+    return body.get("usage", {}).get("prompt_tokens", 0) if isinstance(body, dict) else 0
 
 
 def _vectors(body: dict[str, Any], payload: Any) -> int:
@@ -137,6 +137,26 @@ WORKLOADS: tuple[Workload, ...] = (
         counted=_vectors,
         responses={200: {"description": "One vector per input"}},
         operation="embed",
+    ),
+    Workload(
+        name="pooling",
+        paths=("/pooling",),
+        schema="PoolingRequest",
+        document=lambda info, text_min_length=0: None,
+        summary="Every scored token's vector of a late-interaction model (vLLM's shape)",
+        counted=lambda body, payload: len(body["data"]),
+        responses={200: {"description": "One list of token vectors per input"}},
+        operation="pooling",
+    ),
+    Workload(
+        name="embed_sparse",
+        paths=("/embed_sparse",),
+        schema="EmbedSparseRequest",
+        document=lambda info, text_min_length=0: None,
+        summary="Sparse vectors of a sparse model (TEI's shape)",
+        counted=lambda body, payload: len(body),
+        responses={200: {"description": "One list of {index, value} per input"}},
+        operation="embed_sparse",
     ),
     Workload(
         name="classify",

@@ -5,14 +5,21 @@ kinds only)."""
 
 from __future__ import annotations
 
-from app.kinds import causal_lm, cross_encoder, embedding, score_head
+from app.kinds import causal_lm, cross_encoder, embedding, late_interaction, score_head, sparse
 from app.kinds.kind import Answer, KindAnswers
 from replicas.contract import ModelInfo
 from replicas.kinds import KINDS
 
 INGRESS_HALVES: dict[str, KindAnswers] = {
     kind.name: kind
-    for kind in (causal_lm.KIND, score_head.KIND, embedding.KIND, cross_encoder.KIND)
+    for kind in (
+        causal_lm.KIND,
+        score_head.KIND,
+        embedding.KIND,
+        cross_encoder.KIND,
+        late_interaction.KIND,
+        sparse.KIND,
+    )
 }
 
 __all__ = ["Answer", "KindAnswers", "answers_of", "kinds_serving"]
