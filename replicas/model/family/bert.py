@@ -44,10 +44,10 @@ def check_masked_lm(hf: Any) -> None:
     """A ``*ForMaskedLM`` config's head is one ``mlm_head`` runs: its decoder the word
     embeddings (tied), else refused naming the field."""
     archs = getattr(hf, "architectures", None) or ()
-    if any(a.endswith("ForMaskedLM") for a in archs) and not getattr(hf, "tie_word_embeddings", True):
+    masked_lm = any(arch.endswith("ForMaskedLM") for arch in archs)
+    if masked_lm and not getattr(hf, "tie_word_embeddings", True):
         raise UnsupportedModelError(
-            "tie_word_embeddings: False (a masked-LM head's decoder is read as the word "
-            "embeddings)"
+            "tie_word_embeddings: False (a masked-LM head's decoder is read as the word embeddings)"
         )
 
 
