@@ -13,6 +13,7 @@ import pytest
 from app.kinds import INGRESS_HALVES, kinds_serving
 from app.workloads import WORKLOADS
 from replicas.contract import ModelInfo, PoolingHead, ScoreHead, ScoringLimits
+from replicas.embed_contract import LateInteraction, SparseOutput
 from replicas.kinds import KINDS, kind_named, recognize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,13 +23,19 @@ HEADS = {
     "reward_mlp": ScoreHead("reward_mlp", 1, ("reward",)),
     "cross_encoder": ScoreHead("cross_encoder", 1, ("relevance",), activation="sigmoid"),
 }
-POOLING = PoolingHead("mean", True, 8)
-EXPECTED = {  # (head, pooled) -> kind
-    ("none", False): "causal_lm",
-    ("linear", False): "score_head",
-    ("reward_mlp", False): "score_head",
-    ("cross_encoder", False): "cross_encoder",
-    **{(head, True): "embedding" for head in HEADS},
+POOLINGS = {
+    "vector": PoolingHead("mean", True, 8),
+    "tokens": PoolingHead("tokens", True, 8, late=LateInteraction(query_length=8)),
+    "sparse": PoolingHead("splade", False, 64, sparse=SparseOutput(max_active_dims=4)),
+}
+EXPECTED = {  # (head, pooling) -> kind
+    ("none", None): "causal_lm",
+    ("linear", None): "score_head",
+    ("reward_mlp", None): "score_head",
+    ("cross_encoder", None): "cross_encoder",
+    **{(head, "vector"): "embedding" for head in HEADS},
+    **{(head, "tokens"): "late_interaction" for head in HEADS},
+    **{(head, "sparse"): "sparse" for head in HEADS},
 }
 # A kind check: a model's kind read by name, or what it is read from the head's or the
 # pooling's presence. Outside the kind modules, code reads the kind's capabilities.
@@ -42,9 +49,9 @@ CHECKED = ("app", "batch", "replicas/serving", "replicas/engine")
 KIND_MODULES = ("app/kinds/",)
 
 
-@pytest.mark.parametrize(("head", "pooled"), sorted(EXPECTED))
-def test_exactly_one_kind_recognizes_each_head_and_pooling(head: str, pooled: bool) -> None:
-    pooling = POOLING if pooled else None
+@pytest.mark.parametrize(("head", "pooled"), sorted(EXPECTED, key=str))
+def test_exactly_one_kind_recognizes_each_head_and_pooling(head: str, pooled: str | None) -> None:
+    pooling = POOLINGS.get(pooled) if pooled else None
     found = [kind.name for kind in KINDS if kind.recognizes(HEADS[head], pooling)]
     assert found == [EXPECTED[head, pooled]]
     assert recognize(HEADS[head], pooling).name == EXPECTED[head, pooled]
@@ -52,11 +59,11 @@ def test_exactly_one_kind_recognizes_each_head_and_pooling(head: str, pooled: bo
 
 def test_model_info_reads_its_kind_from_the_registry() -> None:
     for (head, pooled), name in EXPECTED.items():
-        pooling = POOLING if pooled else None
+        pooling = POOLINGS[pooled] if pooled else None
         info = ModelInfo("m", 64, None, ScoringLimits(), HEADS[head], pooling)
         assert info.kind == name and info.model_kind is kind_named(name)
     with pytest.raises(KeyError, match="causal_lm"):
-        kind_named("late_interaction")
+        kind_named("colpali")
 
 
 def test_both_halves_name_the_same_kinds_and_every_answer_a_workload() -> None:
@@ -71,7 +78,12 @@ def test_both_halves_name_the_same_kinds_and_every_answer_a_workload() -> None:
 
 def test_capabilities_say_what_each_kind_runs() -> None:
     embeds = {kind.name for kind in KINDS if kind.embeds}
-    assert embeds == {"embedding", "cross_encoder"}
+    assert embeds == {"embedding", "cross_encoder", "late_interaction", "sparse"}
+    outputs = {kind.name: kind.output for kind in KINDS if kind.embeds}
+    assert outputs == {
+        "embedding": "vector", "cross_encoder": "vector", "late_interaction": "tokens",
+        "sparse": "sparse",
+    }  # fmt: skip
     assert [kind.name for kind in KINDS if kind.lm_head] == ["causal_lm"]
     assert [kind.name for kind in KINDS if kind.vectors] == ["embedding"]
 
