@@ -19,6 +19,7 @@ from app.openapi import served_openapi
 from app.service import ScoringService, Timings
 from app.workloads import WORKLOADS, Workload
 from replicas.contract import ModelInfo, PoolingHead, ScoreHead
+from replicas.embed_contract import LateInteraction, SparseOutput
 from replicas.errors import ScoringError
 from replicas.kinds import KINDS as MODEL_KINDS
 from tests.support.http_support import ask
@@ -61,6 +62,12 @@ def _info_of(kind: str) -> ModelInfo:
     if kind == "embedding":
         pooling = PoolingHead(pooling="mean", dimension=8, normalize=True)
         return dataclasses.replace(SERVICE.info, pooling=pooling)
+    if kind == "late_interaction":
+        late = PoolingHead("tokens", True, 8, late=LateInteraction(query_length=8))
+        return dataclasses.replace(SERVICE.info, pooling=late)
+    if kind == "sparse":
+        sparse = PoolingHead("splade", False, SERVICE.info.vocab_size, sparse=SparseOutput())
+        return dataclasses.replace(SERVICE.info, pooling=sparse)
     if kind in ("cross_encoder", "score_head"):
         head = CROSS_ENCODER if kind == "cross_encoder" else SCORE_HEAD
         return dataclasses.replace(SERVICE.info, head=head)
@@ -159,6 +166,8 @@ ONE_BODY = {  # a body each workload would take on a kind it serves
     "completions": {"prompt": "x", "echo": True, "max_tokens": 0},
     "embeddings": {"input": ["a"]},
     "embed": {"texts": ["a"], "input_type": "search_query"},
+    "pooling": {"input": ["a"]},
+    "embed_sparse": {"inputs": ["a"]},
 }
 
 
