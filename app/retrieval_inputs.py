@@ -157,3 +157,23 @@ def sparse_dots(query: tuple[np.ndarray, np.ndarray], documents: Sequence[Any]) 
         _, qi, di = np.intersect1d(q_indices, indices, assume_unique=True, return_indices=True)
         scores[i] = np.dot(np.asarray(q_values, np.float64)[qi], np.asarray(values, np.float64)[di])
     return scores
+
+
+def special_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokens BGE-M3's lexical weights leave out: [CLS], end of sequence, padding and
+    the unknown token (FlagEmbedding's ``unused_tokens``)."""
+    names = ("cls_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+    return frozenset(int(i) for i in (getattr(tokenizer, n, None) for n in names) if i is not None)
+
+
+def lexical_weights(
+    ids: Sequence[int], weights: np.ndarray, specials: frozenset[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-token weights ``[n]`` -> each token id's largest positive weight, specials left
+    out: (indices ascending int32, values float32), a sparse vector over the vocabulary."""
+    best: dict[int, float] = {}
+    for token, weight in zip(ids, np.asarray(weights, np.float32).tolist(), strict=True):
+        if token not in specials and weight > 0 and weight > best.get(token, 0.0):
+            best[token] = weight
+    indices = np.asarray(sorted(best), np.int32)
+    return indices, np.asarray([best[i] for i in indices.tolist()], np.float32)

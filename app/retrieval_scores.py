@@ -22,11 +22,13 @@ from app.retrieval_inputs import (
     embed_work,
     encode_role,
     head_of,
+    lexical_weights,
     maxsim,
     role_prompt,
     scored_tokens,
     skiplist_ids,
     sparse_dots,
+    special_ids,
 )
 from app.schema import RerankRequest, ScoreRequest
 from app.timings import Backend, Timings, replica_answer
@@ -37,9 +39,12 @@ from app.validation import (
     validate_body,
     validate_request,
 )
-from replicas.answers import SparseVectors, TokenVectors
-from replicas.contract import EmbedWork, ModelInfo
+from replicas.answers import HybridVectors, SparseVectors, TokenVectors
+from replicas.contract import EmbedWork, ModelInfo, PoolingHead
+from replicas.embed_contract import LateInteraction
 from replicas.errors import Reason, ScoringError
+
+MEAN_MAXSIM = LateInteraction(similarity="meanmaxsim")  # BGE-M3's colbert_score
 
 
 @dataclass(frozen=True)
@@ -128,5 +133,27 @@ async def similarities(
             for v, ids in zip(vectors[1:], work.inputs[1:], strict=True)
         ]
         return maxsim(query, documents, head.late), timings
+    if head.hybrid is not None:
+        return hybrid_scores(tokenizer, work, answer, head), timings
     sparse = SparseVectors.checked(answer, work.num_items, head.dimension)
     return sparse_dots(sparse[0], sparse[1:]), timings
+
+
+def hybrid_scores(tokenizer: Any, work: EmbedWork, answer: Any, head: PoolingHead) -> np.ndarray:
+    """BGE-M3's ``colbert+sparse+dense`` score of each document (FlagEmbedding's
+    ``compute_score``): the weighted mean of the dense dot product, the lexical weights'
+    dot product and the multi-vector score (MaxSim over the query's vectors' count)."""
+    hybrid = head.hybrid
+    lengths = [len(ids) for ids in work.inputs]
+    parts = HybridVectors.checked(answer, lengths, head.dimension, hybrid.colbert_dimension)
+    specials = special_ids(tokenizer)
+    lexical = [
+        lexical_weights(ids, p[2], specials) for ids, p in zip(work.inputs, parts, strict=True)
+    ]
+    (dense, vectors, _), rest = parts[0], parts[1:]
+    dense_scores = np.asarray([np.dot(dense, p[0]) for p in rest], np.float64)
+    sparse_scores = sparse_dots(lexical[0], lexical[1:])
+    colbert_scores = maxsim(vectors, [p[1] for p in rest], MEAN_MAXSIM)
+    w_dense, w_sparse, w_colbert = hybrid.weights
+    total = w_dense * dense_scores + w_sparse * sparse_scores + w_colbert * colbert_scores
+    return total / (w_dense + w_sparse + w_colbert)

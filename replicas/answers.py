@@ -144,8 +144,42 @@ class SparseVectors(list):
         return answer
 
 
+class HybridVectors(list):
+    """An EmbedWork's answer for ``output`` ``hybrid`` (BGE-M3): per input ``(dense [D],
+    multi-vector [tokens - 1, C], lexical weights [tokens])``, float32: its dense vector, a
+    vector per token after the first, a weight per token (the ingress folds those by token
+    id)."""
+
+    @classmethod
+    def of(cls, value: Iterable[Any]) -> HybridVectors:
+        if isinstance(value, cls):
+            return value
+        return cls(tuple(np.asarray(part, np.float32) for part in parts) for parts in value)
+
+    @classmethod
+    def empty(cls, inputs: int, dimension: int) -> HybridVectors:
+        nothing = np.zeros(0, np.float32)
+        return cls(
+            (np.zeros(dimension, np.float32), nothing[:, None], nothing) for _ in range(inputs)
+        )
+
+    @classmethod
+    def checked(
+        cls, value: Any, lengths: Iterable[int], dimension: int, colbert: int
+    ) -> HybridVectors:
+        """Refused (500) unless each input's three parts have its shapes and are finite."""
+        answer, lengths = cls.of(value), list(lengths)
+        shapes = [tuple(part.shape for part in parts) for parts in answer]
+        expected = [((dimension,), (n - 1, colbert), (n,)) for n in lengths]
+        if shapes != expected:
+            raise _refused(f"hybrid vectors of shapes {shapes[:2]}, expected {expected[:2]}")
+        if not all(np.isfinite(part).all() for parts in answer for part in parts):
+            raise _refused("hybrid vectors that are not finite")
+        return answer
+
+
 # what score_batch returns per work
-Answer = LabelScores | PromptScores | Vectors | TokenVectors | SparseVectors
+Answer = LabelScores | PromptScores | Vectors | TokenVectors | SparseVectors | HybridVectors
 
 
 def answered(work: Any, value: Any) -> Any:

@@ -12,16 +12,19 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from replicas.answers import SparseVectors, TokenVectors, Vectors
+from replicas.answers import HybridVectors, SparseVectors, TokenVectors, Vectors
 from replicas.errors import Reason, ScoringError
 
 POOLINGS = ("lasttoken", "mean", "cls")
 # What an EmbedWork asks for (``EmbedWork.output``): one vector per input, every token's
 # vector (a late-interaction model's), or a vocabulary-wide sparse vector (a sparse model's)
-OUTPUTS = ("vector", "tokens", "sparse")
+# (a hybrid model's: all three from one pass, ``HybridVectors``)
+OUTPUTS = ("vector", "tokens", "sparse", "hybrid")
 INPUT_FORMATS = ("text", "chat_template")
 MESSAGE_FORMATS = ("flat", "structured")
-ANSWERS: dict[str, Any] = {"vector": Vectors, "tokens": TokenVectors, "sparse": SparseVectors}
+ANSWERS: dict[str, Any] = {
+    "vector": Vectors, "tokens": TokenVectors, "sparse": SparseVectors, "hybrid": HybridVectors,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,20 @@ class SparseOutput:
 
 
 @dataclass(frozen=True)
+class Hybrid:
+    """BGE-M3's three outputs from one pass (semantics 20), as FlagEmbedding's
+    ``BGEM3FlagModel`` computes them from the final hidden states: the dense vector (the
+    model's own pooling, [CLS], normalized), the multi-vector (``colbert_linear`` on every
+    token after [CLS], normalized per token: ``colbert_dimension`` wide) and the lexical
+    weights (``relu(sparse_linear(h))`` per token; the ingress keeps each token id's largest,
+    special tokens left out). ``weights``: the dense, sparse and multi-vector scores' weights
+    in the hybrid score (their weighted mean)."""
+
+    colbert_dimension: int
+    weights: tuple[float, float, float] = (0.4, 0.2, 0.4)
+
+
+@dataclass(frozen=True)
 class PoolingHead:
     """An embedding model's pooling (semantics 20): one vector per input, read from the
     decoder's final hidden states in float32. ``lasttoken``: the last real token's state;
@@ -129,7 +146,8 @@ class PoolingHead:
     not compared: an ingress and a replica agree on a head whatever it says. ``late``: a
     late-interaction model's token vectors (``pooling`` then ``tokens``, ``dimension`` the
     projection's); ``sparse``: a sparse model's weights (``pooling`` ``splade``,
-    ``dimension`` the vocabulary's)."""
+    ``dimension`` the vocabulary's); ``hybrid``: BGE-M3's three outputs (``pooling`` its
+    dense vector's, ``dimension`` that vector's)."""
 
     pooling: str
     normalize: bool
@@ -143,6 +161,7 @@ class PoolingHead:
     matryoshka: tuple[int, ...] | None = field(default=None, compare=False)
     late: LateInteraction | None = None
     sparse: SparseOutput | None = None
+    hybrid: Hybrid | None = None
 
     def __post_init__(self) -> None:
         expected = "tokens" if self.late else "splade" if self.sparse else None
@@ -161,6 +180,8 @@ class PoolingHead:
     @property
     def output(self) -> str:
         """What its EmbedWork asks for (``OUTPUTS``)."""
+        if self.hybrid is not None:
+            return "hybrid"
         return "tokens" if self.late else "sparse" if self.sparse else "vector"
 
     def prompt(self, name: str) -> str | None:

@@ -87,6 +87,15 @@ SPARSE = ModelKind(
     answer="sparse vectors, per input (indices [k], values [k]) over the vocabulary",
     output="sparse",
 )
+HYBRID = ModelKind(
+    "hybrid",
+    lambda head, pooling: _output(pooling) == "hybrid",
+    embeds=True,
+    lm_head=False,
+    pairs=False,
+    answer="per input (dense [D], multi-vector [tokens - 1, C], lexical weights [tokens])",
+    output="hybrid",
+)
 SCORE_HEAD = ModelKind(
     "score_head",
     lambda head, pooling: pooling is None and head is not None and head.kind != "cross_encoder",
@@ -107,7 +116,7 @@ CAUSAL_LM = ModelKind(
 # Exactly one recognizes any checkpoint (tests/unit/test_kinds.py); in the order messages
 # and documents list them.
 KINDS: tuple[ModelKind, ...] = (
-    CAUSAL_LM, SCORE_HEAD, EMBEDDING, CROSS_ENCODER, LATE_INTERACTION, SPARSE,
+    CAUSAL_LM, SCORE_HEAD, EMBEDDING, CROSS_ENCODER, LATE_INTERACTION, SPARSE, HYBRID,
 )  # fmt: skip
 KIND_NAMES: tuple[str, ...] = tuple(kind.name for kind in KINDS)
 

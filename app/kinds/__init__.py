@@ -5,7 +5,15 @@ kinds only)."""
 
 from __future__ import annotations
 
-from app.kinds import causal_lm, cross_encoder, embedding, late_interaction, score_head, sparse
+from app.kinds import (
+    causal_lm,
+    cross_encoder,
+    embedding,
+    hybrid,
+    late_interaction,
+    score_head,
+    sparse,
+)
 from app.kinds.kind import Answer, KindAnswers
 from replicas.contract import ModelInfo
 from replicas.kinds import KINDS
@@ -19,6 +27,7 @@ INGRESS_HALVES: dict[str, KindAnswers] = {
         cross_encoder.KIND,
         late_interaction.KIND,
         sparse.KIND,
+        hybrid.KIND,
     )
 }
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from replicas.checkpoints.name_map import CheckpointError
 from replicas.contract import PoolingHead
-from replicas.model.retrieval_config import dense_paths
+from replicas.model.retrieval_config import HYBRID_HEADS, dense_paths, hybrid_files
 
 
 @dataclass(frozen=True)
@@ -32,8 +32,22 @@ class DenseLayer:
         return np.tanh(y) if self.activation == "tanh" else y
 
 
+def _linear(file: Path) -> DenseLayer:
+    """A torch Linear saved as safetensors (``weight [out, in]``, ``bias [out]``)."""
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(file))
+    bias = tensors.get("bias")
+    weight = np.ascontiguousarray(tensors["weight"].T, np.float32)
+    return DenseLayer(weight, None if bias is None else bias.astype(np.float32), "identity")
+
+
 def load_dense_layers(directory: Path, head: PoolingHead) -> tuple[DenseLayer, ...]:
-    """The Dense layers ``head.dense`` describes, in order (none for a base model)."""
+    """The Dense layers ``head.dense`` describes, in order (none for a base model); a
+    hybrid model's (BGE-M3's) two heads: its multi-vector then its lexical linear."""
+    if head.hybrid is not None:
+        files = hybrid_files(directory) or {}
+        return tuple(_linear(files[name]) for name in HYBRID_HEADS)
     if not head.dense:
         return ()
     from safetensors.numpy import load_file

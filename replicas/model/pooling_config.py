@@ -23,7 +23,7 @@ from typing import Any
 
 from replicas.embed_contract import POOLINGS, InputFormat, PoolingHead
 from replicas.model.family.fields import text_config
-from replicas.model.family.registry import BASE_ARCHITECTURES, ENCODERS
+from replicas.model.family.registry import BASE_ARCHITECTURES, ENCODERS, MASKED_LM_ARCHITECTURES
 from replicas.model.head_config import is_cross_encoder, position_offset
 from replicas.model.retrieval_config import (
     LATE_TYPES,
@@ -31,6 +31,7 @@ from replicas.model.retrieval_config import (
     late_head,
     sparse_head,
     st_model_type,
+    with_hybrid,
 )
 from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format, read_json
 from replicas.settings import ModelSettings, SettingsError
@@ -168,7 +169,8 @@ def st_pooling_head(
 def _within_positions(head: PoolingHead, hf: Any) -> PoolingHead:
     """An encoder's inputs within its learned positions (beyond them there are none)."""
     archs = getattr(hf, "architectures", None) or ()
-    if not any(BASE_ARCHITECTURES.get(arch) in ENCODERS for arch in archs):
+    families = {**BASE_ARCHITECTURES, **MASKED_LM_ARCHITECTURES}
+    if not any(families.get(arch) in ENCODERS for arch in archs):
         return head
     positions = int(hf.max_position_embeddings) - position_offset(hf)
     limit = min(head.max_seq_length or positions, positions)
@@ -266,7 +268,8 @@ def _st_head(directory: Path, hf: Any, hidden: int) -> PoolingHead:
     if model_type in SPARSE_TYPES:
         vocab = int(text_config(hf).vocab_size)
         return sparse_head(directory, vocab, _max_seq_length(directory))
-    return st_pooling_head(directory, hidden, getattr(hf, "model_type", None))
+    head = st_pooling_head(directory, hidden, getattr(hf, "model_type", None))
+    return with_hybrid(head, directory, hidden)
 
 
 def _declared(head: PoolingHead, hf: Any) -> PoolingHead:

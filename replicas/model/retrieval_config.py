@@ -17,11 +17,12 @@ What scorejax cannot reproduce is refused at start-up, naming the file and field
 
 from __future__ import annotations
 
+import dataclasses
 import string
 from pathlib import Path
 from typing import Any
 
-from replicas.embed_contract import LateInteraction, PoolingHead, SparseOutput
+from replicas.embed_contract import Hybrid, LateInteraction, PoolingHead, SparseOutput
 from replicas.model.st_inputs import UnsupportedEmbeddingError, input_format, read_json
 
 LATE_TYPES = ("MultiVectorEncoder", "ColBERT")
@@ -204,3 +205,48 @@ def sparse_head(directory: Path, vocab_size: int, max_seq_length: int | None) ->
         inputs=input_format(directory, True, None, masked_lm=True),
         sparse=sparse,
     )
+
+
+HYBRID_HEADS = ("colbert_linear", "sparse_linear")  # BGE-M3's, beside its model
+CONVERT_COMMAND = "python -m replicas.checkpoints.convert_pt"
+
+
+def hybrid_files(directory: Path) -> dict[str, Path] | None:
+    """BGE-M3's two head files as safetensors (None: the directory has neither). Its heads
+    as shipped (``colbert_linear.pt``, ``sparse_linear.pt``) are pickles, never opened: an
+    error names the command that converts them."""
+    found = {name: directory / f"{name}.safetensors" for name in HYBRID_HEADS}
+    if all(path.is_file() for path in found.values()):
+        return found
+    pickles = [f"{name}.pt" for name in HYBRID_HEADS if (directory / f"{name}.pt").is_file()]
+    if pickles or any(path.is_file() for path in found.values()):
+        raise UnsupportedEmbeddingError(
+            f"{', '.join(pickles) or 'a BGE-M3 head'}: pickle files are never loaded; convert "
+            f"both heads to safetensors with `{CONVERT_COMMAND} {directory}` (torch's "
+            "weights-only loader)"
+        )
+    return None
+
+
+def with_hybrid(head: PoolingHead, directory: Path, hidden_size: int) -> PoolingHead:
+    """``head`` (the directory's dense pooling) with BGE-M3's heads where it has them."""
+    files = hybrid_files(directory)
+    if files is None:
+        return head
+    from safetensors import safe_open
+
+    shapes = {}
+    for name, path in files.items():
+        with safe_open(str(path), "np") as tensors:
+            shapes[name] = tuple(tensors.get_slice("weight").get_shape())
+    colbert, sparse = shapes["colbert_linear"], shapes["sparse_linear"]
+    if colbert[1:] != (hidden_size,) or sparse != (1, hidden_size):
+        raise UnsupportedEmbeddingError(
+            f"colbert_linear {colbert}, sparse_linear {sparse}: expected [C, {hidden_size}] "
+            f"and [1, {hidden_size}]"
+        )
+    if head.pooling != "cls" or not head.normalize or head.dense:
+        raise UnsupportedEmbeddingError(
+            "BGE-M3: its dense vector is the normalized [CLS] state (1_Pooling cls, Normalize)"
+        )
+    return dataclasses.replace(head, hybrid=Hybrid(colbert_dimension=int(colbert[0])))

@@ -72,7 +72,7 @@ def embed_step(
     spec = ItemStreamSpec(prefix_valid=valid, item_ids=item_ids, window=window)
     hidden = model.stream_hidden(params, tokens, positions, spec, empty, empty, types)
     hidden = hidden.astype(jnp.float32)  # [B, S, D]
-    if pooling.late is not None:
+    if pooling.late is not None or pooling.hybrid is not None:
         return hidden
     if pooling.sparse is not None:
         return sparse_weights(model, pooling.sparse, params, hidden, segments, pick.shape[1])
@@ -259,6 +259,8 @@ class EmbedLayout:
         for r, row in enumerate(chunk):
             if self._head.late is not None:
                 self._token_vectors(out[r], row, results)
+            elif self._head.hybrid is not None:
+                self._hybrid_vectors(out[r], row, results)
             elif self._head.sparse is not None:
                 for n, piece in enumerate(row):
                     weights = top_weights(out[r, n], self._head.sparse.max_active_dims)
@@ -268,6 +270,19 @@ class EmbedLayout:
                 vectors = finish(out[r, : len(row)], self._head, self._dense, normalize)
                 for n, piece in enumerate(row):
                     results[piece.work][piece.index] = vectors[n]
+
+    def _hybrid_vectors(self, hidden: np.ndarray, row: list[Piece], results: list) -> None:
+        """hidden [S, D] of one row -> each piece's (dense [D], multi-vector [n - 1, C],
+        lexical weights [n]), as BGE-M3 computes them (``Hybrid``)."""
+        colbert, lexical = self._dense
+        start = 0
+        for piece in row:
+            h = hidden[start : start + len(piece.tokens)]  # [n, D]
+            dense = l2_normalized(h[:1])[0]
+            vectors = l2_normalized(colbert(h[1:]))  # [n - 1, C]
+            weights = np.maximum(lexical(h)[:, 0], 0.0).astype(np.float32)  # [n]
+            results[piece.work][piece.index] = (dense, vectors, weights)
+            start += len(piece.tokens)
 
     def _token_vectors(self, hidden: np.ndarray, row: list[Piece], results: list) -> None:
         """hidden [S, D] of one row -> each piece's token vectors [tokens, dimension]."""
