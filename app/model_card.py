@@ -9,6 +9,7 @@ from typing import Any
 from app.chunks import ChunkOptions
 from app.classify import head_card
 from app.embeddings import input_limit
+from app.kinds import answers_of
 from replicas.contract import ModelInfo, PoolingHead
 
 
@@ -25,8 +26,8 @@ def base_card(
     info: ModelInfo, rerank_method: str | None, chunking: ChunkOptions, created: int
 ) -> dict[str, Any]:
     """The base model's card; app.schema.ModelCard describes its fields."""
-    pooling = info.pooling
-    reranks = rerank_method is not None or info.model_kind.embeds  # cosine, or pairs
+    pooling, kind = info.pooling, answers_of(info)
+    reranks = rerank_method is not None or info.model_kind.embeds  # a similarity, or pairs
     return {
         "id": info.name,
         "object": "model",
@@ -39,8 +40,9 @@ def base_card(
         "warm_envelopes": [dataclasses.asdict(e) for e in info.limits.envelopes],
         "rerank_method": rerank_method,
         **head_card(info.head),
-        **({"rerank_method": "cosine", "scoring": "cosine"} if pooling else {}),
+        **({"rerank_method": kind.similarity, "scoring": kind.similarity} if pooling else {}),
         "kind": info.kind,
+        "outputs": list(kind.outputs),
         "pooling": pooling.pooling if pooling else None,
         "dimension": pooling.dimension if pooling else None,
         "input_format": pooling.inputs.kind if pooling else None,

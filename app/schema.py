@@ -211,13 +211,16 @@ class ModelCard(Strict):
     warm_envelopes: list[dict[str, int]] = Field(
         description="With limit_to_warmup: a request fits one (query, longest item, labels)."
     )
-    rerank_method: Literal["yes_no", "query_likelihood", "head", "cosine"] | None = Field(
-        description="How /v1/rerank scores documents (null: no rerank route)."
-    )
-    scoring: Literal["label_tokens", "head", "cosine"] = Field(
+    rerank_method: (
+        Literal["yes_no", "query_likelihood", "head", "cosine", "maxsim", "sparse_dot", "hybrid"]
+        | None
+    ) = Field(description="How /v1/rerank scores documents (null: no rerank route).")
+    scoring: Literal["label_tokens", "head", "cosine", "maxsim", "sparse_dot", "hybrid"] = Field(
         description=(
             "label_tokens: /v1/score takes label_token_ids; head: a score head; cosine: an "
-            "embedding model's query-item cosine."
+            "embedding model's query-item cosine; maxsim: a late-interaction model's MaxSim; "
+            "sparse_dot: a sparse model's dot product; hybrid: BGE-M3's weighted mean of its "
+            "dense, sparse and multi-vector scores."
         )
     )
     num_labels: int | None = Field(description="A score head's outputs (null: no head).")
@@ -225,8 +228,18 @@ class ModelCard(Strict):
     kind: Literal[KIND_NAMES] = Field(  # replicas.kinds
         description="What the model is, and so which routes it answers."
     )
-    pooling: Literal["lasttoken", "mean", "cls"] | None = Field(
-        description="An embedding model's pooling (null: not an embedding model)."
+    outputs: list[Literal["vector", "tokens", "sparse"]] = Field(
+        default=[],
+        description=(
+            "What it embeds: vector (/v1/embeddings, /v2/embed), tokens (a vector per token, "
+            "/pooling), sparse (vocabulary weights, /embed_sparse); []: none."
+        ),
+    )
+    pooling: Literal["lasttoken", "mean", "cls", "tokens", "splade"] | None = Field(
+        description=(
+            "An embedding model's pooling (tokens: none, a vector per token; splade: the max "
+            "of log(1 + relu) of its MLM logits; null: not an embedding model)."
+        )
     )
     dimension: int | None = Field(description="An embedding model's vector size.")
     input_format: Literal["text", "chat_template"] | None = Field(

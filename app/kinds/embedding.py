@@ -81,4 +81,5 @@ KIND = KindAnswers(
         "embeddings": vectors_in(cohere=False),
         "embed": vectors_in(cohere=True),
     },
+    similarity="cosine",
 )

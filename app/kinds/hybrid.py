@@ -104,4 +104,5 @@ KIND = KindAnswers(
         "pooling": multi_vectors,
         "embed_sparse": lexical,
     },
+    similarity="hybrid",
 )

@@ -39,3 +39,13 @@ class KindAnswers:
     """Workloads refused with a reason of their own, after the body's rules (not offered)."""
     reranker: RerankerFor = no_reranker
     """How /v1/rerank's template reranker is built for this kind."""
+    similarity: str | None = None
+    """How /v1/score and /v1/rerank compare a query with an item when not by a template or
+    a head (``cosine``, ``maxsim``, ``sparse_dot``, ``hybrid``; /v1/models' ``scoring``)."""
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """What it embeds, by the routes it answers: ``vector`` (/v1/embeddings),
+        ``tokens`` (/pooling), ``sparse`` (/embed_sparse)."""
+        routes = (("embeddings", "vector"), ("pooling", "tokens"), ("embed_sparse", "sparse"))
+        return tuple(output for workload, output in routes if workload in self.answers)

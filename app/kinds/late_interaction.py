@@ -76,4 +76,5 @@ async def token_vectors(served: Served, payload: Any, backend: Backend) -> Answe
 KIND = KindAnswers(
     name="late_interaction",
     answers={"score": similarity_scores, "rerank": similarity_rerank, "pooling": token_vectors},
+    similarity="maxsim",
 )

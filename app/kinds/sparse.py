@@ -76,4 +76,5 @@ KIND = KindAnswers(
         "rerank": similarity_rerank,
         "embed_sparse": sparse_vectors,
     },
+    similarity="sparse_dot",
 )

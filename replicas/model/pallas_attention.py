@@ -30,6 +30,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from replicas.model.masks import reader_ids
+
 Array = jax.Array
 LANES = 128
 NT_DIMS = (((1,), (1,)), ((), ()))  # contract the last dims: [m, d] x [n, d] -> [m, n]
@@ -294,8 +296,10 @@ def segment_attention(
     """An encoder's attention through one Pallas part: each query attends bidirectionally to
     the keys of its own sequence (``encoder.attend_segments``' contract without a local
     window). q, k, v: [B, S, H, Dh] (H query and key heads alike); item_ids: [B, S] (-1
-    padding, whose rows come out 0) -> [B, S, H, Dh] in q's dtype."""
+    padding, whose rows come out 0; ``masks.reader_ids``' query-only ids: read by none)
+    -> [B, S, H, Dh] in q's dtype."""
+    readers = reader_ids(item_ids.astype(jnp.int32))
     out, _ = attention_part(
-        q, k, v, item_ids, item_ids, causal=False, window=None, interpret=interpret, block=block
+        q, k, v, readers, item_ids, causal=False, window=None, interpret=interpret, block=block
     )
     return out.astype(q.dtype)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from replicas.model.encoder import attend_segments
-from replicas.model.layers import attend_item_stream
+from replicas.model.layers import attend_dense, attend_item_stream
 from replicas.model.pallas_attention import (
     attention_part,
     item_stream_attention,
@@ -180,6 +180,26 @@ def test_segment_attention_is_attend_segments_within_each_sequence():
     real = ids >= 0
     np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6, rtol=0)
     assert not np.asarray(got)[~real].any()  # padding attends to nothing: zeros
+
+
+def test_query_only_tokens_read_their_sequence_and_are_read_by_none():
+    """A late-interaction query's fill tokens (id -3 - n, ``masks.reader_ids``): through the
+    kernel, the blocked and the dense form alike, each reads sequence n's other tokens and
+    no token reads it (literal: sequence 0's last 4 tokens query-only)."""
+    ids = np.array([[0] * 6 + [-3] * 4 + [1] * 12 + [-1] * 10], np.int32)  # [1, 32]
+    q, k, v = (jax.random.normal(jax.random.key(n), (1, 32, 2, 16), jnp.float32) for n in (4, 5, 6))
+    readers = ids.copy()
+    readers[readers <= -3] = 0
+    literal = (readers[0][:, None] == ids[0][None, :]) & (readers[0][:, None] >= 0)  # [32, 32]
+    assert literal[:10, :6].all() and not literal[:, 6:10].any()
+    want = attend_dense(q, k, v, jnp.asarray(literal)[None])
+    real = readers >= 0
+    for got in (
+        segment_attention(q, k, v, jnp.asarray(ids), interpret=True, block=16),
+        attend_segments(q, k, v, jnp.asarray(ids), 16),
+        attend_segments(q, k, v, jnp.asarray(ids), 32),
+    ):
+        np.testing.assert_allclose(np.asarray(got)[real], np.asarray(want)[real], atol=2e-6)
 
 
 def test_tpu_blocks_must_be_lane_multiples():
