@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from app.http import build_api
 from app.service import ScoringService
 from replicas.engine.scoring_engine import ScoringEngine
