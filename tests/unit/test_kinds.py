@@ -13,7 +13,7 @@ import pytest
 from app.kinds import INGRESS_HALVES, kinds_serving
 from app.workloads import WORKLOADS
 from replicas.contract import ModelInfo, PoolingHead, ScoreHead, ScoringLimits
-from replicas.embed_contract import LateInteraction, SparseOutput
+from replicas.embed_contract import Hybrid, LateInteraction, SparseOutput
 from replicas.kinds import KINDS, kind_named, recognize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,6 +27,7 @@ POOLINGS = {
     "vector": PoolingHead("mean", True, 8),
     "tokens": PoolingHead("tokens", True, 8, late=LateInteraction(query_length=8)),
     "sparse": PoolingHead("splade", False, 64, sparse=SparseOutput(max_active_dims=4)),
+    "hybrid": PoolingHead("cls", True, 8, hybrid=Hybrid(colbert_dimension=8)),
 }
 EXPECTED = {  # (head, pooling) -> kind
     ("none", None): "causal_lm",
@@ -36,6 +37,7 @@ EXPECTED = {  # (head, pooling) -> kind
     **{(head, "vector"): "embedding" for head in HEADS},
     **{(head, "tokens"): "late_interaction" for head in HEADS},
     **{(head, "sparse"): "sparse" for head in HEADS},
+    **{(head, "hybrid"): "hybrid" for head in HEADS},
 }
 # A kind check: a model's kind read by name, or what it is read from the head's or the
 # pooling's presence. Outside the kind modules, code reads the kind's capabilities.
@@ -78,11 +80,11 @@ def test_both_halves_name_the_same_kinds_and_every_answer_a_workload() -> None:
 
 def test_capabilities_say_what_each_kind_runs() -> None:
     embeds = {kind.name for kind in KINDS if kind.embeds}
-    assert embeds == {"embedding", "cross_encoder", "late_interaction", "sparse"}
+    assert embeds == {"embedding", "cross_encoder", "late_interaction", "sparse", "hybrid"}
     outputs = {kind.name: kind.output for kind in KINDS if kind.embeds}
     assert outputs == {
         "embedding": "vector", "cross_encoder": "vector", "late_interaction": "tokens",
-        "sparse": "sparse",
+        "sparse": "sparse", "hybrid": "hybrid",
     }  # fmt: skip
     assert [kind.name for kind in KINDS if kind.lm_head] == ["causal_lm"]
     assert [kind.name for kind in KINDS if kind.vectors] == ["embedding"]

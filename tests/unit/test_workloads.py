@@ -19,7 +19,7 @@ from app.openapi import served_openapi
 from app.service import ScoringService, Timings
 from app.workloads import WORKLOADS, Workload
 from replicas.contract import ModelInfo, PoolingHead, ScoreHead
-from replicas.embed_contract import LateInteraction, SparseOutput
+from replicas.embed_contract import Hybrid, LateInteraction, SparseOutput
 from replicas.errors import ScoringError
 from replicas.kinds import KINDS as MODEL_KINDS
 from tests.support.http_support import ask
@@ -68,6 +68,9 @@ def _info_of(kind: str) -> ModelInfo:
     if kind == "sparse":
         sparse = PoolingHead("splade", False, SERVICE.info.vocab_size, sparse=SparseOutput())
         return dataclasses.replace(SERVICE.info, pooling=sparse)
+    if kind == "hybrid":
+        hybrid = PoolingHead("cls", True, 8, hybrid=Hybrid(colbert_dimension=8))
+        return dataclasses.replace(SERVICE.info, pooling=hybrid)
     if kind in ("cross_encoder", "score_head"):
         head = CROSS_ENCODER if kind == "cross_encoder" else SCORE_HEAD
         return dataclasses.replace(SERVICE.info, head=head)
