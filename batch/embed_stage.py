@@ -12,6 +12,11 @@ end, then each row's vector (Matryoshka ``--dimensions`` applied) and with
 ``embedding_types`` answers (``app.embed_types``; the stages' payload, ``EmbedOutput``, made
 by ``embed_output``, which checks it against the model). ``finish_embed`` tallies the rows
 and drops the helper columns.
+
+On a late-interaction or sparse model (``ModelKind.output`` ``tokens`` or ``sparse``) the
+row is prepared as /pooling or /embed_sparse prepares it, in the job's ``--input-type``
+role, and answered in that output's columns (batch.retrieval): ``embedding`` (the scored
+token vectors) or ``sparse_indices`` and ``sparse_values``.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import pyarrow as pa
 from app.embed_chunks import Chunking, chunk_weights
 from app.embed_types import NO_CALIBRATION, Calibration, load_calibration, typed_embeddings
 from app.embeddings import check_dimensions, matryoshka
+from batch.retrieval import Retrieval, input_vectors, retrieval_of, row_columns, text_work
 from batch.rows import plain
 from batch.serve_stage import ServeStage
 from batch.stages import EngineStage, PrepareRows, finish_rows, with_columns
@@ -35,7 +41,8 @@ from replicas.errors import Reason, ScoringError
 from replicas.settings import ReplicaSettings, SettingsError
 
 IDS, SKIP, CHUNKS = "_sj_embed_ids", "_sj_embed_skip", "_sj_embed_chunks"
-HELPERS = (IDS, SKIP, CHUNKS)
+FILL = "_sj_embed_fill"  # a late-interaction query's query-only fill tokens
+HELPERS = (IDS, SKIP, CHUNKS, FILL)
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,9 @@ class EmbedColumns:
     """``--embedding-types``: each one's own ``embedding_<type>`` column."""
     truncate: str | None = None
     """``--truncate``: /v1/embeddings' ``truncate`` (NONE, START, END, CHUNK; None: NONE)."""
+    input_type: str | None = None
+    """``--input-type``: a late-interaction or sparse model's role (query, document; None:
+    document)."""
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -67,6 +77,22 @@ class EmbedOutput:
     """int8/uint8 ranges: the config's ``embedding_calibration``."""
     chunked: bool = False
     """``--truncate CHUNK``: a row's chunks folded into its vector (app.embed_chunks)."""
+    retrieval: Retrieval | None = None
+    """A late-interaction or sparse model's (batch.retrieval); None: a dense vector each."""
+    role: str = "document"
+    """``--input-type``: the texts' role (late interaction: which tokens are scored)."""
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The result columns: ``embedding`` and one per type, or the kind's own."""
+        if self.retrieval is not None:
+            return self.retrieval.columns
+        return ("embedding", *(f"embedding_{kind}" for kind in self.types))
+
+    @property
+    def output(self) -> str:
+        """What its EmbedWorks ask for (``replicas.embed_contract.OUTPUTS``)."""
+        return "vector" if self.retrieval is None else self.retrieval.output
 
 
 class EmbedPrepare(PrepareRows):
@@ -83,6 +109,10 @@ class EmbedPrepare(PrepareRows):
         if self._columns.truncate is not None:
             payload["truncate"] = self._columns.truncate
         try:
+            if not self._service.info.model_kind.vectors:  # /pooling or /embed_sparse
+                role, truncate = self._columns.input_type or "document", self._columns.truncate
+                name = self._columns.prompt_name
+                return text_work(self._service, text, role, name, truncate == "END")
             return self._service.embedder.prepare(payload).work
         except ScoringError as error:
             return error
@@ -96,6 +126,7 @@ class EmbedPrepare(PrepareRows):
             CHUNKS: pa.array(
                 [[len(c) for c in w.inputs] if w else None for w in works], pa.list_(pa.int32())
             ),
+            FILL: pa.array([w.query_only_tokens(0) if w else None for w in works], pa.int32()),
         }
 
 
@@ -110,14 +141,17 @@ class Pack:
 
 
 def pack_rows(
-    batch: pa.Table, limits: ScoringLimits, adapter: str | None = None, chunked: bool = False
-) -> list[Pack]:
+    batch: pa.Table, limits: ScoringLimits, adapter: str | None = None, chunked: bool = False,
+    output: str = "vector",
+) -> list[Pack]:  # fmt: skip
     """The batch's prepared rows, longest first, in EmbedWorks of at most
     ``max_items_per_request`` inputs (a row's chunks each count) and ``max_request_tokens``
     tokens, each run with ``adapter`` (``--model``; None: the base), not normalized when
-    ``chunked`` (the rows' chunks are folded first)."""
+    ``chunked`` (the rows' chunks are folded first), asking for ``output``."""
     ids, skips = batch.column(IDS).to_pylist(), batch.column(SKIP).to_pylist()
     chunks = batch.column(CHUNKS).to_pylist()
+    fills = batch.column(FILL).to_pylist() if FILL in batch.column_names else [0] * len(ids)
+    shape = Shape(adapter, chunked, output)
     rows = sorted((r for r, i in enumerate(ids) if i is not None), key=lambda r: -len(ids[r]))
     packs: list[Pack] = []
     current: list[int] = []
@@ -127,28 +161,42 @@ def pack_rows(
         length, count = len(ids[row]), len(chunks[row])
         full = items + count > limits.max_items_per_request or tokens + length > budget
         if current and full:
-            packs.append(_pack(ids, skips, chunks, current, adapter, chunked))
+            packs.append(_pack(ids, skips, chunks, fills, current, shape))
             current, tokens, items = [], 0, 0
         current.append(row)
         tokens += length
         items += count
     if current:
-        packs.append(_pack(ids, skips, chunks, current, adapter, chunked))
+        packs.append(_pack(ids, skips, chunks, fills, current, shape))
     return packs
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What every EmbedWork of a job runs with and asks for."""
+
+    adapter: str | None
+    chunked: bool
+    output: str
+
+
 def _pack(
-    ids: list[Any], skips: list[Any], chunks: list[Any], rows: list[int], adapter: str | None,
-    chunked: bool,
+    ids: list[Any], skips: list[Any], chunks: list[Any], fills: list[Any], rows: list[int],
+    shape: Shape,
 ) -> Pack:  # fmt: skip
     inputs: list[tuple[int, ...]] = []
     lengths: list[int] = []
+    query_only: list[int] = []
     for r in rows:
         cuts = np.cumsum([0, *chunks[r]])
         inputs += [tuple(ids[r][lo:hi]) for lo, hi in itertools.pairwise(cuts)]
         lengths += [int(skips[r] or 0)] + [0] * (len(chunks[r]) - 1)
+        query_only += [int(fills[r] or 0)] + [0] * (len(chunks[r]) - 1)
     prompts = tuple(lengths) if any(lengths) else ()
-    work = EmbedWork(tuple(inputs), prompts, adapter=adapter, normalize=not chunked)
+    work = EmbedWork(
+        tuple(inputs), prompts, adapter=shape.adapter, normalize=not shape.chunked,
+        output=shape.output, query_only=tuple(query_only) if any(query_only) else (),
+    )  # fmt: skip
     return Pack(work, rows, [len(chunks[r]) for r in rows])
 
 
@@ -214,7 +262,7 @@ class EmbedEngine(EngineStage):
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         info = self._engine.info
-        packs = pack_rows(batch, info.limits, self._adapter, chunked(self._payload))
+        packs = pack_rows(batch, info.limits, self._adapter, *shape_of(self._payload))
         answers = self.call([pack.work for pack in packs])
         return with_columns(batch, answer_columns(batch, packs, answers, info, self._payload))
 
@@ -236,14 +284,16 @@ class ServeEmbed(ServeStage):
         self._info = self._handle.describe.remote().result()
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        packs = pack_rows(batch, self._info.limits, self._adapter, chunked(self._payload))
+        packs = pack_rows(batch, self._info.limits, self._adapter, *shape_of(self._payload))
         answers = self.send_all(self._handle.score_work.remote, [pack.work for pack in packs])
         return with_columns(batch, answer_columns(batch, packs, answers, self._info, self._payload))
 
 
-def chunked(output: EmbedOutput | None) -> bool:
-    """Whether the job folds chunks (``--truncate CHUNK``; no payload: no)."""
-    return output is not None and output.chunked
+def shape_of(output: EmbedOutput | None) -> tuple[bool, str]:
+    """Whether the job folds chunks (``--truncate CHUNK``) and what its works ask for (no
+    payload: no chunks, vectors)."""
+    output = output or EmbedOutput()
+    return output.chunked, output.output
 
 
 def answer_columns(
@@ -253,13 +303,22 @@ def answer_columns(
     """The output columns of one batch's answered packs (``output`` None: the vectors as
     they are)."""
     output = output or EmbedOutput()
+    if output.retrieval is not None:  # late interaction, sparse: each row's own answer
+        rows: list[Any] = [None] * batch.num_rows
+        for pack, answer in zip(packs, answers, strict=True):
+            vectors = input_vectors(pack.work, answer, output.retrieval, output.role)
+            for row, value in zip(pack.rows, vectors, strict=True):
+                rows[row] = value
+        return row_columns(rows, output.retrieval)
     values, valid = vectors_of(batch.num_rows, packs, answers, info.pooling, output)
     return output_columns(values, valid, output)
 
 
-def finish_embed(batch: pa.Table, tally: Any) -> pa.Table:
-    """Rows, vectors and refusals to ``tally``; the helper columns dropped."""
-    return finish_rows(batch, "embedding", HELPERS, tally)
+def finish_embed(batch: pa.Table, tally: Any = None, columns: Any = None) -> pa.Table:
+    """Rows, answered rows (those without an error) and refusals to ``tally``; the helper
+    columns dropped."""
+    answered = sum(error is None for error in batch.column("error").to_pylist())
+    return finish_rows(batch, "embedding", HELPERS, tally, answered)
 
 
 def embed_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedOutput:
@@ -275,6 +334,13 @@ def embed_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedOutpu
     head = served_pooling_head(directory, load_hf_config(source), settings.model)
     if head is None:
         raise SettingsError(f"model: {settings.model.name} is not an embedding model")
+    if head.output != "vector":
+        return retrieval_output(settings, columns)
+    if columns.input_type is not None:
+        raise SettingsError(
+            "--input-type: a late-interaction or sparse model's role; this model's prompts "
+            "are --prompt-name's"
+        )
     if columns.dimensions is not None and not 1 <= columns.dimensions <= head.dimension:
         raise SettingsError(f"--dimensions: 1..{head.dimension}, got {columns.dimensions}")
     try:  # a size the model was not trained to be cut to: as the route refuses it
@@ -285,3 +351,28 @@ def embed_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedOutpu
     if any(kind.endswith("int8") for kind in columns.types):
         calibration = load_calibration(settings.http.embedding_calibration, head.dimension)
     return EmbedOutput(columns.dimensions, columns.types, calibration, columns.truncate == "CHUNK")
+
+
+def retrieval_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedOutput:
+    """A late-interaction or sparse model's payload, its options checked: no
+    ``--dimensions`` or ``--embedding-types`` (a dense vector's); on late interaction no
+    ``--truncate`` or ``--prompt-name`` (/pooling cuts each text to its role's length, behind
+    its role's prompt); on a sparse model ``--truncate`` NONE or END (/embed_sparse's
+    ``truncate`` keeps the first tokens)."""
+    retrieval = retrieval_of(settings)
+    assert retrieval is not None  # its head's output is not "vector"
+    for flag, value in (("--dimensions", columns.dimensions), ("--embedding-types", columns.types)):
+        if value:
+            raise SettingsError(f"{flag}: a dense embedding model's option, not this model's")
+    if retrieval.late is not None:
+        if columns.truncate is not None:
+            raise SettingsError(
+                "--truncate: a late-interaction model cuts each text to its role's length"
+            )
+        if columns.prompt_name is not None:
+            raise SettingsError(
+                "--prompt-name: a late-interaction model's prompt is its role's (--input-type)"
+            )
+    elif columns.truncate not in (None, "NONE", "END"):
+        raise SettingsError(f"--truncate: NONE or END on a sparse model, got {columns.truncate}")
+    return EmbedOutput(retrieval=retrieval, role=columns.input_type or "document")

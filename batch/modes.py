@@ -20,13 +20,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.embed_types import EMBEDDING_TYPES
+from app.retrieval_inputs import ROLES
 from batch.classify_stage import ClassifyColumns, ClassifyPrepare, classify_results, model_head
 from batch.embed_stage import HELPERS as EMBED_HELPERS
 from batch.embed_stage import IDS as EMBED_IDS
-from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedPrepare, ServeEmbed, embed_output
+from batch.embed_stage import (
+    EmbedColumns,
+    EmbedEngine,
+    EmbedPrepare,
+    ServeEmbed,
+    embed_output,
+    finish_embed,
+)
 from batch.grouping import GroupBy
 from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
 from batch.rerank_stage import RerankColumns, RerankPrepare, RerankResults
+from batch.retrieval import retrieval_of
 from batch.rows import ScoreColumns
 from batch.score_stage import EngineScore, Tokenize, finish_scores
 from batch.serve_stage import ServeScore, ServeWorks
@@ -80,7 +89,8 @@ class BatchMode:
     """What the engine stages turn answers into output columns with."""
     outputs: tuple[str, ...]
     """Its result columns (after the id and kept columns; then ``error``, ``error_message``);
-    columns with an ``outputs`` property name the job's own (``embed --embedding-types``)."""
+    a payload or columns with an ``outputs`` property name the job's own (``embed``: its
+    ``--embedding-types``, the model's kind)."""
     group: GroupBy
     """What brings its rows together (the token buckets are the job's settings')."""
     helpers: tuple[str, ...] = ()
@@ -89,9 +99,11 @@ class BatchMode:
     """Its finishing step ``finish(batch, columns, tally)``; None: ``batch.stages.finish_rows``
     on its first output and its helpers."""
 
-    def outputs_of(self, columns: Any) -> tuple[str, ...]:
-        """The job's result columns: its columns' ``outputs`` where they name them."""
-        return tuple(getattr(columns, "outputs", self.outputs))
+    def outputs_of(self, columns: Any, payload: Any = None) -> tuple[str, ...]:
+        """The job's result columns: its payload's or its columns' ``outputs`` where they
+        name them."""
+        named = getattr(payload, "outputs", None)
+        return tuple(named if named is not None else getattr(columns, "outputs", self.outputs))
 
     def group_by(self, settings: ReplicaSettings) -> GroupBy:
         """``group`` with the job's token buckets."""
@@ -136,7 +148,8 @@ def _rerank_columns(args: argparse.Namespace, adapter: str | None) -> RerankColu
 def _rerank_results(settings: ReplicaSettings, columns: RerankColumns) -> RerankResults:
     head = model_head(settings)
     activation = head.activation if head is not None else None  # a cross-encoder's only
-    return RerankResults(columns.chunk_aggregation or settings.http.chunk_aggregation, activation)
+    aggregation = columns.chunk_aggregation or settings.http.chunk_aggregation
+    return RerankResults(aggregation, activation, retrieval_of(settings))
 
 
 def _loglik_columns(args: argparse.Namespace, adapter: str | None) -> LoglikColumns:
@@ -150,8 +163,9 @@ def _classify_columns(args: argparse.Namespace, adapter: str | None) -> Classify
 def _embed_columns(args: argparse.Namespace, adapter: str | None) -> EmbedColumns:
     types = args.embedding_types or ()
     return EmbedColumns(
-        args.input_column, args.id_column, args.prompt_name, args.dimensions, types, args.truncate
-    )
+        args.input_column, args.id_column, args.prompt_name, args.dimensions, types,
+        args.truncate, args.input_type,
+    )  # fmt: skip
 
 
 def embedding_types(text: str) -> tuple[str, ...]:
@@ -270,6 +284,12 @@ MODES: tuple[BatchMode, ...] = (
                 help="a text past the model's limit, as /v1/embeddings' truncate (default: an "
                 "error row); CHUNK: its chunks' vectors folded into one",
             ),
+            argument(
+                "--input-type",
+                choices=ROLES,
+                default=None,
+                help="late-interaction and sparse models: the texts' role (default: document)",
+            ),
         ),
         columns=_embed_columns,
         prepare=EmbedPrepare,
@@ -279,6 +299,7 @@ MODES: tuple[BatchMode, ...] = (
         outputs=("embedding",),
         group=GroupBy("length", ids_column=EMBED_IDS),
         helpers=EMBED_HELPERS,
+        finish=finish_embed,
     ),
 )
 

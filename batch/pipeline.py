@@ -158,7 +158,7 @@ def mode_dataset(
     )
     if keep is None:
         return finished
-    wanted = [columns.id, *keep, *mode.outputs_of(columns), *ERROR_COLUMNS]
+    wanted = [columns.id, *keep, *mode.outputs_of(columns, payload), *ERROR_COLUMNS]
     return finished.select_columns(list(dict.fromkeys(wanted)))
 
 

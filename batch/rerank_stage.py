@@ -4,7 +4,10 @@
 ``rerank_method`` and template) -> a one-item ScoreWork (yes_no, head) or a one-prompt
 PromptWork (query_likelihood) as token ids, or the route's 400; on a cross-encoder by the
 route's ``prepare_pairs`` -> an EmbedWork of its (query, document) pairs (one per chunk),
-whose logits go through the model's activation (``CrossEncoder.predict``). The engine stage
+whose logits go through the model's activation (``CrossEncoder.predict``); on a
+late-interaction or sparse model by the route's ``rerank_pair_work`` -> one EmbedWork of the
+query and the document's chunks, whose relevance is their MaxSim or sparse dot product
+(``batch.retrieval.similarities``, as ``app.retrieval_scores`` reads the answer). The engine stage
 (``batch.works.EngineWorks``, or ``ServeWorks``) packs a batch's works (yes_no: rows
 that share a query as one multi-item work, as ``score`` packs; query_likelihood: every row's
 prompt in one prompt work, whose shared blocks the engine computes once) and
@@ -27,9 +30,11 @@ import pyarrow as pa
 from app.chunks import aggregate
 from app.cross_encoder import Pairs, activated, prepare_pairs
 from app.rerank import RerankWork, work_relevance
+from app.retrieval_scores import PairWork, rerank_pair_work
+from batch.retrieval import Retrieval, similarities
 from batch.works import PrepareWorks, Work
 from replicas.contract import EmbedWork
-from replicas.errors import ScoringError
+from replicas.errors import Reason, ScoringError
 
 
 @dataclass(frozen=True)
@@ -50,17 +55,24 @@ class RerankColumns:
 class RerankPrepare(PrepareWorks):
     """The route's Reranker per CPU actor."""
 
-    def prepare(self, row: dict[str, Any]) -> RerankWork | Pairs | ScoringError:
+    def prepare(self, row: dict[str, Any]) -> RerankWork | Pairs | PairWork | ScoringError:
         payload = {
             "query": row.get(self._columns.query),
             "documents": [row.get(self._columns.document)],
             **self._columns.chunking(),
         }
         service = self._service
-        reranker = service.reranker
-        if reranker is None and not service.info.model_kind.pairs:
+        reranker, kind = service.reranker, service.info.model_kind
+        similarity = kind.embeds and not kind.pairs and not kind.vectors
+        if reranker is None and not (kind.pairs or similarity):
             raise ValueError("rerank: the model has no rerank template (setting rerank_template)")
         try:
+            if reranker is None and similarity:  # the query's and the document's encodings
+                info, tokenizer = service.info, service.tokenizer
+                pair = rerank_pair_work(info, tokenizer, payload, service.chunking)[1]
+                if pair is None:  # no text to score: as documents []
+                    return ScoringError(Reason.EMPTY_INPUT, "document: no text", "documents")
+                return pair
             if reranker is None:  # a cross-encoder scores the pairs themselves
                 tokenizer, route = service.tokenizer, "/v1/rerank"
                 return prepare_pairs(tokenizer, service.info, payload, route, service.chunking)
@@ -73,10 +85,12 @@ class RerankPrepare(PrepareWorks):
 class RerankResults:
     """``relevance``: each scored row's relevance (null: refused), its chunks' scores
     folded by ``aggregation`` (the job's or the config's ``chunk_aggregation``); a
-    cross-encoder's logits through its ``activation`` first."""
+    cross-encoder's logits through its ``activation`` first; a late-interaction or sparse
+    model's the similarities of its query and its chunks (``retrieval``)."""
 
     aggregation: str = "max"
     activation: str | None = None
+    retrieval: Retrieval | None = None
 
     def __call__(
         self, batch: pa.Table, works: list[Work | None], answers: list[Any]
@@ -88,6 +102,8 @@ class RerankResults:
         return {"relevance": pa.array(relevance, pa.float64())}
 
     def _scores(self, work: Work, answer: Any) -> np.ndarray:
+        if isinstance(work, EmbedWork) and self.retrieval is not None:  # [query, chunks...]
+            return similarities(work, answer, self.retrieval)
         if isinstance(work, EmbedWork):  # [chunks, 1] logits, as the route scores them
             return activated(np.asarray(answer, np.float32), self.activation)[:, 0]
         return work_relevance(work, answer)

@@ -3,7 +3,9 @@ stage), one engine call's answers for them, each row its own, and the two stages
 
 A row's work is a one-item ScoreWork (rerank yes_no / head, classify) or a one-prompt
 PromptWork (rerank query_likelihood, loglik), on a cross-encoder an EmbedWork of its pairs
-(rerank: one per chunk) or its one text (classify), or None (refused). ``PrepareWorks`` (CPU)
+(rerank: one per chunk) or its one text (classify), on a late-interaction or sparse model an
+EmbedWork of its query and its document's chunks asking for that ``output`` (rerank), or
+None (refused). ``PrepareWorks`` (CPU)
 writes each prepared row's work as token-id columns (a subclass's ``prepare``: the route's
 own code). ``EngineWorks`` (one per accelerator host; token ids and answers only, no
 tokenizer) packs a batch's works (score works by query, ``batch.packing``; prompt works into
@@ -28,7 +30,9 @@ Work = ScoreWork | PromptWork | EmbedWork
 QUERY, ITEMS, LABELS = "_sj_work_query", "_sj_work_items", "_sj_work_labels"
 TOP_K, TAIL, KEEP = "_sj_work_top_k", "_sj_work_tail", "_sj_work_keep"
 SECOND = "_sj_work_second"  # a cross-encoder's EmbedWork: where each input's type 1 starts
-WORK_COLUMNS = (QUERY, ITEMS, LABELS, TOP_K, TAIL, KEEP, SECOND)
+# an EmbedWork's output other than vectors (late interaction, sparse) and its query-only tokens
+OUTPUT, QUERY_ONLY = "_sj_work_output", "_sj_work_query_only"
+WORK_COLUMNS = (QUERY, ITEMS, LABELS, TOP_K, TAIL, KEEP, SECOND, OUTPUT, QUERY_ONLY)
 IDS = pa.list_(pa.int32())  # [tokens]
 # (the batch, each row's work, each row's answer) -> the mode's result columns
 Results = Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]]
@@ -36,10 +40,12 @@ Results = Callable[[pa.Table, list[Work | None], list[Any]], dict[str, pa.Array]
 
 def work_columns(works: Sequence[Work | None]) -> dict[str, pa.Array]:
     """Each row's work as token-id columns (``QUERY`` null: a prompt work, or with
-    ``SECOND`` set a cross-encoder's inputs; all null: none)."""
+    ``SECOND`` set an EmbedWork's inputs: a cross-encoder's, or with ``OUTPUT`` set a
+    late-interaction or sparse model's; all null: none)."""
     scored = [w if isinstance(w, ScoreWork) else None for w in works]
     prompted = [w if isinstance(w, PromptWork) else None for w in works]
     paired = [w if isinstance(w, EmbedWork) else None for w in works]
+    retrieved = [w if w is not None and w.output != "vector" else None for w in paired]
     items = [None if w is None else [list(i) for i in _inputs(w)] for w in works]
     return {
         QUERY: pa.array([list(w.query_ids) if w else None for w in scored], IDS),
@@ -49,6 +55,8 @@ def work_columns(works: Sequence[Work | None]) -> dict[str, pa.Array]:
         TAIL: pa.array([w.scored_tail if w else None for w in prompted], pa.int32()),
         KEEP: pa.array([w.keep_lone_prefixes if w else None for w in prompted], pa.bool_()),
         SECOND: pa.array([_seconds(w) if w else None for w in paired], IDS),
+        OUTPUT: pa.array([w.output if w else None for w in retrieved], pa.string()),
+        QUERY_ONLY: pa.array([_query_only(w) if w else None for w in retrieved], IDS),
     }
 
 
@@ -62,14 +70,23 @@ def _seconds(work: EmbedWork) -> list[int]:
     return [work.second_start(i) for i in range(work.num_items)]
 
 
+def _query_only(work: EmbedWork) -> list[int]:
+    return [work.query_only_tokens(i) for i in range(work.num_items)]
+
+
 def read_works(batch: pa.Table, adapter: str | None = None) -> list[Work | None]:
     """The works ``work_columns`` wrote into ``batch``, each run with ``adapter`` (the job's
     ``--model``; None: the base model)."""
     columns = {name: batch.column(name).to_pylist() for name in WORK_COLUMNS}
     out: list[Work | None] = []
-    for query, items, labels, top_k, tail, keep, second in zip(*columns.values(), strict=True):
+    rows = zip(*columns.values(), strict=True)
+    for query, items, labels, top_k, tail, keep, second, output, query_only in rows:
         if items is None:
             out.append(None)
+        elif output is not None:
+            inputs = tuple(map(tuple, items))
+            fills = tuple(query_only) if any(query_only) else ()
+            out.append(EmbedWork(inputs, adapter=adapter, output=output, query_only=fills))
         elif second is not None:
             inputs = tuple(map(tuple, items))
             out.append(EmbedWork(inputs, adapter=adapter, second_starts=tuple(second)))
@@ -124,14 +141,15 @@ def pack_prompts(
 def pack_pairs(
     works: Sequence[Work | None], limits: ScoringLimits
 ) -> list[tuple[EmbedWork, list[int]]]:
-    """A cross-encoder's works (EmbedWork) merged in row order, one adapter each, cut where
-    the next row's inputs would pass ``max_items_per_request`` or ``max_request_tokens``."""
-    groups: dict[str | None, list[int]] = {}
+    """EmbedWorks (a cross-encoder's, a late-interaction or sparse model's) merged in row
+    order, one adapter and output each, cut where the next row's inputs would pass
+    ``max_items_per_request`` or ``max_request_tokens``."""
+    groups: dict[tuple[str | None, str], list[int]] = {}
     for row, work in enumerate(works):
         if isinstance(work, EmbedWork):
-            groups.setdefault(work.adapter, []).append(row)
+            groups.setdefault((work.adapter, work.output), []).append(row)
     packs: list[tuple[EmbedWork, list[int]]] = []
-    for adapter, rows in groups.items():
+    for (adapter, _), rows in groups.items():
         current: list[int] = []
         for row in rows:
             if current and not _pair_fits([*current, row], works, limits):
@@ -150,9 +168,15 @@ def _pair_fits(rows: list[int], works: Sequence[Work | None], limits: ScoringLim
 
 
 def _pairs(works: Sequence[Work | None], rows: list[int], adapter: str | None) -> EmbedWork:
-    picked = [works[row] for row in rows]
-    inputs = tuple(ids for work in picked for ids in work.inputs)  # type: ignore[union-attr]
-    seconds = tuple(s for work in picked for s in _seconds(work))  # type: ignore[arg-type]
+    picked: list[EmbedWork] = [works[row] for row in rows]  # type: ignore[misc]
+    inputs = tuple(ids for work in picked for ids in work.inputs)
+    if picked[0].output != "vector":  # each row's query and documents, end to end
+        fills = tuple(n for work in picked for n in _query_only(work))
+        output = picked[0].output
+        return EmbedWork(
+            inputs, adapter=adapter, output=output, query_only=fills if any(fills) else ()
+        )
+    seconds = tuple(s for work in picked for s in _seconds(work))
     return EmbedWork(inputs, adapter=adapter, second_starts=seconds)
 
 
