@@ -305,7 +305,7 @@ def _open(
     if found is not None and config.encoder:
         raise CheckpointError(
             f"{source.directory}: a compressed-tensors {found} checkpoint of a {config.family} "
-            "encoder; encoders run unquantized: load its float checkpoint"
+            "encoder: load its float checkpoint (an encoder quantizes at load: int8_weight)"
         )
     ignorable = ("rotary_emb.inv_freq", "lm_head.weight", *_UNUSED_BY_EMBEDDERS)
     if found is not None:

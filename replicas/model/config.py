@@ -91,10 +91,15 @@ class ModelConfig:
             raise UnsupportedModelError(
                 f"quantization: {self.quantization!r} not in {QUANTIZATIONS}"
             )
-        if self.encoder and self.quantization != "none":
+        if self.encoder and self.quantization not in ("none", "int8_weight"):
             raise UnsupportedModelError(
-                f"quantization: {self.quantization!r} runs the decoder layers' projections; "
-                f"a {self.family} encoder runs unquantized (set quantization: none)"
+                f"quantization: {self.quantization!r} quantizes activations, which an encoder "
+                f"does not: a {self.family} encoder runs none or int8_weight"
+            )
+        if self.encoder and self.rotary and self.quantization != "none":
+            raise UnsupportedModelError(
+                f"quantization: {self.quantization!r}: ModernBERT's fused projections run "
+                "unquantized (set quantization: none)"
             )
         if self.sliding_window is not None and self.sliding_window < 1:
             raise UnsupportedModelError(f"sliding_window: must be >= 1, got {self.sliding_window}")

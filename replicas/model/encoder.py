@@ -45,6 +45,7 @@ from replicas.model.masks import (
     segment_block_mask,
     window_block_mask,
 )
+from replicas.model.quant import SCALE_SUFFIX, quantize_layers, quantized_project
 
 Array = jax.Array
 Params = dict[str, Any]
@@ -123,9 +124,16 @@ SegmentAttention = Callable[[Array, Array, Array, Array, int], Array]
 
 
 def _projected(x: Array, p: Params, name: str, pattern: str, lora: Any) -> Array:
-    """``x``'s projection by ``p[name]`` (einsum ``pattern``), its LoRA update (model.lora)
-    where ``lora`` allocates the target, then its bias."""
-    return with_delta(jnp.einsum(pattern, x, p[name]), x, name, lora) + p[f"{name}_bias"]
+    """``x``'s projection by ``p[name]`` (einsum ``pattern``; ``int8_weight``: its block
+    scales beside it, dequantized), its LoRA update (model.lora) where ``lora`` allocates the
+    target, then its bias."""
+    scale = p.get(name + SCALE_SUFFIX)
+    if scale is None:
+        y = jnp.einsum(pattern, x, p[name])
+    else:  # the contracted axes: those of x the pattern sums over
+        n_in = len(set(pattern.split("->")[0].split(",")[0]) - set(pattern.split("->")[1]))
+        y = quantized_project(x, p[name], scale, n_in, "int8_weight", x.dtype)
+    return with_delta(y, x, name, lora) + p[f"{name}_bias"]
 
 
 def _attention(
@@ -244,7 +252,9 @@ class Encoder:
             _random(key, shape, jax.tree_util.keystr(path), self.dtype)
             for key, (path, shape) in zip(keys, leaves, strict=True)
         ]
-        return jax.tree_util.tree_unflatten(tree, values)
+        params = jax.tree_util.tree_unflatten(tree, values)
+        params["layers"] = quantize_layers(params["layers"], self.config.quantization)
+        return params
 
     def embed(self, params: Params, tokens: Array, positions: Array, types: Array) -> Array:
         """tokens, positions, token types [B, S] -> normed embeddings [B, S, D]."""

@@ -185,6 +185,8 @@ def quantize_layers(layers: dict[str, Any], quantization: str, xp: Any = jnp) ->
     out = {block: dict(leaves) if isinstance(leaves, dict) else leaves
            for block, leaves in layers.items()}  # fmt: skip
     for (block, name), n_in in QUANTIZED.items():
+        if name not in out.get(block, {}):  # an encoder's MLP has no gate
+            continue
         values, scale = quantize(out[block][name], n_in, quantization, lead=1, xp=xp)
         out[block][name], out[block][name + SCALE_SUFFIX] = values, scale
     return out
@@ -196,7 +198,8 @@ def with_scales(tree: dict[str, Any], scale_of: Any) -> dict[str, Any]:
     out = {block: dict(leaves) if isinstance(leaves, dict) else leaves
            for block, leaves in tree.items()}  # fmt: skip
     for (block, name), n_in in QUANTIZED.items():
-        out[block][name + SCALE_SUFFIX] = scale_of(tree[block][name], n_in)
+        if name in tree.get(block, {}):
+            out[block][name + SCALE_SUFFIX] = scale_of(tree[block][name], n_in)
     return out
 
 

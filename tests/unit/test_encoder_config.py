@@ -74,13 +74,15 @@ def test_a_cross_encoder_head_takes_the_activation_its_directory_saved(tmp_path:
     assert many.activation == "identity"
 
 
-def test_a_quantized_encoder_is_refused_naming_the_setting() -> None:
-    """``quantization`` runs the decoder layers' projections; an encoder's are plain, so an
-    int8 setting would otherwise load int8 weights into float einsums."""
+def test_an_encoder_takes_int8_weight_only_naming_the_setting() -> None:
+    """An encoder's activations stay float: the weight-only form runs its projections
+    (tests/engine/test_encoder_int8_weight.py); the activation forms are refused."""
     bert = config_from_hf(hf_config(BERT))
     assert bert.replace(quantization="none").quantization == "none"
-    with pytest.raises(UnsupportedModelError, match=r"^quantization: 'int8' runs the decoder"):
-        bert.replace(quantization="int8")
+    assert bert.replace(quantization="int8_weight").quantization == "int8_weight"
+    for form in ("int8", "int8_smooth", "fp8"):
+        with pytest.raises(UnsupportedModelError, match=rf"^quantization: '{form}' quantizes"):
+            bert.replace(quantization=form)
 
 
 MODERNBERT = {
