@@ -25,6 +25,9 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "encoder_served": ("bench_encoder_served", "an encoder of a real shape (MiniLM, BERT-base) "
                        "served at 4 requests in flight beside sentence-transformers in process "
                        "and the engine; where the served time goes"),
+    "retrieval_served": ("bench_retrieval", "a ColBERT (/v1/rerank, MaxSim) and a SPLADE "
+                         "(/embed_sparse) of BERT-base's width served beside "
+                         "sentence-transformers in process; padding, max diff"),
     "small": ("bench_small", "a small request: engine, served, transformers, llama.cpp; the "
               "floor of a weight pass and the step costs"),
     "llamacpp_served": ("bench_llamacpp_served", "a running server from its first request on "
