@@ -1,10 +1,10 @@
 """serve_config.yaml as shipped, with only ``model`` changed, starts for every kind of model
-scorejax serves (score head, encoder embedding, cross-encoder; the shipped model's own kind, a
-causal LM, and a decoder embedder are deployed on the shipped ``args`` over Serve and HTTP in
-tests/serve/test_serve_config_deploy.py and tests/serve/test_serve_embed.py) (issue 43: a
-``Qwen3ForSequenceClassification`` crashed every replica at
-start-up with ``KeyError: 'lm_head'`` from the completions warm-up, and its ingress refused
-the shipped ``rerank_method``).
+scorejax serves (score head, encoder embedding, cross-encoder, late interaction, sparse; the
+shipped model's own kind, a causal LM, and a decoder embedder are deployed on the shipped
+``args`` over Serve and HTTP in tests/serve/test_serve_config_deploy.py and
+tests/serve/test_serve_embed.py) (issue 43: a ``Qwen3ForSequenceClassification`` crashed
+every replica at start-up with ``KeyError: 'lm_head'`` from the completions warm-up, and its
+ingress refused the shipped ``rerank_method``).
 
 For each kind, the shipped ``args`` with ``model`` pointed at a transformers-saved tiny
 checkpoint (and ``compilation_cache_dir`` at a temporary folder, so the suite leaves the
@@ -102,3 +102,45 @@ def test_an_encoder_cross_encoder_starts_and_serves_on_the_shipped_config(
     with pytest.raises(ScoringError, match="/v1/embeddings") as refused:
         asyncio.run(service.embed_timed({"input": ["a"]}, backend))
     assert refused.value.status_code == 400 and "cross_encoder" in refused.value.message
+
+
+def test_a_colbert_starts_and_serves_on_the_shipped_config(tmp_path: Path) -> None:
+    from app.workloads import WORKLOAD_NAMED
+    from tests.support.retrieval_helpers import save_colbert
+
+    model = save_colbert(tmp_path / "colbert")
+    service, backend = served(
+        shipped_settings(model, compilation_cache_dir=str(tmp_path / "cache"))
+    )
+    assert service.models_body()["data"][0]["kind"] == "late_interaction"
+    body = {"input": ["alpha beta", "river"], "input_type": "query"}
+    pooled = asyncio.run(service.answer(WORKLOAD_NAMED["pooling"], body, backend))[0]["data"]
+    assert [np.asarray(row["data"]).shape for row in pooled] == [(12, 16), (12, 16)]
+    ranked = asyncio.run(service.rerank_timed({"query": "blue", "documents": ["a", "b"]}, backend))
+    assert len(ranked[0]["results"]) == 2
+    scores = asyncio.run(service.score({"query": "a", "items": ["b", "c"]}, backend))["scores"]
+    assert np.asarray(scores).shape == (2, 1)
+    with pytest.raises(ScoringError, match="/v1/embeddings") as refused:
+        asyncio.run(service.embed_timed({"input": ["a"]}, backend))
+    assert refused.value.status_code == 400 and "late_interaction" in refused.value.message
+
+
+def test_a_splade_starts_and_serves_on_the_shipped_config(tmp_path: Path) -> None:
+    from app.workloads import WORKLOAD_NAMED
+    from tests.support.retrieval_helpers import save_splade
+
+    model = save_splade(tmp_path / "splade")
+    service, backend = served(
+        shipped_settings(model, compilation_cache_dir=str(tmp_path / "cache"))
+    )
+    assert service.models_body()["data"][0]["kind"] == "sparse"
+    body = {"inputs": ["alpha beta", "river"]}
+    weights = asyncio.run(service.answer(WORKLOAD_NAMED["embed_sparse"], body, backend))[0]
+    assert len(weights) == 2 and all(weights)
+    ranked = asyncio.run(service.rerank_timed({"query": "blue", "documents": ["a", "b"]}, backend))
+    assert len(ranked[0]["results"]) == 2
+    scores = asyncio.run(service.score({"query": "a", "items": ["b", "c"]}, backend))["scores"]
+    assert np.asarray(scores).shape == (2, 1)
+    with pytest.raises(ScoringError, match="/pooling") as refused:
+        asyncio.run(service.answer(WORKLOAD_NAMED["pooling"], {"input": "a"}, backend))
+    assert refused.value.status_code == 400 and "sparse" in refused.value.message
