@@ -118,6 +118,12 @@ def _expansion(transformer: dict[str, Any], st_config: dict[str, Any], pylate: b
     return {"strategy": "fixed", "attend": bool(attend), "length": int(length)}
 
 
+def _similarity(saved: Any) -> str:
+    """The saved ``similarity_fn_name`` where MultiVectorEncoder takes it, else MaxSim (as
+    it reads PyLate's ``cosine``)."""
+    return str(saved) if saved in ("maxsim", "meanmaxsim") else "maxsim"
+
+
 def late_head(directory: Path, hidden_size: int, max_seq_length: int | None) -> PoolingHead:
     """The PoolingHead (``late`` set) of a MultiVectorEncoder or PyLate directory."""
     st_config = _object(directory / "config_sentence_transformers.json")
@@ -160,7 +166,7 @@ def late_head(directory: Path, hidden_size: int, max_seq_length: int | None) -> 
         document_length=lengths.get("document_length"),
         skiplist=tuple(str(word) for word in skiplist),
         skiplist_tasks=tuple(str(task) for task in tasks),
-        similarity=str(st_config.get("similarity_fn_name") or "maxsim"),
+        similarity=_similarity(st_config.get("similarity_fn_name")),
     )
     return PoolingHead(
         pooling="tokens",

@@ -221,14 +221,6 @@ def test_models_card_matches_its_schema(served) -> None:
     ModelList.model_validate(body)  # the card matches its documented schema
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="replicas/model/retrieval_config.py late_head (the LateInteraction(similarity=...) "
-    "line) passes the saved similarity_fn_name 'cosine' on, and LateInteraction raises "
-    "\"similarity_fn_name: 'cosine' not maxsim/meanmaxsim\": a PyLate v3 directory as PyLate "
-    "saves it does not load",
-)
 def test_a_pylate_directory_saying_cosine_loads_as_maxsim(tmp_path: Path) -> None:
     """PyLate v3 saves ``similarity_fn_name: "cosine"`` (sentence-transformers' default, which
     PyLate and the library ignore: ``model.similarity`` is MaxSim)."""
