@@ -54,8 +54,6 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     root = tmp_path_factory.mktemp("colbert")
     save = save_pylate_colbert if layout == "pylate" else save_colbert
     directory = save(root / request.param, **options)
-    if layout == "pylate":  # "cosine" is refused (test_a_pylate_directory_saying_cosine_...)
-        drop_similarity(directory)
     settings = embed_settings(
         directory, token_buckets=(256,), item_token_buckets=(64, 256), item_tokens_per_step=256,
     )  # fmt: skip
@@ -70,13 +68,6 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
     api = build_api(ScoringService.from_settings(settings), backend, health)
     return api, directory
-
-
-def drop_similarity(directory: Path) -> None:
-    path = directory / "config_sentence_transformers.json"
-    config = json.loads(path.read_text())
-    del config["similarity_fn_name"]
-    path.write_text(json.dumps(config))
 
 
 def post(api: Any, path: str, body: Any) -> Reply:
