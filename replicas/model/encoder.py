@@ -62,6 +62,16 @@ def layer_norm(p: Params, x: Array, eps: float) -> Array:
     return (out + p["bias"].astype(jnp.float32) if "bias" in p else out).astype(x.dtype)
 
 
+def _masked_softmax(logits: Array, mask: Array, axis: int, dtype: Any) -> Array:
+    """softmax of ``logits`` over the keys ``mask`` allows (broadcast over heads at
+    ``axis``); a query no key is readable to (padding, or a query-only fill token whose
+    local window holds none of its query's tokens) reads nothing: zeros, as torch's SDPA
+    answers a fully masked row, so it depends on nothing else in the row."""
+    mask = jnp.expand_dims(mask, axis)
+    probs = jax.nn.softmax(jnp.where(mask, logits, NEG_INF), axis=-1)
+    return jnp.where(jnp.any(mask, axis=-1, keepdims=True), probs, 0.0).astype(dtype)
+
+
 def attend_segments(
     q: Array, k: Array, v: Array, item_ids: Array, window: int,
     local: tuple[Array, Array, int] | None = None, scale: float | None = None,
@@ -93,8 +103,7 @@ def attend_segments(
         near = window_block_mask(jnp.pad(positions, pad), block, reach, half)
         mask = mask & (near | ~is_local)  # [B, nb, W, C]
     logits = jnp.einsum("bnwhd,bnchd->bnhwc", qb, kb).astype(jnp.float32) * scale
-    logits = jnp.where(mask[:, :, None], logits, NEG_INF)  # [B, nb, H, W, C]
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    probs = _masked_softmax(logits, mask, 2, v.dtype)  # [B, nb, H, W, C]
     out = jnp.einsum("bnhwc,bnchd->bnwhd", probs, vb)  # [B, nb, W, H, Dh]
     return out.reshape(batch, padded, heads, head_dim)[:, :length]
 
@@ -113,8 +122,7 @@ def attend_row(
         mask = mask & (near | ~is_local)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     logits = jnp.einsum("bshd,bthd->bhst", q, k).astype(jnp.float32) * scale
-    logits = jnp.where(mask[:, None], logits, NEG_INF)  # [B, H, S, S]
-    probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    probs = _masked_softmax(logits, mask, 1, v.dtype)  # [B, H, S, S]
     return jnp.einsum("bhst,bthd->bshd", probs, v)
 
 

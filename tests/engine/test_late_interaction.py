@@ -88,21 +88,17 @@ def assert_vectors(got: list[np.ndarray], expected: list[np.ndarray]) -> None:
         np.testing.assert_allclose(ours, theirs, atol=TOL, rtol=0)
 
 
-def texts_for(seed: int, role: str = "document", directory: Path | None = None) -> list[str]:
-    """12 texts of 1..140 words (some past ``document_length``), "." among their tokens. On
-    the ModernBERT model, queries of 5 words at least (8 tokens): a shorter one's fill tokens
-    past its +-4 window are test_modernbert_fill_tokens_out_of_every_window's xfail."""
+def texts_for(seed: int) -> list[str]:
+    """12 texts of 1..140 words (some past ``document_length``), "." among their tokens."""
     texts = [*sentences(seed, 11, longest=140), LONG]
     assert any(". " in t or t.endswith(".") for t in texts[:-1])
-    if role == "query" and directory is not None and "modernbert" in directory.name:
-        texts = [t if len(t.split()) >= 5 else f"{t} red blue river stone" for t in texts]
     return texts
 
 
 @pytest.mark.parametrize("role", ["query", "document"])
 def test_pooling_answers_the_librarys_token_vectors(served, role: str) -> None:
     api, directory = served
-    texts = texts_for(31, role, directory)
+    texts = texts_for(31)
     reference = colbert_vectors(directory, texts, role)
     reply = post(api, "/pooling", {"input": texts, "input_type": role})
     assert_vectors(pooled(reply), reference)
@@ -129,11 +125,11 @@ def test_document_is_the_default_role(served) -> None:
 def test_a_vector_does_not_depend_on_what_shares_its_step(served, role: str) -> None:
     """The same texts alone, with others, and in another order answer the same vectors."""
     api, directory = served
-    texts = texts_for(33, role, directory)
+    texts = texts_for(33)
     reference = colbert_vectors(directory, texts, role)
     (alone,) = pooled(post(api, "/pooling", {"input": texts[4], "input_type": role}))
     np.testing.assert_allclose(alone, reference[4], atol=TOL, rtol=0)
-    others = texts_for(34, role, directory)[:6]
+    others = texts_for(34)[:6]
     mixed = [*others[:3], texts[4], *others[3:], texts[0]]
     got = pooled(post(api, "/pooling", {"input": mixed, "input_type": role}))
     np.testing.assert_allclose(got[3], reference[4], atol=TOL, rtol=0)
@@ -222,23 +218,12 @@ def test_a_pylate_directory_saying_cosine_loads_as_maxsim(tmp_path: Path) -> Non
 
 def test_modernbert_fill_tokens_out_of_every_window(served, request) -> None:
     """A short query on ModernBERT (local layers +-4) with query-only fill tokens: "alpha beta"
-    is 5 tokens, so the fills at 9..11 have no attended key within their window. Their
-    vectors must not depend on what shares the step, and the library's are what transformers'
-    masked attention gives there (every key at the mask's minimum: uniform over the row)."""
+    is 5 tokens, so the fills at 9..11 have no readable key within their window. They read
+    nothing there (torch's SDPA answers a fully masked row with zeros), so their vectors equal
+    the library's and do not depend on what shares the step."""
     api, directory = served
     if "modernbert" not in directory.name:
         pytest.skip("only the ModernBERT model has local layers")
-    request.applymarker(
-        pytest.mark.xfail(
-            strict=True,
-            reason="the engine's ModernBERT local layers (replicas/model/masks.py "
-            "bidirectional_window_mask: a query-only fill token whose +-4 window holds no "
-            "readable key reads nothing, its softmax then spread over the whole packed row): "
-            "/pooling input_type query 'alpha beta' (attend False, fixed or min) rows 9..11 "
-            "differ alone and beside other inputs (up to 0.23) and from the library (up to "
-            "0.59); rows 0..8 match within 1e-6",
-        )
-    )
     texts = ["alpha beta", "red blue river stone cloud"]
     (alone,) = pooled(post(api, "/pooling", {"input": texts[0], "input_type": "query"}))
     mates = [LONG, texts[0], "alpha beta gamma delta"]
