@@ -144,3 +144,29 @@ def test_a_splade_starts_and_serves_on_the_shipped_config(tmp_path: Path) -> Non
     with pytest.raises(ScoringError, match="/pooling") as refused:
         asyncio.run(service.answer(WORKLOAD_NAMED["pooling"], {"input": "a"}, backend))
     assert refused.value.status_code == 400 and "sparse" in refused.value.message
+
+
+def test_a_bge_m3_starts_and_serves_on_the_shipped_config(tmp_path: Path) -> None:
+    from app.workloads import WORKLOAD_NAMED
+    from replicas.checkpoints.convert_pt import convert
+    from tests.support.bge_m3_helpers import save_bge_m3
+
+    model = save_bge_m3(tmp_path / "bge-m3")
+    convert(model)
+    service, backend = served(
+        shipped_settings(model, compilation_cache_dir=str(tmp_path / "cache"))
+    )
+    card = service.models_body()["data"][0]
+    assert card["kind"] == "hybrid" and card["outputs"] == ["vector", "tokens", "sparse"]
+    answers = {
+        "embeddings": {"input": ["alpha beta"]},
+        "pooling": {"input": ["alpha beta"]},
+        "embed_sparse": {"inputs": ["alpha beta"]},
+    }
+    for name, body in answers.items():
+        assert asyncio.run(service.answer(WORKLOAD_NAMED[name], body, backend))[0]
+    ranked = asyncio.run(service.rerank_timed({"query": "blue", "documents": ["a", "b"]}, backend))
+    assert len(ranked[0]["results"]) == 2
+    with pytest.raises(ScoringError, match="/v1/completions") as refused:
+        asyncio.run(service.answer(WORKLOAD_NAMED["completions"], {"prompt": "a"}, backend))
+    assert refused.value.status_code == 400 and "hybrid" in refused.value.message
