@@ -203,6 +203,9 @@ def written(folder: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.slow
 @RAY_SERVE
+@pytest.mark.parametrize(
+    "model", ["late", pytest.param("sparse", marks=pytest.mark.deep)], indirect=True
+)  # the sparse job: a second angle on the same command (make test-deep)
 def test_the_commands_write_each_row_once(
     serve_cluster: ServeCluster,  # noqa: F811
     model: Any,

@@ -65,8 +65,12 @@ def answers(directory: Path, quantization: str, texts: list[str]) -> np.ndarray:
 
 @pytest.mark.parametrize(
     ("kind", "family"),
-    [("colbert", "bert"), ("splade", "xlm_roberta"), ("embedder", "bert")],
-)
+    [
+        ("colbert", "bert"),
+        pytest.param("splade", "xlm_roberta", marks=pytest.mark.deep),
+        pytest.param("embedder", "bert", marks=pytest.mark.deep),
+    ],
+)  # make test keeps the ColBERT's; the others are the same projections (make test-deep)
 def test_int8_weight_keeps_every_vector_within_its_bound(
     tmp_path: Path, kind: str, family: str
 ) -> None:

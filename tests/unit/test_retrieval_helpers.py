@@ -24,6 +24,9 @@ from tests.support.retrieval_helpers import (
     splade_vectors,
 )
 
+# the fixtures' own facts; make test keeps the engine tests against the same fixtures
+pytestmark = pytest.mark.deep
+
 QUERY = "what is the blue river"
 DOCUMENTS = ["the blue river . seven stone", "red cloud of zebra", "alpha . beta . gamma"]
 MASK, DOT = (SPECIALS + WORDS).index("[MASK]"), (SPECIALS + WORDS).index(".")
