@@ -21,7 +21,7 @@ from typing import Any, cast
 import numpy as np
 
 from app.embed_inputs import CHARS_PER_TOKEN
-from app.validation import check_unicode
+from app.validation import check_item_count, check_unicode
 from replicas.contract import EmbedWork, ModelInfo, PoolingHead, check_embed_limits
 from replicas.embed_contract import LateInteraction
 from replicas.errors import Reason, ScoringError
@@ -95,6 +95,17 @@ def encode_role(
         if late.attend_expansion:
             fill = [0] * len(inputs)
     return RoleInputs(tuple(inputs), tuple(fill))
+
+
+def request_texts(value: str | Sequence[str], info: ModelInfo, param: str) -> list[str]:
+    """A request's text or texts, each non-empty valid Unicode, not more than the model
+    takes (400s naming ``param``)."""
+    texts = [value] if isinstance(value, str) else list(value)
+    if not texts:
+        raise ScoringError(Reason.EMPTY_INPUT, f"{param}: the list is empty", param)
+    check_item_count(len(texts), info)
+    check_texts(texts, param)
+    return texts
 
 
 def check_texts(texts: Sequence[str], param: str) -> None:

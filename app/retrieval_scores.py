@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from app.chunks import NO_CHUNKING, ChunkOptions, Chunks, request_chunks
+from app.embeddings import input_limit
 from app.retrieval_inputs import (
     check_texts,
     embed_work,
@@ -62,8 +63,7 @@ def pair_work(
     """The query and ``documents`` encoded in their roles, one work."""
     check_texts([query], "query")
     check_texts(documents, param)
-    head, limit = head_of(info), info.limits.max_row_tokens
-    limit = min(limit, head.max_seq_length or limit)
+    head, limit = head_of(info), input_limit(info)
     prompt = role_prompt(head, "query", instruction)
     first = encode_role(tokenizer, [query], "query", prompt, head, limit, "query", cut=False)
     docs = role_prompt(head, "document")

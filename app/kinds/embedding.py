@@ -5,6 +5,7 @@ and each item's (app.embed_scores)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,14 @@ async def embedded(
     return Vectors.checked(answer, work.num_items, dimension), timings
 
 
-def vectors_in(cohere: bool) -> Answer:
-    """/v1/embeddings (OpenAI's shape) or, with ``cohere``, /v2/embed."""
+# (what is served, the work, the replica call, timings) -> (vectors [inputs, D], timings)
+Embedded = Callable[[Served, EmbedWork, Backend, Timings], Awaitable[tuple[np.ndarray, Timings]]]
+
+
+def vectors_in(cohere: bool, vectors_of: Embedded | None = None) -> Answer:
+    """/v1/embeddings (OpenAI's shape) or, with ``cohere``, /v2/embed; ``vectors_of``: how
+    the replica's answer gives the dense vectors (None: ``embedded``)."""
+    fetch = vectors_of or embedded
 
     async def embed(served: Served, payload: Any, backend: Backend) -> Answered:
         texts: list[str] = []
@@ -37,7 +44,7 @@ def vectors_in(cohere: bool) -> Answer:
             (prepared, texts), timings = tokenized(served.embedder.prepare_cohere, payload)
         else:
             prepared, timings = tokenized(served.embedder.prepare, payload)
-        vectors, timings = await embedded(served, prepared.work, backend, timings)
+        vectors, timings = await fetch(served, prepared.work, backend, timings)
         vectors = prepared.fold(vectors)
         if cohere:
             body = cohere_body(prepared, vectors, texts, uuid.uuid4().hex, served.calibration)

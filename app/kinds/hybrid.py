@@ -7,16 +7,15 @@ weights (each token id's largest, special tokens left out), /v1/score and /v1/re
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from typing import Any
 
 import numpy as np
 
-from app.embeddings import cohere_body, openai_body
-from app.kinds.kind import Answer, KindAnswers
-from app.kinds.late_interaction import pooling_work
+from app.kinds.embedding import vectors_in
+from app.kinds.kind import KindAnswers
+from app.kinds.late_interaction import pooling_body, pooling_work
 from app.kinds.retrieval import similarity_rerank, similarity_scores
-from app.kinds.sparse import sparse_work
+from app.kinds.sparse import sparse_body, sparse_work
 from app.retrieval_inputs import head_of, lexical_weights, special_ids
 from app.served import Answered, Served, tokenized
 from app.timings import Backend, Timings, replica_answer
@@ -36,45 +35,19 @@ async def hybrid_answer(
     return HybridVectors.checked(answer, lengths, head.dimension, colbert), timings
 
 
-def dense_in(cohere: bool) -> Answer:
-    """/v1/embeddings (OpenAI's shape) or, with ``cohere``, /v2/embed: the dense vectors."""
-
-    async def embed(served: Served, payload: Any, backend: Backend) -> Answered:
-        texts: list[str] = []
-        if cohere:
-            (prepared, texts), timings = tokenized(served.embedder.prepare_cohere, payload)
-        else:
-            prepared, timings = tokenized(served.embedder.prepare, payload)
-        parts, timings = await hybrid_answer(served, prepared.work, backend, timings)
-        vectors = prepared.fold(np.stack([dense for dense, _, _ in parts]))
-        if cohere:
-            body = cohere_body(prepared, vectors, texts, uuid.uuid4().hex, served.calibration)
-            return body, timings
-        model = prepared.work.adapter or served.info.name
-        return openai_body(prepared, vectors, model, served.calibration), timings
-
-    return embed
+async def dense_vectors(
+    served: Served, work: EmbedWork, backend: Backend, timings: Timings
+) -> tuple[np.ndarray, Timings]:
+    """The dense vectors ``[inputs, D]`` of the three outputs."""
+    parts, timings = await hybrid_answer(served, work, backend, timings)
+    return np.stack([dense for dense, _, _ in parts]), timings
 
 
 async def multi_vectors(served: Served, payload: Any, backend: Backend) -> Answered:
     """/pooling: each text's multi-vector, a vector per token after [CLS]."""
-    info = served.info
-    (_, work), timings = tokenized(pooling_work, info, served.tokenizer, payload)
+    (_, work), timings = tokenized(pooling_work, served.info, served.tokenizer, payload)
     parts, timings = await hybrid_answer(served, work, backend, timings)
-    data = [
-        {"index": i, "object": "pooling", "data": vectors.tolist()}
-        for i, (_, vectors, _) in enumerate(parts)
-    ]
-    tokens = sum(len(ids) for ids in work.inputs)
-    body = {
-        "id": f"pool-{uuid.uuid4().hex}",
-        "object": "list",
-        "created": int(served.clock()),
-        "model": work.adapter or info.name,
-        "data": data,
-        "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
-    }
-    return body, timings
+    return pooling_body(served, work, [vectors for _, vectors, _ in parts]), timings
 
 
 async def lexical(served: Served, payload: Any, backend: Backend) -> Answered:
@@ -83,15 +56,10 @@ async def lexical(served: Served, payload: Any, backend: Backend) -> Answered:
     (request, work), timings = tokenized(sparse_work, served.info, tokenizer, payload)
     parts, timings = await hybrid_answer(served, work, backend, timings)
     specials = special_ids(tokenizer)
-    body = []
-    for ids, (_, _, weights) in zip(work.inputs, parts, strict=True):
-        indices, values = lexical_weights(ids, weights, specials)
-        pairs = [{"index": int(i), "value": float(v)} for i, v in zip(indices, values, strict=True)]
-        if request.return_tokens:
-            names = tokenizer.convert_ids_to_tokens(indices.tolist())
-            pairs = [{**pair, "token": name} for pair, name in zip(pairs, names, strict=True)]
-        body.append(pairs)
-    return body, timings
+    folded = [
+        lexical_weights(ids, p[2], specials) for ids, p in zip(work.inputs, parts, strict=True)
+    ]
+    return sparse_body(tokenizer, folded, request.return_tokens), timings
 
 
 KIND = KindAnswers(
@@ -99,8 +67,8 @@ KIND = KindAnswers(
     answers={
         "score": similarity_scores,
         "rerank": similarity_rerank,
-        "embeddings": dense_in(cohere=False),
-        "embed": dense_in(cohere=True),
+        "embeddings": vectors_in(cohere=False, vectors_of=dense_vectors),
+        "embed": vectors_in(cohere=True, vectors_of=dense_vectors),
         "pooling": multi_vectors,
         "embed_sparse": lexical,
     },

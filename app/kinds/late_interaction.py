@@ -9,13 +9,16 @@ import dataclasses
 import uuid
 from typing import Any
 
+import numpy as np
+
+from app.embeddings import input_limit
 from app.kinds.kind import KindAnswers
 from app.kinds.retrieval import similarity_rerank, similarity_scores
 from app.retrieval_inputs import (
-    check_texts,
     embed_work,
     encode_role,
     head_of,
+    request_texts,
     role_prompt,
     scored_tokens,
     skiplist_ids,
@@ -23,24 +26,20 @@ from app.retrieval_inputs import (
 from app.retrieval_schema import PoolingRequest
 from app.served import Answered, Served, tokenized
 from app.timings import Backend, replica_answer
-from app.validation import check_item_count, check_model_name, validate_body
+from app.validation import check_model_name, validate_body
 from replicas.answers import TokenVectors
 from replicas.contract import EmbedWork, ModelInfo
-from replicas.errors import Reason, ScoringError
 
 
 def pooling_work(info: ModelInfo, tokenizer: Any, payload: Any) -> tuple[PoolingRequest, EmbedWork]:
     """A /pooling body: its texts encoded in their ``input_type``'s role."""
     request = validate_body(payload, PoolingRequest)
     adapter = check_model_name(request.model, info)
-    texts = [request.input] if isinstance(request.input, str) else list(request.input)
-    if not texts:
-        raise ScoringError(Reason.EMPTY_INPUT, "input: the list is empty", "input")
-    check_item_count(len(texts), info)
-    check_texts(texts, "input")
+    texts = request_texts(request.input, info, "input")
     head, role = head_of(info), request.input_type
-    limit = min(info.limits.max_row_tokens, head.max_seq_length or info.limits.max_row_tokens)
-    encoded = encode_role(tokenizer, texts, role, role_prompt(head, role), head, limit, "input")
+    encoded = encode_role(
+        tokenizer, texts, role, role_prompt(head, role), head, input_limit(info), "input"
+    )
     work = dataclasses.replace(embed_work([encoded], info, "input"), adapter=adapter)
     return request, work
 
@@ -53,24 +52,25 @@ async def token_vectors(served: Served, payload: Any, backend: Backend) -> Answe
     vectors = TokenVectors.checked(answer, [len(ids) for ids in work.inputs], head.dimension)
     skip = skiplist_ids(tokenizer, head.late)
     role = request.input_type
-    data = [
-        {
-            "index": i,
-            "object": "pooling",
-            "data": scored_tokens(v, ids, role, head.late, skip).tolist(),
-        }
-        for i, (v, ids) in enumerate(zip(vectors, work.inputs, strict=True))
+    rows = [
+        scored_tokens(v, ids, role, head.late, skip)
+        for v, ids in zip(vectors, work.inputs, strict=True)
     ]
+    return pooling_body(served, work, rows), timings
+
+
+def pooling_body(served: Served, work: EmbedWork, rows: list[np.ndarray]) -> dict[str, Any]:
+    """vLLM's /pooling response: each input's token vectors ``rows[i] [tokens, D]``."""
+    data = [{"index": i, "object": "pooling", "data": row.tolist()} for i, row in enumerate(rows)]
     tokens = sum(len(ids) for ids in work.inputs)
-    body = {
+    return {
         "id": f"pool-{uuid.uuid4().hex}",
         "object": "list",
         "created": int(served.clock()),
-        "model": work.adapter or info.name,
+        "model": work.adapter or served.info.name,
         "data": data,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0},
     }
-    return body, timings
 
 
 KIND = KindAnswers(

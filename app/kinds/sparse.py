@@ -9,13 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from app.embeddings import input_limit
 from app.kinds.kind import KindAnswers
 from app.kinds.retrieval import similarity_rerank, similarity_scores
-from app.retrieval_inputs import check_texts, embed_work, encode_role, head_of, role_prompt
+from app.retrieval_inputs import embed_work, encode_role, head_of, request_texts, role_prompt
 from app.retrieval_schema import EmbedSparseRequest
 from app.served import Answered, Served, tokenized
 from app.timings import Backend, replica_answer
-from app.validation import check_item_count, check_model_name, validate_body
+from app.validation import check_model_name, validate_body
 from replicas.answers import SparseVectors
 from replicas.contract import EmbedWork, ModelInfo
 from replicas.errors import Reason, ScoringError
@@ -42,13 +43,8 @@ def sparse_work(
     """An /embed_sparse body: its texts behind their prompt, cut only with ``truncate``."""
     request = validate_body(payload, EmbedSparseRequest)
     adapter = check_model_name(request.model, info)
-    texts = [request.inputs] if isinstance(request.inputs, str) else list(request.inputs)
-    if not texts:
-        raise ScoringError(Reason.EMPTY_INPUT, "inputs: the list is empty", "inputs")
-    check_item_count(len(texts), info)
-    check_texts(texts, "inputs")
-    head = head_of(info)
-    limit = min(info.limits.max_row_tokens, head.max_seq_length or info.limits.max_row_tokens)
+    texts = request_texts(request.inputs, info, "inputs")
+    head, limit = head_of(info), input_limit(info)
     prompt, role = _prompt(info, request), request.input_type
     encoded = encode_role(tokenizer, texts, role, prompt, head, limit, "inputs", request.truncate)
     return request, dataclasses.replace(embed_work([encoded], info, "inputs"), adapter=adapter)
@@ -59,14 +55,20 @@ async def sparse_vectors(served: Served, payload: Any, backend: Backend) -> Answ
     (request, work), timings = tokenized(sparse_work, info, tokenizer, payload)
     answer, timings = await replica_answer(work, backend, timings)
     vectors = SparseVectors.checked(answer, work.num_items, head_of(info).dimension)
+    return sparse_body(tokenizer, vectors, request.return_tokens), timings
+
+
+def sparse_body(tokenizer: Any, vectors: Any, tokens: bool) -> list[list[dict[str, Any]]]:
+    """TEI's /embed_sparse response: per input its ``(indices, values)`` as ``{index,
+    value}`` pairs, with ``tokens`` each index's vocabulary token too."""
     body = []
     for indices, values in vectors:
         pairs = [{"index": int(i), "value": float(v)} for i, v in zip(indices, values, strict=True)]
-        if request.return_tokens:
-            tokens = tokenizer.convert_ids_to_tokens([int(i) for i in indices])
-            pairs = [{**pair, "token": token} for pair, token in zip(pairs, tokens, strict=True)]
+        if tokens:
+            names = tokenizer.convert_ids_to_tokens([int(i) for i in indices])
+            pairs = [{**pair, "token": name} for pair, name in zip(pairs, names, strict=True)]
         body.append(pairs)
-    return body, timings
+    return body
 
 
 KIND = KindAnswers(
