@@ -53,14 +53,20 @@ def _output(pooling: Any) -> str | None:
     return None if pooling is None else pooling.output
 
 
-EMBEDDING = ModelKind(
-    "embedding",
-    lambda head, pooling: _output(pooling) == "vector",
-    embeds=True,
-    lm_head=False,
-    pairs=False,
-    answer="vectors [inputs, dimension]",
-)
+def _embedder(name: str, output: str, answer: str) -> ModelKind:
+    """A kind whose steps embed each input alone: recognized by what its pooling embeds."""
+    return ModelKind(
+        name,
+        lambda head, pooling: _output(pooling) == output,
+        embeds=True,
+        lm_head=False,
+        pairs=False,
+        answer=answer,
+        output=output,
+    )
+
+
+EMBEDDING = _embedder("embedding", "vector", "vectors [inputs, dimension]")
 CROSS_ENCODER = ModelKind(
     "cross_encoder",
     _is_cross_encoder,
@@ -69,32 +75,16 @@ CROSS_ENCODER = ModelKind(
     pairs=True,
     answer="logits [pairs, labels]",
 )
-LATE_INTERACTION = ModelKind(
-    "late_interaction",
-    lambda head, pooling: _output(pooling) == "tokens",
-    embeds=True,
-    lm_head=False,
-    pairs=False,
-    answer="token vectors, per input [tokens, dimension]",
-    output="tokens",
+LATE_INTERACTION = _embedder(
+    "late_interaction", "tokens", "token vectors, per input [tokens, dimension]"
 )
-SPARSE = ModelKind(
-    "sparse",
-    lambda head, pooling: _output(pooling) == "sparse",
-    embeds=True,
-    lm_head=False,
-    pairs=False,
-    answer="sparse vectors, per input (indices [k], values [k]) over the vocabulary",
-    output="sparse",
+SPARSE = _embedder(
+    "sparse", "sparse", "sparse vectors, per input (indices [k], values [k]) over the vocabulary"
 )
-HYBRID = ModelKind(
+HYBRID = _embedder(
     "hybrid",
-    lambda head, pooling: _output(pooling) == "hybrid",
-    embeds=True,
-    lm_head=False,
-    pairs=False,
-    answer="per input (dense [D], multi-vector [tokens - 1, C], lexical weights [tokens])",
-    output="hybrid",
+    "hybrid",
+    "per input (dense [D], multi-vector [tokens - 1, C], lexical weights [tokens])",
 )
 SCORE_HEAD = ModelKind(
     "score_head",

@@ -14,13 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.http import build_api
-from app.service import ScoringService
 from replicas.engine.scoring_engine import ScoringEngine
 from replicas.model.errors import UnsupportedModelError
 from tests.support.embed_helpers import embed_settings
 from tests.support.encoder_helpers import save_bert_embedder, sentences
-from tests.support.http_support import ask
+from tests.support.http_support import ask, engine_api
 from tests.support.retrieval_helpers import save_colbert, save_splade
 
 
@@ -33,18 +31,8 @@ def settings_of(directory: Path, quantization: str) -> Any:
 
 def answers(directory: Path, quantization: str, texts: list[str]) -> np.ndarray:
     """Each text's output as rows: token vectors, a dense vocabulary vector, an embedding."""
-    settings = settings_of(directory, quantization)
-    engine = ScoringEngine.from_settings(settings, warm=False)
-    service = ScoringService.from_settings(settings)
-
-    async def backend(work: Any) -> Any:
-        return engine.score_batch([work])[0]
-
-    async def health() -> None:
-        return None
-
-    api = build_api(service, backend, health)
-    kind = service.info.kind
+    api, engine = engine_api(settings_of(directory, quantization), warm=False)
+    kind, vocab = engine.info.kind, engine.info.vocab_size
     path, body = {
         "late_interaction": ("/pooling", {"input": texts}),
         "sparse": ("/embed_sparse", {"inputs": texts}),
@@ -55,7 +43,7 @@ def answers(directory: Path, quantization: str, texts: list[str]) -> np.ndarray:
     if kind == "late_interaction":
         return np.concatenate([np.asarray(row["data"]) for row in reply.body["data"]])
     if kind == "sparse":
-        dense = np.zeros((len(texts), service.info.vocab_size))
+        dense = np.zeros((len(texts), vocab))
         for i, pairs in enumerate(reply.body):
             for pair in pairs:
                 dense[i, pair["index"]] = pair["value"]

@@ -15,14 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.http import build_api
 from app.service import ScoringService
 from replicas.checkpoints.convert_pt import main as convert_main
 from replicas.model.st_inputs import UnsupportedEmbeddingError
 from tests.support.bge_m3_helpers import m3_encode, m3_scores, save_bge_m3
 from tests.support.embed_helpers import embed_settings
 from tests.support.encoder_helpers import sentences
-from tests.support.http_support import Reply, ask
+from tests.support.http_support import Reply, ask, engine_api
 
 TOL = 1e-5
 
@@ -35,25 +34,15 @@ def settings_of(directory: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def m3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
-    from replicas.engine.scoring_engine import ScoringEngine
 
     directory = save_bge_m3(tmp_path_factory.mktemp("m3") / "bge-m3")
     with pytest.raises(UnsupportedEmbeddingError, match=r"replicas\.checkpoints\.convert_pt"):
         ScoringService.from_settings(settings_of(directory))
     assert convert_main([str(directory)]) == 0
     assert (directory / "colbert_linear.safetensors").is_file()
-    settings = settings_of(directory)
-    engine = ScoringEngine.from_settings(settings, warm=True)
-    service = ScoringService.from_settings(settings)
-    assert service.info.kind == "hybrid"
-
-    async def backend(work: Any) -> Any:
-        return engine.score_batch([work])[0]
-
-    async def health() -> None:
-        return None
-
-    return build_api(service, backend, health), directory
+    api, engine = engine_api(settings_of(directory))
+    assert engine.info.kind == "hybrid"
+    return api, directory
 
 
 def post(api: Any, path: str, body: Any) -> Reply:

@@ -18,12 +18,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.http import build_api
 from app.schema import ModelList
 from app.service import ScoringService
 from tests.support.embed_helpers import embed_settings
 from tests.support.encoder_helpers import sentences
-from tests.support.http_support import Reply, ask
+from tests.support.http_support import Reply, ask, engine_api
 from tests.support.retrieval_helpers import (
     colbert_scores,
     colbert_token_ids,
@@ -48,7 +47,6 @@ LONG = " ".join(["river stone . blue"] * 35)  # 140 words, 175 tokens: past 100 
 
 @pytest.fixture(scope="module", params=list(VARIANTS), ids=list(VARIANTS))
 def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple:
-    from replicas.engine.scoring_engine import ScoringEngine
 
     layout, options = VARIANTS[request.param]
     root = tmp_path_factory.mktemp("colbert")
@@ -57,16 +55,8 @@ def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     settings = embed_settings(
         directory, token_buckets=(256,), item_token_buckets=(64, 256), item_tokens_per_step=256,
     )  # fmt: skip
-    engine = ScoringEngine.from_settings(settings, warm=True)
+    api, engine = engine_api(settings)
     assert engine.info.kind == "late_interaction"
-
-    async def backend(work: Any) -> Any:
-        return engine.score_batch([work])[0]
-
-    async def health() -> None:
-        return None
-
-    api = build_api(ScoringService.from_settings(settings), backend, health)
     return api, directory
 
 

@@ -10,12 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from app.http import build_api
-from app.service import ScoringService
-from replicas.engine.scoring_engine import ScoringEngine
 from tests.support.embed_helpers import embed_settings
 from tests.support.encoder_helpers import sentences
-from tests.support.http_support import ask
+from tests.support.http_support import ask, engine_api
 from tests.support.lora_helpers import save_embedding_adapter
 from tests.support.retrieval_helpers import save_colbert
 
@@ -27,19 +24,6 @@ def settings_of(directory: Path, **changes: Any) -> Any:
         directory, token_buckets=(128,), item_token_buckets=(64, 128), item_tokens_per_step=128,
         background_compile=False, **changes,
     )  # fmt: skip
-
-
-def served(settings: Any) -> Any:
-    engine = ScoringEngine.from_settings(settings, warm=False)
-    service = ScoringService.from_settings(settings)
-
-    async def backend(work: Any) -> Any:
-        return engine.score_batch([work])[0]
-
-    async def health() -> None:
-        return None
-
-    return build_api(service, backend, health), engine
 
 
 def post(api: Any, path: str, body: Any) -> Any:
@@ -62,7 +46,7 @@ def test_a_colbert_adapter_embeds_as_multi_vector_encoder_with_peft(tmp_path: Pa
         target_modules=["query", "key", "value", "dense"],
     )  # fmt: skip
     lora = {"lora_adapters": (("tuned", str(adapter)),), "max_loras": 1, "max_lora_rank": 4}
-    api, _ = served(settings_of(directory, **lora))
+    api, _ = engine_api(settings_of(directory, **lora), warm=False)
     texts = sentences(6, 6, longest=40)
     model = MultiVectorEncoder(str(directory), device="cpu")
     base = model.encode_document(texts, convert_to_numpy=True)

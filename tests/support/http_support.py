@@ -33,3 +33,21 @@ def ask(
 
 def _no_constants(name: str) -> Any:
     raise AssertionError(f"{name} in an answer: not strict JSON")
+
+
+def engine_api(settings: Any, warm: bool = True) -> tuple[Any, Any]:
+    """The ingress's app for ``settings`` over a real engine in this process (no Ray): the
+    app and the engine, each work scored alone."""
+    from app.http import build_api
+    from app.service import ScoringService
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    engine = ScoringEngine.from_settings(settings, warm=warm)
+
+    async def backend(work: Any) -> Any:
+        return engine.score_batch([work])[0]
+
+    async def health() -> None:
+        return None
+
+    return build_api(ScoringService.from_settings(settings), backend, health), engine
