@@ -118,9 +118,11 @@ class EmbedPacking:
     def _rows_per_step(self, rows: list[Row], start: int) -> tuple[int, int]:
         """Rows of the step from ``rows[start]``, and 0 or the row length they are padded to:
         the largest batch size; an encoder's rows of one limit doubled from there while
-        there are that many and they fill at most the capacity, padded to their limit's
-        bucket (the signatures ``full_row_steps`` warms), so a step of short rows reads the
-        weights once for about a full step's tokens (a CPU's ``batch_buckets: [1]`` too)."""
+        there are that many and they would fill at most the capacity at their limit's
+        bucket, so a step of short rows reads the weights once for about a full step's
+        tokens (a CPU's ``batch_buckets: [1]`` too), each padded to the bucket of the
+        longest of them (rows of one 180-token input: ~1.05, not their limit's 256;
+        ``full_row_steps`` warms the full rows, the rest compile as traffic brings them)."""
         count = most = self.batch_sizes[-1]
         if not self.encoder:
             return count, 0
@@ -131,7 +133,10 @@ class EmbedPacking:
             same += 1
         while start + 2 * count <= same and 2 * count * full <= self.capacity:
             count *= 2
-        return count, (full if count > most else 0)
+        if count <= most:
+            return count, 0
+        longest = max(sum(len(p.tokens) for p in row) for row in rows[start : start + count])
+        return count, self._bucket(longest)
 
     def full_row_steps(self) -> list[EmbedDims]:
         """An encoder's steps of full rows (each ``row_limit``: ``ENCODER_ROW`` doubled up to
