@@ -2,7 +2,7 @@
 /v1/embeddings and /v2/embed its dense vectors (app.embeddings' bodies), /pooling its
 multi-vectors (``token_embed``: a vector per token after [CLS]), /embed_sparse its lexical
 weights (each token id's largest, special tokens left out), /v1/score and /v1/rerank its
-``colbert+sparse+dense`` score (app.retrieval_scores)."""
+``colbert+sparse+dense`` score (app.retrieval_scores; semantics 28)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A late-interaction (ColBERT) model's answers (replicas.kinds.LATE_INTERACTION): /pooling
 (vLLM's ``token_embed`` task) answers each text's scored token vectors, as
 ``MultiVectorEncoder.encode_query`` / ``encode_document`` return them; /v1/score and
-/v1/rerank answer MaxSim (app.retrieval_scores)."""
+/v1/rerank answer MaxSim (app.retrieval_scores; semantics 26)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 answers each text's non-zero vocabulary weights as ``{index, value}`` pairs (with
 ``return_tokens``, each pair's vocabulary token too), as ``SparseEncoder.encode_query`` /
 ``encode_document`` compute them; /v1/score and /v1/rerank answer the sparse dot product
-(app.retrieval_scores)."""
+(app.retrieval_scores; semantics 27)."""
 
 from __future__ import annotations
 
