@@ -134,19 +134,21 @@ async def similarities(
         ]
         return maxsim(query, documents, head.late), timings
     if head.hybrid is not None:
-        return hybrid_scores(tokenizer, work, answer, head), timings
+        return hybrid_scores(special_ids(tokenizer), work, answer, head), timings
     sparse = SparseVectors.checked(answer, work.num_items, head.dimension)
     return sparse_dots(sparse[0], sparse[1:]), timings
 
 
-def hybrid_scores(tokenizer: Any, work: EmbedWork, answer: Any, head: PoolingHead) -> np.ndarray:
+def hybrid_scores(
+    specials: frozenset[int], work: EmbedWork, answer: Any, head: PoolingHead
+) -> np.ndarray:
     """BGE-M3's ``colbert+sparse+dense`` score of each document (FlagEmbedding's
     ``compute_score``): the weighted mean of the dense dot product, the lexical weights'
-    dot product and the multi-vector score (MaxSim over the query's vectors' count)."""
+    dot product (``specials``: the tokenizer's ``special_ids``, left out) and the
+    multi-vector score (MaxSim over the query's vectors' count)."""
     hybrid = head.hybrid
     lengths = [len(ids) for ids in work.inputs]
     parts = HybridVectors.checked(answer, lengths, head.dimension, hybrid.colbert_dimension)
-    specials = special_ids(tokenizer)
     lexical = [
         lexical_weights(ids, p[2], specials) for ids, p in zip(work.inputs, parts, strict=True)
     ]

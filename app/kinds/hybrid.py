@@ -20,7 +20,7 @@ from app.retrieval_inputs import head_of, lexical_weights, special_ids
 from app.served import Answered, Served, tokenized
 from app.timings import Backend, Timings, replica_answer
 from replicas.answers import HybridVectors
-from replicas.contract import EmbedWork
+from replicas.contract import EmbedWork, PoolingHead
 
 
 async def hybrid_answer(
@@ -29,10 +29,23 @@ async def hybrid_answer(
     """The replica's three outputs per input, checked."""
     work = dataclasses.replace(work, output="hybrid")
     answer, timings = await replica_answer(work, backend, timings)
-    head = head_of(served.info)
+    return hybrid_parts(head_of(served.info), work, answer), timings
+
+
+def hybrid_parts(head: PoolingHead, work: EmbedWork, answer: Any) -> HybridVectors:
+    """The replica's answer to ``work`` as ``HybridVectors``, checked against the head's
+    dense and multi-vector widths (python -m batch reads answers with it too)."""
     lengths = [len(ids) for ids in work.inputs]
     colbert = head.hybrid.colbert_dimension
-    return HybridVectors.checked(answer, lengths, head.dimension, colbert), timings
+    return HybridVectors.checked(answer, lengths, head.dimension, colbert)
+
+
+def lexical_vectors(
+    work: EmbedWork, parts: HybridVectors, specials: frozenset[int]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """/embed_sparse's values: each input's token weights folded by token id, ``specials``
+    (``app.retrieval_inputs.special_ids``) left out."""
+    return [lexical_weights(ids, p[2], specials) for ids, p in zip(work.inputs, parts, strict=True)]
 
 
 async def dense_vectors(
@@ -55,10 +68,7 @@ async def lexical(served: Served, payload: Any, backend: Backend) -> Answered:
     tokenizer = served.tokenizer
     (request, work), timings = tokenized(sparse_work, served.info, tokenizer, payload)
     parts, timings = await hybrid_answer(served, work, backend, timings)
-    specials = special_ids(tokenizer)
-    folded = [
-        lexical_weights(ids, p[2], specials) for ids, p in zip(work.inputs, parts, strict=True)
-    ]
+    folded = lexical_vectors(work, parts, special_ids(tokenizer))
     return sparse_body(tokenizer, folded, request.return_tokens), timings
 
 
