@@ -13,10 +13,12 @@ end, then each row's vector (Matryoshka ``--dimensions`` applied) and with
 by ``embed_output``, which checks it against the model). ``finish_embed`` tallies the rows
 and drops the helper columns.
 
-On a late-interaction or sparse model (``ModelKind.output`` ``tokens`` or ``sparse``) the
-row is prepared as /pooling or /embed_sparse prepares it, in the job's ``--input-type``
-role, and answered in that output's columns (batch.retrieval): ``embedding`` (the scored
-token vectors) or ``sparse_indices`` and ``sparse_values``.
+On a late-interaction, sparse or hybrid model (``ModelKind.output`` ``tokens``, ``sparse``
+or ``hybrid``) the row is prepared as /pooling or /embed_sparse prepares it, in the job's
+``--input-type`` role, and answered in that output's columns (batch.retrieval):
+``embedding`` (the scored token vectors), or ``sparse_indices`` and ``sparse_values``, or a
+hybrid model's ``--outputs`` from its one pass (``embedding``, ``token_embeddings``, the
+sparse columns).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import pyarrow as pa
 from app.embed_chunks import Chunking, chunk_weights
 from app.embed_types import NO_CALIBRATION, Calibration, load_calibration, typed_embeddings
 from app.embeddings import check_dimensions, matryoshka
-from batch.retrieval import Retrieval, input_vectors, retrieval_of, row_columns, text_work
+from batch.retrieval import PARTS, Retrieval, input_vectors, retrieval_of, row_columns, text_work
 from batch.rows import plain
 from batch.serve_stage import ServeStage
 from batch.stages import EngineStage, PrepareRows, finish_rows, with_columns
@@ -58,6 +60,8 @@ class EmbedColumns:
     input_type: str | None = None
     """``--input-type``: a late-interaction or sparse model's role (query, document; None:
     document)."""
+    parts: tuple[str, ...] | None = None
+    """``--outputs``: a hybrid model's parts (``batch.retrieval.PARTS``; None: all)."""
 
     @property
     def outputs(self) -> tuple[str, ...]:
@@ -81,12 +85,14 @@ class EmbedOutput:
     """A late-interaction or sparse model's (batch.retrieval); None: a dense vector each."""
     role: str = "document"
     """``--input-type``: the texts' role (late interaction: which tokens are scored)."""
+    parts: tuple[str, ...] = tuple(PARTS)
+    """``--outputs``: the parts of a hybrid model's answer written."""
 
     @property
     def outputs(self) -> tuple[str, ...]:
         """The result columns: ``embedding`` and one per type, or the kind's own."""
         if self.retrieval is not None:
-            return self.retrieval.columns
+            return self.retrieval.columns_of(self.parts)
         return ("embedding", *(f"embedding_{kind}" for kind in self.types))
 
     @property
@@ -309,7 +315,7 @@ def answer_columns(
             vectors = input_vectors(pack.work, answer, output.retrieval, output.role)
             for row, value in zip(pack.rows, vectors, strict=True):
                 rows[row] = value
-        return row_columns(rows, output.retrieval)
+        return row_columns(rows, output.retrieval, output.parts)
     values, valid = vectors_of(batch.num_rows, packs, answers, info.pooling, output)
     return output_columns(values, valid, output)
 
@@ -336,6 +342,8 @@ def embed_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedOutpu
         raise SettingsError(f"model: {settings.model.name} is not an embedding model")
     if head.output != "vector":
         return retrieval_output(settings, columns)
+    if columns.parts is not None:
+        raise SettingsError("--outputs: a hybrid model's option, not this model's")
     if columns.input_type is not None:
         raise SettingsError(
             "--input-type: a late-interaction or sparse model's role; this model's prompts "
@@ -357,10 +365,12 @@ def retrieval_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedO
     """A late-interaction or sparse model's payload, its options checked: no
     ``--dimensions`` or ``--embedding-types`` (a dense vector's); on late interaction no
     ``--truncate`` or ``--prompt-name`` (/pooling cuts each text to its role's length, behind
-    its role's prompt); on a sparse model ``--truncate`` NONE or END (/embed_sparse's
-    ``truncate`` keeps the first tokens)."""
+    its role's prompt); on a sparse or hybrid model ``--truncate`` NONE or END
+    (/embed_sparse's ``truncate`` keeps the first tokens); ``--outputs`` a hybrid model's."""
     retrieval = retrieval_of(settings)
     assert retrieval is not None  # its head's output is not "vector"
+    if columns.parts is not None and retrieval.output != "hybrid":
+        raise SettingsError("--outputs: a hybrid model's option, not this model's")
     for flag, value in (("--dimensions", columns.dimensions), ("--embedding-types", columns.types)):
         if value:
             raise SettingsError(f"{flag}: a dense embedding model's option, not this model's")
@@ -374,5 +384,6 @@ def retrieval_output(settings: ReplicaSettings, columns: EmbedColumns) -> EmbedO
                 "--prompt-name: a late-interaction model's prompt is its role's (--input-type)"
             )
     elif columns.truncate not in (None, "NONE", "END"):
-        raise SettingsError(f"--truncate: NONE or END on a sparse model, got {columns.truncate}")
-    return EmbedOutput(retrieval=retrieval, role=columns.input_type or "document")
+        raise SettingsError(f"--truncate: NONE or END on this model, got {columns.truncate}")
+    role, parts = columns.input_type or "document", columns.parts or tuple(PARTS)
+    return EmbedOutput(retrieval=retrieval, role=role, parts=parts)

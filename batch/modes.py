@@ -35,7 +35,7 @@ from batch.embed_stage import (
 from batch.grouping import GroupBy
 from batch.loglik_stage import CONTINUATION, LoglikColumns, LoglikPrepare, loglik_columns
 from batch.rerank_stage import RerankColumns, RerankPrepare, RerankResults
-from batch.retrieval import retrieval_of
+from batch.retrieval import PARTS, retrieval_of
 from batch.rows import ScoreColumns
 from batch.score_stage import EngineScore, Tokenize, finish_scores
 from batch.serve_stage import ServeScore, ServeWorks
@@ -164,7 +164,7 @@ def _embed_columns(args: argparse.Namespace, adapter: str | None) -> EmbedColumn
     types = args.embedding_types or ()
     return EmbedColumns(
         args.input_column, args.id_column, args.prompt_name, args.dimensions, types,
-        args.truncate, args.input_type,
+        args.truncate, args.input_type, args.outputs,
     )  # fmt: skip
 
 
@@ -177,6 +177,14 @@ def embedding_types(text: str) -> tuple[str, ...]:
             f"{unknown or text!r}: choose from {', '.join(EMBEDDING_TYPES)}"
         )
     return kinds
+
+
+def hybrid_parts(text: str) -> tuple[str, ...]:
+    """``--outputs``: a hybrid model's parts from ``batch.retrieval.PARTS``, comma-separated."""
+    parts = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    if not parts or any(part not in PARTS for part in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(PARTS)}")
+    return parts
 
 
 def _columns_themselves(settings: ReplicaSettings, columns: Any) -> Any:
@@ -289,6 +297,13 @@ MODES: tuple[BatchMode, ...] = (
                 choices=ROLES,
                 default=None,
                 help="late-interaction and sparse models: the texts' role (default: document)",
+            ),
+            argument(
+                "--outputs",
+                type=hybrid_parts,
+                default=None,
+                help="a hybrid model's parts, comma-separated: dense (embedding), tokens "
+                "(token_embeddings), sparse (sparse_indices, sparse_values); default all",
             ),
         ),
         columns=_embed_columns,

@@ -5,9 +5,10 @@
 PromptWork (query_likelihood) as token ids, or the route's 400; on a cross-encoder by the
 route's ``prepare_pairs`` -> an EmbedWork of its (query, document) pairs (one per chunk),
 whose logits go through the model's activation (``CrossEncoder.predict``); on a
-late-interaction or sparse model by the route's ``rerank_pair_work`` -> one EmbedWork of the
-query and the document's chunks, whose relevance is their MaxSim or sparse dot product
-(``batch.retrieval.similarities``, as ``app.retrieval_scores`` reads the answer). The engine stage
+late-interaction, sparse or hybrid model by the route's ``rerank_pair_work`` -> one EmbedWork
+of the query and the document's chunks, whose relevance is their MaxSim, sparse dot product
+or ``colbert+sparse+dense`` score (``batch.retrieval.similarities``, as
+``app.retrieval_scores`` reads the answer). The engine stage
 (``batch.works.EngineWorks``, or ``ServeWorks``) packs a batch's works (yes_no: rows
 that share a query as one multi-item work, as ``score`` packs; query_likelihood: every row's
 prompt in one prompt work, whose shared blocks the engine computes once) and
@@ -85,8 +86,8 @@ class RerankPrepare(PrepareWorks):
 class RerankResults:
     """``relevance``: each scored row's relevance (null: refused), its chunks' scores
     folded by ``aggregation`` (the job's or the config's ``chunk_aggregation``); a
-    cross-encoder's logits through its ``activation`` first; a late-interaction or sparse
-    model's the similarities of its query and its chunks (``retrieval``)."""
+    cross-encoder's logits through its ``activation`` first; a late-interaction, sparse or
+    hybrid model's the similarities of its query and its chunks (``retrieval``)."""
 
     aggregation: str = "max"
     activation: str | None = None

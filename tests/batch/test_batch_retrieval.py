@@ -5,6 +5,11 @@ each row's scored token vectors (``encode_query`` / ``encode_document``: a docum
 skiplist tokens left out) or its sparse vector, ``rerank`` each (query, document) row's
 MaxSim or sparse dot product (``model.similarity``). In this process: the stages, both
 roles, a refused row. On the session's Ray cluster: each command writes every id once.
+
+On a hybrid model (a tiny BGE-M3, tests/support/bge_m3_helpers.py), in this process:
+``embed`` writes each row's dense vector, multi-vector and lexical weights from one pass,
+``rerank`` each row's ``colbert+sparse+dense`` score, as FlagEmbedding's formulas compute
+them within 1e-5.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from batch.modes import mode_named
 from batch.rerank_stage import RerankColumns, RerankPrepare
 from batch.stages import finish_rows
 from batch.works import WORK_COLUMNS, EngineWorks
+from tests.support.bge_m3_helpers import m3_encode, m3_scores, save_bge_m3
 from tests.support.embed_helpers import embed_settings
 from tests.support.retrieval_helpers import (
     colbert_scores,
@@ -128,6 +134,7 @@ def test_sparse_truncate_and_the_refused_options(model: Any) -> None:
 
     kind, directory, settings, service, engine = model
     refused = [EmbedColumns(dimensions=8), EmbedColumns(types=("int8",))]
+    refused += [EmbedColumns(parts=("dense",))]  # --outputs: a hybrid model's
     if kind == "late":
         refused += [EmbedColumns(truncate="END"), EmbedColumns(prompt_name="query")]
     else:
@@ -173,6 +180,91 @@ def test_rerank_rows_equal_the_library(model: Any) -> None:
         got = [row["relevance"] for row in out if row["query"] == query]
         assert all(row["error"] is None for row in out[q * 3 : q * 3 + 3])
         np.testing.assert_allclose(got, want, atol=TOL, rtol=TOL)
+
+
+@pytest.fixture(scope="module")
+def m3(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(directory, settings, service, engine) of a tiny BGE-M3, its heads converted."""
+    from replicas.checkpoints.convert_pt import convert
+    from replicas.engine.scoring_engine import ScoringEngine
+
+    directory = save_bge_m3(tmp_path_factory.mktemp("m3") / "bge-m3")
+    convert(directory)
+    settings = embed_settings(directory, **SHAPES)
+    service = ScoringService.from_settings(settings)
+    engine = ScoringEngine.from_settings(settings, warm=True)
+    assert engine.info.kind == "hybrid"
+    return directory, settings, service, engine
+
+
+def test_hybrid_embed_writes_the_three_outputs_of_one_pass(m3: Any) -> None:
+    """``embedding`` (the dense vector), ``token_embeddings`` (the multi-vector) and the
+    lexical weights of each row, as FlagEmbedding's ``encode``; an empty row and one past
+    the model's 120 tokens are refusals, null in every column; ``--outputs`` picks parts and
+    the dense model's options are refused."""
+    from replicas.settings import SettingsError
+
+    directory, settings, service, engine = m3
+    for refused in (EmbedColumns(dimensions=8), EmbedColumns(truncate="CHUNK")):
+        with pytest.raises(SettingsError):
+            embed_output(settings, refused)
+    rows = [{"id": f"t{n}", "text": text} for n, text in enumerate([*TEXTS, ""])]
+    columns = EmbedColumns()
+    output = embed_output(settings, columns)
+    prepared = EmbedPrepare.around(service, columns)(pa.Table.from_pylist(rows))
+    table = finish_embed(EmbedEngine.around(engine, output)(prepared))
+    names = ["embedding", "token_embeddings", "sparse_indices", "sparse_values"]
+    assert list(output.outputs) == names
+    head = engine.info.pooling
+    colbert = head.hybrid.colbert_dimension
+    assert table.schema.field("embedding").type == pa.list_(pa.float32(), head.dimension)
+    inner = pa.list_(pa.float32(), colbert)
+    assert table.schema.field("token_embeddings").type == pa.list_(inner)
+    assert table.schema.field("sparse_indices").type == pa.list_(pa.int32())
+    out = table.to_pylist()
+    refused = {"": "empty_input", TEXTS[-1]: "sequence_too_long"}
+    for row in out:
+        if row["text"] in refused:
+            assert row["error"] == refused[row["text"]]
+            assert all(row[name] is None for name in names)
+    served = [row for row in out if row["text"] not in refused]
+    reference = m3_encode(directory, [row["text"] for row in served])
+    for n, row in enumerate(served):
+        assert row["error"] is None
+        np.testing.assert_allclose(row["embedding"], reference["dense"][n], atol=TOL, rtol=0)
+        tokens = np.asarray(row["token_embeddings"], np.float32)
+        np.testing.assert_allclose(tokens, reference["colbert"][n], atol=TOL, rtol=0)
+        lexical = reference["lexical"][n]
+        assert row["sparse_indices"] == sorted(lexical)
+        want = [lexical[i] for i in sorted(lexical)]
+        np.testing.assert_allclose(row["sparse_values"], want, atol=TOL, rtol=0)
+    columns = EmbedColumns(parts=("sparse",))
+    output = embed_output(settings, columns)
+    prepared = EmbedPrepare.around(service, columns)(pa.Table.from_pylist(rows[:1]))
+    (row,) = finish_embed(EmbedEngine.around(engine, output)(prepared)).to_pylist()
+    assert list(output.outputs) == ["sparse_indices", "sparse_values"]
+    assert "embedding" not in row and "token_embeddings" not in row
+    assert row["sparse_indices"] == out[0]["sparse_indices"]
+
+
+def test_hybrid_rerank_equals_compute_score(m3: Any) -> None:
+    """Each (query, document) row's relevance: ``compute_score``'s ``colbert+sparse+dense``
+    (0.4, 0.2, 0.4), as /v1/rerank answers it."""
+    directory, settings, service, engine = m3
+    rows = [
+        {"id": f"{q}-{d}", "query": query, "document": document}
+        for q, query in enumerate(QUERIES)
+        for d, document in enumerate(DOCUMENTS)
+    ]
+    rows.append({"id": "empty", "query": "", "document": DOCUMENTS[0]})
+    mode, columns = mode_named("rerank"), RerankColumns()
+    prepared = RerankPrepare.around(service, columns)(pa.Table.from_pylist(rows))
+    scored = EngineWorks.around(engine, mode.payload(settings, columns))(prepared)
+    out = finish_rows(scored, "relevance", WORK_COLUMNS, None).to_pylist()
+    assert out[-1]["error"] is not None and out[-1]["relevance"] is None
+    for query in QUERIES:
+        got = [row["relevance"] for row in out if row["query"] == query]
+        np.testing.assert_allclose(got, m3_scores(directory, query, DOCUMENTS), atol=TOL, rtol=0)
 
 
 def job_config(directory: Path, path: Path) -> Path:
