@@ -63,7 +63,7 @@ from loadtest.bench_batch_serve import (
     warm,
 )
 from loadtest.client import Deadline, DeadlineExceeded
-from loadtest.harness import LABELS, Option, Result, Run, Workload
+from loadtest.harness import LABELS, Option, Result, Run, Workload, timed_once, timed_together
 from replicas.contract import ScoreWork
 from replicas.settings import ReplicaSettings
 
@@ -120,25 +120,21 @@ def engine_rate(rows: Rows, settings: ReplicaSettings) -> Rate:
     engine.score_batch(works[:1])
     engine.wait_for_background_compiles()
     engine.score_batch(works[:1])
-    before, start = engine.stats().as_dict(), time.perf_counter()
-    for work in works[1:]:
-        engine.score_batch([work])
-    wall, after = time.perf_counter() - start, engine.stats().as_dict()
-    items = sum(len(work.item_ids) for work in works[1:])
-    return stat_rate(items, wall, before, after, steady_items_per_s=items / wall)
+    each = lambda: [engine.score_batch([work]) for work in works[1:]]  # noqa: E731
+    timings = timed_together({"e": each}, 1, warm=0, counters=lambda: engine.stats().as_dict())
+    items, wall = sum(len(work.item_ids) for work in works[1:]), timings["e"]
+    zero = dict.fromkeys(timings.moved, 0)
+    return stat_rate(items, wall, zero, timings.moved, steady_items_per_s=items / wall)
 
 
 def transformers_rate(rows: Rows, model: Any) -> Rate:
     """(d): transformers' batched ``query + item`` rows, one batch per query, after one
     untimed batch."""
-    from loadtest.bench_common import hf_scorer
+    from loadtest.peers import hf_scorer
 
     scorers = [hf_scorer(work, model) for work in group_works(rows)]
     scorers[0]()
-    start = time.perf_counter()
-    for score in scorers:
-        score()
-    return Rate(len(rows), time.perf_counter() - start)
+    return Rate(len(rows), timed_once(lambda: [score() for score in scorers])[0])
 
 
 def batch_rate(rows: Rows, settings: ReplicaSettings, batch_size: int, group: bool) -> Rate:
@@ -202,7 +198,7 @@ class Batch:
 
     def local(self) -> None:
         """(e), (d), then (a) on a local Ray cluster, which is shut down after."""
-        from loadtest.bench_common import load_hf_model
+        from loadtest.peers import load_hf_model
 
         settings = bench_settings()
         for shape in self.shapes:

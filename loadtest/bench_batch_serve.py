@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ import yaml
 
 from loadtest.bench_batch_report import Rate, stat_rate, steady_items_per_s
 from loadtest.client import Deadline, RetryingClient, Server, score_body
-from loadtest.harness import LABELS
+from loadtest.harness import LABELS, timed_together
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVE_CONFIG = ROOT / "serve_config.yaml"
@@ -82,28 +82,46 @@ AS_SERVED = {"_system_config": {"worker_niceness": 0}}
 
 
 @contextmanager
-def served_app(
-    port: int = 8000, ready_timeout_s: float = 1800.0, model: str | None = None
-) -> Iterator[str]:
-    """The shipped app (serving ``model`` when given) on a private local Ray cluster; yields
-    its URL; stops both after."""
+def serving(port: int = 8000, ready_timeout_s: float = 1800.0) -> Iterator[Callable[[str], str]]:
+    """A private local Ray cluster for the shipped app: yields ``deploy(model)``, which
+    (re)deploys the app serving ``model`` (None: the shipped one) on ``port`` when free and
+    returns its URL once it answers /health; stops both after."""
     from ray import serve
     from ray.serve.schema import ServeDeploySchema
 
     port = port if port_is_free(port) else free_port()
+    url = f"http://127.0.0.1:{port}"  # the shipped host; loopback either way
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    started: list[bool] = []
+
+    def deploy(model: str | None) -> str:
+        start, apps = shipped_config(port, model=model)
+        if started:
+            serve.delete(APP)  # the last model's replica gone before the next loads
+        else:
+            serve.start(**start)
+            started.append(True)
+        client = serve.context._get_global_client()
+        client.deploy_apps(ServeDeploySchema.model_validate(apps), _blocking=False)
+        with Server(url, Deadline.after(ready_timeout_s + 60)) as server:
+            server.wait_healthy(ready_timeout_s)
+        return url
+
     with local_cluster(SERVE_CLUSTER_CPUS, runtime_env={"env_vars": env}, **AS_SERVED):
         try:
-            start, apps = shipped_config(port, model=model)
-            serve.start(**start)
-            client = serve.context._get_global_client()
-            client.deploy_apps(ServeDeploySchema.model_validate(apps), _blocking=False)
-            url = f"http://127.0.0.1:{port}"  # the shipped host; loopback either way
-            with Server(url, Deadline.after(ready_timeout_s + 60)) as server:
-                server.wait_healthy(ready_timeout_s)
-            yield url
+            yield deploy
         finally:
             serve.shutdown()
+
+
+@contextmanager
+def served_app(
+    port: int = 8000, ready_timeout_s: float = 1800.0, model: str | None = None
+) -> Iterator[str]:
+    """The shipped app (serving ``model`` when given) on a private local Ray cluster
+    (:func:`serving`); yields its URL; stops both after."""
+    with serving(port, ready_timeout_s) as deploy:
+        yield deploy(model)
 
 
 def warm(url: str, bodies: Sequence[bytes]) -> None:
@@ -165,9 +183,10 @@ def serve_batch_rate(url: str, rows: list[dict[str, Any]], settings: Any, batch_
 
 
 def timed_job(rows: list[dict[str, Any]], settings: Any, options: Any) -> tuple[Any, list, float]:
-    """``batch.score_dataset`` over ``rows`` with ``options``, consumed by the driver: the
-    job's Summary (every row scored, else RuntimeError), each output block's arrival and the
-    wall seconds from the first read to the last row."""
+    """``batch.score_dataset`` over ``rows`` with ``options``, consumed by the driver and
+    timed once (harness.timed_together): the job's Summary (every row scored, else
+    RuntimeError), each output block's arrival and the wall seconds from the first read to
+    the last row."""
     import ray
     import ray.data
 
@@ -177,12 +196,14 @@ def timed_job(rows: list[dict[str, Any]], settings: Any, options: Any) -> tuple[
     from batch.summary import Summary, Tally
 
     tally = ray.remote(Tally).options(num_cpus=0).remote()
-    start = time.perf_counter()
-    ds = score_dataset(
-        ray.data.from_items(rows), settings, ScoreColumns(LABELS), options, keep=(), tally=tally
-    )
-    marks = arrivals(ds)
-    wall = time.perf_counter() - start
+
+    def job() -> tuple[Any, list]:
+        source = ray.data.from_items(rows)
+        ds = score_dataset(source, settings, ScoreColumns(LABELS), options, keep=(), tally=tally)
+        return ds, arrivals(ds)
+
+    timings = timed_together({"job": job}, 1, warm=0)
+    (ds, marks), wall = timings.last["job"], timings["job"]
     summary = Summary.from_totals(ray.get(tally.totals.remote()) | shuffle_cost(ds), wall)
     check_complete(summary, len(rows))
     return summary, marks, wall

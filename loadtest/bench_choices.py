@@ -18,14 +18,13 @@ lengths compiles the shapes first; the timed questions share no tokens with it.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from loadtest.harness import MODEL, Option, Result, Run, col, table
+from loadtest.harness import MODEL, Option, Result, Run, col, table, timed_once
 from loadtest.harness import Workload as Declared
 
 Pair = tuple[tuple[int, ...], tuple[int, ...]]  # (context, continuation) token ids
@@ -69,11 +68,8 @@ def continuation_logliks(pairs: Sequence[Pair], token_logprobs: Sequence[Sequenc
 
 def run_pass(load: Questions, run: Runner) -> tuple[float, list[Any]]:
     """Seconds for every request in order, and each prompt's echoed token log-probs."""
-    out: list[Any] = []
-    start = time.perf_counter()
-    for request in load.requests:
-        out += run([list(ctx + cont) for ctx, cont in request])
-    return time.perf_counter() - start, out
+    prompts = [[list(ctx + cont) for ctx, cont in request] for request in load.requests]
+    return timed_once(lambda: [lp for request in prompts for lp in run(request)])
 
 
 def engine_runners() -> dict[str, tuple[Runner, Callable[[], dict]]]:
@@ -123,7 +119,7 @@ def lm_eval_hf_runner() -> Callable[[Sequence[Pair]], list[float]]:
     """lm-eval's ``hf`` model on the same weights: its own batching and sorting."""
     from lm_eval.models.huggingface import HFLM
 
-    from loadtest.bench_common import load_hf_model
+    from loadtest.peers import load_hf_model
     from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
 
     tokenizer = load_tokenizer(resolve_model_source(MODEL))
@@ -185,9 +181,7 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     if o.hf:
         hf_run = lm_eval_hf_runner()
         hf_run(warm.pairs[:8])
-        start = time.perf_counter()
-        logliks = hf_run(timed.pairs)
-        seconds = time.perf_counter() - start
+        seconds, logliks = timed_once(lambda: hf_run(timed.pairs))
         hf = {"mode": "lm-eval hf (transformers)", "seconds": seconds, "logliks": logliks,
               "choices_per_s": len(timed.pairs) / seconds}  # fmt: skip
         rows.append(hf)

@@ -1,18 +1,19 @@
 """Pieces the engine benchmarks share: the shipped settings, the RFC-008 work, random-weight
-checkpoints, engines over one loaded model, the matmul peak, the transformers baseline.
+checkpoints, engines over one loaded model and their calls, the matmul peak (the baselines
+beside them: loadtest.peers).
 Imports nothing heavy at module level."""
 
 from __future__ import annotations
 
-import os
-import time
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loadtest.harness import LABELS, MODEL, ROOT, timed
+from loadtest.harness import LABELS, ROOT, timed_together
+from loadtest.peers import load_hf_model  # noqa: F401  (tests/conftest.py reads it here)
 from replicas.contract import ScoreWork
 
 SERVE_CONFIG = ROOT / "serve_config.yaml"
@@ -29,14 +30,21 @@ def make_work(
     return ScoreWork(query, tuple(ids(item_len) for _ in range(num_items)), tuple(labels))
 
 
-def config_settings(config: Path = SERVE_CONFIG) -> Any:
-    """The replica settings of ``config``'s first application (its args), as written."""
+def config_settings(config: Path = SERVE_CONFIG, **changes: Any) -> Any:
+    """The replica settings of ``config``'s first application (its args, as written, with
+    ``changes``)."""
     import yaml
 
     from replicas.settings import ReplicaSettings
 
     (app, *_) = yaml.safe_load(config.read_text())["applications"]
-    return ReplicaSettings.from_mapping(app["args"])
+    return ReplicaSettings.from_mapping({**app["args"], **changes})
+
+
+def settings_for(model_dir: Path, work_dir: Path) -> Any:
+    """The shipped serve_config.yaml's settings with only ``model`` changed (its compilation
+    cache in ``work_dir``)."""
+    return config_settings(model=str(model_dir), compilation_cache_dir=str(work_dir / "cache"))
 
 
 def shipped_settings(config: Path = SERVE_CONFIG) -> Any:
@@ -49,14 +57,28 @@ def shipped_settings(config: Path = SERVE_CONFIG) -> Any:
     )
 
 
-def timed_steady(engine: Any, works: Sequence[ScoreWork], repeats: int, warm: int = 1) -> float:
-    """Median seconds of ``score_batch(works)`` once its own signature is compiled: a shape
-    that a compiled signature covers compiles in the background when it recurs, so two
-    untimed calls first (and ``warm`` more)."""
-    engine.score_batch(works)
-    engine.score_batch(works)
+def compiled(engine: Any, works: Sequence[Any]) -> Callable[[], Any]:
+    """``engine.score_batch(works)`` once its own signature is compiled: a shape that a
+    compiled signature covers compiles in the background when it recurs, so two untimed
+    calls first."""
+    call = partial(engine.score_batch, list(works))
+    call(), call()
     engine.wait_for_background_compiles()
-    return timed(lambda: engine.score_batch(works), repeats, warm)
+    return call
+
+
+def contenders(built: Mapping[str, Any], works: Sequence[Any]) -> dict[str, Callable[[], Any]]:
+    """Each engine of ``built`` scoring ``works``, compiled first (:func:`compiled`)."""
+    return {name: compiled(engine, works) for name, engine in built.items()}
+
+
+def diff(answers: Mapping[str, Any], a: str, b: str) -> float | None:
+    """The largest |difference| between two contenders' answers (an engine's list of arrays
+    joined); None when one did not run."""
+    if a not in answers or b not in answers:
+        return None
+    joined = [np.concatenate(v) if isinstance(v, list) else v for v in (answers[a], answers[b])]
+    return float(np.abs(joined[0] - joined[1]).max())
 
 
 def random_checkpoint(
@@ -114,52 +136,7 @@ def matmul_peak_flops(sizes: tuple[int, ...] = (512, 1024, 1536, 2048), repeats:
     import jax.numpy as jnp
 
     matmul = jax.jit(lambda x, y: x @ y)
-    best = 0.0
-    for size in sizes:
-        a = jnp.ones((size, size), jnp.float32)
-        matmul(a, a).block_until_ready()
-        for _ in range(repeats):
-            start = time.perf_counter()
-            matmul(a, a).block_until_ready()
-            best = max(best, 2 * size**3 / (time.perf_counter() - start))
-    return best
-
-
-def load_hf_model(name: str = MODEL) -> Any:
-    """transformers fp32 causal LM of ``name``'s local weights; torch uses every core."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from replicas.checkpoints.sources import resolve_model_source
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    source = resolve_model_source(name)
-    return AutoModelForCausalLM.from_pretrained(
-        str(source.directory), dtype=torch.float32, **source.transformers_kwargs()
-    ).eval()
-
-
-def hf_scorer(
-    works: ScoreWork | Sequence[ScoreWork], model: Any | None = None
-) -> Callable[[], np.ndarray]:
-    """transformers batched single-item scoring of the same weights on the torch device.
-
-    Rows are ``query + item`` of every work; returns a function computing
-    ``[items, labels]`` log-probs. ``model``: a model from :func:`load_hf_model` or
-    :func:`random_checkpoint` (SmolLM2 loaded here when omitted).
-    """
-    import torch
-
-    works = [works] if isinstance(works, ScoreWork) else list(works)
-    model = load_hf_model() if model is None else model
-    device = model.device
-    rows = [w.query_ids + item for w in works for item in w.item_ids]
-    tokens = torch.tensor(rows, device=device)
-    labels = torch.tensor(works[0].label_ids, device=device)
-
-    def score() -> np.ndarray:
-        with torch.inference_mode():
-            logits = model(tokens, logits_to_keep=1).logits[:, -1].float()
-            return torch.log_softmax(logits, -1)[:, labels].cpu().numpy()
-
-    return score
+    ones = {size: jnp.ones((size, size), jnp.float32) for size in sizes}
+    calls = {str(n): lambda a=a: matmul(a, a).block_until_ready() for n, a in ones.items()}
+    seconds = timed_together(calls, repeats)
+    return max(2 * size**3 / seconds.best(str(size)) for size in sizes)

@@ -19,14 +19,14 @@ import argparse
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loadtest.harness import Option, Result, Run, Workload, col, table
+from loadtest import peers
+from loadtest.harness import Option, Result, Run, Workload, col, table, timed_once, timed_together
 
 WORDS = ("alpha", "river", "stone", "cloud", "seven", "blue", "green", "house", "light", "water")
 
@@ -65,44 +65,60 @@ def corpus(count: int, low: int, high: int, seed: int = 0) -> list[str]:
     return [" ".join(rng.choice(WORDS, n)) for n in lengths]
 
 
-def served_seconds(
-    model_dir: Path, texts: list[str], args: argparse.Namespace
-) -> tuple[float, int, dict[str, float]]:
-    """Wall seconds of the shipped app embedding ``texts`` over HTTP (requests of
-    ``args.per_request`` texts, ``args.concurrency`` in flight, each 503 sent again after its
-    Retry-After, as a client does) after one untimed round; the 503s retried; and how far
-    the run moved the replica's counters (``/v1/stats``)."""
-    from loadtest.bench_batch_serve import served_app, stats
-    from loadtest.client import RetryingClient
-
-    step = args.per_request
-    bodies = [
-        json.dumps({"input": texts[i : i + step]}).encode() for i in range(0, len(texts), step)
-    ]
-    with served_app(args.port, model=str(model_dir)) as url:
-        client = RetryingClient(url, args.concurrency, 600.0, route="/v1/embeddings")
-        try:
-            client.run(bodies[: args.concurrency])  # untimed: the first steps
-            before = stats(url)
-            seconds, retried = client.run(bodies)
-            after = stats(url)
-            return seconds, retried, {k: after[k] - before[k] for k in (*COUNTERS, "steps")}
-        finally:
-            client.close()
-
-
 COUNTERS = (
     "engine_seconds", "computed_tokens", "useful_tokens", "request_path_compiles",
     "background_compiles",
 )  # fmt: skip
 
 
+def input_bodies(texts: list[str], step: int) -> list[bytes]:
+    """/v1/embeddings bodies of ``step`` texts each."""
+    return [json.dumps({"input": texts[i : i + step]}).encode() for i in range(0, len(texts), step)]
+
+
+STEADY_PASSES = 3  # timed passes after the first, at most, to reach one that compiles nothing
+
+
+def served_passes(
+    model_dir: Path, route: str, bodies: list[bytes], concurrency: int, port: int,
+    beside: Callable[[], tuple[float, dict]] | None = None, steady: int = STEADY_PASSES,
+) -> dict[str, Any]:  # fmt: skip
+    """The shipped app serving ``model_dir``: ``bodies`` posted to ``route`` in timed passes
+    (``concurrency`` in flight, 503s retried after Retry-After), each with how far it moved
+    the replica's counters: the first after one untimed round of ``concurrency`` bodies
+    (``served``), then more until one compiles nothing in the background (traffic's shapes
+    compile once they recur), at most ``steady`` (``served2``; ``served2_pass``: which
+    pass it was). ``beside``: an in-process engine pass of the same work, timed just before
+    each served pass (``served_engine_s``, ``served2_engine_s``), so the ratio does not span
+    the minutes in which the machine's speed moves."""
+    from loadtest.bench_batch_serve import served_app, stats
+    from loadtest.client import RetryingClient
+
+    out: dict[str, Any] = {}
+    with served_app(port, model=str(model_dir)) as url:
+        client = RetryingClient(url, concurrency, 600.0, route=route)
+        try:
+            client.run(bodies[:concurrency])  # untimed: the first steps
+            for n in range(1 + steady):
+                name = "served" if n == 0 else "served2"
+                if beside is not None:
+                    out[f"{name}_engine_s"] = beside()[0]
+                before = stats(url)
+                out[f"{name}_s"], out[f"{name}_retried"] = client.run(bodies)
+                after = stats(url)
+                moved = {k: after[k] - before[k] for k in (*COUNTERS, "steps")}
+                out[f"{name}_moved"], out[f"{name}_pass"] = moved, n + 1
+                if n > 0 and not moved["background_compiles"]:
+                    break
+        finally:
+            client.close()
+    return out
+
+
 def counted(engine: Any, call: Callable[[], Any]) -> tuple[Any, float, dict[str, float]]:
     """``call()``'s result, its wall seconds and how far it moved the engine's counters."""
-    before, start = engine.stats().as_dict(), time.perf_counter()
-    result = call()
-    seconds, after = time.perf_counter() - start, engine.stats().as_dict()
-    return result, seconds, {name: after[name] - before[name] for name in COUNTERS}
+    timings = timed_together({"call": call}, 1, warm=0, counters=lambda: engine.stats().as_dict())
+    return timings.last["call"], timings["call"], {k: timings.moved[k] for k in COUNTERS}
 
 
 def padding(moved: dict[str, float]) -> float:
@@ -115,7 +131,6 @@ def in_process(
     """The engine, the batch job's stages and sentence-transformers, one after another;
     ``keep_engine``: also ``again``, which times one more engine pass (seconds, counters)."""
     import pyarrow as pa
-    from sentence_transformers import SentenceTransformer
 
     from app.service import ScoringService
     from batch.embed_stage import EmbedColumns, EmbedEngine, EmbedPrepare, finish_embed
@@ -123,9 +138,7 @@ def in_process(
     from replicas.engine.scoring_engine import ScoringEngine
 
     service = ScoringService.from_settings(settings)
-    start = time.perf_counter()
-    engine = ScoringEngine.from_settings(settings)
-    warm_s = time.perf_counter() - start
+    warm_s, engine = timed_once(lambda: ScoringEngine.from_settings(settings))
     work = service.embedder.text_work(texts, None)
     step = engine.info.limits.max_items_per_request
     works = [EmbedWork(work.inputs[i : i + step]) for i in range(0, len(work.inputs), step)]
@@ -138,11 +151,7 @@ def in_process(
         finish_embed(EmbedEngine.around(engine)(prepared), None)
 
     _, batch_s, batch_moved = counted(engine, batch_job)
-    st_model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
-    st_model.encode(texts[:8], convert_to_numpy=True)
-    start = time.perf_counter()
-    reference = st_model.encode(texts, batch_size=32, convert_to_numpy=True)
-    st_s = time.perf_counter() - start
+    st_s, reference = timed_once(peers.st_encode(model_dir, texts))
     kept = {"again": lambda: counted(engine, lambda: engine.score_batch(works))[1:]}
     return (kept if keep_engine else {}) | {
         "tokens": sum(len(ids) for ids in work.inputs), "warm_s": warm_s,
@@ -155,25 +164,22 @@ def in_process(
 
 def embed_all(args: argparse.Namespace) -> dict[str, Any]:
     import torch
-    import yaml
 
+    from loadtest.bench_common import settings_for
     from replicas.checkpoints.sources import load_tokenizer, resolve_model_source
-    from replicas.settings import ReplicaSettings
 
     torch.set_num_threads(os.cpu_count() or 1)
     work_dir = Path(tempfile.mkdtemp(prefix="bench-embed-"))
     tokenizer_dir = work_dir / "tokenizer"
     load_tokenizer(resolve_model_source("SmolLM2-135M-Instruct")).save_pretrained(tokenizer_dir)
     model_dir = save_model(work_dir / "model", args.layers, tokenizer_dir)
-    (app,) = yaml.safe_load(Path("serve_config.yaml").read_text())["applications"]
-    settings = ReplicaSettings.from_mapping(
-        {**app["args"], "model": str(model_dir), "compilation_cache_dir": str(work_dir / "cache")}
-    )
+    settings = settings_for(model_dir, work_dir)
     texts = corpus(args.texts, args.min_tokens, args.max_tokens)
     r = in_process(settings, texts, model_dir)  # its engine is gone before the app starts
     del r["reference"]
     print({k: v for k, v in r.items() if not k.endswith("_moved")}, flush=True)
-    r["served_s"], r["served_retried"], r["served_moved"] = served_seconds(model_dir, texts, args)
+    bodies = input_bodies(texts, args.per_request)
+    r |= served_passes(model_dir, "/v1/embeddings", bodies, args.concurrency, args.port, steady=0)
     r |= {"texts": len(texts), "layers": args.layers}
     for path in ("engine", "batch", "st", "served"):
         r[path] = r["tokens"] / r[f"{path}_s"]

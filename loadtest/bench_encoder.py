@@ -27,16 +27,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loadtest.bench_embed import COUNTERS, counted, padding
+from loadtest import peers
+from loadtest.bench_common import settings_for
+from loadtest.bench_embed import counted, input_bodies, padding, served_passes
 from loadtest.encoder_models import (
     SHAPES,
     Shape,
@@ -45,10 +44,7 @@ from loadtest.encoder_models import (
     save_embedder,
     text_of,
 )
-from loadtest.harness import Option, Result, Run, Workload, col, table
-
-INFINITY = Path(".venv-infinity/bin/python")
-RUNNER = Path(__file__).with_name("infinity_runner.py")
+from loadtest.harness import Option, Result, Run, Workload, col, table, timed_once
 
 
 def shape_of(o: argparse.Namespace) -> tuple[Shape, int]:
@@ -81,30 +77,6 @@ def longest(shape: Shape) -> int:
     return 512 if shape.family != "bert" else shape.max_seq_length * 3 // 4
 
 
-def infinity(job: dict[str, Any], python: str, work_dir: Path) -> dict[str, Any] | None:
-    """Infinity's answer to ``job`` (loadtest/infinity_runner.py), None without its venv."""
-    if not python or not Path(python).exists():
-        return None
-    job_path, out_path = work_dir / "infinity-job.json", work_dir / "infinity-out.json"
-    job_path.write_text(json.dumps(job))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "INFINITY_ANONYMOUS_USAGE_STATS": "0"}
-    subprocess.run([python, str(RUNNER), str(job_path), str(out_path)], check=True, env=env)
-    return json.loads(out_path.read_text())
-
-
-def settings_for(model_dir: Path, work_dir: Path) -> Any:
-    """The shipped serve_config.yaml's settings with only ``model`` changed."""
-    import yaml
-
-    from replicas.settings import ReplicaSettings
-
-    (app,) = yaml.safe_load(Path("serve_config.yaml").read_text())["applications"]
-    cache = str(work_dir / "cache")
-    return ReplicaSettings.from_mapping(
-        {**app["args"], "model": str(model_dir), "compilation_cache_dir": cache}
-    )
-
-
 def embed_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     from loadtest.bench_embed import in_process
 
@@ -117,59 +89,17 @@ def embed_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     reference, again = np.asarray(r.pop("reference")), r.pop("again")
     job = {"model": str(for_old_sentence_transformers(model_dir)), "kind": "embed",
            "texts": texts, "batch_size": 32}  # fmt: skip
-    answer = infinity(job, o.infinity, work_dir)
+    answer = peers.infinity(job, o.infinity, work_dir)
     if answer is not None:
         r["infinity_s"], r["infinity_version"] = answer["seconds"], answer["version"]
         r["infinity_diff"] = float(np.abs(np.asarray(answer["outputs"]) - reference).max())
-    step = o.per_request
-    bodies = [json.dumps({"input": texts[i : i + step]}).encode() for i in range(0, o.texts, step)]
+    bodies = input_bodies(texts, o.per_request)
     passes = served_passes(model_dir, "/v1/embeddings", bodies, o.concurrency, o.port, again)
     return r | passes
 
 
-STEADY_PASSES = 3  # timed passes after the first, at most, to reach one that compiles nothing
-
-
-def served_passes(
-    model_dir: Path, route: str, bodies: list[bytes], concurrency: int, port: int,
-    beside: Callable[[], tuple[float, dict]] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    """The shipped app serving ``model_dir``: ``bodies`` posted to ``route`` in timed passes
-    (``concurrency`` in flight, 503s retried after Retry-After), each with how far it moved
-    the replica's counters: the first after one untimed round of ``concurrency`` bodies
-    (``served``), then more until one compiles nothing in the background (traffic's shapes
-    compile once they recur), at most ``STEADY_PASSES`` (``served2``; ``served2_pass``: which
-    pass it was). ``beside``: an in-process engine pass of the same work, timed just before
-    each served pass (``served_engine_s``, ``served2_engine_s``), so the ratio does not span
-    the minutes in which the machine's speed moves."""
-    from loadtest.bench_batch_serve import served_app, stats
-    from loadtest.client import RetryingClient
-
-    out: dict[str, Any] = {}
-    with served_app(port, model=str(model_dir)) as url:
-        client = RetryingClient(url, concurrency, 600.0, route=route)
-        try:
-            client.run(bodies[:concurrency])  # untimed: the first steps
-            for n in range(1 + STEADY_PASSES):
-                name = "served" if n == 0 else "served2"
-                if beside is not None:
-                    out[f"{name}_engine_s"] = beside()[0]
-                before = stats(url)
-                out[f"{name}_s"], out[f"{name}_retried"] = client.run(bodies)
-                after = stats(url)
-                moved = {k: after[k] - before[k] for k in (*COUNTERS, "steps")}
-                out[f"{name}_moved"], out[f"{name}_pass"] = moved, n + 1
-                if n > 0 and not moved["background_compiles"]:
-                    break
-        finally:
-            client.close()
-    return out
-
-
 def rerank_in_process(settings: Any, query: str, docs: list[str], model_dir: Path) -> dict:
     """The engine (the pairs as the app encodes them, one packed call) and CrossEncoder."""
-    from sentence_transformers import CrossEncoder
-
     from app.cross_encoder import activated, encode_pairs
     from app.service import ScoringService
     from replicas.engine.scoring_engine import ScoringEngine
@@ -180,11 +110,7 @@ def rerank_in_process(settings: Any, query: str, docs: list[str], model_dir: Pat
     engine.score_batch([type(work)(work.inputs[:8], second_starts=work.second_starts[:8])])
     (logits,), engine_s, moved = counted(engine, lambda: engine.score_batch([work]))
     scores = activated(np.asarray(logits), "sigmoid")[:, 0]
-    model = CrossEncoder(str(model_dir), device="cpu", local_files_only=True)
-    model.predict([(query, doc) for doc in docs[:8]])
-    start = time.perf_counter()
-    reference = np.asarray(model.predict([(query, doc) for doc in docs], batch_size=32))
-    st_s = time.perf_counter() - start
+    st_s, reference = timed_once(peers.cross_encoder(model_dir, [(query, doc) for doc in docs]))
     return {
         "tokens": sum(len(ids) for ids in work.inputs), "engine_s": engine_s,
         "engine_moved": moved, "st_s": st_s, "reference": reference,
@@ -202,7 +128,7 @@ def rerank_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     reference = r.pop("reference")
     job = {"model": str(model_dir), "kind": "rerank", "query": query, "docs": docs,
            "batch_size": 32}  # fmt: skip
-    answer = infinity(job, o.infinity, work_dir)
+    answer = peers.infinity(job, o.infinity, work_dir)
     if answer is not None:
         r["infinity_s"], r["infinity_version"] = answer["seconds"], answer["version"]
         r["infinity_diff"] = float(np.abs(np.asarray(answer["outputs"]) - reference).max())
@@ -322,7 +248,7 @@ WORKLOAD = Workload(
         # shipped admission's 5 s bound (max_queue_wait_s); 8 overran it (43-87 503s).
         Option("--concurrency", 4, "embed: served requests in flight"),
         Option("--port", 8000, "the served app's (if free)"),
-        Option("--infinity", str(INFINITY), "Infinity's interpreter ('' to skip)"),
+        Option("--infinity", str(peers.INFINITY), "Infinity's interpreter ('' to skip)"),
     ),
     measure=measure,
 )  # fmt: skip

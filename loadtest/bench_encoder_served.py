@@ -31,9 +31,20 @@ from typing import Any
 
 import numpy as np
 
+from loadtest import peers
+from loadtest.bench_embed import input_bodies
 from loadtest.client import header_seconds
 from loadtest.encoder_models import SHAPES, save_embedder, text_of
-from loadtest.harness import JSON_HEADERS, Option, Result, Run, Workload, col, table
+from loadtest.harness import (
+    JSON_HEADERS,
+    Option,
+    Result,
+    Run,
+    Workload,
+    col,
+    table,
+    timed_together,
+)
 
 HEADERS = ("x-tokenization-time", "x-queue-time", "x-inference-time", "x-total-time")
 WARM_ROUNDS = 5  # untimed rounds at most: 2, then more until one compiles nothing
@@ -43,7 +54,8 @@ COUNTED = ("batches", "works", "steps", "engine_seconds", "computed_tokens", "us
 
 class TimedClient:
     """``concurrency`` threads posting bodies to ``route``, each 503 sent again after its
-    Retry-After; every 200's seconds and timing headers are kept (``samples``)."""
+    Retry-After; ``post`` and ``run`` return every 200's seconds and timing headers (``last``:
+    the last 200)."""
 
     def __init__(self, url: str, route: str, concurrency: int) -> None:
         import httpx
@@ -51,8 +63,7 @@ class TimedClient:
         self._url, self._concurrency = f"{url}{route}", concurrency
         limits = httpx.Limits(max_connections=concurrency)
         self._client = httpx.Client(timeout=600.0, limits=limits)
-        self.samples: list[dict[str, float]] = []
-        self.retried = 0
+        self.retried, self.last = 0, None
 
     def close(self) -> None:
         self._client.close()
@@ -63,6 +74,7 @@ class TimedClient:
             response = self._client.post(self._url, content=body, headers=JSON_HEADERS)
             seconds = time.perf_counter() - start
             if response.status_code == 200:
+                self.last = response
                 sample = {h: header_seconds(response.headers.get(h)) or 0.0 for h in HEADERS}
                 return sample | {"client": seconds}
             if response.status_code != 503:
@@ -82,11 +94,9 @@ def corpus(o: argparse.Namespace) -> list[str]:
 
 
 def measure_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
-    from sentence_transformers import SentenceTransformer
-
     from app.service import ScoringService
     from loadtest.bench_batch_serve import served_app, stats
-    from loadtest.bench_encoder import settings_for
+    from loadtest.bench_common import settings_for
     from replicas.engine.scoring_engine import ScoringEngine
 
     shape = SHAPES[o.shape]
@@ -97,53 +107,39 @@ def measure_paths(o: argparse.Namespace, work_dir: Path) -> dict[str, Any]:
     service = ScoringService.from_settings(settings)
     works = [service.embedder.text_work(group, None) for group in groups]
     engine = ScoringEngine.from_settings(settings)
-    st = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
-    bodies = [json.dumps({"input": group}).encode() for group in groups]
-    answers: dict[str, Any] = {}
+    st = peers.st_encode(model_dir, texts, o.per_request)
+    bodies = input_bodies(texts, o.per_request)
+    headers: list[dict[str, float]] = []
     with served_app(o.port, model=str(model_dir)) as url:
         client = TimedClient(url, "/v1/embeddings", o.concurrency)
-
-        def served() -> list[dict[str, float]]:
-            return client.run(bodies)
-
         calls = {
-            "served": served,
+            "served": lambda: headers.extend(client.run(bodies)),
             "engine": lambda: engine.score_batch(works),
             "engine_each": lambda: [engine.score_batch([work])[0] for work in works],
-            "st": lambda: st.encode(texts, batch_size=o.per_request, convert_to_numpy=True),
+            "st": st,
         }
+        engine_stats = lambda: {f"engine {k}": v for k, v in engine.stats().as_dict().items()}  # noqa: E731
         try:
             for n in range(WARM_ROUNDS):  # untimed: until traffic's shapes are compiled
                 compiled = stats(url)["background_compiles"]
-                for name, fn in calls.items():
-                    answers[name] = fn()
+                timed_together(calls, 1, warm=0)
                 if n >= 1 and stats(url)["background_compiles"] == compiled:
                     break
-            client.samples.clear()
-            before, engine_before = stats(url), engine.stats().as_dict()
-            samples: dict[str, list[float]] = {name: [] for name in calls}
-            headers: list[dict[str, float]] = []
-            for _ in range(o.rounds):
-                for name, fn in calls.items():
-                    start = time.perf_counter()
-                    answer = fn()
-                    samples[name].append(time.perf_counter() - start)
-                    if name == "served":
-                        headers += answer
-            after, engine_after = stats(url), engine.stats().as_dict()
+            headers.clear()
+            counters = lambda: stats(url) | engine_stats()  # noqa: E731
+            seconds = timed_together(calls, o.rounds, warm=0, counters=counters)
         finally:
             client.close()
-    moved = {k: (after[k] - before[k]) / o.rounds for k in COUNTED}
-    engine_moved = {k: (engine_after[k] - engine_before[k]) / o.rounds for k in COUNTED[2:]}
-    reference = answers["st"]
-    vectors = np.concatenate(answers["engine"])
+    moved = {k: seconds.moved[k] / o.rounds for k in COUNTED}
+    engine_moved = {k: seconds.moved[f"engine {k}"] / o.rounds for k in COUNTED[2:]}
+    vectors = np.concatenate(seconds.last["engine"])
     return {
-        "seconds": {name: statistics.median(v) for name, v in samples.items()},
-        "samples": samples, "moved": moved, "engine_moved": engine_moved,
+        "seconds": dict(seconds), "samples": {k: list(v) for k, v in seconds.samples.items()},
+        "moved": moved, "engine_moved": engine_moved,
         "headers": {h: statistics.mean(s[h] for s in headers) for h in (*HEADERS, "client")},
         "retried": client.retried, "tokens": sum(len(ids) for w in works for ids in w.inputs),
         "words": sum(len(t.split()) for t in texts),
-        "diff": float(np.abs(vectors - reference).max()),
+        "diff": float(np.abs(vectors - seconds.last["st"]).max()),
     }  # fmt: skip
 
 

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from loadtest import bench_common as common
+from loadtest import peers
 from loadtest.harness import (
     Option,
     Result,
@@ -53,40 +51,9 @@ def layouts(shipped: Any, names: tuple[str, ...]) -> dict[str, Any]:
     return {name: every[name] for name in names}
 
 
-def timed_round(
-    built: Mapping[str, Any],
-    works: Sequence[Any],
-    others: Mapping[str, Callable[[], Any]],
-    rounds: int,
-    warm: int = 1,
-) -> tuple[dict[str, float], dict[str, Any], dict[str, dict[str, float]]]:
-    """Every engine of ``built`` on ``works`` and every call of ``others`` (the baselines),
-    timed in turn (``timed_together``: ``warm`` untimed rounds, then ``rounds``) once each
-    engine's own signature is compiled (a covered shape compiles in the background when it
-    recurs: two untimed calls each first). Seconds and last answers by name (an engine's
-    concatenated over the works), and how far each engine's counters moved in the rounds."""
-    calls = {name: partial(engine.score_batch, list(works)) for name, engine in built.items()}
-    for name, engine in built.items():
-        calls[name](), calls[name]()
-        engine.wait_for_background_compiles()
-    answers: dict[str, Any] = {}
-    before = {name: engine.stats().as_dict() for name, engine in built.items()}
-    seconds = timed_together({**calls, **others}, rounds, warm, last=answers)
-    after = {name: engine.stats().as_dict() for name, engine in built.items()}
-    tokens = ("computed_tokens", "useful_tokens")
-    moved = {name: {k: after[name][k] - before[name][k] for k in tokens} for name in built}
-    scores = {k: np.concatenate(v) if k in built else v for k, v in answers.items()}
-    return seconds, scores, moved
-
-
 def baseline(work: Any, hf_model: Any) -> dict[str, Callable[[], Any]]:
     """transformers' batched single-item scoring of ``work`` (none without ``hf_model``)."""
-    return {} if hf_model is None else {"transformers": common.hf_scorer(work, hf_model)}
-
-
-def diff(scores: dict, a: str, b: str) -> float | None:
-    """The largest |difference| between two contenders' scores (None: one did not run)."""
-    return float(np.abs(scores[a] - scores[b]).max()) if a in scores and b in scores else None
+    return {} if hf_model is None else {"transformers": peers.hf_scorer(work, hf_model)}
 
 
 ENGINE_COLUMNS = (
@@ -107,14 +74,16 @@ def engine_row(
 
     work = common.make_work(n, o.query_tokens, o.item_tokens)
     rounds = 1 if n >= 100 else o.repeats
-    seconds, scores, moved = timed_round(built, [work], baseline(work, hf), rounds)
-    padding = moved["shared_prefix"]["computed_tokens"] / moved["shared_prefix"]["useful_tokens"]
-    hf_s = seconds.get("transformers")
+    counters = built["shared_prefix"].stats().as_dict
+    calls = {**common.contenders(built, [work]), **baseline(work, hf)}
+    seconds = timed_together(calls, rounds, counters=counters)
+    padding = seconds.moved["computed_tokens"] / seconds.moved["useful_tokens"]
+    hf_s, scores = seconds.get("transformers"), seconds.last
     single, multi, packed = (seconds[k] for k in LAYOUTS)
     flops = multi_item_flops(config, o.query_tokens, [o.item_tokens] * n)
     return (n, single, multi, packed, hf_s, single / multi, ratio(hf_s, multi), single / packed,
-            flops / multi / peak, padding, diff(scores, "shared_prefix", "single"),
-            diff(scores, "transformers", "single"))  # fmt: skip
+            flops / multi / peak, padding, common.diff(scores, "shared_prefix", "single"),
+            common.diff(scores, "transformers", "single"))  # fmt: skip
 
 
 def measure_engine(o: argparse.Namespace, run: Run) -> list[Result]:
@@ -123,7 +92,7 @@ def measure_engine(o: argparse.Namespace, run: Run) -> list[Result]:
     shipped = common.shipped_settings()
     built, loaded = common.build_engines(shipped, layouts(shipped, LAYOUTS), common.MODEL)
     peak = common.matmul_peak_flops()
-    hf = common.load_hf_model() if o.hf else None
+    hf = peers.load_hf_model() if o.hf else None
     rows = []
     for n in counts(o.items):
         rows.append(engine_row(n, o, built, hf, loaded.config, peak))
@@ -160,12 +129,13 @@ def family_rows(o: argparse.Namespace, directory: Path, run: Run) -> list[tuple]
         work = common.make_work(n, o.query_tokens, o.item_tokens)
         rounds = 1 if n >= 100 else o.repeats
         hf = baseline(work, hf_model if o.hf else None)
-        seconds, scores, _ = timed_round(built, [work], hf, rounds)
+        seconds = timed_together({**common.contenders(built, [work]), **hf}, rounds)
+        scores = seconds.last
         single, multi = seconds["single"], seconds["shared_prefix"]
         hf_s = seconds.get("transformers")
         rows.append((n, single, multi, hf_s, single / multi, ratio(hf_s, multi),
-                     diff(scores, "shared_prefix", "single"),
-                     diff(scores, "transformers", "single")))  # fmt: skip
+                     common.diff(scores, "shared_prefix", "single"),
+                     common.diff(scores, "transformers", "single")))  # fmt: skip
         run.say(f"{n} items: {rows[-1]}")
     return rows
 

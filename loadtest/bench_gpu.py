@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from loadtest import bench_common as common
-from loadtest.bench_engine import diff, timed_round
-from loadtest.harness import Option, Result, Run, Workload, col, counts, table
+from loadtest import peers
+from loadtest.harness import Option, Result, Run, Workload, col, counts, table, timed_together
 from replicas.model.catalog import HF_CONFIGS
 from replicas.model.flops import multi_item_flops, single_item_flops
 
@@ -84,12 +84,13 @@ def run_batches(args: argparse.Namespace, run: Run) -> list[dict]:
         row: dict = {"batch": batch, "items": batch * args.items, "peak": peak}
         single = batch <= args.single_max_batch
         built = {k: e for k, e in engines.items() if single or not k.startswith("single")}
-        score = common.hf_scorer(works, torch_model)
+        score = peers.hf_scorer(works, torch_model)
         score(), score()  # each call returns host numpy
-        seconds, scores, _ = timed_round(built, works, {"torch": score}, args.repeats, warm=0)
+        calls = {**common.contenders(built, works), "torch": score}
+        seconds = timed_together(calls, args.repeats, warm=0)
         row |= seconds
-        row["diff_multi_torch"] = diff(scores, "multi", "torch")
-        row["diff_multi_single"] = diff(scores, "multi", "single")
+        row["diff_multi_torch"] = common.diff(seconds.last, "multi", "torch")
+        row["diff_multi_single"] = common.diff(seconds.last, "multi", "single")
         lens = [args.item_tokens] * args.items
         row["mfu"] = batch * multi_item_flops(config, args.query_tokens, lens) / row["multi"] / peak
         row["torch_mfu"] = (

@@ -19,12 +19,16 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from loadtest.bench_common import build_engines, make_work, random_checkpoint, shipped_settings
-from loadtest.bench_engine import diff, timed_round
-from loadtest.harness import Option, Result, Run, Workload, col, counts, table
-from replicas.contract import ScoreWork
+from loadtest import peers
+from loadtest.bench_common import (
+    build_engines,
+    contenders,
+    diff,
+    make_work,
+    random_checkpoint,
+    shipped_settings,
+)
+from loadtest.harness import Option, Result, Run, Workload, col, counts, table, timed_together
 from replicas.model.catalog import HF_CONFIGS
 
 SHAPE = "Qwen3-0.6B"
@@ -34,19 +38,6 @@ def reward_shape(layers: int) -> dict[str, Any]:
     """Qwen3-0.6B's config as a one-label seq-cls model of ``layers`` decoder layers."""
     return {**HF_CONFIGS[SHAPE], "num_labels": 1, "pad_token_id": 0, "num_hidden_layers": layers,
             "architectures": ["Qwen3ForSequenceClassification"]}  # fmt: skip
-
-
-def hf_rewards(model: Any, work: ScoreWork) -> Any:
-    """transformers' batched scoring of the N conversations (equal lengths: no padding)."""
-    import torch
-
-    rows = torch.tensor([work.query_ids + item for item in work.item_ids])
-
-    def score() -> np.ndarray:
-        with torch.no_grad():
-            return model(input_ids=rows).logits.float().numpy()  # [N, 1]
-
-    return score
 
 
 def run_sizes(
@@ -61,11 +52,12 @@ def run_sizes(
     rows = []
     for n in responses:
         work = make_work(n, prompt_len, response_len, labels=(0,))  # the head's one output
-        hf = hf_rewards(hf_model, work)
+        hf = peers.hf_rewards(hf_model, work)
         if n < 64:
             hf()  # at 64 transformers runs without a warm-up
-        seconds, scores, _ = timed_round(engines, [work], {"transformers": hf},
-                                         1 if n >= 64 else repeats, warm=0)  # fmt: skip
+        calls = {**contenders(engines, [work]), "transformers": hf}
+        seconds = timed_together(calls, 1 if n >= 64 else repeats, warm=0)
+        scores = seconds.last
         row: dict = {"responses": n, **seconds}
         row["parity"] = diff(scores, "multi", "single")
         row["hf_diff"] = diff(scores, "transformers", "multi")

@@ -28,7 +28,6 @@ import asyncio
 import logging
 import statistics
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -40,17 +39,6 @@ QUERY = "Is Paris the capital of France? Answer:"  # loadtest.bench_small's smal
 ITEMS = ["", " not"]
 SMALL = {"query": QUERY, "items": ITEMS, "label_token_ids": list(LABELS)}
 HEADERS = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
-
-
-def paused(fn: Callable[[], Any], pause_s: float) -> Callable[[], Any]:
-    """``fn`` after ``pause_s`` idle seconds (sleeping before the clock starts is not
-    possible inside timed_together, so the pause is timed too and taken off afterwards)."""
-
-    def call() -> Any:
-        time.sleep(pause_s)
-        return fn()
-
-    return call
 
 
 def split(replies: list[tuple[float, httpx.Headers]]) -> dict[str, float]:
@@ -89,22 +77,18 @@ def in_process_ingress(repeats: int) -> dict[str, float]:
     service = ScoringService.from_settings(shipped_settings(), None)
     api = build_api(service, replica, healthy, set_request_id=False)
 
-    async def medians() -> dict[str, float]:
-        transport = httpx.ASGITransport(app=api)
-        async with httpx.AsyncClient(transport=transport, base_url="http://ingress") as client:
-            calls = {
-                "models": lambda: client.get("/v1/models"),
-                "score": lambda: client.post("/v1/score", json=SMALL),
-            }
-            times: dict[str, list[float]] = {name: [] for name in calls}
-            for _ in range(repeats + 5):
-                for name, call in calls.items():
-                    start = time.perf_counter()
-                    (await call()).raise_for_status()
-                    times[name].append((time.perf_counter() - start) * 1e3)
-            return {name: statistics.median(ts[5:]) for name, ts in times.items()}
-
-    return asyncio.run(medians())
+    loop = asyncio.new_event_loop()
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://ingress")
+    ok = lambda reply: loop.run_until_complete(reply).raise_for_status()  # noqa: E731
+    calls = {
+        "models": lambda: ok(client.get("/v1/models")),
+        "score": lambda: ok(client.post("/v1/score", json=SMALL)),
+    }
+    try:  # each request one turn of the loop (its turn timed with it)
+        return {name: s * 1e3 for name, s in timed_together(calls, repeats, warm=5).items()}
+    finally:
+        loop.run_until_complete(client.aclose())
+        loop.close()
 
 
 def served(url: str, repeats: int, pause_s: float, floor: bool) -> dict[str, Any]:
@@ -125,9 +109,8 @@ def served(url: str, repeats: int, pause_s: float, floor: bool) -> dict[str, Any
         if floor:
             calls["floor constant"] = lambda: client.get("/hop-floor/constant").raise_for_status()
             calls["floor handle"] = lambda: client.get("/hop-floor/handle").raise_for_status()
-        timed = {name: paused(fn, pause_s) for name, fn in calls.items()}
-        seconds = timed_together(timed, repeats, warm=3, shuffle=True)
-    routes = {name: (s - pause_s) * 1e3 for name, s in seconds.items()}
+        seconds = timed_together(calls, repeats, warm=3, shuffle=True, pause_s=pause_s)
+    routes = {name: s * 1e3 for name, s in seconds.items()}
     return {"routes": routes, "split": split(replies[-repeats:])}
 
 

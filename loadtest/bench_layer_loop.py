@@ -13,19 +13,27 @@ their scores are bit-identical.
 from __future__ import annotations
 
 import argparse
-import time
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from loadtest.harness import Option, Result, Run, Workload, col, table, timed_together
+from loadtest.harness import Option, Result, Run, Workload, col, table, timed_once, timed_together
 
 WIDTHS = (16, 32, 64, 128, 256)
 LOOPS = ("scan", "unrolled", "auto")
 
 
+def warmed(loaded: Any, settings: Any) -> Any:
+    from loadtest.bench_small import engine_for
+
+    engine = engine_for(loaded, settings)
+    engine.warmup()
+    return engine
+
+
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
-    from loadtest.bench_small import engine_for, shipped_small
+    from loadtest.bench_small import shipped_small
     from loadtest.harness import LABELS
     from replicas.contract import ScoreWork
     from replicas.model.layer_loop import SMALL_STEP_TOKENS
@@ -34,10 +42,10 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     engines, warm = {}, {}
     for loop in LOOPS:
         run.say(f"warm-up, layer_loop: {loop}")
-        start = time.perf_counter()
-        engines[loop] = engine_for(loaded, settings.replace(layer_loop=loop))
-        engines[loop].warmup()
-        warm[loop] = (time.perf_counter() - start, engines[loop].compile_count)
+        seconds, engines[loop] = timed_once(
+            partial(warmed, loaded, settings.replace(layer_loop=loop))
+        )
+        warm[loop] = (seconds, engines[loop].compile_count)
     rows, identical = [], True
     for width in WIDTHS:
         run.say(f"fused steps of {width} tokens")

@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from loadtest import bench_llamacpp
+from loadtest import peers
 from loadtest.bench_serve_report import ID_RANGE
 from loadtest.client import Deadline, Server, score_body
-from loadtest.harness import LABELS, Option, Result, Run, Workload, col, ratio, table
+from loadtest.harness import Option, Result, Run, Workload, col, ratio, table, timed_together
 
 SHAPES = (("9-token query, 2 items", 9, 2, 1), ("300-token query, 10 items", 300, 10, 10),
           ("300-token query, 100 items", 300, 100, 10))  # fmt: skip
@@ -59,28 +58,16 @@ def work_ids(rng: np.random.Generator, query: int, items: int, item_tokens: int)
 def one_turn(server: Server, llama, shape, r: int, rng: np.random.Generator) -> Turn:
     name, query_n, items_n, item_tokens = shape
     query, items = work_ids(rng, query_n, items_n, item_tokens)
-    body = score_body(query, items)
-    before: dict = {}
-    after: dict = {}
-
-    def served() -> float:
-        before.update(server.stats())
-        wall = server.score(body)
-        after.update(server.stats())
-        return wall
-
-    def local() -> float:
-        start = time.perf_counter()
-        llama.shared(query, items, LABELS)
-        return time.perf_counter() - start
-
-    calls: list[Callable[[], float]] = [served] + ([local] if llama is not None else [])
-    if r % 2:
-        calls.reverse()
-    times = {fn.__name__: fn() for fn in calls}
-    grown = lambda key: int(after.get(key, 0) - before.get(key, 0))  # noqa: E731
+    calls = {"served": lambda: server.score(score_body(query, items))}
+    if llama is not None:
+        calls["local"] = lambda: llama.shared(query, items)
+    if r % 2:  # alternating which goes first
+        calls = dict(reversed(calls.items()))
+    times = timed_together(calls, 1, warm=0, counters=server.stats)
+    grown = lambda key: int(times.moved.get(key, 0))  # noqa: E731
+    pending = int(server.stats().get("background_pending", 0))
     return Turn(name, r, times["served"], times.get("local"), grown("request_path_compiles"),
-                grown("background_compiles"), int(after.get("background_pending", 0)))  # fmt: skip
+                grown("background_compiles"), pending)  # fmt: skip
 
 
 def drive(server: Server, llama, rounds: int, seed: int) -> list[Turn]:
@@ -115,7 +102,7 @@ ROUNDS = (
 
 
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
-    llama = bench_llamacpp.scorer()
+    llama = peers.llama_cpp()
     deadline = Deadline.after(o.health_timeout_s + 3600)
     with Server(o.url or "http://127.0.0.1:8000", deadline) as server:
         server.wait_healthy(o.health_timeout_s)
@@ -131,7 +118,7 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         "llama.cpp: llama-cpp-python in this process, Q4_1 GGUF, the query once and its KV "
         "cache kept across the items"
         if llama is not None
-        else bench_llamacpp.NOT_INSTALLED,
+        else peers.NOT_INSTALLED,
         f"compiles during the run: {sum(t.request_path for t in turns)} on the request path, "
         f"{sum(t.background for t in turns)} in the background",
     )

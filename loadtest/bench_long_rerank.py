@@ -25,7 +25,6 @@ the shipped config says 32768) and, with ``limit_to_warmup``, envelopes of chunk
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from loadtest.harness import Option, Result, Run, Workload, col, counts, table
+from loadtest.harness import Option, Result, Run, Workload, col, counts, table, timed_together
 from loadtest.rerank_quality import relevance_set
 
 ANSWER = " The treaty that ended the long war was signed in the harbour town of Zanzibar."
@@ -142,30 +141,17 @@ def measure_clients(options: argparse.Namespace) -> tuple[str, list[tuple], dict
     limits = httpx.Limits(max_connections=max(counts(options.concurrency)) + 1)
     with httpx.Client(base_url=url, timeout=3600, limits=limits) as client:
         method = client.get("/v1/models").json()["data"][0]["rerank_method"]
-        runs = {name: _timed(call, options.repeats) for name, call in
-                clients(client, documents, chunks, options).items()}  # fmt: skip
-    reference = runs["chunked (one request)"][1]
-    first = f"per-chunk requests, {counts(options.concurrency)[0]} at a time"
-    slowest = statistics.median(runs[first][0])
+        seconds = timed_together(clients(client, documents, chunks, options), options.repeats)
+    reference = seconds.last["chunked (one request)"][0]
+    slowest = seconds[f"per-chunk requests, {counts(options.concurrency)[0]} at a time"]
     rows = []
-    for name, (seconds, relevance, requests, tokens, retried) in runs.items():
-        median = statistics.median(seconds)
+    for name, (relevance, requests, tokens, retried) in seconds.last.items():
+        median = seconds[name]
         diff = float(np.max(np.abs(relevance - reference)))
         rows.append((name, requests, retried, len(chunks.texts), median,
                      len(chunks.texts) / median, slowest / median, tokens, diff))  # fmt: skip
     facts = {"method": method, "top": int(np.argmax(reference)), "chunks": len(chunks.texts)}
     return method, rows, facts
-
-
-def _timed(call: Callable[[], Answer], repeats: int) -> tuple:
-    call()  # untimed: the shapes compile
-    seconds, answer = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        answer = call()
-        seconds.append(time.perf_counter() - start)
-    assert answer is not None
-    return seconds, *answer
 
 
 COLUMNS = (
@@ -185,8 +171,8 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         f"query, chunks of {o.chunk_tokens} tokens: {facts['chunks']} chunks; the answer sits "
         f"past the first chunk of document 2, ranked first: {facts['top'] == 2}",
         f"per-chunk requests: {o.concurrency} at a time (`vs per-chunk`: against the first); "
-        f"one untimed run of each client first, "
-        f"then the median of {o.repeats}; tokens: the answers' `usage.total_tokens`; a 503 "
+        f"one untimed run of each client first, then the median of {o.repeats} rounds, each "
+        "client once a round in turn; tokens: the answers' `usage.total_tokens`; a 503 "
         "`overloaded` (the server's bound on a request's wait) is sent again after its "
         "Retry-After, its wait counted in the client's time",
         "target: chunked >= 5x the per-chunk client",

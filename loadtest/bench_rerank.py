@@ -13,12 +13,13 @@ cached prefix; one untimed request of each size runs first.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
-import time
+from functools import partial
 
 import httpx
 
-from loadtest.harness import Option, Result, Run, Workload, col, counts, table
+from loadtest.harness import Option, Result, Run, Workload, col, counts, table, timed_together
 from loadtest.rerank_quality import relevance_set
 
 
@@ -28,33 +29,28 @@ def documents(tag: int, count: int) -> list[str]:
     return [f"{tag}. {pool[(tag * 7 + i) % len(pool)]}" for i in range(count)]
 
 
-def timed_rerank(client: httpx.Client, query: str, docs: list[str]) -> tuple[float, int]:
-    """Seconds and the model's tokens (usage) of one /v1/rerank."""
-    start = time.perf_counter()
-    reply = client.post("/v1/rerank", json={"query": query, "documents": docs})
-    seconds = time.perf_counter() - start
-    reply.raise_for_status()
-    body = reply.json()
-    assert len(body["results"]) == len(docs)
-    return seconds, int(body["usage"]["total_tokens"])
-
-
 def measure_sizes(url: str, sizes: list[int], repeats: int) -> tuple[str, list[tuple]]:
-    """The served method and one table row per size."""
+    """The served method and one table row per size: every size once a round in turn, each
+    request with a fresh tag, after one untimed round (shapes recur)."""
     queries = [judged.query for judged in relevance_set()]
+    tags, tokens = itertools.count(1000), {size: [] for size in sizes}
     with httpx.Client(base_url=url, timeout=600) as client:
         method = client.get("/v1/models").json()["data"][0]["rerank_method"]
-        rows, tag = [], 1000
-        for size in sizes:
-            timed_rerank(client, queries[-1], documents(tag, size))  # untimed: shapes recur
-            runs = []
-            for k in range(repeats):
-                tag += 1
-                runs.append(timed_rerank(client, queries[k % len(queries)], documents(tag, size)))
-            median = statistics.median(seconds for seconds, _ in runs)
-            tokens = statistics.median(t for _, t in runs)
-            rows.append((f"`{method}`", size, repeats, median, size / median, tokens))
-    return method, rows
+
+        def rerank(size: int) -> None:
+            tag = next(tags)
+            body = {"query": queries[tag % len(queries)], "documents": documents(tag, size)}
+            reply = client.post("/v1/rerank", json=body).raise_for_status().json()
+            assert len(reply["results"]) == size
+            tokens[size].append(int(reply["usage"]["total_tokens"]))
+
+        calls = {str(size): partial(rerank, size) for size in sizes}
+        seconds = timed_together(calls, repeats)
+    return method, [
+        (f"`{method}`", size, repeats, seconds[str(size)], size / seconds[str(size)],
+         statistics.median(tokens[size][1:]))
+        for size in sizes
+    ]  # fmt: skip
 
 
 COLUMNS = (
@@ -70,7 +66,8 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         f"against `make serve` with `rerank_method: {method}`; SmolLM2-135M-Instruct, float32",
         "each request: its own query and documents of the relevance set (10-20 tokens), a "
         "per-request number in front of each, so nothing is read from another request's cached "
-        "prefix; one untimed request of each size first; one request at a time",
+        "prefix; one untimed request of each size first, then rounds of one request of each size "
+        "in turn; one request at a time",
         "tokens / request: the request's `usage.total_tokens`: query_likelihood's prompts "
         "(document + query), yes_no's query + document rows as `/v1/score` counts them",
     )

@@ -33,18 +33,17 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from loadtest.bench_encoder_served import HEADERS
-from loadtest.client import header_seconds
+from loadtest import peers
+from loadtest.bench_batch_serve import serving
+from loadtest.bench_encoder_served import TimedClient
 from loadtest.encoder_models import ENGLISH, SHAPES
 from loadtest.harness import (
-    JSON_HEADERS,
     Option,
     Result,
     Run,
@@ -53,6 +52,7 @@ from loadtest.harness import (
     counts,
     ratio,
     table,
+    timed,
     timed_together,
 )
 
@@ -107,86 +107,6 @@ def sparse_dense(rows: list[list[dict[str, float]]], width: int) -> np.ndarray:
     return dense
 
 
-class Served:
-    """One route's body posted in turn; its answers and timing headers kept."""
-
-    def __init__(self, url: str, route: str, body: bytes) -> None:
-        import httpx
-
-        self._http = httpx.Client(timeout=600.0)
-        self._url, self._body = f"{url}{route}", body
-        self.headers: list[dict[str, float]] = []
-        self.answer: Any = None
-
-    def __call__(self) -> Any:
-        start = time.perf_counter()
-        response = self._http.post(self._url, content=self._body, headers=JSON_HEADERS)
-        seconds = time.perf_counter() - start
-        if response.status_code != 200:
-            raise RuntimeError(f"{self._url}: HTTP {response.status_code} {response.text}")
-        sample = {h: header_seconds(response.headers.get(h)) or 0.0 for h in HEADERS}
-        self.headers.append(sample | {"client": seconds})
-        self.answer = response.json()
-        return self.answer
-
-    def close(self) -> None:
-        self._http.close()
-
-
-@contextmanager
-def serving(port: int) -> Iterator[Callable[[str], str]]:
-    """loadtest.bench_batch_serve.served_app's private cluster and shipped app, started once:
-    yields ``deploy(model)``, which (re)deploys the app serving ``model`` and returns its URL
-    once it answers /health."""
-    from ray import serve
-    from ray.serve.schema import ServeDeploySchema
-
-    from loadtest.bench_batch_serve import (
-        APP,
-        AS_SERVED,
-        ROOT,
-        SERVE_CLUSTER_CPUS,
-        free_port,
-        local_cluster,
-        port_is_free,
-        shipped_config,
-    )  # fmt: skip
-    from loadtest.client import Deadline, Server
-
-    port = port if port_is_free(port) else free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    started: list[bool] = []
-
-    def deploy(model: str) -> str:
-        start, apps = shipped_config(port, model=model)
-        if not started:
-            serve.start(**start)
-            started.append(True)
-        else:
-            serve.delete(APP)  # the last model's replica gone before the next loads
-        client = serve.context._get_global_client()
-        client.deploy_apps(ServeDeploySchema.model_validate(apps), _blocking=False)
-        with Server(url, Deadline.after(READY_S + 60)) as server:
-            server.wait_healthy(READY_S)
-        return url
-
-    with local_cluster(SERVE_CLUSTER_CPUS, runtime_env={"env_vars": env}, **AS_SERVED):
-        try:
-            yield deploy
-        finally:
-            serve.shutdown()
-
-
-def library_call(kind: str, model: Any, texts: list[str], batch_size: int) -> Any:
-    """Late: the scores, the query's and the documents' vectors; sparse: the documents'."""
-    if kind == "late":
-        query = model.encode_query([QUERY], batch_size=batch_size)
-        docs = model.encode_document(texts, batch_size=batch_size)
-        return np.asarray(model.similarity(query, docs))[0], query, docs
-    return model.encode_document(texts, batch_size=batch_size)
-
-
 def maxsim_alone(query: Any, docs: list[Any], repeats: int = 5) -> float:
     """Seconds of the ingress's MaxSim (app.retrieval_inputs.maxsim) on the library's vectors."""
     from threadpoolctl import threadpool_limits
@@ -196,57 +116,42 @@ def maxsim_alone(query: Any, docs: list[Any], repeats: int = 5) -> float:
 
     q, d = np.asarray(query), [np.asarray(v) for v in docs]
     late = LateInteraction(query_length=len(q))
-    times = []
     with threadpool_limits(1):  # as the ingress runs it: Ray's workers get OMP_NUM_THREADS=1
-        for _ in range(repeats):
-            start = time.perf_counter()
-            maxsim(q, d, late)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        return timed(lambda: maxsim(q, d, late), repeats, warm=0)
 
 
 def measure_one(
     kind: str, layers: int, o: argparse.Namespace, run: Run, work_dir: Path,
     deploy: Callable[[str], str],
 ) -> dict[str, Any]:  # fmt: skip
-    from sentence_transformers import MultiVectorEncoder, SparseEncoder
-
     from loadtest.bench_batch_serve import stats
 
     texts = documents(o)
     model_dir = save_model(kind, o, layers, work_dir)
     run.say(f"{kind}, {layers} layers: saved {model_dir}")
-    library = (MultiVectorEncoder if kind == "late" else SparseEncoder)(
-        str(model_dir), device="cpu", local_files_only=True
-    )
+    library, library_call = peers.retrieval_library(kind, model_dir, QUERY, texts, o.batch_size)
     tokens = sum(len(ids) for ids in library.tokenizer(texts)["input_ids"])
     if kind == "late":
         route, body = "/v1/rerank", {"query": QUERY, "documents": texts}
     else:
         route, body = "/embed_sparse", {"inputs": texts, "input_type": "document"}
     url = deploy(str(model_dir))
-    served = Served(url, route, json.dumps(body).encode())
+    client, encoded, samples = TimedClient(url, route, 1), json.dumps(body).encode(), []
     try:
         run.say(f"{kind}, {layers} layers: serving at {url}")
         for _ in range(WARM_ROUNDS):  # untimed: until one compiles and declines nothing
             ahead = stats(url)
-            served()
+            client.post(encoded)
             behind = stats(url)
             if all(ahead.get(k, 0) == behind.get(k, 0) for k in WARM_COUNTED):
                 break
-        library_call(kind, library, texts[:8], o.batch_size)  # untimed
-        served.headers.clear()
-        before = stats(url)
-        last: dict[str, Any] = {}
-        calls = {
-            "served": served,
-            "library": lambda: library_call(kind, library, texts, o.batch_size),
-        }
-        seconds = timed_together(calls, o.rounds, warm=0, last=last, shuffle=True)
-        after = stats(url)
+        calls = {"served": lambda: samples.append(client.post(encoded)), "library": library_call}
+        timings = timed_together(calls, o.rounds, warm=0, shuffle=True, counters=lambda: stats(url))
+        last = {"served": client.last.json(), "library": timings.last["library"]}
     finally:
-        served.close()
-    moved = {k: (after[k] - before[k]) / o.rounds for k in COUNTED}
+        client.close()
+    moved = {k: timings.moved[k] / o.rounds for k in COUNTED}
+    seconds = dict(timings)
     reference = last["library"]
     if kind == "late":
         scores, query, docs = reference
@@ -262,7 +167,7 @@ def measure_one(
         diff = float(np.abs(got - dense).max())
         alone, answer_mb = None, None
         active = float((dense > 0).sum(axis=1).mean())
-    headers = {h: statistics.mean(s[h] for s in served.headers) for h in served.headers[0]}
+    headers = {h: statistics.mean(s[h] for s in samples) for h in samples[0]}
     run.say(f"{kind}, {layers} layers: {json.dumps({'seconds': seconds, 'moved': moved})}")
     return {
         "kind": kind, "layers": layers, "seconds": seconds, "moved": moved, "headers": headers,
@@ -356,7 +261,7 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     layer_counts = [2] if o.shape == "tiny" else counts(o.layers)
     kinds = [k for k in o.kinds.split(",") if k]
     results: list[dict[str, Any]] = []
-    with serving(o.port) as deploy:
+    with serving(o.port, READY_S) as deploy:
         for layers in layer_counts:
             for kind in kinds:
                 results.append(measure_one(kind, layers, o, run, work_dir, deploy))

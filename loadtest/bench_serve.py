@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from loadtest.bench_common import hf_scorer, load_hf_model, matmul_peak_flops
+from loadtest.bench_common import matmul_peak_flops
 from loadtest.bench_serve_report import (
     CACHE_ITEMS,
     COLUMNS,
@@ -39,6 +39,7 @@ from loadtest.bench_serve_report import (
 from loadtest.client import Deadline, DeadlineExceeded, ScoreFailed, Server, score_body
 from loadtest.harness import LABELS, MODEL, Option, Result, Run, counts, table, timed
 from loadtest.harness import Workload as Workload_
+from loadtest.peers import hf_scorer, load_hf_model
 from replicas.contract import ScoreWork
 from replicas.model.config import ModelConfig
 from replicas.model.flops import multi_item_flops

@@ -16,10 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -27,7 +24,7 @@ import numpy as np
 
 from loadtest.bench_llamacpp_served import SHAPES, work_ids
 from loadtest.client import Deadline, Server, score_body
-from loadtest.harness import Option, Result, Run, Workload, col, table
+from loadtest.harness import JSON_HEADERS, Option, Result, Run, Workload, col, table, timed_together
 
 RERANK = "/v1/rerank, 10 documents"
 WORDS = ("river", "stone", "blue", "garden", "night", "paper", "window", "cloud", "salt")
@@ -39,32 +36,27 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     servers = [Endpoint(Server(url, deadline), httpx.Client(timeout=300.0), url) for url in urls]
     for server in servers:
         server.server.wait_healthy(o.health_timeout_s)
-    rng, order = np.random.default_rng(0), random.Random(0)
-    times: dict[tuple[str, str], list[float]] = {}
-    for r in range(o.warm + o.rounds):
-        run.say(f"round {r + 1} of {o.warm + o.rounds}{' (warm)' if r < o.warm else ''}")
-        for shape, send in workloads(rng):
-            turns = list(zip(names, servers, strict=True))
-            order.shuffle(turns)
-            for name, server in turns:
-                seconds = send(server)
-                if r >= o.warm:
-                    times.setdefault((shape, name), []).append(seconds)
+    bodies = round_bodies(np.random.default_rng(0), o.warm + o.rounds)
+    calls = {
+        f"{shape}|{name}": sender(server, shape, iter(each))
+        for shape, each in bodies.items()
+        for name, server in zip(names, servers, strict=True)
+    }
+    run.say(f"{o.warm} warm rounds, then {o.rounds} timed")
+    seconds = timed_together(calls, o.rounds, o.warm, shuffle=True)
     rows = []
-    for shape in dict.fromkeys(shape for shape, _ in times):
-        medians = [statistics.median(times[shape, name]) for name in names]
-        spread = [np.percentile(times[shape, name], [25, 75]) for name in names]
-        cells = [
-            f"{m:.3f} ({lo:.3f}-{hi:.3f})" for m, (lo, hi) in zip(medians, spread, strict=True)
-        ]
-        rows.append((shape, *cells, medians[-1] / medians[0]))
+    for shape in bodies:
+        keys = [f"{shape}|{name}" for name in names]
+        cells = [f"{seconds[k]:.3f} ({seconds.spread(k)[0]:.3f}-{seconds.spread(k)[1]:.3f})"
+                 for k in keys]  # fmt: skip
+        rows.append((shape, *cells, seconds[keys[-1]] / seconds[keys[0]]))
     columns = [col("workload", left=True), *(col(f"{name} s", left=True) for name in names),
                col(f"{names[-1]} / {names[0]}", ".3f", "x")]  # fmt: skip
     notes = [f"servers: {', '.join(f'{n} at {u}' for n, u in zip(names, urls, strict=True))}",
              f"medians (interquartile range) of {o.rounds} rounds after {o.warm} warm ones, "
-             "one request at a time, the servers in a shuffled order each round"]  # fmt: skip
+             "one request at a time, every request of a round in a shuffled order"]  # fmt: skip
     title = f"Two servers side by side: {' against '.join(names)}"
-    figures = {"times": {f"{shape}|{name}": t for (shape, name), t in times.items()}}
+    figures = {"times": {k: list(v) for k, v in seconds.samples.items()}}
     key = f"served-ab-{'-'.join(names)}"
     return [run.result(title, [table(columns, rows)], key=key, notes=notes, figures=figures)]
 
@@ -76,27 +68,30 @@ class Endpoint:
     url: str
 
 
-def workloads(rng: np.random.Generator) -> list[tuple[str, Callable[[Endpoint], float]]]:
-    """This round's requests, each a function timing it on a server."""
-    sends = []
-    for name, query, items, item_tokens in SHAPES:
-        query_ids, item_ids = work_ids(rng, query, items, item_tokens)
-        body = score_body(query_ids, item_ids)
-        sends.append((name, lambda at, b=body: at.server.score(b)))
-    words = [str(w) for w in rng.choice(WORDS, 40)]
-    documents = [" ".join(words[i : i + 4]) for i in range(0, 40, 4)]
-    rerank = json.dumps({"query": " ".join(words[:3]), "documents": documents}).encode()
-    sends.append((RERANK, lambda at, b=rerank: timed_post(at, "/v1/rerank", b)))
-    return sends
+def round_bodies(rng: np.random.Generator, rounds: int) -> dict[str, list[bytes]]:
+    """Each workload's body of every round: a fresh query a round, the same on each server."""
+    bodies: dict[str, list[bytes]] = {name: [] for name, *_ in SHAPES} | {RERANK: []}
+    for _ in range(rounds):
+        for name, query, items, item_tokens in SHAPES:
+            bodies[name].append(score_body(*work_ids(rng, query, items, item_tokens)))
+        words = [str(w) for w in rng.choice(WORDS, 40)]
+        documents = [" ".join(words[i : i + 4]) for i in range(0, 40, 4)]
+        rerank = {"query": " ".join(words[:3]), "documents": documents}
+        bodies[RERANK].append(json.dumps(rerank).encode())
+    return bodies
 
 
-def timed_post(at: Endpoint, path: str, body: bytes) -> float:
-    start = time.perf_counter()
-    headers = {"content-type": "application/json"}
-    reply = at.client.post(f"{at.url}{path}", content=body, headers=headers)
-    if reply.status_code != 200:
-        raise RuntimeError(f"{path} answered {reply.status_code}: {reply.text[:300]}")
-    return time.perf_counter() - start
+def sender(at: Endpoint, shape: str, bodies: Iterator[bytes]) -> Callable[[], object]:
+    """A call sending the next of ``bodies`` to ``at`` (its /v1/score, or its /v1/rerank)."""
+    if shape != RERANK:
+        return lambda: at.server.score(next(bodies))
+
+    def rerank() -> None:
+        reply = at.client.post(f"{at.url}/v1/rerank", content=next(bodies), headers=JSON_HEADERS)
+        if reply.status_code != 200:
+            raise RuntimeError(f"/v1/rerank answered {reply.status_code}: {reply.text[:300]}")
+
+    return rerank
 
 
 WORKLOAD = Workload(

@@ -12,13 +12,12 @@ sort-based ``sort(key)``, and no shuffle at all; each consumed block by block.
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, table
+from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, table, timed_together
 
 KEY = "_sj_group"
 
@@ -67,11 +66,9 @@ def ways(rows: Any, blocks: int) -> dict[str, Callable[[], Any]]:
     }
 
 
-def timed(build: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    for _ in build().iter_batches(batch_size=None, batch_format="pyarrow"):
-        pass
-    return time.perf_counter() - start
+def consumed(build: Callable[[], Any]) -> Callable[[], None]:
+    """A call that builds the dataset and consumes it block by block."""
+    return lambda: [None for _ in build().iter_batches(batch_size=None, batch_format="pyarrow")]
 
 
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
@@ -83,12 +80,15 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         ray.data.DataContext.get_current().enable_progress_bars = False
         rows = table_of(o.rows, o.queries)
         blocks = max(1, -(-o.rows // o.batch_size))
-        note = f"{o.rows} rows, {rows.nbytes / 2**20:.0f} MiB, {blocks} blocks; best of {o.repeat}"
-        best = {}
-        for name, build in ways(rows, blocks).items():
-            best[name] = min(timed(build) for _ in range(o.repeat))
-            run.say(f"{name}: {best[name]:.2f} s")
-    cells = table([col("operator", left=True), col("best s", ".2f")], list(best.items()))
+        note = (
+            f"{o.rows} rows, {rows.nbytes / 2**20:.0f} MiB, {blocks} blocks; best of "
+            f"{o.repeat} rounds, every operator once a round in turn"
+        )
+        calls = {name: consumed(build) for name, build in ways(rows, blocks).items()}
+        seconds = timed_together(calls, o.repeat, warm=0)
+    best = [(name, seconds.best(name)) for name in calls]
+    run.say(f"best seconds: {best}")
+    cells = table([col("operator", left=True), col("best s", ".2f")], best)
     return [run.result("Grouping rows by query in Ray Data", [cells], notes=(note,))]
 
 

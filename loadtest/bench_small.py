@@ -26,14 +26,13 @@ float32) unless said otherwise; every time a median of ``--repeats`` after a war
 from __future__ import annotations
 
 import argparse
-import time
 from functools import partial
 from typing import Any
 
 import numpy as np
 
-from loadtest import bench_llamacpp
-from loadtest.bench_common import load_hf_model, make_work, shipped_settings, timed_steady
+from loadtest import peers
+from loadtest.bench_common import compiled, make_work, shipped_settings
 from loadtest.bench_small_report import report, step_tables
 from loadtest.harness import LABELS, Option, Result, Run, Workload, counts, timed, timed_together
 
@@ -44,12 +43,7 @@ ITEMS = ["", " not"]
 def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
     """Best bytes/s of summing a ``gib`` GiB float32 array (reads it once)."""
     data = np.ones(int(gib * 2**30) // 4, np.float32)
-    best = 0.0
-    for _ in range(repeats):
-        start = time.perf_counter()
-        data.sum()
-        best = max(best, data.nbytes / (time.perf_counter() - start))
-    return best
+    return data.nbytes / timed_together({"sum": data.sum}, repeats, warm=0).best("sum")
 
 
 def engine_for(loaded: Any, settings: Any) -> Any:
@@ -104,18 +98,6 @@ def row_widths(engine: Any, repeats: int) -> list[dict[str, Any]]:
     return rows
 
 
-def idle_timed(fn: Any, repeats: int, pause_s: float = 0.2) -> float:
-    """Median seconds of ``fn`` each called after ``pause_s`` of sleep."""
-    fn()
-    samples = []
-    for _ in range(repeats):
-        time.sleep(pause_s)
-        start = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - start)
-    return float(np.median(samples))
-
-
 def layer_matrices(params: Any, hidden: int) -> list[Any]:
     """Every stacked layer weight as ``[layers, in, out]`` (in: the leading axes whose product
     first reaches ``hidden``): the matmuls a layer runs, without attention or norms."""
@@ -142,7 +124,8 @@ def floor_parts(engine: Any, loaded: Any, work: Any, repeats: int) -> dict[str, 
     calls: list[tuple] = []
     run_device = engine.run_device
     engine.run_device = lambda *call: calls.append(call) or run_device(*call)
-    step_s = timed(lambda: engine.score_batch([work]), repeats)
+    step = partial(engine.score_batch, [work])
+    step_s = timed(step, repeats)
     del engine.run_device  # the method again
     kind, dims, args = calls[-1]
     executable = engine.executables()[(kind, dims)]
@@ -173,7 +156,7 @@ def floor_parts(engine: Any, loaded: Any, work: Any, repeats: int) -> dict[str, 
         "tokens": tokens,
         "step_s": step_s,
         "run_s": run_s,
-        "idle_step_s": idle_timed(lambda: engine.score_batch([work]), repeats),
+        "idle_step_s": timed_together({"idle": step}, repeats, pause_s=0.2)["idle"],
         "noop_s": timed(lambda: noop(scalar).block_until_ready(), 20 * repeats),
         "head_s": timed(lambda: head(two, embed).block_until_ready(), repeats),
         "head_bytes": int(embed.nbytes),
@@ -201,43 +184,22 @@ def small_peers(
     """The small request in this process: the engine, transformers and llama.cpp on the
     same token ids, and ``served`` (the request over HTTP) when given, every one once a round
     in a shuffled order; their times and the labels' log-probs each gives."""
-    import torch
-
     query, items = list(work.query_ids), [list(i) for i in work.item_ids]
-    rows = [query + item for item in items]
-    width = max(map(len, rows))
-    padded = torch.tensor([row + [0] * (width - len(row)) for row in rows])
-    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
-    last = torch.tensor([len(row) - 1 for row in rows])
-
-    def hf_rows() -> np.ndarray:
-        with torch.inference_mode():
-            logits = [hf(torch.tensor([row]), logits_to_keep=1).logits[0, -1] for row in rows]
-            return torch.log_softmax(torch.stack(logits), -1)[:, list(LABELS)].numpy()
-
-    def hf_batched() -> None:
-        with torch.inference_mode():
-            hf(padded, attention_mask=mask).logits[torch.arange(len(rows)), last]
-
     calls = {
-        "engine": lambda: engine.score_batch([work]),
-        "hf_rows": hf_rows,
-        "hf_batched": hf_batched,
+        "engine": lambda: engine.score_batch([work])[0],
+        "hf_rows": peers.hf_rows(hf, work),
+        "hf_batched": peers.hf_padded(hf, work),
     }
     if llama is not None:
-        calls["llama_rows"] = lambda: llama.rows(query, items, LABELS)
-        calls["llama_shared"] = lambda: llama.shared(query, items, LABELS)
+        calls["llama_rows"] = lambda: llama.rows(query, items)
+        calls["llama_shared"] = lambda: llama.shared(query, items)
     if served is not None:
         calls["served"] = served
-    out: dict[str, Any] = {
-        "query_tokens": len(query),
-        "times": timed_together(calls, repeats, warm=2, shuffle=True),
-        "logprobs": {"engine": engine.score_batch([work])[0], "hf": hf_rows()},
-    }
-    if llama is not None:
-        out["logprobs"]["llama"] = llama.shared(query, items, LABELS)
-        out["logprobs"]["llama_rows"] = llama.rows(query, items, LABELS)
-    return out
+    timings = timed_together(calls, repeats, warm=2, shuffle=True)
+    kept = {"engine": "engine", "hf": "hf_rows", "llama": "llama_shared"}
+    kept["llama_rows"] = "llama_rows"
+    logprobs = {k: timings.last[name] for k, name in kept.items() if name in calls}
+    return {"query_tokens": len(query), "times": dict(timings), "logprobs": logprobs}
 
 
 def multi_items(engine: Any, llama: Any, counts: tuple[int, ...], repeats: int) -> list[dict]:
@@ -246,12 +208,12 @@ def multi_items(engine: Any, llama: Any, counts: tuple[int, ...], repeats: int) 
     out = []
     for count in counts:
         work = make_work(count, 300, 10)
-        row = {"items": count, "engine_s": timed_steady(engine, [work], repeats)}
+        row = {"items": count, "engine_s": timed(compiled(engine, [work]), repeats)}
         if llama is not None:
             query, items = list(work.query_ids), [list(i) for i in work.item_ids]
-            row["llama_s"] = timed(lambda q=query, i=items: llama.shared(q, i, LABELS), repeats)
+            row["llama_s"] = timed(lambda q=query, i=items: llama.shared(q, i), repeats)
             mine = engine.score_batch([work])[0]
-            row["max_diff"] = float(np.abs(mine - llama.shared(query, items, LABELS)).max())
+            row["max_diff"] = float(np.abs(mine - llama.shared(query, items)).max())
         out.append(row)
     return out
 
@@ -281,12 +243,12 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     import httpx
 
     settings, loaded, work = shipped_small()
-    llama = bench_llamacpp.scorer()
+    llama = peers.llama_cpp()
     engine = engine_for(loaded, settings)
     run.say("the small request")
     with httpx.Client(base_url=o.url or "http://unused", timeout=60) as client:
         served = http_small(client) if o.url else None
-        small = small_peers(work, engine, load_hf_model(), llama, o.repeats, served)
+        small = small_peers(work, engine, peers.load_hf_model(), llama, o.repeats, served)
     results = {
         "served_s": small["times"].pop("served", None),
         "llama": llama is not None,

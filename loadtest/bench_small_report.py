@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from loadtest.bench_llamacpp import LOGPROB_TOLERANCE, NOT_INSTALLED
 from loadtest.harness import Table, col, table
+from loadtest.peers import LOGPROB_TOLERANCE, NOT_INSTALLED
 
 NAMES = {
     "engine": "scorejax engine, one fused step (in process)",

@@ -20,8 +20,8 @@ import shlex
 import statistics
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -118,7 +118,8 @@ class Result:
     doc: str = BENCHMARKS_DOC
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, default=_plain) + "\n"
+        data = asdict(replace(self, figures=_data(self.figures)))
+        return json.dumps(data, indent=1, default=_plain) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> Result:
@@ -132,6 +133,13 @@ class Result:
         path = folder / f"{self.key}.json"
         path.write_text(self.to_json())
         return path
+
+
+def _data(value: Any) -> Any:
+    """``value`` with every :class:`Timings` in it as its medians (the figures' JSON)."""
+    if isinstance(value, Mapping):
+        return {k: _data(v) for k, v in value.items()}
+    return [_data(v) for v in value] if isinstance(value, list | tuple) else value
 
 
 def _plain(value: Any) -> Any:
@@ -260,9 +268,39 @@ class Run:
         )  # fmt: skip
 
 
-def timed(fn: Callable[[], object], repeats: int, warm: int = 1) -> float:
-    """Median wall seconds of ``repeats`` calls after ``warm`` untimed ones."""
-    return timed_together({"fn": fn}, repeats, warm)["fn"]
+@dataclass(frozen=True, repr=False)
+class Timings(Mapping[str, float]):
+    """What :func:`timed_together` measured: each contender's wall seconds, a sample a round;
+    its last answer; the 1-minute load average before and after the rounds; how far
+    ``counters`` moved over them. As a mapping: each contender's median seconds."""
+
+    samples: Mapping[str, tuple[float, ...]]
+    last: Mapping[str, Any] = field(default_factory=dict)
+    load: tuple[float, float] = (0.0, 0.0)
+    moved: Mapping[str, float] = field(default_factory=dict)
+
+    def __getitem__(self, name: str) -> float:
+        return statistics.median(self.samples[name])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
+
+    def spread(self, name: str) -> tuple[float, float]:
+        """The interquartile range of ``name``'s samples (lower, upper quartile)."""
+        values = self.samples[name]
+        if len(values) < 2:
+            return values[0], values[0]
+        low, _, high = statistics.quantiles(values, n=4, method="inclusive")
+        return low, high
+
+    def best(self, name: str) -> float:
+        return min(self.samples[name])
 
 
 def timed_together(
@@ -271,27 +309,49 @@ def timed_together(
     warm: int = 1,
     last: dict | None = None,
     shuffle: bool = False,
-) -> dict[str, float]:
-    """Median wall seconds of each call over ``repeats`` rounds that run every call once in
-    turn (after ``warm`` untimed rounds): a machine whose speed drifts during the run slows
-    every call alike, so their ratios hold. ``last``, when given, gets each call's last
-    answer. ``shuffle``: each round runs the calls in its own order (seeded by the round), so
-    no call always follows the same one (a call can slow the next: docs/quantization.md)."""
+    pause_s: float = 0.0,
+    counters: Callable[[], Mapping[str, Any]] | None = None,
+) -> Timings:
+    """The one timer of every benchmark: ``repeats`` rounds that run every call once in turn
+    (after ``warm`` untimed rounds), so a machine whose speed drifts during the run slows
+    every call alike and their ratios hold. ``shuffle``: each round runs the calls in its own
+    order (seeded by the round), so no call always follows the same one (a call can slow the
+    next: docs/quantization.md). ``pause_s``: idle seconds before each timed call, untimed.
+    ``counters``: read before and after the timed rounds (``Timings.moved``). ``last``, when
+    given, gets each call's last answer (as ``Timings.last`` does)."""
     for _ in range(warm):
         for fn in calls.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    names = list(calls)
+    answers = {} if last is None else last
+    names, load, before = list(calls), os.getloadavg()[0], counters() if counters else {}
     for r in range(repeats):
-        order = random.Random(r).sample(names, len(names)) if shuffle else names
-        for name in order:
-            fn = calls[name]
+        for name in random.Random(r).sample(names, len(names)) if shuffle else names:
+            time.sleep(pause_s)
             start = time.perf_counter()
-            answer = fn()
+            answers[name] = calls[name]()
             samples[name].append(time.perf_counter() - start)
-            if last is not None:
-                last[name] = answer
-    return {name: statistics.median(values) for name, values in samples.items()}
+    moved = _moved(before, counters()) if counters else {}
+    frozen = {name: tuple(values) for name, values in samples.items()}
+    return Timings(frozen, dict(answers), (load, os.getloadavg()[0]), moved)
+
+
+def timed(fn: Callable[[], object], repeats: int, warm: int = 1) -> float:
+    """Median wall seconds of ``repeats`` calls after ``warm`` untimed ones (timed_together
+    of one call)."""
+    return timed_together({"fn": fn}, repeats, warm)["fn"]
+
+
+def timed_once(fn: Callable[[], Any]) -> tuple[float, Any]:
+    """Wall seconds and answer of one call (timed_together of one round, no warm-up)."""
+    timings = timed_together({"fn": fn}, 1, warm=0)
+    return timings["fn"], timings.last["fn"]
+
+
+def _moved(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, float]:
+    """``after - before`` of every numeric counter both hold."""
+    number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)  # noqa: E731
+    return {k: after[k] - v for k, v in before.items() if number(v) and number(after.get(k))}
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:

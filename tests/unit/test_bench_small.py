@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from loadtest import bench_llamacpp
+from loadtest import peers
 from loadtest.bench_small import layer_matrices
 from loadtest.bench_small_report import report as tables_and_notes
 
@@ -17,14 +17,14 @@ def report(results: dict, args: SimpleNamespace) -> str:
 
 
 def test_without_llama_cpp_the_peer_is_none_and_a_note_is_printed(monkeypatch, capsys):
-    monkeypatch.setattr(bench_llamacpp, "available", lambda: False)
-    assert bench_llamacpp.scorer() is None
+    monkeypatch.setattr(peers, "llama_available", lambda: False)
+    assert peers.llama_cpp() is None
     assert "llama-cpp-python is not installed" in capsys.readouterr().out
 
 
 def test_log_softmax_matches_the_definition():
     logits = np.array([1.0, 2.0, 3.0, 1000.0], np.float32)
-    out = bench_llamacpp.log_softmax(logits)
+    out = peers.log_softmax(logits)
     assert np.isclose(np.exp(out).sum(), 1.0)
     assert np.isclose(out[0] - out[1], -1.0)
 
@@ -67,14 +67,14 @@ def fake_results(llama: bool) -> dict:
 def test_the_report_without_llama_cpp_has_a_note_and_no_llama_rows():
     args = SimpleNamespace(repeats=10, multi_repeats=3)
     text = report(fake_results(llama=False), args)
-    assert bench_llamacpp.NOT_INSTALLED in text
+    assert peers.NOT_INSTALLED in text
     assert "llama.cpp (Q4_1)" not in text
     assert "**0.50x** (target <= 0.6x)" in text
 
 
 def test_the_report_with_llama_cpp_compares_it():
     text = report(fake_results(llama=True), SimpleNamespace(repeats=10, multi_repeats=3))
-    assert bench_llamacpp.NOT_INSTALLED not in text
+    assert peers.NOT_INSTALLED not in text
     assert "engine / llama.cpp's best: 0.71x" in text
     assert "| 10 | 1.000 | 2.000 | 2.00x | 0.010 |" in text
     assert "within the stated tolerance" in text

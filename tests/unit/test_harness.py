@@ -5,6 +5,7 @@ results. No Ray, no model: well under a second."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import re
 from pathlib import Path
@@ -140,6 +141,19 @@ def test_timed_together_shuffles_the_order_when_asked() -> None:
     assert all(sorted(r) == list("abcd") for r in rounds)  # each call once a round
     followers = {r[r.index("a") + 1] for r in rounds if not r.endswith("a")}
     assert len(followers) > 1  # "a" is not always followed by the same call
+
+
+def test_timings_hold_samples_spread_load_and_counters_and_store_as_medians() -> None:
+    ticks = iter(range(100))
+    times = timed_together(
+        {"a": lambda: next(ticks)}, 5, warm=0, counters=lambda: {"n": next(ticks), "x": "y"}
+    )
+    assert len(times.samples["a"]) == 5 and times.last == {"a": 5}
+    assert times.moved == {"n": 6} and len(times.load) == 2
+    low, high = times.spread("a")
+    assert times.best("a") <= low <= times["a"] <= high and dict(times) == {"a": times["a"]}
+    saved = Result.from_json(dataclasses.replace(RESULT, figures={"t": times}).to_json())
+    assert saved.figures == {"t": {"a": times["a"]}}
 
 
 def test_unknown_commands_print_the_usage() -> None:
