@@ -123,7 +123,7 @@ bench-infinity: $(STAMP)
 # 120-token query, 10 items of 20 tokens); stores its result (docs/results/sweep.json), writes
 # latency.png and throughput.png under loadtest/results/sweep-<UTC time>/ and prints its table.
 # About 6.5 minutes with these defaults on 2 CPU cores (the shipped server serves 0.5-1 request/s).
-# `make loadtest-closed URL=...`: the bounded closed-loop load and fuzz run (loadtest/load.py).
+# `make loadtest-closed URL=...`: the bounded closed-loop load and fuzz run (loadtest/presets.py).
 .PHONY: loadtest-closed
 RATES ?= 0.25,0.5,1,2
 DURATION ?= 90

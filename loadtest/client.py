@@ -1,20 +1,16 @@
-"""The one HTTP client every served benchmark and load tool sends through.
+"""The serial and retrying HTTP clients of the served benchmarks (loads of many requests in
+flight go through loadtest.drive, the one load driver):
 
-- :func:`send`: one async POST timed, its answer an :class:`Outcome` (status 0: no answer),
-  and :func:`closed_loop`: bodies sent by ``concurrency`` async workers (``load``,
-  ``overload``, ``sweep``, ``soak``, ``burst``);
 - :class:`RetryingClient`: what a user with a file of requests writes, threads that send each
   503 again after its Retry-After (``bench_batch``, ``bench_embed``);
 - :class:`Server`: strictly one request at a time, readiness polled (``GET /health``), its
   ``GET /v1/stats`` counters read around each timed request, and a ``Deadline`` every wait
-  checks (``bench_serve``, ``bench_batch``, ``first_minute``).
+  checks (``bench_serve``, ``bench_batch``; ``first_minute``'s health wait).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import random
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,84 +22,10 @@ import httpx
 from loadtest.bench_serve_report import Sample
 from loadtest.harness import JSON_HEADERS, LABELS, loopback_url
 
-TIMING_HEADERS = ("x-queue-time", "x-total-time")  # Outcome's queue_s and total_s
-WORDS = ["alpha", "beta", "gamma", "delta", "capital", "river", "city", "blue", "stone"]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    status: int  # 0: no answer within the client's timeout, or no connection
-    seconds: float
-    reason: str
-    retry_after: str | None
-    sent_s: float = 0.0  # when it was sent, seconds into the overload phase
-    queue_s: float | None = None  # a 200's x-queue-time: handed to the replicas -> its step
-    total_s: float | None = None  # x-total-time: the request's time inside the ingress
-
-
-async def send(
-    client: httpx.AsyncClient, payload: dict | bytes, route: str = "/v1/score"
-) -> Outcome:
-    """POST one body (JSON, or raw bytes as they are): its status, seconds, the error
-    envelope's reason, Retry-After and x-queue-time."""
-    start = time.perf_counter()
-    raw = isinstance(payload, bytes)
-    try:
-        response = await (
-            client.post(route, content=payload, headers=JSON_HEADERS)
-            if raw
-            else client.post(route, json=payload)
-        )
-    except httpx.TimeoutException:
-        return Outcome(0, time.perf_counter() - start, "client_timeout", None)
-    except httpx.HTTPError as error:
-        return Outcome(0, time.perf_counter() - start, f"client_error:{type(error).__name__}", None)
-    seconds = time.perf_counter() - start
-    queue_s, total_s = (
-        header_seconds(response.headers.get(h)) for h in ("x-queue-time", "x-total-time")
-    )
-    reason = "" if response.status_code == 200 else _reason(response, "no_envelope")
-    retry_after = response.headers.get("retry-after")
-    return Outcome(response.status_code, seconds, reason, retry_after, 0.0, queue_s, total_s)
-
 
 def header_seconds(milliseconds: str | None) -> float | None:
     """A timing header (whole milliseconds) in seconds."""
     return float(milliseconds) / 1e3 if milliseconds is not None else None
-
-
-async def closed_loop(
-    client: httpx.AsyncClient,
-    bodies: Sequence[dict | bytes],
-    concurrency: int,
-    deadline_s: float = float("inf"),
-) -> tuple[list[Outcome], float]:
-    """Every body sent, at most ``concurrency`` in flight, until ``deadline_s`` passes; the
-    outcomes and the wall seconds."""  # fmt: skip
-    queue, done = list(reversed(bodies)), []
-    stop_at, start = time.monotonic() + deadline_s, time.perf_counter()
-
-    async def worker() -> None:
-        while queue and time.monotonic() < stop_at:
-            done.append(await send(client, queue.pop()))
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return done, time.perf_counter() - start
-
-
-def word_body(rng: random.Random, items: int, words: int = 60) -> dict:
-    """A /v1/score body in words: a ``words``-word query and ``items`` items of 3-8 words."""
-    query = " ".join(rng.choice(WORDS) for _ in range(words))
-    docs = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(items)]
-    return {"query": query, "items": docs, "label_token_ids": list(LABELS)}
-
-
-def percentile(values: Sequence[float], fraction: float) -> float:
-    """The nearest-rank percentile (``fraction`` in [0, 1]); NaN for no values."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(int(fraction * len(ordered)), len(ordered) - 1)]
 
 
 class RetryingClient:

@@ -5,7 +5,7 @@
 
 1. Capacity: a closed loop of ``--concurrency`` clients sends ``--capacity-requests`` requests
    of ``--items`` items; capacity = completed requests per second.
-2. Overload, once per client kind of ``--clients`` (loadtest.overload_clients: one pooled
+2. Overload, once per client kind of ``--clients`` (loadtest.drive: one pooled
    AsyncClient, a fresh connection per request, ``--procs`` processes of those), one after
    another, the server idle between them: ``--requests`` requests arrive open-loop (Poisson,
    seeded) at ``--factor`` x capacity (or at ``--rate`` requests/s), each waiting at most
@@ -38,13 +38,23 @@ import random
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
-import httpx
-
-from loadtest.client import Outcome, closed_loop, percentile, send, word_body
-from loadtest.harness import LABELS, RESULTS, Option, Result, Run, Workload, col, table
-from loadtest.overload_clients import CLIENT_KINDS, ClientRun, Plan, encoded, run_client
+from loadtest.drive import (
+    CLIENT_KINDS,
+    Load,
+    Outcome,
+    Tally,
+    client_cpu_s,
+    drive,
+    healthy,
+    percentile,
+    stats,
+    tally,
+    tally_table,
+    word_body,
+)  # fmt: skip
+from loadtest.harness import LABELS, RESULTS, Option, Result, Run, Workload
 
 OPERATIONS_DOC = "docs/operations.md"
 IDLE_TIMEOUT_S = 300.0  # the server drains what one client left queued before the next
@@ -61,13 +71,6 @@ def bodies(args: argparse.Namespace, count: int, seed: int) -> list[dict]:
         return [issue_body(args.items)] * count
     rng = random.Random(seed)
     return [word_body(rng, args.items) for _ in range(count)]
-
-
-async def capacity(client: httpx.AsyncClient, args: argparse.Namespace) -> float:
-    """Completed requests per second of a closed loop of ``--concurrency`` clients."""
-    payloads = bodies(args, args.capacity_requests, seed=1)
-    done, wall = await closed_loop(client, payloads[::-1], args.concurrency)
-    return sum(o.status == 200 for o in done) / wall
 
 
 @contextmanager
@@ -104,138 +107,85 @@ def split_by_window(outcomes: list[Outcome], start: float, seconds: float) -> di
     """p99 of rejections and successes sent inside and outside ``[start, start + seconds)``."""
     inside = [o for o in outcomes if start <= o.sent_s < start + seconds]
     outside = [o for o in outcomes if not start <= o.sent_s < start + seconds]
+
+    def p99(group: list[Outcome], status: int) -> float:
+        return round(percentile([o.seconds for o in group if o.status == status], 0.99), 3)
+
     return {
         name: {
             "sent": len(group),
-            "p99_rejection_s": round(percentile(seconds_of(group, 503), 0.99), 3),
-            "p99_success_s": round(percentile(seconds_of(group, 200), 0.99), 3),
+            "p99_rejection_s": p99(group, 503),
+            "p99_success_s": p99(group, 200),
         }
         for name, group in (("in_contention", inside), ("outside", outside))
     }
 
 
-def seconds_of(outcomes: list[Outcome], status: int) -> list[float]:
-    return [o.seconds for o in outcomes if o.status == status]
-
-
-def summary(outcomes: list[Outcome], rate: float, cap: float) -> dict:
-    ok = [o.seconds for o in outcomes if o.status == 200]
-    queued = [o.queue_s for o in outcomes if o.status == 200 and o.queue_s is not None]
-    shed = [o for o in outcomes if o.status == 503 and o.reason == "overloaded"]
-    inside = [o.total_s for o in shed if o.total_s is not None]
-    other = [o for o in outcomes if o.status != 200 and o not in shed]
-    return {
-        "capacity_rps": round(cap, 2),
-        "offered_rps": round(rate, 2),
-        "requests": len(outcomes),
-        "answered": sum(o.status != 0 for o in outcomes),
-        "ok": len(ok),
-        "overloaded_503": len(shed),
-        "overloaded_with_retry_after": sum(o.retry_after is not None for o in shed),
-        "other": sorted({f"{o.status} {o.reason}" for o in other}),
-        "other_count": len(other),
-        "timeouts": sum(o.status in (0, 408, 504) for o in outcomes),
-        "p50_rejection_s": round(percentile([o.seconds for o in shed], 0.5), 3),
-        "p99_rejection_s": round(percentile([o.seconds for o in shed], 0.99), 3),
-        "p99_rejection_ingress_s": round(percentile(inside, 0.99), 3),
-        "p50_success_s": round(percentile(ok, 0.5), 3),
-        "p99_success_s": round(percentile(ok, 0.99), 3),
-        "p50_success_queue_s": round(percentile(queued, 0.5), 3),
-        "p99_success_queue_s": round(percentile(queued, 0.99), 3),
-    }
-
-
-async def wait_idle(client: httpx.AsyncClient, timeout_s: float = IDLE_TIMEOUT_S) -> None:
+async def wait_idle(url: str, timeout_s: float = IDLE_TIMEOUT_S) -> None:
     """Poll /v1/stats until the replica has no work queued (bounded), as between the
     issue's clients; the next client then meets an idle server."""
     stop_at = time.monotonic() + timeout_s
-    while time.monotonic() < stop_at:
-        try:
-            if (await client.get("/v1/stats")).json().get("queued_works", 0) == 0:
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
+    while time.monotonic() < stop_at and (await stats(url)).get("queued_works", 1):
         await asyncio.sleep(0.5)
 
 
-def one_client(kind: str, rate: float, cap: float, args: argparse.Namespace) -> dict:
-    """The summary of ``--requests`` requests at ``rate`` sent by a client of ``kind``."""
-    plan = Plan(args.url, encoded(bodies(args, args.requests, 2)), rate, args.timeout_s)
+async def one_client(kind: str, load: Load, args: argparse.Namespace) -> tuple[Tally, dict]:
+    """``--requests`` requests at ``load.rate`` sent by a client of ``kind``: its tally and
+    what else it saw (every outcome, the contention split)."""
+    await wait_idle(args.url)
     with contention(args):
-        sent: ClientRun = run_client(kind, plan, args.procs)
-    outcomes = list(sent.outcomes)
-    result = {"client": kind, **summary(outcomes, rate, cap)}
-    result["client_cpu_s"] = round(sent.client_cpu_s, 1)
+        cpu = client_cpu_s()
+        outcomes = await drive(args.url, replace(load, client=kind), bodies(args, args.requests, 2))
+        cpu = client_cpu_s() - cpu
+    seen: dict = {"outcomes": [asdict(o) for o in outcomes]}
     if args.contention_s > 0:
-        result["contention"] = split_by_window(outcomes, args.contention_at, args.contention_s)
-    result["outcomes"] = [asdict(o) for o in outcomes]
-    return result
+        seen["contention"] = split_by_window(outcomes, args.contention_at, args.contention_s)
+    return tally(outcomes, kind, load.rate, args.items, client_cpu_s=round(cpu, 1)), seen
 
 
-async def run_overload(args: argparse.Namespace) -> dict:
-    """Capacity, then the overload once per client kind, then the health check."""
+async def run_overload(args: argparse.Namespace) -> tuple[float, list[tuple[Tally, dict]], bool]:
+    """Capacity (a closed loop), then the overload once per client kind, then /health."""
     kinds = [kind.strip() for kind in args.clients.split(",") if kind.strip()]
-    unknown = [kind for kind in kinds if kind not in CLIENT_KINDS]
-    if unknown or not kinds:
-        raise SystemExit(f"--clients: {unknown or kinds} not in {CLIENT_KINDS}")
-    limits = httpx.Limits(max_connections=args.concurrency + 16)
-    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout_s, limits=limits) as c:
-        cap = await capacity(c, args)
-        rate = args.rate or cap * args.factor
-        runs = []
-        for kind in kinds:
-            await wait_idle(c)
-            runs.append(await asyncio.to_thread(one_client, kind, rate, cap, args))
-        await wait_idle(c)
-        healthy = (await c.get("/health")).status_code == 200
-        after = await send(c, bodies(args, 1, 3)[0])
-    return {"runs": runs, "healthy_after": healthy and after.status == 200}
+    if not kinds or set(kinds) - set(CLIENT_KINDS):
+        raise SystemExit(f"--clients: {kinds} not all in {CLIENT_KINDS}")
+    closed = Load(clients=args.concurrency, timeout_s=args.timeout_s)
+    cap = tally(await drive(args.url, closed, bodies(args, args.capacity_requests, 1))).achieved_rps
+    load = Load(
+        rate=args.rate or cap * args.factor, timeout_s=args.timeout_s, procs=args.procs, seed=2
+    )
+    runs = [await one_client(kind, load, args) for kind in kinds]
+    await wait_idle(args.url)
+    after = await drive(args.url, closed, bodies(args, 1, 3))
+    return cap, runs, await healthy(args.url) and after[0].status == 200
 
 
-def failed(run: dict) -> bool:
-    """Anything but 200 or an enveloped 503 with Retry-After, or a time-out."""
-    missing_retry = run["overloaded_503"] != run["overloaded_with_retry_after"]
-    return bool(run["other_count"] or run["timeouts"] or missing_retry)
-
-
-COLUMNS = (
-    col("client", left=True), col("offered req/s"), col("answered"), col("200"),
-    col("503 overloaded (with Retry-After)"), col("other / timeouts"),
-    col("refusals p50 / p99 s"), col("refusals p99 in the ingress s"), col("successes p99 s"),
-    col("successes' queue p99 s"), col("client CPU s"),
-)  # fmt: skip
-
-
-def row(run: dict) -> tuple:
-    return (
-        run["client"], run["offered_rps"], run["answered"], run["ok"],
-        f"{run['overloaded_503']} ({run['overloaded_with_retry_after']})",
-        f"{run['other_count']} / {run['timeouts']}",
-        f"{run['p50_rejection_s']:.3f} / {run['p99_rejection_s']:.3f}",
-        f"{run['p99_rejection_ingress_s']:.3f}", f"{run['p99_success_s']:.2f}",
-        f"{run['p99_success_queue_s']:.2f}", f"{run['client_cpu_s']:.1f}",
-    )  # fmt: skip
+def failed(t: Tally) -> bool:
+    """Anything but 200 or an enveloped 503 overloaded with Retry-After, or no answer."""
+    return not t.clean
 
 
 def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     o.url = o.url or "http://127.0.0.1:8000"
-    result = asyncio.run(run_overload(o))
-    runs = result["runs"]
-    result["failed"] = any(failed(r) for r in runs) or not result["healthy_after"]
+    cap, runs, healthy_after = asyncio.run(run_overload(o))
+    tallies = [t for t, _ in runs]
     load = f"{o.rate:g} req/s" if o.rate else f"{o.factor:g}x capacity"
     notes = (
-        f"capacity {runs[0]['capacity_rps']} req/s ({o.concurrency} closed-loop clients, "
+        f"capacity {cap:.2f} req/s ({o.concurrency} closed-loop clients, "
         f"{o.capacity_requests} requests of {o.items} items); {o.requests} requests at "
         f"{load} per client kind, one after another, the server idle between them",
         f"bodies: {o.body} ({'issue 80' if o.body == 'issue' else '60-word queries'}, "
-        f"{o.items} items); healthy after: {result['healthy_after']}",
+        f"{o.items} items); healthy after: {healthy_after}",
     )
     key = f"overload-{'rate' if o.rate else 'factor'}-{o.body}"
     title = f"Overload at {load}, {o.body} bodies, by client kind"
-    tables = [table(COLUMNS, [row(r) for r in runs])]
-    # The summaries only: the per-request outcomes (about 500 KB a run) stay out of docs/.
-    stored = {**result, "runs": [{k: v for k, v in r.items() if k != "outcomes"} for r in runs]}
-    return [run.result(title, tables, key=key, doc=OPERATIONS_DOC, notes=notes, figures=stored)]
+    # The tallies only: the per-request outcomes (about 500 KB a run) stay out of docs/.
+    figures = {
+        "capacity_rps": round(cap, 2), "healthy_after": healthy_after,
+        "tallies": [t.plain() | {k: v for k, v in s.items() if k != "outcomes"} for t, s in runs],
+        "failed": any(map(failed, tallies)) or not healthy_after,
+    }  # fmt: skip
+    tables = [tally_table(tallies, "client")]
+    return [run.result(title, tables, key=key, doc=OPERATIONS_DOC, notes=notes, figures=figures)]
 
 
 WORKLOAD = Workload(

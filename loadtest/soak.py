@@ -6,13 +6,14 @@
 
 - ``repeat``: a query from a small fixed pool (query-cache hits), 1..100 text items of 0..24
   words;
-- ``fresh``: a never-seen text query (query-cache misses), 1..100 items (``load.score_body``);
+- ``fresh``: a never-seen text query (query-cache misses), 1..100 items (``presets.word_items``);
 - ``tokens``: token-id query (half from a fixed pool, half fresh) and 1..100 token-id items;
 - ``item_first``: ``item_first: true`` (the single-item path), 1..4 short items;
 - ``invalid``: ``loadtest.fuzz_strategies.fuzz_bodies`` in turn (400s; never a 500).
 
-``--pool N`` draws instead from N such bodies per client, fixed at the start: once each has
-been served, there is nothing new to compile or to cache, so RSS that still grows is a leak.
+``--pool N`` draws instead from N such bodies per client (one pool of N x ``--clients``),
+fixed at the start: once each has been served, there is nothing new to compile or to cache,
+so RSS that still grows is a leak.
 
 Every ``--sample-s`` seconds it reads, from outside (psutil, this machine's process table),
 the RSS of the Ray workers that host the ``ScoringReplica`` and ``ScoreIngress`` replicas
@@ -43,32 +44,22 @@ import asyncio
 import collections
 import random
 import time
-from dataclasses import dataclass, field
 from urllib.parse import urlparse
 
 import httpx
 
-from loadtest.client import WORDS, send
+from loadtest.drive import WORDS, Load, Outcome, drive, healthy, stats
 from loadtest.fuzz_strategies import fuzz_bodies
 from loadtest.harness import LABELS, TOOL_RESULTS, Option, Result, Run, Workload, col, table
-from loadtest.load import score_body
+from loadtest.presets import word_items
 from loadtest.procs import MIB, find_workers, rss_mib, serving_raylet
 from loadtest.soak_verdict import KINDS, verdict
 
 WEIGHTS = (30, 20, 20, 15, 15)
 
 
-@dataclass
-class Tally:
-    done: int = 0
-    by_kind: collections.Counter = field(default_factory=collections.Counter)
-    statuses: collections.Counter = field(default_factory=collections.Counter)
-    unexpected: collections.Counter = field(default_factory=collections.Counter)
-    seconds: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))
-
-
 class Mix:
-    """Seeded request bodies: ``next()`` returns ``(kind, json payload or raw bytes)``."""
+    """Seeded request bodies: ``body(i)`` is the i-th (asked in order), ``kinds[i]`` its kind."""
 
     def __init__(self, seed: int, vocab_size: int, pool: int = 0) -> None:
         self.rng = random.Random(seed)
@@ -81,12 +72,15 @@ class Mix:
         self.token_queries = [self._ids(pool_rng, 8, 60) for _ in range(4)]
         self.invalid = fuzz_bodies(300, seed=seed)
         self.serial = 0
+        self.kinds: list[str] = []
         # --pool: the same few bodies over and over (after one pass: no new signatures to
         # compile, every query cached), to tell a leak from warm-up that takes long.
         self.pool = [self._make() for _ in range(pool)]
 
-    def next(self) -> tuple[str, dict | bytes]:
-        return self.rng.choice(self.pool) if self.pool else self._make()
+    def body(self, i: int) -> dict | bytes:
+        kind, payload = self.rng.choice(self.pool) if self.pool else self._make()
+        self.kinds.append(kind)
+        return payload
 
     def _ids(self, rng: random.Random, low: int, high: int) -> list[int]:
         # Above the special tokens (the delimiter is 0) and below the vocabulary size.
@@ -109,7 +103,7 @@ class Mix:
         if kind == "repeat":
             payload = {"query": rng.choice(self.queries), "items": self._items()}
         elif kind == "fresh":
-            payload = score_body(rng, 100)
+            payload = word_items(rng, 100)
             payload["query"] = f"request {self.serial} {seed_word(rng)} {payload['query']}"
         elif kind == "tokens":
             fresh = rng.random() < 0.5
@@ -161,23 +155,19 @@ def seed_word(rng: random.Random) -> str:
     return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(6))
 
 
-async def sample(client: httpx.AsyncClient, start: float, tally: Tally, raylet: int | None) -> dict:
+async def sample(url: str, start: float, done: list[Outcome], mix: Mix, raylet: int | None) -> dict:
     row: dict = {
         "t_s": round(time.monotonic() - start, 1),
-        "done": tally.done,
-        "kinds_done": sorted(tally.by_kind),
-        "statuses": dict(sorted(tally.statuses.items())),
+        "done": len(done),
+        "kinds_done": sorted({mix.kinds[o.index] for o in done}),
+        "statuses": dict(sorted(collections.Counter(o.status for o in done).items())),
     }
     for role, procs in find_workers(raylet).items():
         row[f"{role}_rss_mib"] = rss_mib(procs)  # {pid: MiB}; Serve may run several
-    try:
-        stats = (await client.get("/v1/stats", timeout=30)).json()
-        keys = ("query_cache_bytes", "query_cache_entries", "compile_count", "evicted_signatures")
-        for key in keys:
-            row[key] = stats.get(key)
-        row["background_compiles"] = stats.get("background_compiles")
-    except (httpx.HTTPError, ValueError):
-        row["query_cache_bytes"] = None
+    served = await stats(url)
+    keys = ("query_cache_bytes", "query_cache_entries", "compile_count", "evicted_signatures")
+    for key in (*keys, "background_compiles"):
+        row[key] = served.get(key)
     cache = row["query_cache_bytes"]
     replicas = row["replica_rss_mib"]
     if len(replicas) == 1 and isinstance(cache, int):
@@ -198,23 +188,6 @@ def expected(kind: str, status: int, reason: str, retry_after: str | None) -> bo
     return status == 200 or (status == 503 and reason == "overloaded" and bool(retry_after))
 
 
-async def client_loop(client: httpx.AsyncClient, mix: Mix, stop_at: float, tally: Tally) -> None:
-    while time.monotonic() < stop_at:
-        kind, payload = mix.next()
-        outcome = await send(client, payload)
-        status, seconds, reason = outcome.status, outcome.seconds, outcome.reason
-        retry_after = outcome.retry_after
-        tally.done += 1
-        tally.by_kind[kind] += 1
-        tally.statuses[status] += 1
-        tally.seconds[kind] += seconds
-        if not expected(kind, status, reason, retry_after):
-            tally.unexpected[f"{kind} {status} {reason}".strip()] += 1
-        if status == 503 and retry_after and retry_after.isdigit():
-            # A well-behaved client waits as told (capped) instead of spinning on refusals.
-            await asyncio.sleep(min(float(retry_after), 10.0, max(stop_at - time.monotonic(), 0)))
-
-
 def print_row(row: dict) -> None:
     errors = ", ".join(f"{k}:{v}" for k, v in row["statuses"].items() if k != 200) or "-"
     cache = row.get("query_cache_bytes")
@@ -228,72 +201,65 @@ def print_row(row: dict) -> None:
     )
 
 
+async def prepare(args: argparse.Namespace) -> tuple[dict, int | None]:
+    """/health, the model card, the serving raylet, the query cache filled (warm-up)."""
+    if not await healthy(args.url):
+        raise SystemExit(f"{args.url}/health is not 200: start the server first")
+    model = (await stats(args.url, "/v1/models"))["data"][0]
+    raylet = serving_raylet(urlparse(args.url).port or 80)
+    if raylet is None:
+        print("warning: cannot see who listens on the URL's port: every Ray cluster's")
+        print("ScoringReplica / ScoreIngress workers on this machine are counted")
+    workers = find_workers(raylet)
+    if not workers["replica"] or not workers["ingress"]:
+        raise SystemExit("no ScoringReplica / ScoreIngress worker in this machine's ps")
+    if args.fill_cache:
+        async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout_s) as client:
+            filled = await fill_query_cache(client, model["vocab_size"])
+        print(f"query cache filled: {filled.get('query_cache_bytes', 0) / MIB:.1f} MiB", flush=True)
+    return model, raylet
+
+
 async def soak(args: argparse.Namespace) -> dict:
-    limits = httpx.Limits(max_connections=args.clients + 4)
-    async with httpx.AsyncClient(base_url=args.url, timeout=args.timeout_s, limits=limits) as c:
-        try:
-            healthy = (await c.get("/health")).status_code == 200
-        except httpx.HTTPError:
-            healthy = False
-        if not healthy:
-            raise SystemExit(f"{args.url}/health is not 200: start the server first")
-        model = (await c.get("/v1/models")).json()["data"][0]
-        tally, samples = Tally(), []
-        raylet = serving_raylet(urlparse(args.url).port or 80)
-        if raylet is None:
-            print("warning: cannot see who listens on the URL's port: every Ray cluster's")
-            print("ScoringReplica / ScoreIngress workers on this machine are counted")
-        workers = find_workers(raylet)
-        if not workers["replica"] or not workers["ingress"]:
-            raise SystemExit("no ScoringReplica / ScoreIngress worker in this machine's ps")
-        if args.fill_cache:
-            filled = await fill_query_cache(c, model["vocab_size"])
-            print(
-                f"query cache filled: {filled.get('query_cache_bytes', 0) / MIB:.1f} MiB",
-                flush=True,
-            )
-        print(
-            "  min  reqs  non-200 answers by status  replica MiB   ingress MiB  cacheMiB compiles"
-            " background",
-            flush=True,
-        )
-        start = time.monotonic()
-        stop_at = start + args.minutes * 60
-        mixes = [Mix(args.seed + i, model["vocab_size"], args.pool) for i in range(args.clients)]
-        kinds = frozenset(kind for mix in mixes for kind, _ in mix.pool) or frozenset(KINDS)
-        loops = [asyncio.create_task(client_loop(c, mix, stop_at, tally)) for mix in mixes]
-        while True:
-            row = await sample(c, start, tally, raylet)
-            samples.append(row)
-            print_row(row)
-            if all(t.done() for t in loops):
-                break
-            await asyncio.wait(loops, timeout=args.sample_s)
-        for task in loops:
-            task.result()  # re-raise a client's exception, if any
-        wall = time.monotonic() - start
-        healthy = (await c.get("/health")).status_code == 200
+    model, raylet = await prepare(args)
+    print("  min  reqs  non-200 answers by status  replica MiB   ingress MiB  cacheMiB compiles"
+          " background", flush=True)  # fmt: skip
+    mix = Mix(args.seed, model["vocab_size"], args.pool * args.clients)
+    kinds = frozenset(kind for kind, _ in mix.pool) or frozenset(KINDS)
+    load = Load(clients=args.clients, seconds=args.minutes * 60, timeout_s=args.timeout_s,
+                polite_s=10.0)  # a well-behaved client waits a refusal's Retry-After  # fmt: skip
+    done: list[Outcome] = []
+    start, samples = time.monotonic(), []
+    loop = asyncio.create_task(drive(args.url, load, mix.body, into=done))
+    while True:
+        samples.append(await sample(args.url, start, done, mix, raylet))
+        print_row(samples[-1])
+        if loop.done():
+            break
+        await asyncio.wait([loop], timeout=args.sample_s)
+    loop.result()  # re-raise the driver's exception, if any
+    wall, statuses = time.monotonic() - start, collections.Counter(o.status for o in done)
+    by_kind = collections.defaultdict(list)
+    for o in done:
+        by_kind[mix.kinds[o.index]].append(o)
+    unexpected = collections.Counter(
+        f"{mix.kinds[o.index]} {o.status} {o.reason}".strip()
+        for o in done if not expected(mix.kinds[o.index], o.status, o.reason, o.retry_after)
+    )  # fmt: skip
     return {
-        "url": args.url,
-        "model": model["id"],
-        "minutes": args.minutes,
-        "clients": args.clients,
-        "seed": args.seed,
-        "pool": args.pool,
-        "filled_cache": args.fill_cache,
-        "raylet_pid": raylet,
-        "mix": dict(zip(KINDS, WEIGHTS, strict=True)),
-        "wall_s": round(wall, 1),
-        "requests": tally.done,
-        "requests_per_s": round(tally.done / wall, 2),
-        "by_kind": dict(tally.by_kind),
-        "mean_s_by_kind": {k: round(tally.seconds[k] / n, 3) for k, n in tally.by_kind.items()},
-        "statuses": {str(k): v for k, v in sorted(tally.statuses.items())},
-        "unexpected": dict(tally.unexpected),
-        "healthy_after": healthy,
+        "url": args.url, "model": model["id"], "minutes": args.minutes, "clients": args.clients,
+        "seed": args.seed, "pool": args.pool, "filled_cache": args.fill_cache,
+        "raylet_pid": raylet, "mix": dict(zip(KINDS, WEIGHTS, strict=True)),
+        "wall_s": round(wall, 1), "requests": len(done),
+        "requests_per_s": round(len(done) / wall, 2),
+        "by_kind": {k: len(v) for k, v in by_kind.items()},
+        "mean_s_by_kind": {k: round(sum(x.seconds for x in v) / len(v), 3)
+                           for k, v in by_kind.items()},
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "unexpected": dict(unexpected), "healthy_after": await healthy(args.url),
         "verdict": verdict(samples, args.warmup_s, args.tolerance_pct, kinds),
         "samples": samples,
-    }
+    }  # fmt: skip
 
 
 COLUMNS = (

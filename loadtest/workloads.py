@@ -53,14 +53,14 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "tpu_table": ("tpu_table", "planning.tpu_check's roofline projection for every model x "
                   "topology (docs/tpu.md)"),
     "shuffle": ("bench_shuffle", "which Ray Data operator groups a dataset's rows by query"),
-    "sweep": ("sweep", "open-loop Poisson load sweep of a running server (make loadtest)"),
-    "load": ("load", "bounded closed-loop load and fuzz of a running server "
+    "sweep": ("presets", "open-loop Poisson load sweep of a running server (make loadtest)"),
+    "load": ("presets", "bounded closed-loop load and fuzz of a running server "
              "(make loadtest-closed)"),
     "overload": ("overload", "capacity, then open-loop overload of a running server"),
     "soak": ("soak", "mixed closed-loop soak of a running server with its RSS (make soak)"),
     "fuzz": ("fuzz", "generated bodies against the in-process ingress or --url (make fuzz)"),
-    "burst": ("burst", "a burst of small requests right after a large one"),
-    "first_minute": ("first_minute", "RFC-008 from a server's first request on, cold"),
+    "burst": ("presets", "a burst of small requests right after a large one"),
+    "first_minute": ("presets", "RFC-008 from a server's first request on, cold"),
     "rerank_quality": ("rerank_quality", "rerank quality (top-1, pairwise, NDCG@4) on the "
                        "relevance set"),
     "served_ab": ("bench_served_ab", "two running servers (two trees) side by side: the same "
