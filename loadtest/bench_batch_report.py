@@ -193,7 +193,7 @@ def runs_table(label: str, runs: Mapping[str, Rate]) -> Table:
          r.steps, r.cache_hits, r.padding, r.retried_503)
         for name, title in RUNS.items() if (r := runs.get(name)) is not None
     ]  # fmt: skip
-    return table(RUN_COLUMNS, rows, title=f"### {label} (queries x rows per query)", missing="")
+    return table(RUN_COLUMNS, rows, title=f"{label} (queries x rows per query):", missing="")
 
 
 def ratios_table(results: Mapping[str, Mapping[str, Rate]]) -> Table:

@@ -151,7 +151,7 @@ PARTS = (
     ("tok", "tokenization (`x-tokenization-time`)"),
     ("queue", "the handle call, admission, batching, the step thread (`x-queue-time`)"),
     ("inference", "the engine call as the replica times it (`x-inference-time`)"),
-    ("hop", "**the hop: all but inference**"),
+    ("hop", "the hop: all but inference"),
     ("client", "the request, as the client times it"),
 )
 

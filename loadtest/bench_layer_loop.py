@@ -74,7 +74,7 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         f"the only difference; medians of {o.repeats} shuffled rounds",
         f"auto: steps of at most {SMALL_STEP_TOKENS} tokens unrolled over a per-layer copy of "
         "the stack, larger ones scanning the stack",
-        "scores bit-identical between the loops: " + ("yes" if identical else "**no**"),
+        "scores bit-identical between the loops: " + ("yes" if identical else "NO"),
     ]
     figures = {"steps": rows, "warmup": warm, "identical": identical}
     title = "The layer loop: scanned stack, one array per layer, unrolled in small steps (issue 61)"

@@ -8,9 +8,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from loadtest.harness import LABELS, Table, col, ratio, table
+from loadtest import harness
+from loadtest.harness import LABELS, Table, Target, col, ratio
+from loadtest.harness import shown as shown_
+
+times = partial(shown_, fmt=".1f", suffix="x")  # a speed-up such as ``9.6x``, or "-"
 
 ID_RANGE = (100, 40000)  # random token ids are drawn from [low, high)
 CACHE_ITEMS = 10  # items per request of the query-cache measurement
@@ -160,16 +165,6 @@ class Report:
     hf: bool
 
 
-def cell(value: float | None, fmt: str, suffix: str = "") -> str:
-    """``value`` formatted with ``fmt`` (and ``suffix``), or "-" when unknown."""
-    return "-" if value is None else format(value, fmt) + suffix
-
-
-def times(value: float | None) -> str:
-    """A speed-up such as ``9.6x``, or "-"."""
-    return cell(value, ".1f", "x")
-
-
 COLUMNS = (
     col("items", "d"), col("multi-item s", ".3f"), col("own single-item s", ".3f"),
     col("transformers s", ".3f"), col("multi vs own single", ".1f", "x"),
@@ -186,24 +181,6 @@ def row_cells(row: ItemsRow) -> tuple:
     return (row.items, row.multi_s, row.single_s, row.transformers_s, row.multi_vs_single,
             row.multi_vs_transformers, row.single_vs_transformers, served, padding,
             row.flops_fraction, row.notes)  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Target:
-    """One goal: ``value`` held against ``limit`` (at least or at most); ``shown``: as text."""
-
-    goal: str
-    value: float | None
-    limit: float
-    at_least: bool
-    shown: str
-
-    @property
-    def verdict(self) -> str:
-        if self.value is None:
-            return "not measured"
-        met = self.value >= self.limit if self.at_least else self.value <= self.limit
-        return "met" if met else "missed"
 
 
 def row_at(rows: Sequence[ItemsRow], items: int) -> ItemsRow | None:
@@ -250,10 +227,10 @@ def targets(report: Report) -> list[Target]:
     served = worst(rows, lambda r: r.multi.served_over_engine if r.multi else None, True,
                    ratio_text)  # fmt: skip
     padding = worst(rows, lambda r: r.multi.padding if r.multi else None, True, ratio_text)
-    flops = shown(at(rows, 100, lambda r: r.flops_fraction), lambda v: cell(v, ".0%"))
+    flops = shown(at(rows, 100, lambda r: r.flops_fraction), lambda v: shown_(v, ".0%"))
     cache = shown(report.cache.speedup if report.cache else None)
     cache_items = report.cache.items if report.cache else CACHE_ITEMS
-    compiles = shown(report.compiles.request_path, lambda v: cell(v, ".0f"))
+    compiles = shown(report.compiles.request_path, lambda v: shown_(v, ".0f"))
     return [
         at_least("multi-item >= 6x own single-item, 10 items", single[0], 6),
         at_least("multi-item >= 19x own single-item, 100 items", single[1], 19),
@@ -270,8 +247,7 @@ def targets(report: Report) -> list[Target]:
 
 def targets_table(report: Report) -> Table:
     """The targets: goal, measured, met/missed."""
-    rows = [(t.goal, t.shown, t.verdict) for t in targets(report)]
-    return table([col("target", left=True), col("measured", left=True), col("", left=True)], rows)
+    return harness.targets_table(targets(report))
 
 
 def notes(report: Report) -> tuple[str, ...]:
@@ -303,11 +279,11 @@ def notes(report: Report) -> tuple[str, ...]:
         lines.append(
             f"query cache at {c.items} items (median of {c.pairs} pairs): cold {c.cold_s:.3f} s"
             f", warm (same query, fresh items) {c.warm_s:.3f} s, {times(c.speedup)} faster; "
-            f"cache hits during the warm requests: {cell(c.warm_hits, '.0f')}"
+            f"cache hits during the warm requests: {shown_(c.warm_hits, '.0f')}"
         )
     k = report.compiles
     lines.append(
-        f"compiles during the whole run: request path {cell(k.request_path, '.0f')}, "
-        f"background {cell(k.background, '.0f')}, compile_count {cell(k.total, '+.0f')}"
+        f"compiles during the whole run: request path {shown_(k.request_path, '.0f')}, "
+        f"background {shown_(k.background, '.0f')}, compile_count {shown_(k.total, '+.0f')}"
     )
     return tuple(lines)

@@ -26,8 +26,8 @@ def report(results: dict[str, Any], args: Any) -> tuple[tuple[str, ...], list[Ta
         f"shipped serve_config.yaml settings, float32; medians of {args.repeats} rounds "
         f"running every row of the small request's table once each in a shuffled order (the "
         f"served row against the running server), {args.multi_repeats} for the multi-item rows",
-        f"engine / transformers' two rows: **{times['engine'] / base:.2f}x** (target <= 0.6x)"
-        + (f"; served: **{served / base:.2f}x**" if served else "")
+        f"engine / transformers' two rows: {times['engine'] / base:.2f}x (target <= 0.6x)"
+        + (f"; served: {served / base:.2f}x" if served else "")
         + (
             f"; engine / llama.cpp's best: {times['engine'] / best_llama(times):.2f}x"
             if "llama_rows" in times

@@ -59,6 +59,35 @@ def col(label: str, fmt: str = "", suffix: str = "", left: bool = False) -> Colu
     return Column(label, fmt, suffix, left)
 
 
+def shown(value: Any, fmt: str, suffix: str = "", missing: str = "-") -> str:
+    """``value`` as a table cell of that format writes it (``missing`` when unknown)."""
+    return Column("", fmt, suffix).cell(value, missing)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One goal: ``value`` held against ``limit`` (at least or at most); ``shown``: as text."""
+
+    goal: str
+    value: float | None
+    limit: float
+    at_least: bool
+    shown: str
+
+    @property
+    def verdict(self) -> str:
+        if self.value is None:
+            return "not measured"
+        met = self.value >= self.limit if self.at_least else self.value <= self.limit
+        return "met" if met else "missed"
+
+
+def targets_table(targets: Sequence[Target]) -> Table:
+    """The goals: goal, measured, met/missed."""
+    rows = [(t.goal, t.shown, t.verdict) for t in targets]
+    return table([col("target", left=True), col("measured", left=True), col("", left=True)], rows)
+
+
 @dataclass(frozen=True)
 class Table:
     """One table of a result: columns and rows of figures (None: not measured)."""

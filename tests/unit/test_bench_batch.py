@@ -92,7 +92,7 @@ def test_ratios_and_the_section_show_every_run_and_target() -> None:
     assert values["a warm/e"] == pytest.approx(200 / 21.0 / 10.0)  # per engine second
     body = "\n".join(t.title + "\n" + t.markdown() for t in tables({"200x10": runs}))
     assert (
-        "### 200x10" in body
+        "200x10 (queries x rows per query):" in body
         and "| 200x10 | 0.90 | 1.12 | 4.50 | 1.11 |  | 0.95 | 1.50 | 1.25 |  |" in body
     )
     assert "(b) `--engine serve`" not in body  # a run not measured has no line

@@ -69,7 +69,7 @@ def test_the_report_without_llama_cpp_has_a_note_and_no_llama_rows():
     text = report(fake_results(llama=False), args)
     assert peers.NOT_INSTALLED in text
     assert "llama.cpp (Q4_1)" not in text
-    assert "**0.50x** (target <= 0.6x)" in text
+    assert "two rows: 0.50x (target <= 0.6x)" in text
 
 
 def test_the_report_with_llama_cpp_compares_it():
