@@ -204,7 +204,7 @@ class EmbedLayout:
         return pieces
 
     def _steps(self, works: Sequence[EmbedWork], indices: Sequence[int]) -> list[tuple]:
-        return self._packing.steps(self._packing.rows(self._pieces(works, indices)))
+        return self._packing.plan(self._pieces(works, indices))
 
     def select(self, works: Sequence[Any]) -> list[int]:
         """Every EmbedWork (an embedding model takes no other work)."""
