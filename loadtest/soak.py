@@ -48,7 +48,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from loadtest.drive import WORDS, Load, Outcome, drive, healthy, stats
+from loadtest.drive import WORDS, Load, Outcome, drive, healthy, stats, tally, tally_table
 from loadtest.fuzz_strategies import fuzz_bodies
 from loadtest.harness import LABELS, TOOL_RESULTS, Option, Result, Run, Workload, col, table
 from loadtest.presets import word_items
@@ -257,6 +257,7 @@ async def soak(args: argparse.Namespace) -> dict:
                            for k, v in by_kind.items()},
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "unexpected": dict(unexpected), "healthy_after": await healthy(args.url),
+        "tallies": [tally(done, "soak")],  # plain in measure, once tabled
         "verdict": verdict(samples, args.warmup_s, args.tolerance_pct, kinds),
         "samples": samples,
     }  # fmt: skip
@@ -292,7 +293,8 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
         f"verdict: {'flat' if v['flat'] else 'NOT flat'} (within {o.tolerance_pct} %); "
         f"{result['requests']} requests, unexpected answers: {result['unexpected'] or 'none'}",
     )
-    tables = [table(COLUMNS, verdict_rows(v))]
+    tables = [table(COLUMNS, verdict_rows(v)), tally_table(result["tallies"])]
+    result["tallies"] = [t.plain() for t in result["tallies"]]
     return [run.result("Memory under soak", tables, key=time.strftime("soak-%Y%m%d-%H%M%S"),
                        notes=notes, figures=result)]  # fmt: skip
 

@@ -1,7 +1,7 @@
 """The load driver's presets end to end (load, burst, first_minute, overload) against an
 in-process fake server (uvicorn in a thread on a loopback port: /v1/score answers 200 to a
-body with items, 400 to anything else; /v1/stats counts its answers), and soak's mix of
-bodies. No Ray; a few seconds."""
+body with items, 400 to anything else; /v1/stats counts its answers), soak with this
+process standing in for the Ray workers, and soak's mix of bodies. No Ray; a few seconds."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import uvicorn
 from starlette.applications import Starlette
@@ -22,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from loadtest import soak
 from loadtest.harness import run_workload
 from loadtest.soak import Mix
 from loadtest.soak_verdict import KINDS
@@ -127,3 +129,20 @@ def test_soak_mix_names_each_bodys_kind_in_order() -> None:
     )
     pooled = Mix(0, 49152, pool=3)
     assert len({json.dumps(pooled.body(i), default=str) for i in range(30)}) <= 3
+
+
+def test_soak_samples_its_workers_while_its_clients_run(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    me = [psutil.Process()]  # this process stands in for the Ray workers
+    monkeypatch.setattr(soak, "serving_raylet", lambda port: None)
+    monkeypatch.setattr(
+        soak, "find_workers", lambda raylet: {"replica": me, "ingress": me, "proxy": []}
+    )
+    code, figures = run("soak", url, tmp_path, "--minutes", "0.05", "--sample-s", "1",
+                        "--warmup-s", "0", "--clients", "2", "--no-fill-cache")  # fmt: skip
+    (counted,) = figures["tallies"]
+    assert figures["unexpected"] == {} and figures["healthy_after"]
+    assert figures["requests"] == counted["requests"] == sum(figures["by_kind"].values()) > 0
+    assert len(figures["samples"]) >= 2 and figures["samples"][-1]["done"] == figures["requests"]
+    assert code == (1 if figures["failed"] else 0)
