@@ -20,11 +20,10 @@ from typing import Any
 import yaml
 
 from loadtest.bench_batch_report import Rate, stat_rate, steady_items_per_s
+from loadtest.bench_common import SERVE_CONFIG
 from loadtest.client import Deadline, RetryingClient, Server, score_body
-from loadtest.harness import LABELS, timed_together
+from loadtest.harness import LABELS, ROOT, timed_together
 
-ROOT = Path(__file__).resolve().parents[1]
-SERVE_CONFIG = ROOT / "serve_config.yaml"
 APP = "scorejax"
 # Logical CPUs of the bench's cluster: the app holds 1.5 (the replica's 1, two ingresses'
 # 0.25 each) and the batch job's tokenize, caller and score stages 0.25 each, so 2 would

@@ -35,8 +35,8 @@ def save_model(directory: Path, layers: int, tokenizer_dir: Path) -> Path:
     """A random Qwen3-0.6B-shaped ``Qwen3Model`` as a sentence-transformers directory."""
     import torch
     import transformers
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    from loadtest.encoder_models import save_sentence_transformer
 
     torch.manual_seed(0)
     config = transformers.Qwen3Config(
@@ -49,13 +49,7 @@ def save_model(directory: Path, layers: int, tokenizer_dir: Path) -> Path:
     tokenizer = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
     tokenizer.chat_template = None  # plain text, as an embedder's tokenizer
     tokenizer.save_pretrained(hf_dir)
-    modules = [
-        Transformer(str(hf_dir), max_seq_length=1024),
-        Pooling(1024, "lasttoken"),
-        Normalize(),
-    ]
-    SentenceTransformer(modules=modules, device="cpu").save(str(directory), safe_serialization=True)
-    return directory
+    return save_sentence_transformer(directory, hf_dir, 1024, "lasttoken", 1024)
 
 
 def corpus(count: int, low: int, high: int, seed: int = 0) -> list[str]:

@@ -41,7 +41,7 @@ import numpy as np
 
 from loadtest import peers
 from loadtest.bench_batch_serve import serving
-from loadtest.bench_encoder_served import TimedClient
+from loadtest.bench_encoder_served import COUNTED, TimedClient
 from loadtest.encoder_models import ENGLISH, SHAPES
 from loadtest.harness import (
     Option,
@@ -62,8 +62,6 @@ WARM_COUNTED = ("background_compiles", "request_path_compiles", "declined_one_of
 TINY_WORDS = ("alpha", "beta", "gamma", "delta", "river", "stone", "cloud", "seven", "blue",
               "red", "what", "is", "the", "a", "of", "and", "to", "in", "stones")  # fmt: skip
 QUERY = "what is the river of stone and cloud in the north"
-COUNTED = ("batches", "works", "steps", "engine_seconds", "computed_tokens", "useful_tokens",
-           "background_compiles", "request_path_compiles")  # fmt: skip
 
 
 def documents(o: argparse.Namespace) -> list[str]:

@@ -120,8 +120,6 @@ def save_tokenizer(directory: Path, shape: Shape) -> None:
 def save_embedder(directory: Path, shape: Shape, layers: int) -> Path:
     import torch
     import transformers
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
     torch.manual_seed(0)
     hf_dir = directory.parent / f"{directory.name}-hf"
@@ -130,11 +128,20 @@ def save_embedder(directory: Path, shape: Shape, layers: int) -> Path:
         hf_dir, safe_serialization=True
     )
     save_tokenizer(hf_dir, shape)
-    modules = [
-        Transformer(str(hf_dir), max_seq_length=shape.max_seq_length),
-        Pooling(shape.hidden, shape.pooling),
-        Normalize(),
-    ]
+    return save_sentence_transformer(directory, hf_dir, shape.hidden, shape.pooling,
+                                     shape.max_seq_length)  # fmt: skip
+
+
+def save_sentence_transformer(
+    directory: Path, hf_dir: Path, hidden: int, pooling: str, max_seq_length: int
+) -> Path:
+    """The transformers model in ``hf_dir`` under Transformer, Pooling and Normalize, saved by
+    sentence-transformers into ``directory``."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
+
+    modules = [Transformer(str(hf_dir), max_seq_length=max_seq_length),
+               Pooling(hidden, pooling), Normalize()]  # fmt: skip
     SentenceTransformer(modules=modules, device="cpu").save(str(directory), safe_serialization=True)
     return directory
 
