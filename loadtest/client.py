@@ -1,8 +1,9 @@
 """The serial and retrying HTTP clients of the served benchmarks (loads of many requests in
 flight go through loadtest.drive, the one load driver):
 
-- :class:`RetryingClient`: what a user with a file of requests writes, threads that send each
-  503 again after its Retry-After (``bench_batch``, ``bench_embed``);
+- :class:`RetryingClient`: what a user with a file of requests writes, requests in flight
+  that send each 503 again after its Retry-After (``bench_batch``, ``bench_embed``), on the
+  load driver;
 - :class:`Server`: strictly one request at a time, readiness polled (``GET /health``), its
   ``GET /v1/stats`` counters read around each timed request, and a ``Deadline`` every wait
   checks (``bench_serve``, ``bench_batch``; ``first_minute``'s health wait).
@@ -10,57 +11,44 @@ flight go through loadtest.drive, the one load driver):
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
 from loadtest.bench_serve_report import Sample
+from loadtest.drive import Load, drive, header_seconds  # noqa: F401 (header_seconds: its old home)
 from loadtest.harness import JSON_HEADERS, LABELS, loopback_url
 
 
-def header_seconds(milliseconds: str | None) -> float | None:
-    """A timing header (whole milliseconds) in seconds."""
-    return float(milliseconds) / 1e3 if milliseconds is not None else None
-
-
 class RetryingClient:
-    """What a user with a file of requests writes: ``concurrency`` threads posting to
-    ``route``, each 503 sent again after its Retry-After (1 s when it has none)."""
+    """What a user with a file of requests writes: ``concurrency`` requests in flight to
+    ``route`` (a closed loop of loadtest.drive), each 503 sent again after its Retry-After
+    (1 s when it has none)."""
 
     def __init__(
         self, url: str, concurrency: int = 4, timeout_s: float = 300.0, route: str = "/v1/score"
     ) -> None:
-        self._url, self._concurrency = f"{url}{route}", concurrency
-        limits = httpx.Limits(max_connections=concurrency)
-        self._client = httpx.Client(timeout=timeout_s, limits=limits)
+        self._url = url
+        self._load = Load(clients=concurrency, timeout_s=timeout_s, route=route, retry=True)
 
     def close(self) -> None:
-        self._client.close()
-
-    def post(self, body: bytes) -> int:
-        """POST until a 200; the number of 503s retried. RuntimeError on any other status."""
-        retried = 0
-        while True:
-            response = self._client.post(self._url, content=body, headers=JSON_HEADERS)
-            if response.status_code == 200:
-                return retried
-            if response.status_code != 503:
-                status = f"HTTP {response.status_code} {response.text[:300]}"
-                raise RuntimeError(f"{self._url}: {status}")
-            retried += 1
-            time.sleep(float(response.headers.get("retry-after", 1)))  # the server's Retry-After
+        pass  # each run has its own connections
 
     def run(self, bodies: Sequence[bytes]) -> tuple[float, int]:
-        """Wall seconds to answer every body, ``concurrency`` in flight; 503s retried."""
+        """Wall seconds to answer every body, 503s retried, and how many were retried;
+        RuntimeError on any answer but 200 or 503."""
         start = time.perf_counter()
-        with ThreadPoolExecutor(self._concurrency) as pool:
-            retried = sum(pool.map(self.post, bodies))
-        return time.perf_counter() - start, retried
+        outcomes = asyncio.run(drive(self._url, self._load, list(bodies)))
+        wall = time.perf_counter() - start
+        if bad := [o for o in outcomes if o.status not in (200, 503)]:
+            answer = f"HTTP {bad[0].status} {bad[0].reason}"
+            raise RuntimeError(f"{self._url}{self._load.route}: {answer}")
+        return wall, sum(o.status == 503 for o in outcomes)
 
 
 class ScoreFailed(RuntimeError):

@@ -6,7 +6,8 @@ A :class:`Load` says what arrives when and for how long:
   outstanding; Poisson (seeded exponential gaps) or ``fixed`` gaps; ``rate=math.inf`` is a
   burst (every request at once); a step of rates is one ``Load`` per step, run in turn;
 - closed loop (``rate`` 0): ``clients`` requests in flight, the next sent when one is
-  answered (``polite_s``: after a 503, first wait its Retry-After, at most that long);
+  answered (``polite_s``: after a 503, first wait its Retry-After, at most that long;
+  ``retry``: then send the same body again, until it is answered otherwise);
 - bounds: ``count`` requests (the bodies' number when they are a list) and ``seconds``;
 - client kinds (``client``): ``pooled``, one asyncio ``httpx.AsyncClient`` (a service calling
   scorejax); ``connection``, a fresh TCP connection per request (``http.client`` in a thread:
@@ -40,7 +41,6 @@ import json
 import math
 import multiprocessing
 import random
-import resource
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -51,7 +51,6 @@ from urllib.parse import urlparse
 
 import httpx
 
-from loadtest.client import header_seconds
 from loadtest.harness import JSON_HEADERS, LABELS, Table, col, table
 
 CLIENT_KINDS = ("pooled", "connection", "processes")
@@ -90,6 +89,7 @@ class Load:
     client: str = "pooled"  # CLIENT_KINDS
     procs: int = 1  # processes of the "processes" client
     polite_s: float = 0.0  # closed loop: wait a 503's Retry-After, at most this long
+    retry: bool = False  # closed loop: send a 503's body again after its Retry-After
     stats: bool = False  # read GET /v1/stats after each answer
     route: str = "/v1/score"  # where every body is POSTed
 
@@ -167,14 +167,24 @@ async def _closed(post: Post, load: Load, body_at: Callable, count: int, into: l
 
     async def client() -> None:
         while time.time() < stop_at and (i := next(serial)) < (count or math.inf):
-            outcome = await _shot(post, body_at(i), i, start, time.time() - start, into)
-            done.append(outcome)
-            wait = outcome.retry_after if outcome.status == 503 else None
-            if load.polite_s and wait and wait.isdigit():
-                await asyncio.sleep(min(float(wait), load.polite_s, max(stop_at - time.time(), 0)))
+            body, again = body_at(i), True
+            while again:
+                outcome = await _shot(post, body, i, start, time.time() - start, into)
+                done.append(outcome)
+                again = load.retry and outcome.status == 503
+                await asyncio.sleep(min(_pause_s(outcome, load), max(stop_at - time.time(), 0)))
 
     await asyncio.gather(*(client() for _ in range(load.clients)))
     return done
+
+
+def _pause_s(outcome: Outcome, load: Load) -> float:
+    """A closed-loop client's wait after ``outcome``: when polite or retrying, a 503's
+    Retry-After (1 s without one), at most ``polite_s`` when that is set."""
+    if outcome.status != 503 or not (load.polite_s or load.retry):
+        return 0.0
+    told = float(outcome.retry_after) if (outcome.retry_after or "").isdigit() else 1.0
+    return min(told, load.polite_s or math.inf)
 
 
 async def _processes(url: str, load: Load, bodies: list[Body]) -> list[Outcome]:
@@ -235,6 +245,11 @@ def post_once(url: str, raw: bytes, timeout_s: float, route: str = "/v1/score") 
     return _answer(response.status, response.headers, content, start)
 
 
+def header_seconds(milliseconds: str | None) -> float | None:
+    """A timing header (whole milliseconds) in seconds."""
+    return float(milliseconds) / 1e3 if milliseconds is not None else None
+
+
 def _answer(status: int, headers: Mapping[str, str], content: bytes, start: float) -> Outcome:
     seconds, reason = time.perf_counter() - start, ""
     if status != 200:
@@ -264,14 +279,6 @@ async def healthy(url: str) -> bool:
             return (await client.get("/health")).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def client_cpu_s() -> float:
-    """CPU seconds of this process and its finished children (a processes client's)."""
-    return sum(
-        u.ru_utime + u.ru_stime
-        for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-    )
 
 
 def word_body(rng: random.Random, items: int, words: int = 60) -> dict:

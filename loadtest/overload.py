@@ -35,6 +35,7 @@ import asyncio
 import multiprocessing
 import os
 import random
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,7 +46,6 @@ from loadtest.drive import (
     Load,
     Outcome,
     Tally,
-    client_cpu_s,
     drive,
     healthy,
     percentile,
@@ -53,7 +53,7 @@ from loadtest.drive import (
     tally,
     tally_table,
     word_body,
-)  # fmt: skip
+)
 from loadtest.harness import LABELS, RESULTS, Option, Result, Run, Workload
 
 OPERATIONS_DOC = "docs/operations.md"
@@ -101,6 +101,14 @@ def delayed_busy_loop(delay_s: float, seconds: float) -> None:
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         pass
+
+
+def client_cpu_s() -> float:
+    """CPU seconds of this process and its finished children (a processes client's)."""
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in map(resource.getrusage, (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    )
 
 
 def split_by_window(outcomes: list[Outcome], start: float, seconds: float) -> dict:

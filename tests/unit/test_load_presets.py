@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from loadtest import soak
+from loadtest.client import RetryingClient
 from loadtest.harness import run_workload
 from loadtest.soak import Mix
 from loadtest.soak_verdict import KINDS
@@ -32,6 +33,8 @@ from tests.support.serve_support import wait_for
 
 
 def fake_app(counters: dict[str, int]) -> Starlette:
+    refused: set[str] = set()
+
     async def score(request: Request) -> JSONResponse:
         try:
             body = json.loads(await request.body())
@@ -39,6 +42,11 @@ def fake_app(counters: dict[str, int]) -> Starlette:
             assert isinstance(items, list) and items
         except (ValueError, KeyError, TypeError, AssertionError, RecursionError):
             return JSONResponse({"reason": "invalid_request"}, status_code=400)
+        if body.get("refuse_first") and body["query"] not in refused:  # the retrying client's
+            refused.add(body["query"])
+            return JSONResponse(
+                {"reason": "overloaded"}, status_code=503, headers={"retry-after": "0"}
+            )
         await asyncio.sleep(0.01)
         counters["steps"] += 1
         counters["useful_tokens"] += len(items)
@@ -146,3 +154,13 @@ def test_soak_samples_its_workers_while_its_clients_run(
     assert figures["requests"] == counted["requests"] == sum(figures["by_kind"].values()) > 0
     assert len(figures["samples"]) >= 2 and figures["samples"][-1]["done"] == figures["requests"]
     assert code == (1 if figures["failed"] else 0)
+
+
+def test_the_retrying_client_sends_each_refused_body_again(url: str) -> None:
+    bodies = [json.dumps({"query": f"q{i}", "items": ["a"], "refuse_first": i % 2}).encode()
+              for i in range(8)]  # fmt: skip
+    client = RetryingClient(url, concurrency=3)
+    wall, retried = client.run(bodies)
+    assert retried == 4 and wall > 0
+    with pytest.raises(RuntimeError, match="HTTP 400"):
+        client.run([b"{}"])
