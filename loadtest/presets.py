@@ -199,11 +199,14 @@ async def closed_load(o: argparse.Namespace) -> tuple[list[Tally], dict]:
     return [loaded, tally(fuzz, "fuzz")], figures
 
 
-def measure_load(o: argparse.Namespace, run: Run) -> list[Result]:
-    tallies, figures = asyncio.run(closed_load(o))
+def tallied(run: Run, title: str, tallies: list[Tally], figures: dict) -> list[Result]:
+    """The one result: the tallies' table and the other figures', every figure stored."""
     tables = [tally_table(tallies), figures_table(figures)]
-    figures["tallies"] = [t.plain() for t in tallies]
-    return [run.result("Closed-loop load and fuzz", tables, figures=figures)]
+    return [run.result(title, tables, figures={**figures, "tallies": [t.plain() for t in tallies]})]
+
+
+def measure_load(o: argparse.Namespace, run: Run) -> list[Result]:
+    return tallied(run, "Closed-loop load and fuzz", *asyncio.run(closed_load(o)))
 
 
 async def burst(o: argparse.Namespace) -> tuple[list[Tally], dict]:
@@ -236,10 +239,7 @@ async def burst(o: argparse.Namespace) -> tuple[list[Tally], dict]:
 
 
 def measure_burst(o: argparse.Namespace, run: Run) -> list[Result]:
-    tallies, figures = asyncio.run(burst(o))
-    tables = [tally_table(tallies), figures_table(figures)]
-    figures["tallies"] = [t.plain() for t in tallies]
-    return [run.result("A burst after a large request", tables, figures=figures)]
+    return tallied(run, "A burst after a large request", *asyncio.run(burst(o)))
 
 
 ITEM_COUNTS, QUERY_TOKENS, ITEM_TOKENS = (10, 100), 300, 10
