@@ -41,7 +41,7 @@ def host_phases(engine: Any, params: Any, work: Any, repeats: int) -> tuple[dict
     from replicas.engine.scoring_engine import place
 
     now, marks, seen = time.perf_counter, {}, {}
-    fused = engine._multi._fused  # the shared-prefix layout's fused layout
+    fused = engine._multi.fused  # the shared-prefix layout's fused layout
     run = fused._run
 
     def marked_run(*args: Any) -> Any:
@@ -64,31 +64,29 @@ def host_phases(engine: Any, params: Any, work: Any, repeats: int) -> tuple[dict
         seen["call"] = (executable, placed)
         return host
 
-    def marked() -> None:
-        marks["start"] = now()
-        engine.score_batch([work])
-        marks["end"] = now()
-
     names = ["start", "pack", "place", "call", "wait", "copy", "unpack", "end"]
-    samples: dict[str, list[float]] = {k: [] for k in [*names[:-1], "unmarked", "executable"]}
-    for round_ in range(repeats + 2):  # marked and unmarked in turn
+    marked_s: dict[str, list[float]] = {k: [] for k in names[:-1]}
+
+    def marked() -> None:
         fused._run, engine.run_device = marked_run, marked_device
         try:
-            marked()
+            marks["start"] = now()
+            engine.score_batch([work])
+            marks["end"] = now()
         finally:
             del fused._run, engine.run_device  # the methods again
-        start = now()
-        engine.score_batch([work])
-        middle = now()
-        executable, placed = seen["call"]  # its executable alone, arguments placed
-        executable(params, *placed).block_until_ready()
-        if round_ >= 2:
-            samples["unmarked"].append(middle - start)
-            samples["executable"].append(now() - middle)
-            for first, second in itertools.pairwise(names):
-                samples[first].append(marks[second] - marks[first])
-    phases = {name: statistics.median(values) for name, values in samples.items()}
-    return phases, seen["call"]
+        for first, second in itertools.pairwise(names):
+            marked_s[first].append(marks[second] - marks[first])
+
+    def executable() -> None:  # alone, its arguments placed
+        call, placed = seen["call"]
+        call(params, *placed).block_until_ready()
+
+    calls = {"marked": marked, "unmarked": partial(engine.score_batch, [work]),
+             "executable": executable}  # fmt: skip
+    timings = timed_together(calls, repeats, warm=2)  # in turn
+    phases = {name: statistics.median(values[2:]) for name, values in marked_s.items()}
+    return phases | {k: timings[k] for k in ("unmarked", "executable")}, seen["call"]
 
 
 def pieces(engine: Any, params: Any, call: tuple, repeats: int) -> dict[str, float]:
