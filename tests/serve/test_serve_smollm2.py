@@ -89,8 +89,9 @@ def test_a_burst_of_small_requests_after_a_larger_one_is_all_answered_in_shared_
 ) -> None:
     # Issue 37 on the real weights: 12 concurrent 2-item requests right after a 16-item one
     # are all admitted (admission counts work), each gets the scores it gets alone, and they
-    # share fused steps instead of taking one (or two) each. loadtest.burst measures the step
-    # count on the shipped config; here any sharing at all is asserted, robust to CI's timing.
+    # share fused steps instead of taking one (or two) each. `python -m loadtest run burst`
+    # measures the step count on the shipped config; here any sharing at all is asserted,
+    # robust to CI's timing.
     small = {"query": "Is Paris the capital of France? Answer:", "items": ["", " not"]}
     small["label_token_ids"] = [PARIS, LONDON, BERLIN]
     alone = scores(client, **small)
