@@ -26,6 +26,7 @@ from typing import Any
 from loadtest import bench_common as common
 from loadtest import peers
 from loadtest.harness import (
+    MODEL,
     Option,
     Result,
     Run,
@@ -74,7 +75,7 @@ def engine_row(
 
     work = common.make_work(n, o.query_tokens, o.item_tokens)
     rounds = 1 if n >= 100 else o.repeats
-    counters = built["shared_prefix"].stats().as_dict
+    counters = lambda: built["shared_prefix"].stats().as_dict()  # noqa: E731
     calls = {**common.contenders(built, [work]), **baseline(work, hf)}
     seconds = timed_together(calls, rounds, counters=counters)
     padding = seconds.moved["computed_tokens"] / seconds.moved["useful_tokens"]
@@ -90,7 +91,7 @@ def measure_engine(o: argparse.Namespace, run: Run) -> list[Result]:
     import jax
 
     shipped = common.shipped_settings()
-    built, loaded = common.build_engines(shipped, layouts(shipped, LAYOUTS), common.MODEL)
+    built, loaded = common.build_engines(shipped, layouts(shipped, LAYOUTS), MODEL)
     peak = common.matmul_peak_flops()
     hf = peers.load_hf_model() if o.hf else None
     rows = []
@@ -98,7 +99,7 @@ def measure_engine(o: argparse.Namespace, run: Run) -> list[Result]:
         rows.append(engine_row(n, o, built, hf, loaded.config, peak))
         run.say(f"{n} items: {rows[-1][1:4]}")
     notes = (
-        f"jax {jax.__version__} on {jax.devices()[0].platform}; {common.MODEL} (GGUF Q4_1 "
+        f"jax {jax.__version__} on {jax.devices()[0].platform}; {MODEL} (GGUF Q4_1 "
         "dequantized to float32), the replica settings of `serve_config.yaml`, query cache off",
         f"request: {o.query_tokens}-token query, {o.item_tokens}-token items, 3 labels; median "
         f"of {o.repeats} rounds, each timing every layout and transformers once in turn, once "
