@@ -50,10 +50,9 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     for width in WIDTHS:
         run.say(f"fused steps of {width} tokens")
         work = small if width == 16 else ScoreWork((100,) * (width - 2), ((200,), (300,)), LABELS)
-        last: dict[str, Any] = {}
         calls = {loop: (lambda e=engines[loop], w=work: e.score_batch([w])) for loop in LOOPS}
-        times = timed_together(calls, o.repeats, warm=2, last=last, shuffle=True)
-        first, *others = last.values()
+        times = timed_together(calls, o.repeats, warm=2, shuffle=True)
+        first, *others = times.last.values()
         for scores in others:
             identical &= all(np.array_equal(a, b) for a, b in zip(first, scores, strict=True))
         steps = [times[loop] for loop in LOOPS]

@@ -336,7 +336,6 @@ def timed_together(
     calls: Mapping[str, Callable[[], object]],
     repeats: int,
     warm: int = 1,
-    last: dict | None = None,
     shuffle: bool = False,
     pause_s: float = 0.0,
     counters: Callable[[], Mapping[str, Any]] | None = None,
@@ -346,13 +345,12 @@ def timed_together(
     every call alike and their ratios hold. ``shuffle``: each round runs the calls in its own
     order (seeded by the round), so no call always follows the same one (a call can slow the
     next: docs/quantization.md). ``pause_s``: idle seconds before each timed call, untimed.
-    ``counters``: read before and after the timed rounds (``Timings.moved``). ``last``, when
-    given, gets each call's last answer (as ``Timings.last`` does)."""
+    ``counters``: read before and after the timed rounds (``Timings.moved``)."""
     for _ in range(warm):
         for fn in calls.values():
             fn()
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    answers = {} if last is None else last
+    answers: dict[str, Any] = {}
     names, load, before = list(calls), os.getloadavg()[0], counters() if counters else {}
     for r in range(repeats):
         for name in random.Random(r).sample(names, len(names)) if shuffle else names:
@@ -362,7 +360,7 @@ def timed_together(
             samples[name].append(time.perf_counter() - start)
     moved = _moved(before, counters()) if counters else {}
     frozen = {name: tuple(values) for name, values in samples.items()}
-    return Timings(frozen, dict(answers), (load, os.getloadavg()[0]), moved)
+    return Timings(frozen, answers, (load, os.getloadavg()[0]), moved)
 
 
 def timed(fn: Callable[[], object], repeats: int, warm: int = 1) -> float:

@@ -126,12 +126,11 @@ def test_options_parse_counts_flags_and_their_negations() -> None:
 
 def test_timed_together_runs_every_call_in_turn_and_keeps_the_last_answers() -> None:
     calls: list[str] = []
-    last: dict = {}
     times = timed_together(
-        {"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}, 2, last=last
+        {"a": lambda: calls.append("a") or 1, "b": lambda: calls.append("b") or 2}, 2
     )
     assert calls == ["a", "b"] * 3  # one untimed round, then two timed ones
-    assert set(times) == {"a", "b"} and last == {"a": 1, "b": 2}
+    assert set(times) == {"a", "b"} and times.last == {"a": 1, "b": 2}
 
 
 def test_timed_together_shuffles_the_order_when_asked() -> None:
