@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from loadtest.harness import Table, col, table
+from loadtest.harness import Table, col, grown, table
 
 # The runs of one shape, in the table's order, with what each one is.
 RUNS = {
@@ -125,19 +125,15 @@ def stat_rate(
 ) -> Rate:
     """A run's rate with the replica's /v1/stats counters' growth around it."""
 
-    def grown(key: str) -> Any:
-        if key not in before or key not in after:
-            return None
-        return after[key] - before[key]
-
+    moved = grown(before, after).get
     return Rate(
         items,
         wall_s,
-        engine_s=grown("engine_seconds"),
-        steps=grown("steps"),
-        cache_hits=grown("query_cache_hits"),
-        computed_tokens=grown("computed_tokens"),
-        useful_tokens=grown("useful_tokens"),
+        engine_s=moved("engine_seconds"),
+        steps=moved("steps"),
+        cache_hits=moved("query_cache_hits"),
+        computed_tokens=moved("computed_tokens"),
+        useful_tokens=moved("useful_tokens"),
         **extra,
     )
 

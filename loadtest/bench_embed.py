@@ -26,7 +26,17 @@ from typing import Any
 import numpy as np
 
 from loadtest import peers
-from loadtest.harness import Option, Result, Run, Workload, col, table, timed_once, timed_together
+from loadtest.harness import (
+    Option,
+    Result,
+    Run,
+    Workload,
+    col,
+    grown,
+    table,
+    timed_once,
+    timed_together,
+)
 
 WORDS = ("alpha", "river", "stone", "cloud", "seven", "blue", "green", "house", "light", "water")
 
@@ -100,7 +110,7 @@ def served_passes(
                 before = stats(url)
                 out[f"{name}_s"], out[f"{name}_retried"] = client.run(bodies)
                 after = stats(url)
-                moved = {k: after[k] - before[k] for k in (*COUNTERS, "steps")}
+                moved = {k: grown(before, after)[k] for k in (*COUNTERS, "steps")}
                 out[f"{name}_moved"], out[f"{name}_pass"] = moved, n + 1
                 if n > 0 and not moved["background_compiles"]:
                     break

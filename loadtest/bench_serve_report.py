@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any
 
 from loadtest import harness
-from loadtest.harness import LABELS, Table, Target, col, ratio
+from loadtest.harness import LABELS, Table, Target, col, grown, ratio
 from loadtest.harness import shown as shown_
 
 times = partial(shown_, fmt=".1f", suffix="x")  # a speed-up such as ``9.6x``, or "-"
@@ -30,10 +30,7 @@ def total(values: Sequence[float | None]) -> float | None:
 
 def stat_delta(before: Mapping[str, Any], after: Mapping[str, Any], key: str) -> float | None:
     """``after[key] - before[key]`` of a numeric counter; None where either is missing."""
-    values = (before.get(key), after.get(key))
-    if any(isinstance(v, bool) or not isinstance(v, int | float) for v in values):
-        return None
-    return float(values[1]) - float(values[0])
+    return grown(before, after).get(key)
 
 
 @dataclass(frozen=True)

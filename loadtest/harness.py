@@ -358,7 +358,7 @@ def timed_together(
             start = time.perf_counter()
             answers[name] = calls[name]()
             samples[name].append(time.perf_counter() - start)
-    moved = _moved(before, counters()) if counters else {}
+    moved = grown(before, counters()) if counters else {}
     frozen = {name: tuple(values) for name, values in samples.items()}
     return Timings(frozen, answers, (load, os.getloadavg()[0]), moved)
 
@@ -375,8 +375,9 @@ def timed_once(fn: Callable[[], Any]) -> tuple[float, Any]:
     return timings["fn"], timings.last["fn"]
 
 
-def _moved(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, float]:
-    """``after - before`` of every numeric counter both hold."""
+def grown(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, float]:
+    """``after - before`` of every numeric counter both hold (the growth of a server's or an
+    engine's counters around a run)."""
     number = lambda v: isinstance(v, int | float) and not isinstance(v, bool)  # noqa: E731
     return {k: after[k] - v for k, v in before.items() if number(v) and number(after.get(k))}
 
