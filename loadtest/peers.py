@@ -1,5 +1,5 @@
-"""The in-process baselines the benchmarks run beside scorejax, one function each, every one
-a call ready for harness.timed_together (loaded and warmed here, timed there):
+"""The baselines the benchmarks run beside scorejax, one function each; each but Infinity's
+(its own venv, timed there) returns a call for harness.timed_together to time:
 
 - transformers: :func:`load_hf_model`, :func:`hf_scorer` (batched ``query + item`` rows),
   :func:`hf_rows` (a forward per row), :func:`hf_padded` (the rows in one padded forward),
