@@ -34,52 +34,32 @@ class UnsoundWork(AssertionError):
 
 def check_sound(work: ScoreWork | PromptWork | EmbedWork, info: ModelInfo) -> None:
     """Every precondition the engine assumes of a work; raises UnsoundWork on a breach."""
-    if isinstance(work, EmbedWork) or info.pooling is not None:
-        check_sound_embeddings(work, info)
-        return
-    if isinstance(work, PromptWork):
-        if info.head is not None:
-            raise UnsoundWork("token log-probs asked of a score-head model")
-        check_sound_prompts(work, info)
-        return
-    if info.head is not None and work.label_ids != info.head.label_ids:
-        raise UnsoundWork("a score-head model's work must ask for every head output")
-    if not work.query_ids or not work.label_ids:
-        raise UnsoundWork("empty query or no labels")
-    for ids in (work.query_ids, work.label_ids, *work.item_ids):
-        if any(not 0 <= token < info.vocab_size for token in ids):
-            raise UnsoundWork("token id outside the vocabulary")
-    delimiter = info.multi_item_scoring_delimiter
-    if delimiter is not None and any(delimiter in ids for ids in (work.query_ids, *work.item_ids)):
-        raise UnsoundWork("delimiter inside the content")
-    try:
-        check_limits(work, info.limits, multi_item=delimiter is not None)
-    except ValueError as error:
-        raise UnsoundWork(f"limit broken: {error}") from None
-
-
-def check_sound_embeddings(work: Any, info: ModelInfo) -> None:
-    if not isinstance(work, EmbedWork) or info.pooling is None:
+    embeds = isinstance(work, EmbedWork)
+    if embeds != (info.pooling is not None):
         raise UnsoundWork("embeddings asked of another kind, or other work of an embedder")
-    if not work.inputs or any(not ids for ids in work.inputs):
-        raise UnsoundWork("no input, or an empty one")
-    if any(not 0 <= token < info.vocab_size for ids in work.inputs for token in ids):
+    if isinstance(work, PromptWork) and info.head is not None:
+        raise UnsoundWork("token log-probs asked of a score-head model")
+    scores = isinstance(work, ScoreWork)
+    if scores and info.head is not None and work.label_ids != info.head.label_ids:
+        raise UnsoundWork("a score-head model's work must ask for every head output")
+    if scores:
+        content, sequences = (work.query_ids, *work.item_ids), (work.query_ids, work.label_ids)
+    else:
+        content = sequences = work.inputs if embeds else work.prompts
+    if not sequences or any(not ids for ids in sequences):
+        raise UnsoundWork("empty query, input or prompt, or no labels")
+    if any(not 0 <= token < info.vocab_size for ids in (*sequences, *content) for token in ids):
         raise UnsoundWork("token id outside the vocabulary")
-    try:
-        check_embed_limits(work, info.limits, info.pooling.max_seq_length)
-    except ValueError as error:
-        raise UnsoundWork(f"limit broken: {error}") from None
-
-
-def check_sound_prompts(work: PromptWork, info: ModelInfo) -> None:
-    if not work.prompts or any(not prompt for prompt in work.prompts):
-        raise UnsoundWork("no prompt, or an empty one")
-    if any(not 0 <= token < info.vocab_size for prompt in work.prompts for token in prompt):
-        raise UnsoundWork("token id outside the vocabulary")
-    if not 0 <= work.top_k <= 20:
+    delimiter = info.multi_item_scoring_delimiter
+    if scores and delimiter is not None and any(delimiter in ids for ids in content):
+        raise UnsoundWork("delimiter inside the content")
+    if isinstance(work, PromptWork) and not 0 <= work.top_k <= 20:
         raise UnsoundWork("top_k outside 0..20")
     try:
-        check_limits(work, info.limits, multi_item=True)
+        if embeds:
+            check_embed_limits(work, info.limits, info.pooling.max_seq_length)
+        else:  # prompts: always the packed rows' limits
+            check_limits(work, info.limits, multi_item=delimiter is not None or not scores)
     except ValueError as error:
         raise UnsoundWork(f"limit broken: {error}") from None
 
@@ -122,9 +102,6 @@ class CheckingBackend:
 def in_process_app(
     service: ScoringService, backend: CheckingBackend, keys: frozenset[str] = frozenset()
 ) -> FastAPI:
-    """The ingress's FastAPI app (app.http.build_api), as ScoreIngress serves it inside
-    Serve, over ``backend`` instead of the scoring replicas."""
-
     async def health() -> None:
         return None
 

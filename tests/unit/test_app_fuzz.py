@@ -9,6 +9,7 @@ with the real tokenizer and 10,000 bodies (docs/operations.md, "Fuzzing").
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +20,9 @@ from app.service import ScoringService
 from loadtest import fuzz, fuzz_strategies
 from loadtest.fuzz import Agreement, Tally, in_process, run_all, run_strategy, split, table
 from loadtest.fuzz_server import CheckingBackend, in_process_app
-from loadtest.fuzz_strategies import Served, encode, valid_bodies
+from loadtest.fuzz_strategies import Served, encode, to, valid_bodies
+from loadtest.harness import run_workload
+from loadtest.workloads import workload
 from replicas.contract import ModelInfo, ScoringLimits
 from replicas.errors import ScoringError
 
@@ -65,7 +68,7 @@ def fuzzed() -> tuple[dict[str, Tally], int]:
 
 def test_no_generated_body_gets_a_5xx(fuzzed: tuple[dict[str, Tally], int]) -> None:
     tallies, _ = fuzzed
-    print(table(list(tallies.values())))
+    print(table(list(tallies.values())).markdown())
     assert sum(tally.bodies for tally in tallies.values()) == COUNT
     assert {name: tally.server_errors for name, tally in tallies.items()} == dict.fromkeys(
         tallies, 0
@@ -98,7 +101,7 @@ def test_a_validation_hole_shows_up_as_5xx() -> None:
     with in_process(service_for(), CheckingBackend(small)) as (target, _):
         tally = Tally("hole")
         served = Served(INFO.name, VOCAB, 0, 16)
-        run_strategy(target, tally, valid_bodies(served).map(encode), 50, at=0)
+        run_strategy(target, tally, to("/v1/score", valid_bodies(served)), 50, at=0)
     assert tally.server_errors > 0
     assert tally.samples and tally.samples[0].startswith("500")
 
@@ -179,12 +182,13 @@ def test_split_shares_out_every_body() -> None:
 
 
 def test_the_runner_prints_the_table_and_exits_zero(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.setattr(fuzz, "_service", lambda config: service_for())
-    assert fuzz.main(["--count", "12", "--seed", "1"]) == 0
+    argv = ["--count", "12", "--seed", "1", "--out", str(tmp_path)]
+    assert run_workload(workload("fuzz"), argv) == 0
     out = capsys.readouterr().out
-    assert "| total | 12 |" in out and "reached the (checking) replica" in out
+    assert "| total | 12 |" in out and "replica requests (GET /v1/stats) 0 -> " in out
 
 
 def test_fixed_cases_stay_available() -> None:

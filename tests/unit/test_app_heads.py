@@ -217,7 +217,7 @@ def classify_bodies() -> Any:
     """(route, body) pairs for /v1/classify: valid-shaped, one field broken, arbitrary."""
     from hypothesis import strategies as st
 
-    from loadtest.fuzz_strategies import encode
+    from loadtest.fuzz_strategies import to
 
     text = st.text(max_size=40)
     valid = st.fixed_dictionaries(
@@ -230,11 +230,11 @@ def classify_bodies() -> Any:
         max_leaves=8,
     )
     broken = st.builds(lambda body, key, value: {**body, key: value}, valid, text, junk)
-    return st.one_of(valid, broken, junk).map(lambda body: ("/v1/classify", encode(body)))
+    return to("/v1/classify", st.one_of(valid, broken, junk))
 
 
 def test_fuzzed_bodies_on_a_head_model_get_no_5xx_and_agree_with_its_schema() -> None:
-    from loadtest.fuzz import Tally, generators, in_process, run_routes
+    from loadtest.fuzz import Tally, generators, in_process, run_strategy
     from tests.unit.test_app_fuzz import CharTokenizer
 
     head = ScoreHead("linear", 2, ("a", "b"), "multi_label_classification")
@@ -246,7 +246,7 @@ def test_fuzzed_bodies_on_a_head_model_get_no_5xx_and_agree_with_its_schema() ->
             tallies.append(Tally(name))
             runners[name](target, tallies[-1], 30, 0)
         classify = Tally("classify")
-        run_routes(target, classify, classify_bodies(), 60, 0)
+        run_strategy(target, classify, classify_bodies(), 60, 0)
     assert all(tally.server_errors == 0 for tally in [*tallies, classify])
     assert all(tally.disagreements == 0 for tally in tallies)
     assert tallies[0].count(200, 300) >= 15  # bodies without labels reach the head

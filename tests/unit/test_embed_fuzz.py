@@ -1,7 +1,7 @@
 """Fuzzing the embedding routes in-process (semantics 20): on an embedding model, valid bodies
 of /v1/embeddings, /embeddings, /v2/embed and cosine /v1/score and /v1/rerank get a 200, a
 body with one field broken a 400 with a reason, arbitrary JSON or bytes never a 5xx; the
-CheckingBackend answers 500 to any work a replica should never see (loadtest/fuzz_embed.py).
+CheckingBackend answers 500 to any work a replica should never see (loadtest/fuzz_strategies.py).
 On a causal LM every embedding route is a 400 naming the route. The refusals peers' tests
 found (a Matryoshka cut the model was not trained for, an input_type Cohere does not
 define), the model card's Matryoshka sizes and /v2/embed's token counts, in-process too."""
@@ -20,8 +20,8 @@ from app.completions import Completions
 from app.schema import ModelList
 from app.service import ScoringService
 from loadtest.fuzz import Target, in_process
-from loadtest.fuzz_embed import arbitrary_routes, broken_routes, valid_routes
 from loadtest.fuzz_server import CheckingBackend, in_process_app
+from loadtest.fuzz_strategies import arbitrary_routes, broken_routes, valid_routes
 from replicas.contract import ModelInfo, PoolingHead, ScoringLimits
 from tests.support.http_support import Reply, ask
 
