@@ -5,6 +5,8 @@ every step within HBM, the Pallas item attention included (the default on TPU); 
 cannot fit is refused before compiling. Compiles run in subprocesses: the tool must set
 libtpu's environment before jax is imported. CI compiles each kind's smallest signature
 (docs/tpu.md has every signature's figures, from the same tool with ``--signatures all``).
+planning.plan's command-line refusals before compiling (a bad ``--mesh``, a model too big
+for the slice) load the same deviceless topology, so they are here too.
 """
 
 from __future__ import annotations
@@ -139,6 +141,57 @@ def test_an_unknown_topology_names_the_option(tmp_path: Path) -> None:
     done, _ = run_check(tmp_path, "--topology", "v6e:3x7", "--model", "Qwen3-0.6B")
     assert done.returncode == 2
     assert "--topology" in done.stderr
+
+
+def test_a_bad_option_names_itself(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "planning.plan", "--topology", "v6e:2x2", "--model"]
+    done = subprocess.run(
+        [*command, "Qwen3-0.6B", "--mesh", "3,3"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--mesh" in done.stderr
+
+
+LLAMA_70B = """
+import json, sys
+from planning.layouts import Layout
+from planning.plan import main, parse_args
+from planning.planner import Planner
+# bfloat16: every layout refused; then int8's weights on the one replica of all 4 chips
+code = main(["--topology", "v6e:2x2", "--model", "Llama-3.1-70B", "--json", sys.argv[1]])
+options = parse_args(["--topology", "v6e:2x2", "--model", "Llama-3.1-70B",
+                      "--quantization", "int8"])
+planner = Planner(options)
+_, _, params, engine = planner.engine(Layout(4, 1, (1, 4), 1))
+print(json.dumps({"code": code, "params": params, "cache": engine.query_cache_bytes}))
+"""
+
+
+@pytest.mark.deep
+def test_llama_70b_on_a_v6e_2x2_is_refused_in_bfloat16_before_compiling_and_fits_in_int8(
+    tmp_path: Path,
+) -> None:
+    # Llama-3.1-70B's bf16 weights are 141 GB: 35 GB per chip even on a v6e:2x2's 4 chips;
+    # in int8 (values + float32 scales; embeddings and LM head stay bfloat16) about 0.63x.
+    # One process: the planner's CLI, then its weight count (abstract_params) for int8.
+    out = tmp_path / "plan.json"
+    command = [sys.executable, "-c", LLAMA_70B, str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    int8 = json.loads(done.stdout.splitlines()[-1])
+    assert int8["code"] == 1 and "no layout fits" in done.stderr
+    plan = json.loads(out.read_text())
+    assert len(plan["rows"]) == 6 and not any(r["fits"] for r in plan["rows"])
+    assert all("parameters + query cache" in r["reason"] for r in plan["rows"])
+    assert "plan_s" not in plan["rows"][0]  # refused before any compile
+    (bf16,) = [r for r in plan["rows"] if r["mesh"] == [1, 4]]
+    hbm = bf16["hbm_bytes_per_chip"]
+    assert f"> HBM {hbm / 2**30:.1f} GiB (parameters" in bf16["reason"]
+    assert "in bfloat16" in bf16["reason"]
+    assert bf16["param_bytes_per_chip"] + bf16["cache_bytes_per_chip"] > hbm
+    # int8: half of bf16's split weights, plus o whole on every chip (model.token_split: 80
+    # layers x 64 MiB, 3.75 GiB more than a quarter each): 20.7 GiB of 32.
+    assert int8["params"] + int8["cache"] < 0.7 * hbm
+    assert 0.61 < int8["params"] / bf16["param_bytes_per_chip"] < 0.65
 
 
 def test_axes_crossing_hosts_from_each_devices_process() -> None:
