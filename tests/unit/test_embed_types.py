@@ -5,18 +5,47 @@ and both routes' bodies (in-process, no Ray)."""
 from __future__ import annotations
 
 import base64
+import importlib
+import importlib.util
+import sys
+import types
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from sentence_transformers.util.quantization import quantize_embeddings
 
 from app.embed_openapi import cohere_embed_request_schema, embedding_request_schema
 from app.embed_types import load_calibration, matryoshka, quantize, typed_embeddings
 from app.embeddings import EmbedPrepared, cohere_body, openai_body
 from replicas.contract import EmbedWork, ModelInfo, PoolingHead, ScoringLimits
 from replicas.settings.common import SettingsError
+
+
+def _reference_quantize() -> Any:
+    """sentence-transformers' own ``quantize_embeddings``: where the package is not imported
+    yet, its module (and the ``tensor`` module beside it: numpy, scipy, torch) read from the
+    installed package without running the package's ``__init__``, which imports its trainers,
+    transformers' models and scikit-learn (about 4 s a process, most of this module's cost).
+    A layout this cannot read falls back to the ordinary import."""
+    loaded = sys.modules.get("sentence_transformers.util.quantization")
+    spec = importlib.util.find_spec("sentence_transformers")  # finds it, runs nothing
+    if loaded is None and spec is not None and spec.submodule_search_locations:
+        name = "_sentence_transformers_util"
+        package = types.ModuleType(name)
+        package.__path__ = [str(Path(next(iter(spec.submodule_search_locations))) / "util")]
+        sys.modules.setdefault(name, package)
+        try:
+            return importlib.import_module(f"{name}.quantization").quantize_embeddings
+        except ImportError:
+            pass
+    from sentence_transformers.util.quantization import quantize_embeddings
+
+    return quantize_embeddings
+
+
+quantize_embeddings = _reference_quantize()
 
 DIMENSION = 37  # not a multiple of 8: packbits pads the last byte
 DEFAULT_RANGES = np.stack([-np.ones(DIMENSION), np.ones(DIMENSION)])

@@ -1,23 +1,23 @@
 """Masks built from lengths and segment ids, checked against literal matrices."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from replicas.model.masks import (
-    DELIMITER,
-    PAD,
-    QUERY,
-    bidirectional_mask,
-    bidirectional_window_mask,
-    key_blocks,
-    lookback,
-    neighbor_blocks,
-    own_item_mask,
-    segment_block_mask,
-    segment_mask,
-    window_block_mask,
-    work_segment_mask,
-)
+from replicas.model import masks
+from replicas.model.masks import DELIMITER, PAD, QUERY, lookback
+
+# Jitted whole, as the engine runs them: one compile per call instead of one per operation
+# (test time); the block sizes and reaches are static, as there.
+segment_mask = jax.jit(masks.segment_mask)
+work_segment_mask = jax.jit(masks.work_segment_mask)
+bidirectional_mask = jax.jit(masks.bidirectional_mask)
+bidirectional_window_mask = jax.jit(masks.bidirectional_window_mask, static_argnames="half")
+key_blocks = jax.jit(masks.key_blocks, static_argnames=("block", "back", "fill"))
+own_item_mask = jax.jit(masks.own_item_mask, static_argnames=("block", "back"))
+neighbor_blocks = jax.jit(masks.neighbor_blocks, static_argnames=("block", "reach", "fill"))
+segment_block_mask = jax.jit(masks.segment_block_mask, static_argnames=("block", "reach"))
+window_block_mask = jax.jit(masks.window_block_mask, static_argnames=("block", "reach", "half"))
 
 
 def test_packed_reference_mask_is_shared_prefix_plus_block_diagonal_without_delimiters():
