@@ -28,7 +28,7 @@ from replicas.errors import ScoringError
 
 VOCAB = 49152
 INFO = ModelInfo("fuzz-model", VOCAB, 0, ScoringLimits(16, 256, 256))
-COUNT = 360  # bodies in the in-process run: 40 per generator (make fuzz: 10,000)
+COUNT = 180  # bodies in the in-process run: 20 per generator (make fuzz: 10,000)
 
 
 class CharTokenizer:
