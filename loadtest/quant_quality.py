@@ -1,38 +1,29 @@
 """Quantized scoring's quality gate and speed (issue 60, docs/quantization.md): each
-``quantization`` form against float32 on the same weights (the shipped model's), in this
-process, through the engine (no Ray, no HTTP).
+``quantization`` form against float32 on the same (the shipped model's) weights, through the
+engine in this process (no Ray, no HTTP).
 
-    python -m loadtest run quant_quality [--model SmolLM2-135M-Instruct] [--forms int8,int8_smooth]
-        [--speed] [--repeats 7]
+    python -m loadtest run quant_quality [--model M] [--forms int8,int8_smooth] [--speed]
+        [--matmuls] [--no-quality] [--repeats 7]
 
-Quality, per form, against ``none`` (float32):
-
-- next-token distributions: the rerank relevance set's 34 queries, each a /v1/score request
-  (``Query: {query}\\nDocument:`` then its 4 documents as items) whose labels are the whole
-  vocabulary, so each item's label distribution is the model's full next-token distribution:
-  KL(float32 || form) per item (mean, p99), the largest |log-prob difference| over each
-  item's 10 most likely tokens (by float32), and how often the most likely token agrees;
-- /v1/rerank (``yes_no``) on the same set: queries whose top document is unchanged, the
-  Spearman correlation of each query's relevance scores with float32's (mean), and top-1
-  against the set's grades;
-- embeddings (the causal LM pooled by its last token): cosine to float32's (min, mean).
-
-Targets (the issue): int8 mean KL <= 1e-3, the rerank set's top-1 unchanged, cosine >= 0.999.
-
-``--speed``: engine step seconds of each form beside ``none`` (and ``none`` in bfloat16) on
-the shipped settings, timed in turn in this process (medians of ``--repeats`` rounds): 100
-items of 10 tokens behind a 300-token query, and a 9-token query with 2 one-token items.
+Quality, per form: the rerank relevance set's 34 queries as /v1/score requests whose labels
+are the whole vocabulary (each item's label distribution is the model's full next-token
+distribution): KL(float32 || form), the largest |log-prob difference| over the 10 most likely
+tokens, top-token agreement; /v1/rerank (``yes_no``) on the same set: top-1 unchanged,
+Spearman to float32's scores, top-1 against the grades; embeddings (pooled by the last
+token): cosine to float32's. Targets (the issue): mean KL <= 1e-3, the rerank set's top-1
+unchanged, cosine >= 0.999. ``--speed``: engine steps of each form beside float32 and bf16 on
+the shipped settings; ``--matmuls``: SmolLM2's projections alone (qwix's too where found).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from loadtest.harness import Option, Result, Run, Workload, col, table, timed_together
+from loadtest.harness import Option, Result, Run, Table, Workload, col, table, timed_together
 from loadtest.rerank_quality import Judged, quality, relevance_set, rerank_scores
 
 QUALITY_DOC = "docs/quantization.md"
@@ -186,6 +177,17 @@ SPEED_CASES = {
 }
 
 
+def against(seconds: Mapping[str, Mapping[str, float]], first: str, base: str, ratio: str) -> Table:
+    """A row per contender: its ms in each case and ``base``'s seconds over its own."""
+    names = list(next(iter(seconds.values())))
+    rows = [(name, *(v for s in seconds.values() for v in (s[name] * 1e3, s[base] / s[name])))
+            for name in names]  # fmt: skip
+    columns = [col(first, left=True)]
+    for case in seconds:
+        columns += [col(f"{case}: ms", ".1f"), col(ratio, ".2f", "x")]
+    return table(columns, rows)
+
+
 def speed_result(o: argparse.Namespace, run: Run) -> Result:
     from loadtest.bench_common import make_work, shipped_settings
     from replicas.engine.scoring_engine import ScoringEngine
@@ -194,7 +196,7 @@ def speed_result(o: argparse.Namespace, run: Run) -> Result:
     variants = {"none": base, "none, bfloat16": base.replace(dtype="bfloat16")}
     variants.update({f: base.replace(quantization=f) for f in o.forms.split(",") if f})
     engines = {name: ScoringEngine.from_settings(s, warm=False) for name, s in variants.items()}
-    seconds: dict[str, dict[str, float]] = {}
+    seconds: dict[str, Mapping[str, float]] = {}
     for case, shape in SPEED_CASES.items():
         work = make_work(*shape)
         for engine in engines.values():  # the work's own signature compiled first
@@ -204,22 +206,15 @@ def speed_result(o: argparse.Namespace, run: Run) -> Result:
         calls = {name: (lambda e=e, w=work: e.score_batch([w])) for name, e in engines.items()}
         seconds[case] = timed_together(calls, o.repeats, shuffle=True)
         run.say(f"{case}: {seconds[case]}")
-    rows = [
-        (name, *(v for case in SPEED_CASES for v in (
-            seconds[case][name] * 1e3, seconds[case]["none"] / seconds[case][name])))
-        for name in engines
-    ]  # fmt: skip
-    columns = [col("form", left=True)]
-    for case in SPEED_CASES:
-        columns += [col(f"{case}: ms", ".1f"), col("speed-up vs none", ".2f", "x")]
     notes = (
         f"engine steps only (no HTTP), the shipped settings with `quantization` (or dtype) "
         f"changed; medians of {o.repeats} rounds, every form timed in turn each round, in "
         "an order of its own each round",
     )
     title = f"Quantized scoring speed on this CPU, {o.model}"
-    return run.result(title, [table(columns, rows)], key="quant-speed", doc=QUALITY_DOC,
-                      notes=notes, figures=seconds)  # fmt: skip
+    tables = [against(seconds, "form", "none", "speed-up vs none")]
+    return run.result(title, tables, key="quant-speed", doc=QUALITY_DOC, notes=notes,
+                      figures=seconds)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- matmuls
@@ -301,14 +296,6 @@ def matmul_result(o: argparse.Namespace, run: Run) -> Result:
         calls = {form: (lambda c=c, x=x: c(x)) for form, c in chains.items()}
         seconds[tokens] = timed_together(calls, o.repeats, shuffle=True)
         run.say(f"{tokens} tokens: {seconds[tokens]}")
-    rows = [
-        (form, *(v for t in MATMUL_TOKENS for v in (
-            seconds[t][form] * 1e3, seconds[t]["float32"] / seconds[t][form])))
-        for form in forms
-    ]  # fmt: skip
-    columns = [col("projections", left=True)]
-    for tokens in MATMUL_TOKENS:
-        columns += [col(f"{tokens} tokens: ms", ".1f"), col("vs float32", ".2f", "x")]
     notes = (
         "SmolLM2's 210 projections (30 layers x q, k, v, o, gate, up, down) as one scanned "
         f"chain on random weights, jitted; medians of {o.repeats} rounds, timed in turn, "
@@ -316,8 +303,10 @@ def matmul_result(o: argparse.Namespace, run: Run) -> Result:
         "qwix rows only where qwix is importable (a scratch install, not a dependency)",
     )
     title = "The projections alone on this CPU: float32, bfloat16, int8 forms, qwix"
-    return run.result(title, [table(columns, rows)], key="quant-matmuls", doc=QUALITY_DOC,
-                      notes=notes, figures={str(t): s for t, s in seconds.items()})  # fmt: skip
+    tables = [against({f"{t} tokens": s for t, s in seconds.items()}, "projections", "float32",
+                      "vs float32")]  # fmt: skip
+    return run.result(title, tables, key="quant-matmuls", doc=QUALITY_DOC, notes=notes,
+                      figures={str(t): s for t, s in seconds.items()})  # fmt: skip
 
 
 def measure_all(o: argparse.Namespace, run: Run) -> list[Result]:

@@ -26,11 +26,9 @@ from typing import Any
 import numpy as np
 
 from app.query_likelihood import UPR_DOCUMENT
-from loadtest.harness import TOOL_RESULTS, Option, Result, Run, Workload, col, table
+from loadtest.harness import ROOT, TOOL_RESULTS, Option, Result, Run, Workload, col, table
 
-RELEVANCE_SET = (
-    Path(__file__).resolve().parent.parent / "tests" / "data" / "rerank_relevance" / "queries.jsonl"
-)
+RELEVANCE_SET = ROOT / "tests" / "data" / "rerank_relevance" / "queries.jsonl"
 METHODS = ("yes_no", "query_likelihood")
 # query_likelihood prompts around a document (each followed by " {query}") measured beside
 # the default ("{document}\nQuestion:", BARE_DOCUMENT): UPR's own (Sachan et al., 2022) and
@@ -125,16 +123,6 @@ async def _together(service: Any, score_batch: Callable[[list], list], payloads:
     return [task.result()[0] for task in tasks]
 
 
-def engine_service(settings: Any) -> tuple[Any, Any]:
-    """The ingress's ScoringService and an in-process engine's ``score_batch`` for
-    ``settings``."""
-    from app.service import ScoringService
-    from replicas.engine.scoring_engine import ScoringEngine
-
-    engine = ScoringEngine.from_settings(settings, warm=False)
-    return ScoringService.from_settings(settings), engine.score_batch
-
-
 def chance(judged: Sequence[Judged]) -> dict[str, float]:
     """Each figure's expectation over every order of each query's documents."""
     per_query = []
@@ -145,13 +133,8 @@ def chance(judged: Sequence[Judged]) -> dict[str, float]:
             for order in itertools.permutations(range(n))
         ]
         per_query.append([quality([item], [scores]) for scores in orders])
-    return {
-        "queries": len(judged),
-        **{
-            key: float(np.mean([np.mean([q[key] for q in qs]) for qs in per_query]))
-            for key in ("top1", "pairwise", "ndcg4")
-        },
-    }
+    mean = lambda key: float(np.mean([np.mean([q[key] for q in qs]) for qs in per_query]))  # noqa: E731
+    return {"queries": len(judged), **{key: mean(key) for key in ("top1", "pairwise", "ndcg4")}}
 
 
 def measure(
@@ -159,6 +142,8 @@ def measure(
 ) -> dict[str, dict[str, float]]:
     """Figures per row: each method with its default prompt, with ``templates`` every
     query_likelihood prompt of TEMPLATES, and chance."""
+    from app.service import ScoringService
+    from replicas.engine.scoring_engine import ScoringEngine
     from replicas.settings import ReplicaSettings
 
     rows: dict[str, ReplicaSettings] = {}
@@ -171,8 +156,9 @@ def measure(
         )
     results = {}
     for label, settings in rows.items():
-        service, score_batch = engine_service(settings)
-        results[label] = quality(judged, rerank_scores(service, score_batch, judged))
+        engine = ScoringEngine.from_settings(settings, warm=False)
+        service = ScoringService.from_settings(settings)
+        results[label] = quality(judged, rerank_scores(service, engine.score_batch, judged))
     results["chance (a random order)"] = chance(judged)
     return results
 

@@ -1,20 +1,15 @@
-"""``python -m loadtest run tpu_table``: the TPU projection table of docs/tpu.md.
-
-Runs ``planning.tpu_check`` (one process each: libtpu's environment is set before jax is
-imported) for every model x topology: whether the plan fits, memory per chip, and the
-roofline-projected items/s at RFC-008's workload; its result renders into docs/tpu.md.
-``--signatures smallest`` compiles one signature per step kind (minutes); ``largest`` the most
-expensive ones (the memory peak; much slower).
+"""The TPU projection table of docs/tpu.md: ``planning.tpu_check`` for every model x topology
+(one process each: libtpu's environment is set before jax is imported): whether the plan
+fits, memory per chip, and the roofline-projected items/s at RFC-008's workload.
 
     python -m loadtest run tpu_table [--models A,B] [--topologies v6e:2x2,...] [--signatures S]
         [--quantizations none,int8] [--mesh D,M] [--zip] [--workloads single,batched,ranking]
 
-``--quantizations`` other than ``none`` alone: one row per form, the table rendered into
-docs/tpu.md and docs/quantization.md as the quantized projection (int8's s8 x s8 dots at the
-chip's int8 peak, ``planning.tpu_projection.int8_share``): one chip per replica (``--mesh 1,1``)
-as ``tpu-table-quant`` and ``quant-tpu``, any other mesh (the default: each slice's shipped
-layout) as those keys with ``-shipped`` or ``-DxM`` after them. ``--zip``: the i-th model on
-the i-th topology only, not every model on every topology.
+``--signatures``: one compiled signature per step kind (``smallest``, minutes) or the most
+expensive ones (``largest``: the memory peak). Any ``--quantizations`` but ``none`` alone,
+or a ``--mesh``, makes the quantized projection (int8's s8 x s8 dots at the chip's int8 peak,
+``planning.tpu_projection.int8_share``) of docs/tpu.md and docs/quantization.md, keyed by
+its mesh (``quantized_keys``). ``--zip``: the i-th model on the i-th topology only.
 """
 
 from __future__ import annotations
@@ -27,32 +22,26 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from loadtest.harness import Option, Result, Run, Workload, col, table
+from loadtest.harness import ROOT, Option, Result, Run, Workload, col, table
 
-ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("Qwen3-0.6B", "Llama-3.2-1B", "Qwen3-8B", "Llama-3.1-8B", "Llama-3.1-70B")
 TOPOLOGIES = ("v6e:2x2", "v6e:4x4", "v5e:2x2", "v5e:4x4")
 GIB = 1024**3
+QUANT_DOC = "docs/quantization.md"
 
 
-def run_check(
-    topology: str,
-    model: str,
-    signatures: str,
-    quantization: str = "none",
-    mesh: str = "",
-    workloads: str = "",
-) -> dict[str, Any]:
+def run_check(o: argparse.Namespace, model: str, topology: str, form: str) -> dict[str, Any]:
+    """``planning.tpu_check``'s plan of ``model`` on ``topology`` in ``form``, as JSON."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "plan.json"
-        command = [sys.executable, "-m", "planning.tpu_check", "--topology", topology]
-        command += ["--model", model, "--signatures", signatures, "--json", str(out)]
-        command += ["--quantization", quantization] + (["--mesh", mesh] if mesh else [])
-        command += ["--workloads", workloads] if workloads else []
+        command = [sys.executable, "-m", "planning.tpu_check", "--topology", topology,
+                   "--model", model, "--signatures", o.signatures, "--json", str(out),
+                   "--quantization", form, *(["--mesh", o.mesh] if o.mesh else []),
+                   *(["--workloads", o.workloads] if o.workloads else [])]  # fmt: skip
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         if not out.exists():
             raise RuntimeError(f"{topology} {model}: {done.stderr[-2000:]}")
-        return json.loads(out.read_text()) | {"quantization": quantization}
+        return json.loads(out.read_text()) | {"quantization": form}
 
 
 def table_row(plan: dict[str, Any]) -> tuple:
@@ -95,10 +84,7 @@ def pairs(o: argparse.Namespace) -> list[tuple[str, str]]:
 def quantized_keys(mesh: str) -> tuple[tuple[str, str], ...]:
     """The result keys (and their docs) of a quantized table on ``mesh`` (``--mesh``)."""
     suffix = "" if mesh == "1,1" else f"-{mesh.replace(',', 'x')}" if mesh else "-shipped"
-    return (f"tpu-table-quant{suffix}", "docs/tpu.md"), (
-        f"quant-tpu{suffix}",
-        "docs/quantization.md",
-    )
+    return (f"tpu-table-quant{suffix}", "docs/tpu.md"), (f"quant-tpu{suffix}", QUANT_DOC)
 
 
 def quantized_where(mesh: str) -> str:
@@ -115,8 +101,7 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     rows = []
     for model, topology in pairs(o):
         for form in o.quantizations.split(","):
-            plan = run_check(topology, model, o.signatures, form, o.mesh, o.workloads)
-            rows.append(table_row(plan))
+            rows.append(table_row(run_check(o, model, topology, form)))
             run.say(str(rows[-1]))
     notes = (
         f"compiled signatures: {o.signatures} per step kind of the shipped warm-up; one "
@@ -124,8 +109,8 @@ def measure(o: argparse.Namespace, run: Run) -> list[Result]:
     )
     tables = [table(COLUMNS, rows)]
     if o.quantizations == "none" and not o.mesh:
-        key = "tpu-table"
-        return [run.result("Projection table", tables, key=key, doc="docs/tpu.md", notes=notes)]
+        return [run.result("Projection table", tables, key="tpu-table", doc="docs/tpu.md",
+                           notes=notes)]  # fmt: skip
     notes += (QUANTIZED_NOTE,)
     title = f"Quantized projection table{quantized_where(o.mesh)} (from compiled executables)"
     return [
