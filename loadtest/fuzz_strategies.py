@@ -71,20 +71,13 @@ def token_ids(served: Served, content: bool = True) -> st.SearchStrategy[int]:
     return ids
 
 
+_FLOATS = st.floats(allow_nan=False, allow_infinity=False)
 _SCALARS = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(10**40), 10**40)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20)
+    st.none() | st.booleans() | st.integers(-(10**40), 10**40) | _FLOATS | st.text(max_size=20)
 )
-json_values = st.recursive(
-    _SCALARS,
-    lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    ),
-    max_leaves=20,
-)
+json_values = st.recursive(_SCALARS, lambda inner: st.lists(inner, max_size=4)
+                           | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                           max_leaves=20)  # fmt: skip
 
 
 def arbitrary(names: tuple[str, ...], max_size: int = 6) -> st.SearchStrategy[bytes]:

@@ -35,15 +35,6 @@ EMBED_CHUNK = 64  # inputs per EmbedWork (under max_items_per_request)
 TOP_TOKENS = 10  # |log-prob difference| over each distribution's most likely tokens
 
 
-def _settings(model: str, form: str, **changes: Any) -> Any:
-    from replicas.settings import ReplicaSettings
-
-    base = ReplicaSettings.from_keys(
-        model=model, multi_item_scoring_delimiter=0, rerank_method="query_likelihood", **ONE_SHAPE
-    )
-    return base.replace(quantization=form, **changes)
-
-
 def distribution_works(tokenizer: Any, judged: Sequence[Judged], vocab: int) -> list[Any]:
     """One ScoreWork a query: its documents as items, every token id a label."""
     from replicas.contract import ScoreWork
@@ -82,12 +73,10 @@ def distribution_figures(ref: np.ndarray, got: np.ndarray) -> dict[str, float]:
 
 
 def rerank_figures(ref: list[list[float]], got: list[list[float]], judged: Any) -> dict:
-    same = [int(np.argmax(a)) == int(np.argmax(b)) for a, b in zip(ref, got, strict=True)]
+    pairs = list(zip(ref, got, strict=True))
     return {
-        "rerank_top1_unchanged": int(sum(same)),
-        "rerank_spearman_mean": float(
-            np.mean([spearman(a, b) for a, b in zip(ref, got, strict=True)])
-        ),
+        "rerank_top1_unchanged": sum(int(np.argmax(a)) == int(np.argmax(b)) for a, b in pairs),
+        "rerank_spearman_mean": float(np.mean([spearman(a, b) for a, b in pairs])),
         "rerank_top1_vs_grades": quality(judged, got)["top1"],
     }
 
@@ -107,8 +96,11 @@ def measure_form(model: str, form: str, judged: Sequence[Judged], run: Run) -> d
     """Everything the gate compares, for one form: distributions, rerank scores, vectors."""
     from app.service import ScoringService
     from replicas.engine.scoring_engine import ScoringEngine
+    from replicas.settings import ReplicaSettings
 
-    settings = _settings(model, form)
+    settings = ReplicaSettings.from_keys(model=model, multi_item_scoring_delimiter=0,
+                                         rerank_method="query_likelihood", quantization=form,
+                                         **ONE_SHAPE)  # fmt: skip
     engine = ScoringEngine.from_settings(settings, warm=False)
     service = ScoringService.from_settings(settings)
     works = distribution_works(service.tokenizer, judged, engine.info.vocab_size)

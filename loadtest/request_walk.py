@@ -2,15 +2,12 @@
 
     python -m loadtest run request_walk [--trees PATH,PATH]
 
-Each tree (a checkout; default this one) runs in a child process of its own, its own code
-on the path: the shipped serve_config.yaml settings with only ``model`` changed (the tiny
-random Llama with SmolLM2's tokenizer, ``replicas.checkpoints.demo.tiny_model``) and a
-small warm-up, the ingress's FastAPI app (``app.http.build_api``) in process over a real
-``ScoringReplica`` and ``ScoringEngine`` (Serve's batching without a cluster), one warm
-request, then one cold-query request traced: every call into a function of ``app/``,
-``replicas/`` or ``cluster/`` on any thread. A stop is a function the request runs,
-counted once, in the order it first runs; a return is a stop in a file the walk had
-already left. Calls (every call, repeats included) and their returns are counted too.
+Each tree (a checkout; default this one) runs in a child process on its own code: the shipped
+serve_config.yaml with only ``model`` changed (``replicas.checkpoints.demo.tiny_model``) and a
+small warm-up, the ingress's app in process over a real ``ScoringReplica`` and engine (Serve's
+batching without a cluster), one warm request, then one cold-query request traced: every call
+into ``app/``, ``replicas/`` or ``cluster/`` on any thread. A stop is a function it runs
+(once, in first-run order); a return is a stop in a file the walk had already left.
 """
 
 from __future__ import annotations

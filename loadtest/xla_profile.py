@@ -1,14 +1,11 @@
-"""Per-op times of a compiled XLA executable on CPU, by op kind.
+"""Per-op times of a compiled XLA executable on CPU, by op kind (loadtest.bench_small_breakdown).
 
-A ``jax.profiler`` trace around calls of the executable records one event per thunk (an
-optimized HLO instruction: a fusion, a dot, a copy, a while loop) on XLA's threads, nested
-inside the while loops and executors that run them. Each instruction's exclusive time (its
-event less the events inside it) is summed per call; its kind comes from the optimized HLO
-text: the opcodes it runs (a fusion's fused computation, recursively) and the Python
-functions its ops were traced from (each op's ``stack_frame_id``, resolved through the
-text's ``StackFrames`` table). A ``ThunkExecutor``'s
-own exclusive time is the time between ops (XLA's dispatch of each thunk). Imports jax
-inside functions only.
+A ``jax.profiler`` trace records one event per thunk (an optimized HLO instruction: a fusion,
+a dot, a copy, a while loop), nested inside the loops and executors that run it; each
+instruction's exclusive time (its event less the events inside it) is summed per call. Its
+kind comes from the optimized HLO text: the opcodes it runs (a fusion's, recursively) and the
+Python functions its ops were traced from (``stack_frame_id`` through the ``StackFrames``
+table). A ``ThunkExecutor``'s own exclusive time is XLA's dispatch between ops.
 """
 
 from __future__ import annotations
