@@ -250,21 +250,20 @@ def generators() -> dict[str, Runner]:
     def cases(mode: GenerationMode) -> Runner:
         return lambda target, tally, n, at: run_schemathesis(target, tally, mode, n, at)
 
+    def at(route: str, make: Callable[[Served], st.SearchStrategy[Any]]) -> Runner:
+        return drawn(lambda served: to(route, make(served)))
+
     completions = "/v1/completions"
     return {
         "fixed cases + mutations": fixed,
-        "hypothesis: valid-shaped": drawn(lambda s: to(SCORE, valid_bodies(s))),
-        "hypothesis: one field broken": drawn(lambda s: to(SCORE, near_valid_bodies(s))),
-        "hypothesis: arbitrary JSON/bytes": drawn(
-            lambda s: to(SCORE, arbitrary(FIELDS, len(FIELDS) + 1))
-        ),
+        "hypothesis: valid-shaped": at(SCORE, valid_bodies),
+        "hypothesis: one field broken": at(SCORE, near_valid_bodies),
+        "hypothesis: arbitrary JSON/bytes": at(SCORE, lambda _: arbitrary(FIELDS, len(FIELDS) + 1)),
         "schemathesis: positive": cases(GenerationMode.POSITIVE),
         "schemathesis: negative": cases(GenerationMode.NEGATIVE),
-        "completions: valid-shaped": drawn(lambda s: to(completions, completion_bodies(s))),
-        "completions: one field broken": drawn(
-            lambda s: to(completions, near_valid_completions(s))
-        ),
-        "completions, tokenize: arbitrary": drawn(lambda s: tokenizer_route_bodies()),
+        "completions: valid-shaped": at(completions, completion_bodies),
+        "completions: one field broken": at(completions, near_valid_completions),
+        "completions, tokenize: arbitrary": drawn(lambda _: tokenizer_route_bodies()),
     }
 
 
