@@ -72,10 +72,11 @@ test: $(STAMP)
 test-deep: $(STAMP)
 	$(PY) -m pytest -q --durations=25 $(PYTEST_WORKERS) -m deep
 
-# The unit tier alone (tests/unit: no Ray, no model step compiled), one process: the quick check
-# while editing; `make test` runs it too, with the engine, serve and batch tiers (docs/testing.md).
+# The unit tier alone (tests/unit: no Ray, no model step compiled), one process, less its `deep`
+# tests as `make test` leaves them out: the quick check while editing; `make test` runs it too,
+# with the engine, serve and batch tiers (docs/testing.md).
 test-unit: $(STAMP)
-	$(PY) -m pytest -q --durations=10 tests/unit
+	$(PY) -m pytest -q --durations=10 tests/unit -m "not deep"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
